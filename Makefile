@@ -1,0 +1,27 @@
+# Two entry points (see README): `make demo` and `make test`. Both create/refresh .venv.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch pinned: an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q "torch==2.13.0" -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The main job on the embedded default model: classify every head, write an HTML report.
+demo: $(STAMP)
+	$(BIN)/headlens report tiny --out out/report.html
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .

@@ -1,0 +1,63 @@
+"""`headlens` entry point. Every HeadlensError becomes one line on stderr and exit status 2, here.
+
+Heavy imports (torch, transformers) stay inside command bodies so `headlens --help` is instant.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from headlens import __version__
+from headlens.errors import HeadlensError
+
+EXIT_BAD_INPUT = 2
+
+
+class HeadlensGroup(click.Group):
+    """A click group that turns library errors into one clean line and exit 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except HeadlensError as exc:
+            click.echo(f"headlens: error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except (UnicodeDecodeError, PermissionError, IsADirectoryError) as exc:
+            click.echo(f"headlens: error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+
+
+@click.group(cls=HeadlensGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="headlens")
+def cli() -> None:
+    """What does each attention head of this model do? Capture, classify, ablate, report."""
+
+
+def _register() -> None:
+    # Each command lives in its own module of headlens.cli; importing one must stay cheap.
+    from headlens.cli import commands_substrate
+
+    for command in commands_substrate.COMMANDS:
+        cli.add_command(command)
+    for module_name in ("commands_train", "commands_classify", "commands_ablate", "commands_report"):
+        try:
+            module = __import__(f"headlens.cli.{module_name}", fromlist=["COMMANDS"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"headlens.cli.{module_name}":
+                raise
+            continue
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="headlens")
+
+
+if __name__ == "__main__":
+    main()

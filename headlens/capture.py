@@ -1,0 +1,227 @@
+"""Streaming per-head capture: hooks hand each layer's patterns and z to reducers.
+
+A reducer folds one layer of one batch into running statistics and keeps nothing else, so
+scoring every head over many sequences never holds more than one layer's pattern of one batch
+(`run_with_cache` on GPT-2 small at 1024 tokens holds ~1.2 GB per sequence).
+
+Hook sites (Hugging Face GPT-2, eager attention):
+- pattern: output[1] of `transformer.h[L].attn`   # [batch, head, q_pos, k_pos]
+- z: the input of `transformer.h[L].attn.c_proj`  # [batch, pos, head * d_head] -> [batch, pos, head, d_head]
+On a TransformerLens `TransformerBridge`: `blocks.{L}.attn.hook_pattern` and `hook_z`.
+Hooks are GLOBAL state (TransformerLens docs), so they are only ever installed inside a
+context manager that removes them on exit, error included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from headlens.errors import HeadlensError
+
+# Tolerance of the once-per-run sanity check on patterns: causal and row-stochastic (float32).
+PATTERN_CHECK_ATOL = 1e-4
+
+
+class CaptureError(HeadlensError, RuntimeError):
+    """The model does not expose what the capture needs (e.g. sdpa attention: no pattern)."""
+
+
+@dataclass
+class Batch:
+    """One batch of right-padded token sequences."""
+
+    input_ids: torch.Tensor  # [batch, pos] token ids; padding positions hold any valid id
+    mask: torch.Tensor  # [batch, pos] bool, True on real tokens (a prefix of each row)
+    index: int = 0  # batch number within the run
+    offset: int = 0  # index of this batch's first sequence within the run
+
+
+class Reducer:
+    """Base class: override `update`; set `wants` to the activations needed.
+
+    `update(layer, batch, pattern=None, z=None)` is called once per captured layer per batch;
+    pattern is [batch, head, q_pos, k_pos], z is [batch, pos, head, d_head]. Do not keep
+    references to them: reduce and drop.
+    """
+
+    wants: frozenset[str] = frozenset({"pattern"})
+    layers: Sequence[int] | None = None  # None: every layer
+
+    def update(self, layer: int, batch: Batch, pattern: torch.Tensor | None = None,
+               z: torch.Tensor | None = None) -> None:
+        raise NotImplementedError  # abstract: subclasses define the statistic
+
+
+class CollectPatterns(Reducer):
+    """Keeps full patterns (for tests and small inputs only): patterns[layer] is a list per batch."""
+
+    def __init__(self, wants=("pattern",), layers=None):
+        self.wants = frozenset(wants)
+        self.layers = layers
+        self.patterns: dict[int, list[torch.Tensor]] = {}
+        self.zs: dict[int, list[torch.Tensor]] = {}
+
+    def update(self, layer, batch, pattern=None, z=None):
+        if pattern is not None:
+            self.patterns.setdefault(layer, []).append(pattern.detach().clone())
+        if z is not None:
+            self.zs.setdefault(layer, []).append(z.detach().clone())
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token lists: returns input_ids [batch, pos] and mask [batch, pos] (bool)."""
+    longest = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)  # [batch, pos]
+    mask = torch.zeros((len(sequences), longest), dtype=torch.bool)  # [batch, pos]
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[row, : len(seq)] = True
+    return ids, mask
+
+
+def iter_batches(sequences: Sequence[Sequence[int]] | torch.Tensor, batch_size: int,
+                 pad_id: int = 0) -> Iterator[Batch]:
+    """Split sequences (a list of token lists, or a [n, pos] tensor) into right-padded Batches."""
+    for index, start in enumerate(range(0, len(sequences), batch_size)):
+        chunk = sequences[start : start + batch_size]
+        if isinstance(chunk, torch.Tensor):
+            ids, mask = chunk.long(), torch.ones_like(chunk, dtype=torch.bool)
+        else:
+            ids, mask = pad_batch(chunk, pad_id)
+        yield Batch(ids, mask, index=index, offset=start)
+
+
+def is_bridge(model) -> bool:
+    """True for a TransformerLens TransformerBridge (or anything with TL-style hook points)."""
+    return hasattr(model, "blocks") and hasattr(model, "hooks") and not hasattr(model, "transformer")
+
+
+def n_layers_of(model) -> int:
+    return model.cfg.n_layers if is_bridge(model) else model.config.n_layer
+
+
+def n_heads_of(model) -> int:
+    return model.cfg.n_heads if is_bridge(model) else model.config.n_head
+
+
+def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int) -> None:
+    """Raise CaptureError unless the pattern is causal and its real rows sum to 1.
+
+    An old eager fallback once ran without the causal mask (REFERENCES, pitfalls).
+    pattern: [batch, head, q_pos, k_pos]; mask: [batch, pos].
+    """
+    p = pattern.detach().float()
+    upper = torch.triu(torch.ones(p.shape[-2:], dtype=torch.bool, device=p.device), diagonal=1)
+    if p[..., upper].abs().max().item() > PATTERN_CHECK_ATOL if upper.any() else False:
+        raise CaptureError(f"layer {layer}: attention pattern is not causal (weight above the diagonal)")
+    rows = p.sum(-1)  # [batch, head, q_pos]
+    real = mask[:, None, :].expand_as(rows)
+    if real.any() and (rows[real] - 1).abs().max().item() > PATTERN_CHECK_ATOL:
+        raise CaptureError(f"layer {layer}: attention rows do not sum to 1")
+
+
+@contextlib.contextmanager
+def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bool = True):
+    """Install the hooks that feed `reducers`; removes them on exit, error or not.
+
+    `batch_ref[0]` must hold the Batch being run when the forward pass happens.
+    """
+    n_layers = n_layers_of(model)
+    needs: dict[int, set[str]] = {}
+    for reducer in reducers:
+        for layer in (reducer.layers if reducer.layers is not None else range(n_layers)):
+            needs.setdefault(layer, set()).update(reducer.wants)
+    checked: set[int] = set()
+
+    def dispatch(layer: int, kind: str, value: torch.Tensor) -> None:
+        batch = batch_ref[0]
+        if kind == "pattern" and check and layer not in checked:
+            check_pattern(value, batch.mask, layer)
+            checked.add(layer)
+        for reducer in reducers:
+            if kind in reducer.wants and (reducer.layers is None or layer in reducer.layers):
+                reducer.update(layer, batch, **{kind: value})
+
+    if is_bridge(model):
+        with _bridge_hooks(model, needs, dispatch):
+            yield
+        return
+    handles = []
+    try:
+        for layer, kinds in needs.items():
+            attn = model.transformer.h[layer].attn
+            if "pattern" in kinds:
+                handles.append(attn.register_forward_hook(_hf_pattern_hook(layer, dispatch)))
+            if "z" in kinds:
+                handles.append(attn.c_proj.register_forward_pre_hook(_hf_z_hook(layer, attn.num_heads, dispatch)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hf_pattern_hook(layer, dispatch):
+    def hook(module, args, output):
+        pattern = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if pattern is None:
+            raise CaptureError("the model returned no attention pattern: load it with attn_implementation='eager'")
+        dispatch(layer, "pattern", pattern)  # [batch, head, q_pos, k_pos]
+
+    return hook
+
+
+def _hf_z_hook(layer, n_heads, dispatch):
+    def hook(module, args):
+        merged = args[0]  # [batch, pos, head * d_head]
+        z = merged.view(*merged.shape[:-1], n_heads, merged.shape[-1] // n_heads)  # [batch, pos, head, d_head]
+        dispatch(layer, "z", z)
+
+    return hook
+
+
+@contextlib.contextmanager
+def _bridge_hooks(model, needs, dispatch):
+    names = {"pattern": "hook_pattern", "z": "hook_z"}
+    fwd_hooks = []
+    for layer, kinds in needs.items():
+        for kind in kinds:
+            def hook(value, hook, layer=layer, kind=kind):
+                dispatch(layer, kind, value)
+                return value
+
+            fwd_hooks.append((f"blocks.{layer}.attn.{names[kind]}", hook))
+    with model.hooks(fwd_hooks=fwd_hooks):
+        yield
+
+
+def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], check: bool = True,
+                progress: bool = False, desc: str = "capture") -> None:
+    """Run the model over `batches`, streaming activations into `reducers` (no grad).
+
+    Works on a Hugging Face GPT-2 (eager attention) and on a TransformerLens TransformerBridge.
+    The logits are discarded; reducers hold the results.
+    """
+    batches = list(batches) if progress else batches
+    iterator = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
+    batch_ref: list = [None]
+    with torch.no_grad(), capture_hooks(model, reducers, batch_ref, check=check):
+        for batch in iterator:
+            batch_ref[0] = batch
+            forward(model, batch)
+
+
+def forward(model, batch: Batch) -> torch.Tensor:
+    """Logits [batch, pos, d_vocab] of one right-padded batch on an HF model or a bridge."""
+    device = next(model.parameters()).device
+    ids, mask = batch.input_ids.to(device), batch.mask.to(device)
+    if is_bridge(model):
+        return model(ids, attention_mask=mask.long())
+    return model(input_ids=ids, attention_mask=mask.long()).logits

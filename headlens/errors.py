@@ -1,0 +1,33 @@
+"""The error hierarchy. The CLI turns every HeadlensError into one line on stderr and exit 2.
+
+Each subclass also derives from the builtin a Python user would expect (`ValueError`,
+`FileNotFoundError`, ...), so library callers can catch either.
+"""
+
+
+class HeadlensError(Exception):
+    """Base of every error headlens raises on bad input or a missing resource."""
+
+
+class InvalidHeadError(HeadlensError, ValueError):
+    """A head spec that is malformed, duplicated, empty or out of the model's range."""
+
+
+class ModelLoadError(HeadlensError, OSError):
+    """Weights or config missing, corrupt, or in a format we refuse to load."""
+
+
+class InputTextError(HeadlensError, ValueError):
+    """Text that is empty, not UTF-8, binary, or too short for a probe."""
+
+
+class ConfigError(HeadlensError, ValueError):
+    """A configuration value (threshold, method, metric, ...) outside its valid range."""
+
+
+class OutputPathError(HeadlensError, OSError):
+    """An output path that cannot be written (unwritable, a directory, a missing parent)."""
+
+
+class ValidationFailed(HeadlensError):
+    """The from-scratch attention disagrees with the library beyond tolerance."""

@@ -1,0 +1,229 @@
+"""Loading GPT-2-family models: hub ids, local Hugging Face directories, and the model we ship.
+
+Every model comes back in eager attention, because sdpa/flash never materialise the
+attention pattern (transformers 5 defaults GPT-2 to sdpa). Shape facts always come from the
+config, never from GPT-2 small's 12 x 12.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from headlens.errors import ModelLoadError
+
+# Short names for models that ship inside the package (headlens/data/<name>).
+SHIPPED_MODELS = {"tiny": "tiny"}
+# Files a hub snapshot needs; weights are safetensors only (never pickles from the network).
+_HUB_PATTERNS = ["config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt",
+                 "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+_SUPPORTED_TYPES = ("gpt2",)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape facts of a loaded model, in TransformerLens vocabulary."""
+
+    n_layers: int  # transformer blocks
+    n_heads: int  # attention heads per block
+    d_model: int  # residual stream width
+    d_head: int  # d_model / n_heads
+    n_ctx: int  # maximum sequence length (learned positions)
+    d_vocab: int  # vocabulary size of the unembedding
+    n_params: int  # parameter count (tied embeddings counted once)
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer, its shape facts and where it came from."""
+
+    model: torch.nn.Module  # a transformers GPT2LMHeadModel in eval mode, eager attention
+    tokenizer: object  # a transformers tokenizer
+    spec: ModelSpec
+    name: str  # what the user asked for ("gpt2", "tiny", a path)
+    path: Path | None = None  # the local directory the weights were read from, if any
+
+    @property
+    def bos_token_id(self) -> int:
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        return int(bos if bos is not None else self.model.config.bos_token_id)
+
+
+def spec_of(model: torch.nn.Module) -> ModelSpec:
+    """Shape facts read from a GPT-2-family config."""
+    cfg = model.config
+    return ModelSpec(
+        n_layers=cfg.n_layer,
+        n_heads=cfg.n_head,
+        d_model=cfg.n_embd,
+        d_head=cfg.n_embd // cfg.n_head,
+        n_ctx=cfg.n_positions,
+        d_vocab=cfg.vocab_size,
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
+
+
+def shipped_path(name: str) -> Path:
+    """The package-data directory of a shipped resource (e.g. "tiny", "gpt2-tokenizer")."""
+    return Path(str(resources.files("headlens") / "data" / name))
+
+
+@lru_cache(maxsize=1)
+def gpt2_tokenizer():
+    """The real GPT-2 BPE tokenizer from package data: works offline, ids equal GPT-2's.
+
+    transformers 5 builds it from an in-memory vocab and merge list; handing it the file
+    paths silently yields an empty vocabulary.
+    """
+    from transformers import GPT2TokenizerFast
+
+    folder = shipped_path("gpt2-tokenizer")
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    tok = GPT2TokenizerFast(vocab=vocab, merges=merges, bos_token="<|endoftext|>",
+                            eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    if len(tok) != 50257:
+        raise ModelLoadError(f"shipped GPT-2 tokenizer has {len(tok)} tokens, expected 50257: package data damaged")
+    return tok
+
+
+def _to_eager(model: torch.nn.Module) -> torch.nn.Module:
+    model.config._attn_implementation = "eager"
+    for module in model.modules():
+        if hasattr(module, "config"):
+            module.config._attn_implementation = "eager"
+    return model
+
+
+def build_model(config=None, seed: int = 0, tokenizer=None, name: str = "random") -> LoadedModel:
+    """A GPT2LMHeadModel with random weights from a config (default: GPT-2 small's shape)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = config if config is not None else GPT2Config()
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = _to_eager(GPT2LMHeadModel(config)).eval()
+    tok = tokenizer if tokenizer is not None else gpt2_tokenizer()
+    return LoadedModel(model=model, tokenizer=tok, spec=spec_of(model), name=name)
+
+
+def save_model(loaded: LoadedModel, directory: str | os.PathLike) -> Path:
+    """Write config, safetensors weights and tokenizer in Hugging Face format."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    loaded.model.save_pretrained(directory, safe_serialization=True)
+    loaded.tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _check_local_dir(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: expected a Hugging Face model directory")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+    if config.get("model_type") not in _SUPPORTED_TYPES:
+        raise ModelLoadError(
+            f"{path}: model_type {config.get('model_type')!r} is not supported; headlens reads GPT-2-family "
+            "checkpoints (model_type 'gpt2')"
+        )
+    weights = path / "model.safetensors"
+    if weights.is_file():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights), framework="pt") as handle:
+                names = list(handle.keys())
+                for key in names:  # reading every tensor catches truncation, not only a bad header
+                    handle.get_slice(key)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelLoadError(f"{weights} is corrupt or truncated: {exc}") from None
+        if not names:
+            raise ModelLoadError(f"{weights} holds no tensors")
+    elif (path / "model.safetensors.index.json").is_file():
+        pass
+    elif not (path / "pytorch_model.bin").is_file():
+        raise ModelLoadError(f"{path} has no weights: expected model.safetensors (or pytorch_model.bin)")
+
+
+def _resolve_hub(name: str) -> Path:
+    """Find a hub id in the Hugging Face cache (HF_HOME respected), downloading if allowed."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True))
+    except Exception:  # not cached: try the network unless told not to
+        pass
+    home = os.environ.get("HF_HOME", "~/.cache/huggingface")
+    hint = (
+        f"weights for {name!r} are not in the Hugging Face cache ({home}) and the hub cannot be reached. "
+        f"Provide them: run once on a machine with network "
+        f"(python -c \"from huggingface_hub import snapshot_download; snapshot_download('{name}')\") "
+        f"and copy the cache to HF_HOME, or pass a local directory with config.json + model.safetensors"
+    )
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ModelLoadError(hint)
+    try:
+        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, etag_timeout=10))
+    except Exception as exc:
+        raise ModelLoadError(f"{hint} ({type(exc).__name__})") from None
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """Map a short name, a local directory or a hub id to a local Hugging Face directory."""
+    if name_or_path in SHIPPED_MODELS:
+        path = shipped_path(SHIPPED_MODELS[name_or_path])
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"the shipped model {name_or_path!r} is missing from {path}: reinstall headlens")
+        return path
+    candidate = Path(name_or_path).expanduser()
+    if candidate.exists():
+        if not candidate.is_dir():
+            raise ModelLoadError(f"{candidate} is a file: pass the directory that holds config.json and weights")
+        return candidate
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise ModelLoadError(f"no such model directory: {name_or_path}")
+    return _resolve_hub(name_or_path)
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    if any((path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json")):
+        try:
+            return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        except Exception as exc:
+            raise ModelLoadError(f"tokenizer files in {path} cannot be read: {exc}") from None
+    return gpt2_tokenizer()
+
+
+def load_model(name_or_path: str, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a GPT-2-family model for inspection.
+
+    `name_or_path`: "tiny" (the model shipped with headlens), a local Hugging Face directory
+    (config.json + model.safetensors + tokenizer files), or a hub id such as "gpt2" resolved
+    through the Hugging Face cache. Raises ModelLoadError with a one-line reason when weights
+    are missing, corrupt, or not GPT-2-family.
+    """
+    from transformers import GPT2LMHeadModel
+
+    path = resolve_model_path(name_or_path)
+    _check_local_dir(path)
+    try:
+        model = GPT2LMHeadModel.from_pretrained(
+            str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False
+        )
+    except Exception as exc:  # transformers wraps I/O and format errors in many types
+        raise ModelLoadError(f"cannot load weights from {path}: {str(exc).splitlines()[0]}") from None
+    model = _to_eager(model).to(device).eval()
+    return LoadedModel(model=model, tokenizer=_load_tokenizer(path), spec=spec_of(model),
+                       name=name_or_path, path=path)

@@ -1,0 +1,57 @@
+"""Reducers shared by the score modules: attention mass on a per-query target set."""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.capture import Batch, Reducer
+
+
+class TargetMassReducer(Reducer):
+    """Mean over queries of the attention mass a head puts on that query's target keys.
+
+    `targets_fn(batch) -> [batch, q_pos, k_pos] bool` names the targets; queries that are
+    padding, or have no target, or are excluded by `query_fn(batch) -> [batch, q_pos] bool`,
+    are not scored. `result()` is [n_layers, n_heads]; `counts` holds the number of scored
+    queries (the same for every head).
+    """
+
+    wants = frozenset({"pattern"})
+
+    def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None):
+        self.layers = layers
+        self.targets_fn = targets_fn
+        self.query_fn = query_fn
+        self.sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+        self.sq_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+        self.counts = torch.zeros(n_layers, dtype=torch.long)  # [layer]
+        self._cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def _targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cache is None or self._cache[0] != id(batch):
+            targets = self.targets_fn(batch) & batch.mask[:, None, :]  # [batch, q_pos, k_pos]
+            scored = targets.any(-1) & batch.mask  # [batch, q_pos]
+            if self.query_fn is not None:
+                scored &= self.query_fn(batch)
+            self._cache = (id(batch), targets, scored)
+        return self._cache[1], self._cache[2]
+
+    def update(self, layer, batch, pattern=None, z=None):
+        targets, scored = self._targets(batch)
+        targets, scored = targets.to(pattern.device), scored.to(pattern.device)
+        mass = (pattern * targets[:, None]).sum(-1)  # [batch, head, q_pos]
+        mass = mass.double() * scored[:, None]  # padding and target-less queries -> 0
+        self.sums[layer] += mass.sum((0, 2)).cpu()
+        self.sq_sums[layer] += (mass**2).sum((0, 2)).cpu()
+        self.counts[layer] += int(scored.sum())
+
+    def result(self) -> torch.Tensor:
+        """Mean target mass, [n_layers, n_heads] (NaN where nothing was scored)."""
+        return (self.sums / self.counts[:, None].clamp(min=1)).where(self.counts[:, None] > 0,
+                                                                    torch.tensor(float("nan"))).float()
+
+    def std(self) -> torch.Tensor:
+        """Spread across scored queries, [n_layers, n_heads]."""
+        n = self.counts[:, None].clamp(min=1)
+        mean = self.sums / n
+        return (self.sq_sums / n - mean**2).clamp(min=0).sqrt().float()
