@@ -35,3 +35,43 @@ def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassR
         return targets
 
     return TargetMassReducer(n_layers, n_heads, first_column, layers=layers)
+
+
+class ArgmaxOffsetReducer:
+    """Where does each head's maximum attention weight fall, relative to the query?
+
+    Voita et al. 2019 (arXiv 1905.09418): a head is positional if for >= 90% of tokens its
+    maximum weight falls on one fixed relative position. For a causal model offsets are <= 0
+    (-1 previous token, 0 current token, -k fixed offset). As Voita excluded the EOS column, the
+    BOS / position-0 column is excluded from the argmax (many GPT-2 heads park mass there).
+    Queries q >= 2 are scored (with position 0 excluded, q = 1 sees only itself).
+    Offsets from -max_offset to 0 get their own bucket; anything further back shares one.
+    `result()` -> (dominant_offset [n_layers, n_heads] long, share [n_layers, n_heads] float).
+    """
+
+    wants = frozenset({"pattern"})
+
+    def __init__(self, n_layers: int, n_heads: int, max_offset: int = 8, layers=None):
+        self.layers = layers
+        self.max_offset = max_offset
+        # counts[layer, head, j]: j = -offset for offsets 0..-max_offset, j = max_offset + 1 for "further"
+        self.counts = torch.zeros(n_layers, n_heads, max_offset + 2, dtype=torch.long)
+        self.n_scored = torch.zeros(n_layers, dtype=torch.long)  # [layer]
+
+    def update(self, layer, batch, pattern=None, z=None):
+        n = pattern.shape[-1]
+        if n < 3:
+            return
+        arg = pattern[..., 1:].argmax(-1) + 1  # [batch, head, q_pos]; key 0 excluded
+        back = torch.arange(n, device=pattern.device)[None, None, :] - arg  # [batch, head, q_pos], >= 0
+        back = back.clamp(min=0, max=self.max_offset + 1)  # q < 2 are not scored
+        scored = batch.mask.to(pattern.device).clone()  # [batch, q_pos]
+        scored[:, :2] = False
+        onehot = torch.nn.functional.one_hot(back, self.max_offset + 2)  # [batch, head, q_pos, bucket]
+        self.counts[layer] += (onehot * scored[:, None, :, None]).sum((0, 2)).cpu()
+        self.n_scored[layer] += int(scored.sum())
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        best = self.counts[..., : self.max_offset + 1].argmax(-1)  # [layer, head] bucket = -offset
+        share = self.counts.gather(-1, best[..., None])[..., 0].double() / self.n_scored[:, None].clamp(min=1)
+        return -best, share.float()
