@@ -1,0 +1,40 @@
+"""Shared fixtures. Models are built per session, never at import time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def small_config():
+    """A small GPT-2 config: 2 layers x 4 heads, d_head 16, context 128, GPT-2 vocabulary."""
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128)
+
+
+@pytest.fixture(scope="session")
+def small_model(small_config):
+    """LoadedModel with random weights (seed 0) on the small config."""
+    from headlens.models import build_model
+
+    return build_model(small_config, seed=0, name="small-random")
+
+
+@pytest.fixture(scope="session")
+def small_model_dir(small_model, tmp_path_factory):
+    """The small model saved in Hugging Face format (config + safetensors + tokenizer)."""
+    from headlens.models import save_model
+
+    return save_model(small_model, tmp_path_factory.mktemp("small_model"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_shaped_model():
+    """GPT-2-small-shaped model from GPT2Config() with random weights, seed 0 (slow to build)."""
+    from headlens.models import build_model
+
+    return build_model(None, seed=0, name="gpt2-shaped-random")
