@@ -1,0 +1,151 @@
+"""Static figures as PNG data URIs: matplotlib's Agg canvas directly (no pyplot, no global backend).
+
+Every figure is readable without JavaScript. Colour scales are fixed per quantity so two reports
+can be compared by eye.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+# Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap.
+FIGURE_DPI = 80
+# Annotating every cell stays legible up to about this many cells (GPT-2 small has 144).
+MAX_ANNOTATED_CELLS = 400
+# Each token of a thumbnail becomes a THUMB_SCALE x THUMB_SCALE block of pixels.
+THUMB_SCALE = 4
+
+
+def png_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def figure_uri(fig: Figure) -> str:
+    """Render a Figure on the Agg canvas and return it as a PNG data URI."""
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
+    return png_uri(buffer.getvalue())
+
+
+def pivot_heads(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Long (layer, head, value) -> wide [layer x head]; missing heads stay NaN."""
+    return frame.pivot_table(index="layer", columns="head", values=column, aggfunc="first", dropna=False)
+
+
+def _heatmap(grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: str) -> tuple[Figure, object]:
+    import seaborn as sns
+
+    n_layers, n_heads = grid.shape
+    fig = Figure(figsize=(max(3.5, 0.55 * n_heads + 1.6), max(2.2, 0.42 * n_layers + 1.0)))
+    ax = fig.add_subplot()
+    annotate = grid.size <= MAX_ANNOTATED_CELLS
+    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annotate, fmt=".2f",
+                annot_kws={"fontsize": 7}, linewidths=0.5, linecolor="white", cbar_kws={"label": label})
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    return fig, ax
+
+
+def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: float,
+                      threshold: float | None) -> str:
+    """Layer x head heatmap of one score; cells at or above `threshold` are outlined in black."""
+    grid = pivot_heads(frame, column)
+    fig, ax = _heatmap(grid, cmap="viridis", vmin=vmin, vmax=vmax, label=column)
+    if threshold is not None:
+        values = grid.to_numpy(dtype=float)  # [layer, head]
+        for row, col in zip(*np.nonzero(np.nan_to_num(values, nan=-np.inf) >= threshold), strict=True):
+            ax.add_patch(Rectangle((col, row), 1, 1, fill=False, edgecolor="black", linewidth=2))
+        colorbar = ax.collections[0].colorbar
+        if vmin <= threshold <= vmax:
+            colorbar.ax.axhline(threshold, color="red", linewidth=2)
+        ax.set_title(f"outlined: >= {threshold:g} (red line on the colour bar)", fontsize=8)
+    return figure_uri(fig)
+
+
+def delta_heatmap_uri(sweep: pd.DataFrame) -> str:
+    """Layer x head heatmap of delta loss, diverging around 0 (red: the model needs the head)."""
+    grid = pivot_heads(sweep, "delta_loss")
+    bound = float(np.nanmax(np.abs(grid.to_numpy(dtype=float)))) or 1.0
+    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label="delta loss (nats/token)")
+    return figure_uri(fig)
+
+
+def ablation_bars_uri(rows: list[dict]) -> str:
+    """Bar chart of delta loss with 95% confidence intervals; rows have label, delta, low, high."""
+    fig = Figure(figsize=(max(3.5, 0.6 * len(rows) + 1.5), 2.8))
+    ax = fig.add_subplot()
+    deltas = np.array([row["delta"] for row in rows], dtype=float)
+    low = np.array([row["low"] for row in rows], dtype=float)
+    high = np.array([row["high"] for row in rows], dtype=float)
+    errors = np.vstack([np.clip(deltas - low, 0, None), np.clip(high - deltas, 0, None)])  # [2, bars]
+    ax.bar(range(len(rows)), deltas, yerr=np.nan_to_num(errors), capsize=4, color="#c0504d")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), [row["label"] for row in rows], rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("delta loss (nats/token)")
+    return figure_uri(fig)
+
+
+def pruning_curve_uri(pruning: pd.DataFrame) -> str:
+    """Loss against the fraction of heads removed (Michel et al. 2019 iterative pruning)."""
+    fig = Figure(figsize=(4.5, 2.8))
+    ax = fig.add_subplot()
+    ax.plot(pruning["fraction_removed"], pruning["loss"], marker="o")
+    ax.set_xlabel("fraction of heads removed")
+    ax.set_ylabel("loss (nats/token)")
+    ax.grid(alpha=0.3)
+    return figure_uri(fig)
+
+
+def training_uri(log: pd.DataFrame, heads: pd.DataFrame | None) -> str:
+    """Loss curves and induction / ICL scores per checkpoint, the phase change marked."""
+    fig = Figure(figsize=(10, 3.0))
+    loss_ax, score_ax, head_ax = fig.subplots(1, 3)
+    for column in ("train_loss", "heldout_loss", "repeat_loss_first", "repeat_loss_second"):
+        if column in log:
+            loss_ax.plot(log["step"], log[column], label=column)
+    loss_ax.set(xlabel="step", ylabel="loss (nats/token)", title="loss")
+    for column in ("best_induction_score", "best_prev_token_score", "icl_score"):
+        if column in log:
+            score_ax.plot(log["step"], log[column], label=column)
+    score_ax.set(xlabel="step", title="best head scores, ICL score")
+    if heads is not None and len(heads) and "prefix_matching_score" in heads:
+        for (layer, head), rows in heads.groupby(["layer", "head"]):
+            head_ax.plot(rows["step"], rows["prefix_matching_score"], linewidth=1, label=f"{layer}.{head}")
+    head_ax.set(xlabel="step", title="prefix-matching score per head")
+    change = phase_change_step(log)
+    for ax in (loss_ax, score_ax, head_ax):
+        if change is not None:
+            ax.axvline(change, color="grey", linestyle="--", linewidth=1)
+        if ax.lines:
+            ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return figure_uri(fig)
+
+
+def phase_change_step(log: pd.DataFrame) -> int | None:
+    """The checkpoint after the largest one-step rise of the best induction score (None if unknown)."""
+    if "best_induction_score" not in log or len(log) < 2:
+        return None
+    rises = log["best_induction_score"].diff()
+    if rises.isna().all():
+        return None
+    return int(log["step"].iloc[int(np.nanargmax(rises.to_numpy(dtype=float)))])
+
+
+def thumbnail_uri(pattern: np.ndarray) -> str:
+    """A small image of one head's pattern [q_pos, k_pos] (dark = no attention), nearest-neighbour scaled."""
+    import matplotlib.image
+
+    big = np.kron(np.clip(pattern, 0, 1), np.ones((THUMB_SCALE, THUMB_SCALE)))  # [q*s, k*s]
+    buffer = io.BytesIO()
+    matplotlib.image.imsave(buffer, big, cmap="magma", vmin=0.0, vmax=1.0, format="png")
+    return png_uri(buffer.getvalue())

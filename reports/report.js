@@ -1,0 +1,142 @@
+// headlens report: sortable tables and the attention viewer. Plain JavaScript, no network.
+// User text only ever reaches the page through textContent, never innerHTML.
+"use strict";
+
+(function sortableTables() {
+  document.querySelectorAll("table.sortable").forEach(function (tableEl) {
+    var headers = tableEl.querySelectorAll("thead th");
+    headers.forEach(function (th, column) {
+      th.tabIndex = 0;
+      th.title = "sort by this column";
+      var ascending = true;
+      function sortRows() {
+        var body = tableEl.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows);
+        rows.sort(function (a, b) {
+          var x = a.cells[column].getAttribute("data-sort");
+          var y = b.cells[column].getAttribute("data-sort");
+          var nx = parseFloat(x), ny = parseFloat(y);
+          var cmp = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : String(x).localeCompare(String(y));
+          return ascending ? cmp : -cmp;
+        });
+        rows.forEach(function (row) { body.appendChild(row); });
+        headers.forEach(function (h) { h.removeAttribute("aria-sort"); });
+        th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+        ascending = !ascending;
+      }
+      th.addEventListener("click", sortRows);
+      th.addEventListener("keydown", function (e) { if (e.key === "Enter") { sortRows(); } });
+    });
+  });
+})();
+
+(function attentionViewer() {
+  var dataEl = document.getElementById("viewer-data");
+  if (!dataEl) { return; }
+  var data = JSON.parse(dataEl.textContent);
+  var raw = atob(data.patterns_b64);
+  var weights = new Uint8Array(raw.length);
+  for (var i = 0; i < raw.length; i++) { weights[i] = raw.charCodeAt(i); }
+  var P = data.pos, H = data.n_heads, L = data.n_layers;
+  var app = document.getElementById("viewer-app");
+  var tokensEl = document.getElementById("viewer-tokens");
+  var gridEl = document.getElementById("viewer-grid");
+  var headSelect = document.getElementById("viewer-head");
+  var statusEl = document.getElementById("viewer-status");
+  var state = { query: P - 1, layer: 0, head: 0 };
+  var parts = String(data.default_head).split(".");
+  state.layer = parseInt(parts[0], 10) || 0;
+  state.head = parseInt(parts[1], 10) || 0;
+
+  // Weight (0..1) of head (layer, head) from query q to key k.
+  function weight(layer, head, q, k) {
+    return weights[((layer * H + head) * P + q) * P + k] / 255;
+  }
+  function shown(token) { return token.replace(/\n/g, "\u21b5").replace(/\t/g, "\u2192"); }
+
+  var tokenEls = data.tokens.map(function (token, pos) {
+    var span = document.createElement("span");
+    span.className = "tok";
+    span.textContent = shown(token);
+    span.setAttribute("data-pos", String(pos));
+    span.tabIndex = 0;
+    span.addEventListener("click", function () { state.query = pos; draw(); });
+    span.addEventListener("keydown", function (e) { if (e.key === "Enter") { state.query = pos; draw(); } });
+    tokensEl.appendChild(span);
+    return span;
+  });
+
+  for (var l = 0; l < L; l++) {
+    for (var h = 0; h < H; h++) {
+      var option = document.createElement("option");
+      var name = l + "." + h;
+      option.value = name;
+      option.textContent = data.labels[name] ? name + " (" + data.labels[name] + ")" : name;
+      headSelect.appendChild(option);
+    }
+  }
+  headSelect.addEventListener("change", function () {
+    var p = headSelect.value.split(".");
+    state.layer = parseInt(p[0], 10); state.head = parseInt(p[1], 10); draw();
+  });
+
+  var cellWidth = Math.max(1, Math.floor(160 / P));
+  var canvases = [];
+  var grid = document.createElement("table");
+  grid.className = "viewer-grid";
+  var headRow = grid.insertRow();
+  headRow.appendChild(document.createElement("th"));
+  for (var hh = 0; hh < H; hh++) {
+    var th = document.createElement("th"); th.textContent = "head " + hh; headRow.appendChild(th);
+  }
+  for (var ll = 0; ll < L; ll++) {
+    var row = grid.insertRow();
+    var rowHead = document.createElement("th"); rowHead.textContent = "layer " + ll; row.appendChild(rowHead);
+    canvases.push([]);
+    for (var hc = 0; hc < H; hc++) {
+      var cell = row.insertCell();
+      var canvas = document.createElement("canvas");
+      canvas.width = P * cellWidth; canvas.height = 12;
+      canvas.title = ll + "." + hc + (data.labels[ll + "." + hc] ? " " + data.labels[ll + "." + hc] : "");
+      canvas.setAttribute("data-head", ll + "." + hc);
+      canvas.addEventListener("click", (function (a, b) {
+        return function () { state.layer = a; state.head = b; draw(); };
+      })(ll, hc));
+      cell.appendChild(canvas);
+      canvases[ll].push(canvas);
+    }
+  }
+  gridEl.appendChild(grid);
+
+  function drawStrip(canvas, layer, head) {
+    var ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#000"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    for (var k = 0; k <= state.query; k++) {
+      var w = weight(layer, head, state.query, k);
+      ctx.fillStyle = "rgba(255, 200, 40, " + w.toFixed(3) + ")";
+      ctx.fillRect(k * cellWidth, 0, cellWidth, canvas.height);
+    }
+    var chosen = layer === state.layer && head === state.head;
+    canvas.className = chosen ? "chosen" : "";
+  }
+
+  function draw() {
+    var best = 0, bestW = -1;
+    tokenEls.forEach(function (span, k) {
+      var w = k <= state.query ? weight(state.layer, state.head, state.query, k) : 0;
+      if (w > bestW) { bestW = w; best = k; }
+      span.style.backgroundColor = "rgba(40, 110, 255, " + w.toFixed(3) + ")";
+      span.style.color = w > 0.55 ? "#fff" : "";
+      span.title = "weight " + w.toFixed(3);
+      span.classList.toggle("query", k === state.query);
+    });
+    for (var a = 0; a < L; a++) { for (var b = 0; b < H; b++) { drawStrip(canvases[a][b], a, b); } }
+    headSelect.value = state.layer + "." + state.head;
+    statusEl.textContent = "from token " + state.query + " \u201c" + shown(data.tokens[state.query]) +
+      "\u201d, head " + state.layer + "." + state.head + ": strongest attention to token " + best +
+      " \u201c" + shown(data.tokens[best]) + "\u201d (" + bestW.toFixed(2) + ")";
+  }
+
+  app.hidden = false;
+  draw();
+})();

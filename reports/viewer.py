@@ -1,0 +1,63 @@
+"""The interactive attention viewer: sample tokens and every head's pattern, inline as JSON.
+
+Patterns are quantised to one byte per weight (0..255, i.e. steps of 1/255) and base64-encoded
+inside the JSON, so GPT-2 small's 12 x 12 heads over 64 tokens take ~0.8 MB instead of ~3.5 MB
+of decimal text. The JSON is embedded so that no text can end the script element.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+from headlens.reports.sections import esc, labelled_heads, section
+
+# Characters that could end a <script> element or break a JS string when JSON sits inside HTML.
+_JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def safe_json(data) -> str:
+    """json.dumps with <, >, &, U+2028 and U+2029 escaped: safe inside <script type="application/json">."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    return "".join(_JSON_ESCAPES.get(ch, ch) for ch in text)
+
+
+def viewer_payload(viewer: dict, heads=None) -> dict:
+    """The viewer's data: tokens, shape, quantised patterns (base64 of uint8 [layer, head, q, k]), labels."""
+    patterns = np.asarray(viewer["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
+    if patterns.ndim != 4 or patterns.shape[-1] != patterns.shape[-2] or patterns.shape[-1] != len(viewer["tokens"]):
+        raise ValueError(f"viewer patterns {patterns.shape} do not match {len(viewer['tokens'])} tokens")
+    quantised = np.rint(np.clip(patterns, 0.0, 1.0) * 255).astype(np.uint8)  # [layer, head, pos, pos]
+    labels = {f"{layer}.{head}": ", ".join(names) for layer, head, names in labelled_heads(heads)}
+    first = next(iter(labels), "0.0")
+    return {
+        "tokens": [str(t) for t in viewer["tokens"]],
+        "n_layers": int(patterns.shape[0]),
+        "n_heads": int(patterns.shape[1]),
+        "pos": int(patterns.shape[2]),
+        "patterns_b64": base64.b64encode(quantised.tobytes()).decode("ascii"),
+        "labels": labels,
+        "default_head": first,
+    }
+
+
+def viewer_section(viewer: dict, heads=None) -> str:
+    """Tokens to click, a layer x head grid of attention rows, and one chosen head's weights on the tokens."""
+    payload = viewer_payload(viewer, heads)
+    total = viewer.get("n_tokens_total")
+    shown = payload["pos"]
+    cut = (f"The sample has {total} tokens; the viewer shows the first {shown} to keep this file small."
+           if isinstance(total, int) and total > shown else f"The viewer shows all {shown} tokens of the sample.")
+    body = f"""<p>Click a token: every head's attention <em>from</em> that token over the sequence appears in the
+grid (one strip per head, layer by row, brighter = more attention), and the chosen head's weights colour the
+tokens. Click a grid cell or use the menu to choose a head. {esc(cut)} Weights are stored to 1/255.</p>
+<noscript><p class="note">The viewer needs JavaScript; the thumbnails above show the same patterns.</p></noscript>
+<div id="viewer-app" hidden>
+<p class="controls"><label>head <select id="viewer-head"></select></label>
+<span id="viewer-status" aria-live="polite"></span></p>
+<div id="viewer-tokens" class="tokens"></div>
+<div id="viewer-grid"></div>
+</div>
+<script type="application/json" id="viewer-data">{safe_json(payload)}</script>"""
+    return section("viewer", "Attention viewer", body)
