@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import click
+
+EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.main)
 
 
 @click.command("heads")
@@ -17,4 +22,46 @@ def heads_command(spec: str, model_name: str) -> None:
     click.echo(format_heads(parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)))
 
 
-COMMANDS = [heads_command]
+def _format_table(frame) -> str:
+    shown = frame.assign(max_abs_error=frame["max_abs_error"].map(lambda e: f"{e:.2e}"),
+                         tolerance=frame["tolerance"].map(lambda t: f"{t:.0e}"),
+                         passed=frame["passed"].map({True: "ok", False: "FAIL"}))
+    return shown.to_string(index=False)
+
+
+@click.command("validate")
+@click.argument("model_name", metavar="MODEL")
+@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
+              help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def validate_command(model_name: str, text_file: str | None, fmt: str) -> None:
+    """Check the from-scratch attention against HF eager, sdpa and TransformerLens, layer by layer.
+
+    Prints the max absolute error per layer, quantity and reference; exits 0 only if every
+    error is within tolerance, 1 if any is not, 2 on bad input.
+    """
+    from headlens.errors import ValidationFailed
+    from headlens.models import load_model
+    from headlens.probes import read_text
+    from headlens.validate import validate_model
+
+    text = read_text(text_file) if text_file is not None else None
+    loaded = load_model(model_name)
+    try:
+        frame, failure = validate_model(loaded, text), None
+    except ValidationFailed as exc:
+        frame, failure = exc.frame, exc
+    if fmt == "json":
+        payload = {"model": model_name, "text_source": frame.attrs.get("text_source"),
+                   "n_tokens": frame.attrs.get("n_tokens"), "passed": failure is None,
+                   "rows": frame.to_dict(orient="records")}
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        click.echo(f"model {model_name}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}")
+        click.echo(_format_table(frame))
+    if failure is not None:
+        click.echo(f"headlens: validation failed: {failure}", err=True)
+        sys.exit(EXIT_VALIDATION_FAILED)
+
+
+COMMANDS = [heads_command, validate_command]

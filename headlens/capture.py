@@ -96,8 +96,12 @@ def iter_batches(sequences: Sequence[Sequence[int]] | torch.Tensor, batch_size: 
 
 
 def is_bridge(model) -> bool:
-    """True for a TransformerLens TransformerBridge (or anything with TL-style hook points)."""
-    return hasattr(model, "blocks") and hasattr(model, "hooks") and not hasattr(model, "transformer")
+    """True for a TransformerLens TransformerBridge (or anything with TL-style hook points).
+
+    A bridge forwards unknown attributes to the HF model it wraps, so it *also* has
+    `.transformer`: test for TransformerLens's own attributes only.
+    """
+    return hasattr(model, "blocks") and hasattr(model, "hooks") and hasattr(model, "cfg")
 
 
 def n_layers_of(model) -> int:

@@ -30,4 +30,11 @@ class OutputPathError(HeadlensError, OSError):
 
 
 class ValidationFailed(HeadlensError):
-    """The from-scratch attention disagrees with the library beyond tolerance."""
+    """The from-scratch attention disagrees with the library beyond tolerance.
+
+    `frame` holds the full comparison table (headlens.validate), so callers can still show it.
+    """
+
+    def __init__(self, message: str, frame=None):
+        super().__init__(message)
+        self.frame = frame

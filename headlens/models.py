@@ -7,6 +7,7 @@ config, never from GPT-2 small's 12 x 12.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -94,6 +95,21 @@ def gpt2_tokenizer():
     return tok
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards"):
+    the library never prints. Restores the previous setting on exit."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _to_eager(model: torch.nn.Module) -> torch.nn.Module:
     model.config._attn_implementation = "eager"
     for module in model.modules():
@@ -118,9 +134,34 @@ def save_model(loaded: LoadedModel, directory: str | os.PathLike) -> Path:
     """Write config, safetensors weights and tokenizer in Hugging Face format."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    loaded.model.save_pretrained(directory, safe_serialization=True)
+    with _quiet_transformers():
+        loaded.model.save_pretrained(directory, safe_serialization=True)
     loaded.tokenizer.save_pretrained(directory)
     return directory
+
+
+def boot_bridge(loaded: LoadedModel):
+    """A TransformerLens `TransformerBridge` around a *separate copy* of `loaded.model`.
+
+    The bridge wraps (and may modify) the model it is given, so it gets a deep copy. It is
+    booted from a temporary local directory holding only config and tokenizer files (the
+    weights come from the copy), so nothing is downloaded and no weights are rewritten.
+    """
+    import copy
+    import tempfile
+
+    from transformer_lens import TransformerBridge
+    from transformers import AutoTokenizer
+
+    hf_copy = copy.deepcopy(loaded.model)
+    param = next(loaded.model.parameters())
+    with tempfile.TemporaryDirectory(prefix="headlens-bridge-") as tmp:
+        loaded.model.config.save_pretrained(tmp)
+        loaded.tokenizer.save_pretrained(tmp)
+        # TransformerLens re-reads the tokenizer by name_or_path: it must be a local directory.
+        tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        return TransformerBridge.boot_transformers(tmp, hf_model=hf_copy, tokenizer=tokenizer,
+                                                   device=param.device, dtype=param.dtype)
 
 
 def _check_local_dir(path: Path) -> None:
@@ -154,25 +195,42 @@ def _check_local_dir(path: Path) -> None:
         raise ModelLoadError(f"{path} has no weights: expected model.safetensors (or pytorch_model.bin)")
 
 
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment *now* (HF_HUB_CACHE, else
+    HF_HOME/hub, else ~/.cache/huggingface/hub). huggingface_hub reads these once at import,
+    so a later change of HF_HOME would otherwise be ignored."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _resolve_hub(name: str) -> Path:
-    """Find a hub id in the Hugging Face cache (HF_HOME respected), downloading if allowed."""
+    """Find a hub id in the Hugging Face cache (HF_HOME respected), downloading if allowed.
+
+    Only the files in _HUB_PATTERNS are fetched: safetensors weights, never pickles.
+    """
     from huggingface_hub import snapshot_download
 
+    cache = hub_cache_dir()
     try:
-        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, local_files_only=True))
-    except Exception:  # not cached: try the network unless told not to
+        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, cache_dir=cache, local_files_only=True))
+    except Exception:  # not cached (huggingface_hub raises several types): try the network unless told not to
         pass
-    home = os.environ.get("HF_HOME", "~/.cache/huggingface")
     hint = (
-        f"weights for {name!r} are not in the Hugging Face cache ({home}) and the hub cannot be reached. "
+        f"weights for {name!r} are not in the Hugging Face cache ({cache}) and the hub cannot be reached. "
         f"Provide them: run once on a machine with network "
         f"(python -c \"from huggingface_hub import snapshot_download; snapshot_download('{name}')\") "
         f"and copy the cache to HF_HOME, or pass a local directory with config.json + model.safetensors"
     )
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+    if _hub_offline():
         raise ModelLoadError(hint)
     try:
-        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, etag_timeout=10))
+        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, cache_dir=cache, etag_timeout=10))
     except Exception as exc:
         raise ModelLoadError(f"{hint} ({type(exc).__name__})") from None
 
@@ -219,9 +277,10 @@ def load_model(name_or_path: str, device: str | torch.device = "cpu",
     path = resolve_model_path(name_or_path)
     _check_local_dir(path)
     try:
-        model = GPT2LMHeadModel.from_pretrained(
-            str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False
-        )
+        with _quiet_transformers():
+            model = GPT2LMHeadModel.from_pretrained(
+                str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False
+            )
     except Exception as exc:  # transformers wraps I/O and format errors in many types
         raise ModelLoadError(f"cannot load weights from {path}: {str(exc).splitlines()[0]}") from None
     model = _to_eager(model).to(device).eval()
