@@ -1,0 +1,100 @@
+"""`headlens report`: classify, validate, (optionally) ablate, then write one HTML page.
+
+A thin shell: every number comes from a library call; `headlens.reports.render_report` draws it.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import click
+
+# Tokens of the sample text shown in the viewer: GPT-2 small's 144 heads over 64 tokens stay ~0.8 MB.
+DEFAULT_VIEWER_TOKENS = 64
+
+
+def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, out: str,
+                      viewer_tokens: int, seed: int) -> str:
+    """The exact command line that rebuilds the page."""
+    words = ["headlens", "report", model]
+    if text_path:
+        words += ["--text", text_path]
+    if heads:
+        words += ["--heads", heads]
+    if sweep:
+        words.append("--sweep")
+    if viewer_tokens != DEFAULT_VIEWER_TOKENS:
+        words += ["--viewer-tokens", str(viewer_tokens)]
+    if seed:
+        words += ["--seed", str(seed)]
+    return shlex.join(words + ["--out", out])
+
+
+def training_logs(loaded):
+    """(log_df, heads_df) when the model folder holds a training log (the shipped tiny model does)."""
+    from headlens.train import load_training_log
+
+    folder = loaded.path
+    if folder is None or not (folder / "training_log.csv").is_file() or not (folder / "training_heads.csv").is_file():
+        return None
+    return load_training_log(folder)
+
+
+def chosen_ablations(loaded, spec: str, text, seed: int, progress: bool) -> list[dict]:
+    """Each chosen head ablated alone, then all of them together (when more than one)."""
+    from headlens.ablate import ablate_heads
+    from headlens.heads import parse_heads
+
+    heads = parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)
+    results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads]
+    if len(heads) > 1:
+        results.append(ablate_heads(loaded, heads, text=text, seed=seed, progress=progress))
+    return results
+
+
+@click.command("report")
+@click.argument("model", default="tiny")
+@click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
+              help="UTF-8 text to score and show (default: the held-out text shipped with the tiny model)")
+@click.option("--heads", "heads_spec", default=None, help="heads to ablate: L.H,L.H | layer:L | all")
+@click.option("--sweep", is_flag=True, help="also ablate every head alone (slower)")
+@click.option("--out", "out", default="out/report.html", show_default=True, type=click.Path(),
+              help="the HTML file to write (replaced atomically)")
+@click.option("--viewer-tokens", default=DEFAULT_VIEWER_TOKENS, show_default=True, type=click.IntRange(2, 256),
+              help="tokens of the sample text in the viewer and thumbnails")
+@click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
+@click.option("--progress/--no-progress", default=False, help="progress bars on stderr")
+def report_command(model, text_path, heads_spec, sweep, out, viewer_tokens, seed, progress) -> None:
+    """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
+    from headlens.reports import render_report
+    from headlens.reports.render import check_output_path
+
+    from headlens.classify import classify_heads
+    from headlens.models import load_model
+    from headlens.probes import default_text, read_text
+    from headlens.samples import sample_patterns
+    from headlens.validate import validate_model
+
+    check_output_path(out)  # fail before minutes of work, not after
+    text = read_text(text_path) if text_path else None
+    loaded = load_model(model)
+    heads = classify_heads(loaded, text=text, progress=progress)
+    validation = validate_model(loaded, text, raise_on_failure=False)
+    ablation = chosen_ablations(loaded, heads_spec, text, seed, progress) if heads_spec else None
+    sweep_frame = None
+    if sweep:
+        from headlens.ablate import sweep_heads
+
+        sweep_frame = sweep_heads(loaded, text=text, seed=seed, progress=progress)
+    spec = loaded.spec
+    model_info = {"name": loaded.name, "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_head": spec.d_head,
+                  "d_model": spec.d_model, "n_ctx": spec.n_ctx, "n_params": spec.n_params}
+    path = render_report(
+        out, model_info=model_info, heads=heads, sweep=sweep_frame, ablation=ablation, validation=validation,
+        training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), viewer_tokens),
+        command=reproduce_command(model, text_path, heads_spec, sweep, out, viewer_tokens, seed),
+        text_label=text_path or "held-out text shipped with the tiny model (headlens.probes.default_text)")
+    click.echo(f"wrote {path}")
+
+
+COMMANDS = [report_command]

@@ -1,0 +1,317 @@
+"""Report rendering from small hand-made frames of the library's schemas (notes/contracts)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from headlens.reports import EmptyReportError, explain, figures, render_report, sections
+from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
+
+from headlens.errors import OutputPathError
+
+N_LAYERS, N_HEADS, POS = 2, 3, 5
+MODEL_INFO = {"name": "hand-made", "n_layers": N_LAYERS, "n_heads": N_HEADS, "d_head": 16, "d_model": 48,
+              "n_ctx": 64, "n_params": 123456}
+NASTY = '<script>alert(1)</script> "><img src=x onerror=alert(1)> </script> {{ x }} ${y} & \u2028'
+# 5 MB: the issue's cap for GPT-2 small with default settings.
+SIZE_CAP_BYTES = 5 * 1024 * 1024
+
+
+def heads_frame() -> pd.DataFrame:
+    rows = []
+    for layer in range(N_LAYERS):
+        for head in range(N_HEADS):
+            rows.append({"layer": layer, "head": head, "labels": ["previous_token"] if (layer, head) == (0, 1) else [],
+                         "prev_token_score": 0.9 if (layer, head) == (0, 1) else 0.1 * head,
+                         "first_token_score": 0.2 + 0.1 * layer, "positional_offset": -1,
+                         "positional_share": 0.5, "copying_score": -0.5 + 0.2 * head, "n_positions": 40})
+    return pd.DataFrame(rows)
+
+
+def viewer_dict(tokens=None) -> dict:
+    tokens = tokens or ["<|endoftext|>", "The", " cat", " sat", "."]
+    pos = len(tokens)
+    causal = np.tril(np.ones((pos, pos)))  # [q_pos, k_pos]
+    uniform = causal / causal.sum(-1, keepdims=True)  # [q_pos, k_pos], rows sum to 1
+    patterns = np.broadcast_to(uniform, (N_LAYERS, N_HEADS, pos, pos)).copy()  # [layer, head, q, k]
+    patterns[0, 1] = np.eye(pos, k=-1)  # a perfect previous-token head
+    patterns[0, 1, 0, 0] = 1.0
+    return {"tokens": tokens, "patterns": patterns, "n_tokens_total": pos + 10, "text": "The cat sat."}
+
+
+def sweep_frame() -> pd.DataFrame:
+    deltas = np.linspace(-0.05, 0.3, N_LAYERS * N_HEADS)
+    return pd.DataFrame([{"layer": i // N_HEADS, "head": i % N_HEADS, "n_tokens": 200, "loss": 3.0,
+                          "loss_ablated": 3.0 + d, "delta_loss": d, "ci95_low": d - 0.01, "ci95_high": d + 0.01}
+                         for i, d in enumerate(deltas)])
+
+
+def validation_frame(fail_layer=None) -> pd.DataFrame:
+    rows = [{"layer": layer, "quantity": q, "reference": "hf_eager",
+             "max_abs_error": 1e-7 if layer != fail_layer else 0.1, "tolerance": 1e-5, "passed": layer != fail_layer}
+            for layer in range(N_LAYERS) for q in ("pattern", "z")]
+    return pd.DataFrame(rows)
+
+
+def training_pair(jump_step=300):
+    steps = np.arange(0, 600, 100)
+    log = pd.DataFrame({"step": steps, "tokens_seen": steps * 1000, "train_loss": 4 - steps / 1000,
+                        "heldout_loss": 4.1 - steps / 1000, "icl_score": np.where(steps >= jump_step, -0.4, -0.1),
+                        "best_induction_score": np.where(steps >= jump_step, 0.6, 0.05),
+                        "best_prev_token_score": 0.9, "repeat_loss_first": 5.0,
+                        "repeat_loss_second": np.where(steps >= jump_step, 1.0, 5.0)})
+    heads = pd.DataFrame([{"step": s, "layer": 1, "head": h, "prev_token_score": 0.1, "prefix_matching_score": 0.2}
+                          for s in steps for h in range(N_HEADS)])
+    return log, heads
+
+
+def img_count(html: str) -> int:
+    return len(re.findall(r'<img src="data:image/png;base64,', html))
+
+
+# Summary
+
+def test_summary_escapes_and_lists_facts():
+    html = sections.summary_section({**MODEL_INFO, "name": NASTY}, version="9.9", date="today", command=NASTY,
+                                    text_label=NASTY, text_excerpt=NASTY)
+    assert "<script>" not in html and "<img" not in html
+    assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 4
+    assert "2 layers x 3 heads x d_head 16" in html and "123,456" in html and "9.9" in html
+
+
+# Scores and labels
+
+def test_scores_section_one_heatmap_per_present_score_with_source():
+    heads = heads_frame()
+    html = sections.scores_section(heads)
+    present = [info for info in explain.SCORES if info.column in heads]
+    assert img_count(html) == len(present) == 4  # prev, first-token, positional share, copying
+    for info in present:
+        assert f'id="score-{info.column}"' in html
+    assert "Threshold: 0.3" in html and "arXiv 2410.10781" in html  # first-token sink threshold, Gu et al.
+    assert html.count("<tr>") == 1 + N_LAYERS * N_HEADS  # header + one row per head
+    assert "previous_token" in html and 'class="sortable"' in html
+
+
+def test_thresholds_from_frame_attrs_override_defaults():
+    heads = heads_frame()
+    heads.attrs["thresholds"] = {"first_token_score": 0.25}
+    assert explain.score_thresholds(heads.attrs)["first_token_score"] == 0.25
+    assert "Threshold: 0.25" in sections.scores_section(heads)
+
+
+def test_pivot_heads_is_layer_by_head_with_nan_for_missing():
+    frame = heads_frame().iloc[1:]  # head 0.0 missing
+    grid = figures.pivot_heads(frame, "prev_token_score")
+    assert grid.shape == (N_LAYERS, N_HEADS)
+    assert np.isnan(grid.loc[0, 0]) and grid.loc[0, 1] == pytest.approx(0.9)
+
+
+def test_table_keeps_int_columns_and_numeric_sort_keys():
+    html = sections.table(pd.DataFrame({"layer": [10, 2], "delta_loss": [0.5, float("nan")]}))
+    assert '<td data-sort="10">10</td>' in html and "10.000" not in html
+    assert 'data-sort="-inf"' in html  # NaN sorts last-ish and shows empty
+
+
+# Thumbnails and viewer
+
+def test_thumbnails_one_per_labelled_head():
+    html = sections.thumbnails_section(heads_frame(), viewer_dict())
+    assert img_count(html) == 1 and "0.1: previous_token" in html
+    assert img_count(sections.thumbnails_section(heads_frame().assign(labels=[[]] * 6), viewer_dict())) == 0
+
+
+def test_safe_json_cannot_end_a_script_and_round_trips():
+    data = {"tokens": [NASTY, "</script><script>alert(2)</script>"]}
+    text = safe_json(data)
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    assert json.loads(text) == data
+
+
+def test_viewer_payload_quantises_patterns_to_bytes():
+    viewer = viewer_dict()
+    payload = viewer_payload(viewer, heads_frame())
+    raw = np.frombuffer(base64.b64decode(payload["patterns_b64"]), dtype=np.uint8)
+    weights = raw.reshape(N_LAYERS, N_HEADS, POS, POS) / 255  # [layer, head, q, k]
+    assert np.abs(weights - viewer["patterns"]).max() <= 0.5 / 255 + 1e-9  # rounding to the nearest 1/255
+    assert payload["default_head"] == "0.1" and payload["labels"] == {"0.1": "previous_token"}
+
+
+def test_viewer_section_says_it_was_cut_and_rejects_mismatched_shapes():
+    html = viewer_section(viewer_dict())
+    assert "has 15 tokens; the viewer shows the first 5" in html
+    bad = viewer_dict()
+    bad["tokens"] = bad["tokens"][:3]
+    with pytest.raises(ValueError, match="do not match"):
+        viewer_payload(bad)
+
+
+# Ablation, validation, training
+
+def test_ablation_section_sweep_bars_and_pruning():
+    one = {"model": "m", "heads": ["0.1"], "method": "zero", "metric": "text", "n_tokens": 200, "loss": 3.0,
+           "loss_ablated": 3.2, "delta_loss": 0.2, "ci95": [0.1, 0.3]}
+    pruning = pd.DataFrame({"step": [0, 1], "n_removed": [0, 1], "fraction_removed": [0.0, 1 / 6],
+                            "heads_removed": ["", "0.1"], "loss": [3.0, 3.1]})
+    html = sections.ablation_section(sweep_frame(), [one, {**one, "heads": ["0.1", "1.2"]}], pruning)
+    assert img_count(html) == 3  # sweep heatmap, bars, pruning curve
+    assert "0.1,1.2" in html and "95% confidence" in html
+    assert img_count(sections.ablation_section(None, one, None)) == 1  # a single dict is accepted
+
+
+def test_validation_section_flags_failures():
+    assert "every comparison passed" in sections.validation_section(validation_frame())
+    html = sections.validation_section(validation_frame(fail_layer=1))
+    assert "2 comparison(s) FAILED" in html and html.count('class="failed"') == 2
+
+
+def test_phase_change_step_is_the_planted_jump():
+    log, heads = training_pair(jump_step=300)
+    assert figures.phase_change_step(log) == 300
+    html = sections.training_section((log, heads))
+    assert img_count(html) == 1 and "step 300" in html
+
+
+# The whole page
+
+def test_render_report_is_self_contained(tmp_path):
+    path = render_report(tmp_path / "r.html", model_info=MODEL_INFO, heads=heads_frame(), sweep=sweep_frame(),
+                         validation=validation_frame(), training=training_pair(), viewer=viewer_dict(),
+                         command="headlens report x", text_label="t.txt")
+    html = path.read_text(encoding="utf-8")
+    for section_id in ("summary", "scores", "thumbnails", "viewer", "ablation", "validation", "training"):
+        assert f'<section id="{section_id}">' in html
+    assert not re.search(r"(src|href)=\"(https?:)?//|@import|url\(", html)  # nothing to fetch
+    assert "default-src 'none'" in html
+    assert html.count("<script>") == 1  # the one inline script (the JSON block has a type)
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_render_report_sections_only_for_given_results(tmp_path):
+    html = render_report(tmp_path / "r.html", model_info=MODEL_INFO, validation=validation_frame()).read_text()
+    assert '<section id="validation">' in html and '<section id="scores">' not in html
+
+
+# Errors
+
+def test_empty_results_raise(tmp_path):
+    with pytest.raises(EmptyReportError, match="nothing to report"):
+        render_report(tmp_path / "r.html", model_info=MODEL_INFO)
+    with pytest.raises(EmptyReportError):
+        render_report(tmp_path / "r.html", model_info=MODEL_INFO, heads=heads_frame().iloc[:0])
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_directory_path_raises(tmp_path):
+    with pytest.raises(OutputPathError, match="is a directory"):
+        render_report(tmp_path, model_info=MODEL_INFO, validation=validation_frame())
+
+
+def test_path_below_a_file_raises(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OutputPathError, match="cannot create the folder"):
+        render_report(blocker / "r.html", model_info=MODEL_INFO, validation=validation_frame())
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_folder_raises(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(OutputPathError, match="not writable"):
+            render_report(folder / "r.html", model_info=MODEL_INFO, validation=validation_frame())
+    finally:
+        folder.chmod(0o755)
+
+
+def test_failed_render_leaves_existing_report_intact(tmp_path, monkeypatch):
+    path = tmp_path / "r.html"
+    path.write_text("old report")
+    monkeypatch.setattr(sections, "validation_section", lambda frame: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        render_report(path, model_info=MODEL_INFO, validation=validation_frame())
+    assert path.read_text() == "old report"
+
+
+def test_failed_write_leaves_existing_report_intact_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "r.html"
+    path.write_text("old report")
+
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OutputPathError, match="No space left"):
+        render_report(path, model_info=MODEL_INFO, validation=validation_frame())
+    assert path.read_text() == "old report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+
+
+def test_existing_report_is_replaced(tmp_path):
+    path = tmp_path / "r.html"
+    path.write_text("old report")
+    render_report(path, model_info=MODEL_INFO, validation=validation_frame())
+    assert path.read_text().startswith("<!DOCTYPE html>")
+
+
+# sample_patterns (headlens.samples): peer is Hugging Face's own eager attention output
+
+# float32 patterns from the same forward pass: hooks and output_attentions see identical tensors.
+PATTERN_ATOL = 1e-6
+
+
+def test_sample_patterns_match_hf_eager_attention(small_model):
+    import torch
+
+    from headlens.samples import sample_patterns
+
+    text = "The cat sat on the mat. The cat sat on the mat."
+    sample = sample_patterns(small_model, text, max_tokens=8)
+    ids = [small_model.bos_token_id] + small_model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert sample["n_tokens_total"] == len(ids) and len(sample["tokens"]) == 8
+    assert "".join(sample["tokens"][1:]) == small_model.tokenizer.decode(ids[1:8])
+    with torch.no_grad():
+        out = small_model.model(input_ids=torch.tensor([ids[:8]]), output_attentions=True)
+    reference = torch.stack([layer[0] for layer in out.attentions])  # [layer, head, q, k]
+    assert sample["patterns"].shape == (2, 4, 8, 8)
+    assert torch.allclose(sample["patterns"], reference, atol=PATTERN_ATOL)
+
+
+def test_sample_patterns_errors(small_model):
+    from headlens.errors import ConfigError, InputTextError
+    from headlens.samples import sample_patterns
+
+    with pytest.raises(ConfigError, match="max_tokens"):
+        sample_patterns(small_model, "text", max_tokens=1)
+    with pytest.raises(InputTextError, match="empty"):
+        sample_patterns(small_model, "   ")
+
+
+@pytest.mark.slow
+def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
+    """Worst case for size: all 144 heads labelled (144 thumbnails), every score, a sweep, 64 viewer tokens."""
+    from headlens.probes import default_text
+    from headlens.samples import sample_patterns
+
+    spec = gpt2_shaped_model.spec
+    rng = np.random.default_rng(0)
+    rows = [{"layer": layer, "head": head, "labels": ["positional", "first_token"], "positional_offset": -1,
+             **{info.column: float(rng.uniform(info.vmin, info.vmax)) for info in explain.SCORES}}
+            for layer in range(spec.n_layers) for head in range(spec.n_heads)]
+    sweep = pd.DataFrame([{"layer": r["layer"], "head": r["head"], "n_tokens": 4000, "loss": 3.0, "loss_ablated": 3.1,
+                           "delta_loss": float(d), "ci95_low": float(d) - 0.01, "ci95_high": float(d) + 0.01}
+                          for r, d in zip(rows, rng.normal(0, 0.05, len(rows)), strict=True)])
+    viewer = sample_patterns(gpt2_shaped_model, default_text(), max_tokens=64)
+    path = render_report(tmp_path / "gpt2.html", model_info={"name": "gpt2-shaped", **spec.__dict__},
+                         heads=pd.DataFrame(rows), sweep=sweep, viewer=viewer, training=training_pair())
+    size = path.stat().st_size
+    assert size < SIZE_CAP_BYTES, f"{size / 1e6:.2f} MB"
+    assert img_count(path.read_text()) >= spec.n_layers * spec.n_heads
