@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
 
 
@@ -94,3 +97,105 @@ def text_windows(tokenizer, text: str, window: int, bos_id: int | None, min_toke
     if not windows:
         raise InputTextError(f"text is too short: {len(ids)} tokens, need at least {min_tokens}")
     return windows
+
+
+# Random-token id ranges ---------------------------------------------------------------------
+
+# A vocabulary this small is byte-level (256 bytes + a few specials): draw printable ASCII.
+BYTE_VOCAB_MAX = 300
+PRINTABLE_BYTES = (32, 127)  # [low, high): space .. '~'
+
+
+def random_token_range(d_vocab: int, low: int | None = None, high: int | None = None) -> tuple[int, int]:
+    """The id range [low, high) random probe tokens are drawn from, for any vocabulary.
+
+    Olsson et al. 2022 drew random tokens excluding the most and least frequent ones. Without
+    corpus counts we use what the vocabulary's construction implies:
+    - byte-level vocabularies (d_vocab <= 300): printable ASCII bytes [32, 127), so segments
+      look like text and avoid control bytes;
+    - BPE vocabularies: merges are learned in order of frequency, so the lowest ids (bytes,
+      first merges) are the most common and the highest the rarest; keep the middle band
+      [d_vocab // 50, d_vocab // 5) (GPT-2: [1005, 10051), close to TransformerLens's 1000-10000).
+    Explicit `low` / `high` override either end. Raises ConfigError for an empty or out-of-range band.
+    """
+    from headlens.errors import ConfigError
+
+    if d_vocab <= BYTE_VOCAB_MAX:
+        auto = (PRINTABLE_BYTES[0], min(PRINTABLE_BYTES[1], d_vocab))
+    else:
+        auto = (d_vocab // 50, d_vocab // 5)
+    lo = auto[0] if low is None else low
+    hi = auto[1] if high is None else high
+    if not 0 <= lo < hi <= d_vocab or hi - lo < 2:
+        raise ConfigError(f"random-token id range [{lo}, {hi}) is invalid: need 0 <= low < high <= {d_vocab} "
+                          "(the vocabulary size) with at least 2 ids")
+    return lo, hi
+
+
+def fit_repeats(seq_len: int, repeats: int, n_ctx: int) -> int:
+    """How many copies of a period-`seq_len` segment fit after BOS in `n_ctx`: min(repeats, (n_ctx-1)//seq_len).
+
+    Raises ConfigError when fewer than 2 copies fit (no second copy, no induction to see).
+    """
+    from headlens.errors import ConfigError
+
+    fit = min(repeats, (n_ctx - 1) // seq_len)
+    if fit < 2:
+        raise ConfigError(f"seq_len {seq_len} is too long for this model's context of {n_ctx} tokens: "
+                          f"two copies plus BOS need 1 + 2 * seq_len <= {n_ctx}, so seq_len <= {(n_ctx - 1) // 2}")
+    return fit
+
+
+# Needle in a haystack ------------------------------------------------------------------------
+
+
+class NeedlePrompt(NamedTuple):
+    """One needle-in-a-haystack test (Wu et al. 2024, adapted; see needle_prompts)."""
+
+    prompt: list[int]  # BOS + haystack[:depth] + needle + haystack[depth:] + needle[:restate]
+    needle_start: int  # position of the needle's first token in `prompt`
+    needle: list[int]  # the needle's token ids
+    restate: int  # how many of the needle's first tokens are restated at the end
+    context: int  # total length the test was sized for: len(prompt) + tokens to generate
+    depth: float  # where the needle sits in the haystack, 0..1
+
+
+def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, token_range: tuple[int, int],
+                   needle_len: int = 16, restate: int = 4, depths: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
+                   lengths: Sequence[float] = (0.25, 0.5, 1.0), seed: int = 0) -> list[NeedlePrompt]:
+    """Needle-in-a-haystack prompts for retrieval heads, adapted from Wu et al. 2024 (arXiv 2404.15574).
+
+    Wu et al. insert a needle sentence into 1K-50K-token haystacks at 10 depths and ask a chat
+    model for it. GPT-2-family models (1024-token context, or 256 for the tiny model) cannot
+    answer questions, so the test shrinks into a copy task: a needle of `needle_len` random
+    tokens (drawn from `token_range`, the random-probe band) goes into natural-text haystack
+    at each depth, for total lengths of each share in `lengths` of the context; the prompt
+    ends by restating the needle's first `restate` tokens, and the model must continue it for
+    `needle_len - restate` greedy tokens, all inside `n_ctx`. Haystacks are consecutive slices of
+    `haystack_ids` (never cycled: repeating text would plant induction targets); a length
+    the text cannot fill is skipped. Raises InputTextError if no length fits.
+    """
+    from headlens.errors import ConfigError, InputTextError
+
+    if not 1 <= restate < needle_len:
+        raise ConfigError(f"needle restate {restate} is out of range: need 1 <= restate < needle_len ({needle_len})")
+    gen = torch.Generator().manual_seed(seed)
+    fixed = needle_len + restate + (needle_len - restate) + (1 if bos_id is not None else 0)
+    prompts = []
+    for share in lengths:
+        context = int(round(share * n_ctx))
+        hay_len = context - fixed
+        if hay_len < 8 or hay_len > len(haystack_ids):
+            continue
+        for depth in depths:
+            needle = torch.randint(token_range[0], token_range[1], (needle_len,), generator=gen).tolist()
+            start = int(torch.randint(0, len(haystack_ids) - hay_len + 1, (1,), generator=gen))
+            hay = list(haystack_ids[start : start + hay_len])
+            cut = int(round(depth * hay_len))
+            head = ([bos_id] if bos_id is not None else []) + hay[:cut]
+            prompt = head + needle + hay[cut:] + needle[:restate]
+            prompts.append(NeedlePrompt(prompt, len(head), needle, restate, context, float(depth)))
+    if not prompts:
+        raise InputTextError(f"text is too short for the needle-in-a-haystack probe: {len(haystack_ids)} tokens, "
+                             f"need at least {int(round(min(lengths) * n_ctx)) - fixed} for the shortest haystack")
+    return prompts

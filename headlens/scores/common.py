@@ -25,6 +25,12 @@ class TargetMassReducer(Reducer):
         self.sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
         self.sq_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
         self.counts = torch.zeros(n_layers, dtype=torch.long)  # [layer]
+        # Per-sequence statistics: the spread across sequences (evidence) and the "mul" form.
+        self.seq_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+        self.seq_sq_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+        self.n_seqs = torch.zeros(n_layers, dtype=torch.long)  # [layer] sequences with a scored query
+        self.mul_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+        self.mul_n = torch.zeros(n_layers, dtype=torch.long)  # [layer] sequences seen
         self._cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,11 +45,25 @@ class TargetMassReducer(Reducer):
     def update(self, layer, batch, pattern=None, z=None):
         targets, scored = self._targets(batch)
         targets, scored = targets.to(pattern.device), scored.to(pattern.device)
-        mass = (pattern * targets[:, None]).sum(-1)  # [batch, head, q_pos]
-        mass = mass.double() * scored[:, None]  # padding and target-less queries -> 0
+        raw = (pattern * targets[:, None]).sum(-1).double()  # [batch, head, q_pos]
+        mass = raw * scored[:, None]  # padding and target-less queries -> 0
         self.sums[layer] += mass.sum((0, 2)).cpu()
         self.sq_sums[layer] += (mass**2).sum((0, 2)).cpu()
         self.counts[layer] += int(scored.sum())
+        # per sequence: mean over its scored queries (sequences without one are skipped)
+        n_scored = scored.sum(-1)  # [batch]
+        has = n_scored > 0
+        seq_mean = mass.sum(-1) / n_scored.clamp(min=1)[:, None]  # [batch, head]
+        self.seq_sums[layer] += seq_mean[has].sum(0).cpu()
+        self.seq_sq_sums[layer] += (seq_mean[has] ** 2).sum(0).cpu()
+        self.n_seqs[layer] += int(has.sum())
+        # "mul" form (TransformerLens detect_head): target mass summed over every real query,
+        # divided by the pattern's total mass (= the number of real queries), per sequence
+        real = batch.mask.to(pattern.device)  # [batch, q_pos]
+        all_mass = raw * real[:, None]  # [batch, head, q_pos]
+        mul = all_mass.sum(-1) / real.sum(-1).clamp(min=1)[:, None]  # [batch, head]
+        self.mul_sums[layer] += mul.sum(0).cpu()
+        self.mul_n[layer] += real.shape[0]
 
     def result(self) -> torch.Tensor:
         """Mean target mass, [n_layers, n_heads] (NaN where nothing was scored)."""
@@ -55,3 +75,15 @@ class TargetMassReducer(Reducer):
         n = self.counts[:, None].clamp(min=1)
         mean = self.sums / n
         return (self.sq_sums / n - mean**2).clamp(min=0).sqrt().float()
+
+    def seq_std(self) -> torch.Tensor:
+        """Spread of the per-sequence score across sequences, [n_layers, n_heads] (0 with one sequence)."""
+        n = self.n_seqs[:, None].clamp(min=1)
+        mean = self.seq_sums / n
+        return (self.seq_sq_sums / n - mean**2).clamp(min=0).sqrt().float()
+
+    def mul_score(self) -> torch.Tensor:
+        """TransformerLens `detect_head` "mul" form, [n_layers, n_heads]: per sequence
+        sum(A * P) / sum(A) over all real queries (rows sum to 1, so / n_queries), then the mean
+        over sequences, as detect_head averages a list of prompts."""
+        return (self.mul_sums / self.mul_n[:, None].clamp(min=1)).float()

@@ -10,12 +10,10 @@ from __future__ import annotations
 import torch
 
 from headlens.scores.common import TargetMassReducer
+from headlens.scores.duplicate import duplicate_token_reducer, duplicate_token_targets
 
-
-def duplicate_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
-    """T[b, q, k] = token[q] == token[k] and k < q: [batch, q_pos, k_pos] bool."""
-    same = input_ids[:, :, None] == input_ids[:, None, :]  # [batch, q_pos, k_pos]
-    return same & torch.ones_like(same[0]).tril(-1)[None]
+__all__ = ["duplicate_token_reducer", "duplicate_token_targets", "prefix_matching_reducer",
+           "prefix_matching_targets"]
 
 
 def prefix_matching_targets(input_ids: torch.Tensor) -> torch.Tensor:
@@ -30,8 +28,3 @@ def prefix_matching_reducer(n_layers: int, n_heads: int, layers=None) -> TargetM
     """Reducer for prefix_matching_score: mean attention mass on prefix-matching targets,
     over queries that have at least one target (on repeated random tokens: the later repeats)."""
     return TargetMassReducer(n_layers, n_heads, lambda b: prefix_matching_targets(b.input_ids), layers=layers)
-
-
-def duplicate_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
-    """Reducer for duplicate_token_score: mean attention mass on earlier copies of the query token."""
-    return TargetMassReducer(n_layers, n_heads, lambda b: duplicate_token_targets(b.input_ids), layers=layers)

@@ -25,6 +25,18 @@ def prev_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassRe
     return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, -1), layers=layers)
 
 
+def current_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
+    """Reducer for current_token_score: mean A[i, i] over real positions i >= 1 (i = 0 is trivially 1)."""
+    return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, 0),
+                             query_fn=_from_position_one, layers=layers)
+
+
+def _from_position_one(batch) -> torch.Tensor:
+    scored = torch.ones_like(batch.mask)  # [batch, q_pos]
+    scored[:, 0] = False
+    return scored
+
+
 def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for first_token_score: mean A[t, 0] over real positions t >= 1 (t = 0 is trivially 1)."""
 

@@ -1,0 +1,237 @@
+"""Scores -> labelled DataFrame: what does each head do?
+
+Three probes, one streaming pass each (never a full activation cache):
+1. natural text windows (`--text`, else the held-out text shipped with the tiny model):
+   prev/current/first-token scores and the Voita argmax offset;
+2. repeated random tokens (Olsson et al. 2022): duplicate-token, prefix matching, copying;
+3. needle-in-a-haystack tests (Wu et al. 2024, adapted): retrieval, by greedy decoding.
+Labels follow the published definitions; every threshold is a ClassifyConfig field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import pandas as pd
+import torch
+
+from headlens.errors import ConfigError, InputTextError
+
+# Every label classify can give, in the order a head's list is written.
+LABELS = ("previous_token", "current_token", "positional", "first_token", "duplicate_token", "induction",
+          "anti_induction", "retrieval")
+# --threshold NAME=VALUE: NAME -> ClassifyConfig field.
+THRESHOLDS = {"positional": "positional_min", "first_token": "first_token_min",
+              "duplicate_token": "duplicate_token_min", "prefix_matching": "prefix_matching_min",
+              "copying": "copying_min", "retrieval": "retrieval_min"}
+SCORE_COLUMNS = ["prev_token_score", "current_token_score", "first_token_score", "positional_offset",
+                 "positional_share", "duplicate_token_score", "prefix_matching_score", "copying_score",
+                 "retrieval_score"]
+
+
+@dataclass(frozen=True)
+class ClassifyConfig:
+    """Probe settings and label thresholds of `classify_heads`. CLI flags map 1:1 to fields."""
+
+    seed: int = 0  # seeds the random tokens and the needles
+    n_seq: int = 8  # repeated-random-token sequences
+    seq_len: int = 25  # period T of the random segment (Olsson et al.: 25)
+    repeats: int = 4  # copies of the segment (Olsson et al.: 4); fewer if the context is short (>= 2)
+    token_low: int | None = None  # random ids from [token_low, token_high); None: probes.random_token_range
+    token_high: int | None = None
+    max_windows: int = 32  # natural-text windows scored at most (the rest is reported, not silently cut)
+    batch_size: int = 8  # sequences per forward pass
+    max_offset: int = 8  # relative offsets 0..-max_offset get their own bucket in the Voita argmax test
+    needles: bool = True  # run the needle-in-a-haystack probe (retrieval_score NaN when off)
+    needle_len: int = 16  # needle tokens (restated + generated); shrunk to n_ctx // 8 on short contexts
+    needle_restate: int = 4  # needle tokens restated at the end of the prompt
+    positional_min: float = 0.9  # Voita et al. 2019: max weight at one relative offset for >= 90% of tokens
+    first_token_min: float = 0.3  # Gu et al. 2024: a sink if mean A[t, 0] > 0.3
+    duplicate_token_min: float = 0.4  # no published cut-off: 40% of attention on earlier copies (chance ~ 1/pos)
+    prefix_matching_min: float = 0.4  # no published cut-off: 40% on prefix-matching targets (chance ~ 1/pos)
+    copying_min: float = 0.5  # attended token's logit above the vocabulary's 75th (Gaussian) percentile
+    retrieval_min: float = 0.1  # Wu et al. 2024: a retrieval head if its score > 0.1
+
+    def __post_init__(self):
+        def need(ok: bool, name: str, rule: str):
+            if not ok:
+                raise ConfigError(f"{name} = {getattr(self, name)!r} is out of range: {rule}")
+
+        for name in ("n_seq", "seq_len", "batch_size", "max_windows", "max_offset", "needle_len"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
+        need(isinstance(self.repeats, int) and self.repeats >= 2, "repeats", "an integer >= 2")
+        need(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0")
+        need(isinstance(self.needle_restate, int) and 1 <= self.needle_restate < self.needle_len,
+             "needle_restate", f"an integer in [1, needle_len - 1 = {self.needle_len - 1}]")
+        for name in ("positional_min", "first_token_min", "duplicate_token_min", "prefix_matching_min",
+                     "copying_min", "retrieval_min"):
+            value = getattr(self, name)
+            need(isinstance(value, (int, float)) and 0.0 <= value <= 1.0, name, "a number in [0, 1]")
+
+
+def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
+    """A copy of `config` with `NAME=VALUE` strings applied (NAME from THRESHOLDS or a field name)."""
+    from dataclasses import replace
+
+    known = sorted(THRESHOLDS)
+    updates = {}
+    for pair in pairs:
+        name, sep, value = str(pair).partition("=")
+        name = name.strip()
+        field = THRESHOLDS.get(name, name if name in THRESHOLDS.values() else None)
+        if not sep or field is None:
+            raise ConfigError(f"unknown threshold {name!r}: expected NAME=VALUE with NAME one of {', '.join(known)}")
+        try:
+            updates[field] = float(value)
+        except ValueError:
+            raise ConfigError(f"threshold {name} = {value!r} is not a number: give a value in [0, 1]") from None
+    return replace(config, **updates)
+
+
+def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | None = None,
+                   progress: bool = False) -> pd.DataFrame:
+    """Score and label every head of `loaded` (a headlens LoadedModel).
+
+    Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
+    LABELS), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
+    `n_needle_tests`, `n_needle_tokens`, and `<score>_std` spreads across sequences / tests).
+    `df.attrs["probes"]` says what was run (windows used of windows available, repeats, ...).
+    """
+    from headlens import probes
+    from headlens.scores.retrieval import retrieval_scores
+
+    config = config or ClassifyConfig()
+    text = _resolve_text(text)
+    spec, bos = loaded.spec, loaded.bos_token_id
+    text_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    rows: dict[str, torch.Tensor] = {}
+    info = _score_text(loaded, text, text_ids, config, progress, rows)
+    info.update(_score_repeats(loaded, config, progress, rows))
+    rows["retrieval_score"] = rows["retrieval_std"] = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    info.update(n_needle_tests=0, n_needle_retrieved=0, n_needle_tokens=0)
+    if config.needles:
+        needle_len = min(config.needle_len, max(2, spec.n_ctx // 8))
+        restate = min(config.needle_restate, needle_len - 1)
+        prompts = probes.needle_prompts(text_ids, spec.n_ctx, bos, _token_range(loaded, config),
+                                        needle_len=needle_len, restate=restate, seed=config.seed)
+        result = retrieval_scores(loaded.model, prompts, progress=progress)
+        rows["retrieval_score"], rows["retrieval_std"] = result["score"], result["std"]
+        info.update(n_needle_tests=result["n_tests"], n_needle_retrieved=result["n_retrieved"],
+                    n_needle_tokens=result["n_tokens"], needle_len=needle_len, needle_restate=restate)
+    frame = _to_frame(rows, info, spec)
+    frame.insert(2, "labels", [label_head(row, config) for row in frame.to_dict("records")])
+    frame.attrs["probes"] = info
+    frame.attrs["config"] = {f.name: getattr(config, f.name) for f in fields(config)}
+    return frame
+
+
+def label_head(scores: dict, config: ClassifyConfig) -> list[str]:
+    """The labels one head's scores earn (LABELS order). NaN scores earn nothing."""
+    labels = set()
+    if scores["positional_share"] >= config.positional_min:
+        labels.add("positional")
+        if scores["positional_offset"] == -1:
+            labels.add("previous_token")
+        elif scores["positional_offset"] == 0:
+            labels.add("current_token")
+    if scores["first_token_score"] > config.first_token_min:
+        labels.add("first_token")
+    if scores["duplicate_token_score"] >= config.duplicate_token_min:
+        labels.add("duplicate_token")
+    if scores["prefix_matching_score"] >= config.prefix_matching_min:
+        # Olsson et al.: induction = prefix matching AND copying; prefix matching while
+        # suppressing the attended token is anti-induction.
+        if scores["copying_score"] >= config.copying_min:
+            labels.add("induction")
+        elif scores["copying_score"] <= -config.copying_min:
+            labels.add("anti_induction")
+    if scores["retrieval_score"] > config.retrieval_min:
+        labels.add("retrieval")
+    return [label for label in LABELS if label in labels]
+
+
+def _resolve_text(text: str | None) -> str:
+    from headlens import probes
+
+    if text is not None:
+        return probes.check_text(text)
+    try:
+        return probes.default_text()
+    except InputTextError as exc:
+        raise InputTextError(f"no --text given and the default evaluation text is unavailable ({exc}): "
+                             "pass --text FILE") from None
+
+
+def _token_range(loaded, config: ClassifyConfig) -> tuple[int, int]:
+    from headlens.probes import random_token_range
+
+    return random_token_range(loaded.spec.d_vocab, config.token_low, config.token_high)
+
+
+def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
+    """Natural-text windows -> positional scores (into `rows`); returns probe facts."""
+    from headlens.capture import iter_batches, run_capture
+    from headlens.probes import text_windows
+    from headlens.scores.positional import (
+        ArgmaxOffsetReducer,
+        current_token_reducer,
+        first_token_reducer,
+        prev_token_reducer,
+    )
+
+    spec, bos = loaded.spec, loaded.bos_token_id
+    windows = text_windows(loaded.tokenizer, text, spec.n_ctx, bos, min_tokens=3, max_windows=config.max_windows)
+    body = spec.n_ctx - 1
+    available = -(-len(text_ids) // body)
+    n, h = spec.n_layers, spec.n_heads
+    prev, cur, first = prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h)
+    argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset)
+    run_capture(loaded.model, iter_batches(windows, config.batch_size, pad_id=bos), [prev, cur, first, argmax],
+                progress=progress, desc="text")
+    offset, share = argmax.result()
+    rows.update(prev_token_score=prev.result(), prev_token_std=prev.seq_std(), current_token_score=cur.result(),
+                current_token_std=cur.seq_std(), first_token_score=first.result(),
+                first_token_std=first.seq_std(), positional_offset=offset, positional_share=share)
+    return {"n_windows": len(windows), "n_windows_available": available, "n_text_tokens": len(text_ids),
+            "n_positions": int(argmax.n_scored[0]), "windows_capped": len(windows) < available}
+
+
+def _score_repeats(loaded, config, progress, rows) -> dict:
+    """Repeated random tokens -> duplicate-token, prefix-matching, copying scores (into `rows`)."""
+    from headlens.capture import iter_batches, run_capture
+    from headlens.probes import fit_repeats, repeated_random_tokens
+    from headlens.scores.copying import CopyingReducer
+    from headlens.scores.duplicate import duplicate_token_reducer
+    from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
+
+    spec = loaded.spec
+    repeats = fit_repeats(config.seq_len, config.repeats, spec.n_ctx)
+    low, high = _token_range(loaded, config)
+    tokens = repeated_random_tokens(config.n_seq, config.seq_len, repeats, low, high, loaded.bos_token_id,
+                                    seed=config.seed)  # [n_seq, 1 + seq_len * repeats]
+    n, h = spec.n_layers, spec.n_heads
+    dup, prefix = duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
+    copying = CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))
+    run_capture(loaded.model, iter_batches(tokens, config.batch_size), [dup, prefix, copying],
+                progress=progress, desc="repeats")
+    rows.update(duplicate_token_score=dup.result(), duplicate_token_std=dup.seq_std(),
+                prefix_matching_score=prefix.result(), prefix_matching_std=prefix.seq_std(),
+                copying_score=copying.result(), copying_std=copying.std())
+    return {"repeats": repeats, "seq_len": config.seq_len, "n_seq": config.n_seq, "token_range": [low, high],
+            "n_repeat_positions": int(prefix.counts[0])}
+
+
+def _to_frame(rows: dict, info: dict, spec) -> pd.DataFrame:
+    layer, head = torch.meshgrid(torch.arange(spec.n_layers), torch.arange(spec.n_heads), indexing="ij")
+    data = {"layer": layer.flatten().tolist(), "head": head.flatten().tolist()}
+    for column in SCORE_COLUMNS:
+        values = rows[column].flatten()
+        data[column] = values.tolist() if column != "positional_offset" else values.long().tolist()
+    data["n_positions"] = info["n_positions"]
+    data["n_repeat_positions"] = info["n_repeat_positions"]
+    data["n_needle_tests"] = info["n_needle_retrieved"]
+    data["n_needle_tokens"] = info["n_needle_tokens"]
+    for name in ("prev_token", "current_token", "first_token", "duplicate_token", "prefix_matching", "copying",
+                 "retrieval"):
+        data[f"{name}_std"] = rows[f"{name}_std"].flatten().tolist()
+    return pd.DataFrame(data).sort_values(["layer", "head"], ignore_index=True)

@@ -1,0 +1,112 @@
+"""Copying: does a head's output raise the logit of the token it attends to?
+
+Olsson et al. 2022 (arXiv 2209.11895) call a head *copying* when its direct-path effect on the
+logits (head output -> W_O -> unembedding, mean logit subtracted) favours the attended token;
+the OV-circuit view (positive eigenvalues of W_U W_OV W_E; Elhage et al. 2021) states the same
+property for all tokens at once. We use the direct-path form on the probe's real activations,
+made signed so anti-induction (copy-suppressing) heads come out negative:
+
+  for each scored query q of head h, with attended key j* = argmax_k A[q, k] (k >= 1: the BOS
+  column is excluded, as in the positional score), t* = token[j*], o = z_h[q] W_O^h:
+    u = (o - mean(o)) * gamma_f     the direct path through the final LayerNorm (its 1/sigma
+                                    scale is positive and common to all logits, so dropped)
+    l = u W_U^T                     direct-path logits, [d_vocab]
+    s = (l[t*] - mean(l)) / std(l)  the attended token's standard score among the vocabulary
+    copying(q) = erf(s / sqrt(2))   in [-1, 1]: the Gaussian rank of t*'s logit, mapped to
+                                    -1 (most suppressed) .. 0 (unrelated) .. +1 (most raised)
+copying_score = mean over scored queries. mean(l) and std(l) come in closed form from the
+unembedding's mean row m and covariance C (d_model x d_model), never a [pos, d_vocab] tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from headlens.capture import Batch, Reducer
+
+# Below this std(l) relative to |u| * rms(W_U) the head writes nothing the unembedding reads
+# (e.g. into a subspace orthogonal to it): its copying score is 0, not noise divided by noise.
+FLAT_LOGITS_RTOL = 1e-5
+
+
+def unembedding_stats(model) -> dict[str, torch.Tensor]:
+    """Mean row, covariance and rms of the unembedding, and ln_f's gain, of a HF GPT-2 (float64)."""
+    w_u = model.lm_head.weight.detach().double()  # [d_vocab, d_model]
+    mean = w_u.mean(0)  # [d_model]
+    cov = w_u.T @ w_u / w_u.shape[0] - torch.outer(mean, mean)  # [d_model, d_model]
+    return {"w_u": w_u, "mean": mean, "cov": cov, "rms": w_u.pow(2).mean().sqrt(),
+            "gamma": model.transformer.ln_f.weight.detach().double()}
+
+
+def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> torch.Tensor:
+    """copying(q) for head outputs out [n, d_model] and attended tokens [n] -> [n] in [-1, 1]."""
+    u = (out.double() - out.double().mean(-1, keepdim=True)) * stats["gamma"]  # [n, d_model]
+    target = (u * stats["w_u"][tokens]).sum(-1)  # [n] l[t*]
+    mean = u @ stats["mean"]  # [n] mean(l)
+    var = ((u @ stats["cov"]) * u).sum(-1).clamp(min=0)  # [n] var(l)
+    std = var.sqrt()
+    flat = std <= FLAT_LOGITS_RTOL * u.norm(dim=-1) * stats["rms"] * math.sqrt(u.shape[-1])
+    score = torch.erf((target - mean) / std.clamp(min=1e-300) / math.sqrt(2.0))  # [n]
+    return score.masked_fill(flat, 0.0)
+
+
+class CopyingReducer(Reducer):
+    """Streams copying_score for every head (needs pattern and z of each layer).
+
+    `query_fn(batch) -> [batch, q_pos] bool` picks the scored queries (classify uses the
+    prefix-matching positions of the repeated-random-token probe). `result()` -> [n_layers, n_heads].
+    """
+
+    wants = frozenset({"pattern", "z"})
+
+    def __init__(self, model, query_fn, layers=None):
+        cfg = model.config
+        self.layers = layers
+        self.n_heads, self.d_head = cfg.n_head, cfg.n_embd // cfg.n_head
+        self.stats = unembedding_stats(model)
+        # W_O per head: c_proj (Conv1D, x @ W) rows are head-major
+        self.w_o = [blk.attn.c_proj.weight.detach().double().view(self.n_heads, self.d_head, -1)
+                    for blk in model.transformer.h]  # [head, d_head, d_model] per layer
+        self.query_fn = query_fn
+        self.sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
+        self.sq_sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
+        self.counts = torch.zeros(cfg.n_layer, dtype=torch.long)  # [layer]
+        self._pending: dict[int, dict[str, torch.Tensor]] = {}
+
+    def update(self, layer: int, batch: Batch, pattern=None, z=None) -> None:
+        slot = self._pending.setdefault(layer, {})
+        if pattern is not None:
+            slot["pattern"] = pattern.detach()
+        if z is not None:
+            slot["z"] = z.detach()
+        if len(slot) == 2:
+            self._fold(layer, batch, slot.pop("pattern"), slot.pop("z"))
+
+    def _fold(self, layer: int, batch: Batch, pattern: torch.Tensor, z: torch.Tensor) -> None:
+        scored = (self.query_fn(batch) & batch.mask).cpu()  # [batch, q_pos]
+        if not scored.any():
+            return
+        b_idx, q_idx = scored.nonzero(as_tuple=True)  # [n], [n]
+        keys = pattern[b_idx, :, q_idx, 1:].argmax(-1).cpu() + 1  # [n, head] BOS column excluded
+        tokens = batch.input_ids[b_idx[:, None], keys]  # [n, head]
+        zq = z[b_idx, q_idx].double().cpu()  # [n, head, d_head]
+        out = torch.einsum("nhd,hdm->nhm", zq, self.w_o[layer])  # [n, head, d_model]
+        n, n_heads = tokens.shape
+        score = copying_per_query(out.reshape(n * n_heads, -1), tokens.reshape(-1), self.stats)
+        score = score.view(n, n_heads)  # [n, head]
+        self.sums[layer] += score.sum(0)
+        self.sq_sums[layer] += (score**2).sum(0)
+        self.counts[layer] += n
+
+    def result(self) -> torch.Tensor:
+        """Mean copying score, [n_layers, n_heads] (NaN where nothing was scored)."""
+        mean = self.sums / self.counts[:, None].clamp(min=1)
+        return mean.where(self.counts[:, None] > 0, torch.tensor(float("nan"), dtype=torch.float64)).float()
+
+    def std(self) -> torch.Tensor:
+        """Spread across scored queries, [n_layers, n_heads]."""
+        n = self.counts[:, None].clamp(min=1)
+        mean = self.sums / n
+        return (self.sq_sums / n - mean**2).clamp(min=0).sqrt().float()
