@@ -59,3 +59,168 @@ def token_losses(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tens
     loss = -logp.gather(-1, input_ids[:, 1:, None])[..., 0]  # [batch, pos-1]
     valid = mask[:, 1:] & mask[:, :-1]
     return loss.masked_fill(~valid, float("nan"))
+
+
+# Measuring an ablation ----------------------------------------------------------------------
+
+SWEEP_COLUMNS = ["layer", "head", "n_tokens", "loss", "loss_ablated", "delta_loss", "ci95_low", "ci95_high"]
+
+
+def model_label(loaded) -> str:
+    return str(loaded.name)
+
+
+def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 4) -> torch.Tensor:
+    """Per-sequence loss sums [n_seq] with `heads` ablated together, by hooks on the full
+    forward pass (the plain way: the reference the fast sweep is checked against)."""
+    from headlens.capture import Batch, forward
+    from headlens.layers import layer_replacement
+
+    out = []
+    n_seq = evalset.input_ids.shape[0]
+    with torch.no_grad():
+        for start in range(0, n_seq, batch_size):
+            rows = slice(start, min(start + batch_size, n_seq))
+            replacement = {}
+            for head in heads:
+                rep = layer_replacement(reps[head.layer], rows)
+                if rep is not None:
+                    replacement[head] = rep[:, :, head.head]  # [batch | 1, pos, d_head]
+            batch = Batch(evalset.input_ids[rows], evalset.mask[rows])
+            with ablation_hooks(model, heads, replacement):
+                logits = forward(model, batch)  # [batch, pos, d_vocab]
+            losses = token_losses(logits, batch.input_ids.to(logits.device), batch.mask.to(logits.device))
+            keep = evalset.counted[rows].to(losses.device)
+            out.append(torch.where(keep, losses, torch.zeros_like(losses)).sum(-1).cpu())  # [batch]
+    return torch.cat(out)
+
+
+def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, seed: int) -> dict:
+    """loss, loss_ablated, delta_loss (token-weighted means) and the paired bootstrap CI."""
+    from headlens.evalset import bootstrap_ci
+
+    n_tokens = int(counts.sum())
+    loss = float(base.double().sum() / n_tokens)
+    loss_ablated = float(ablated.double().sum() / n_tokens)
+    low, high = bootstrap_ci(base, ablated, counts, seed)
+    return {"n_tokens": n_tokens, "loss": loss, "loss_ablated": loss_ablated,
+            "delta_loss": loss_ablated - loss, "ci95": [low, high]}
+
+
+def ablate_heads(loaded, heads, method: str = "zero", metric: str = "text", text: str | None = None,
+                 seed: int = 0, progress: bool = False) -> dict:
+    """Ablate a set of heads together; how much does the metric's loss rise?
+
+    heads: list of Head or a spec string ("3.4,5.1", "layer:3"). Returns a dict with `model`,
+    `heads` (["L.H"]), `method`, `metric`, `n_tokens`, `loss`, `loss_ablated`, `delta_loss`
+    and `ci95` ([low, high], paired bootstrap over sequences, seeded). See headlens.evalset
+    for the metrics and the evaluation/reference split.
+    """
+    from headlens.evalset import build_evalset, check_choice
+    from headlens.heads import parse_heads
+    from headlens.layers import replacements
+
+    check_choice(method, metric)
+    spec = loaded.spec
+    if isinstance(heads, str):
+        heads = parse_heads(heads, spec.n_layers, spec.n_heads)
+    heads = sorted(Head(*h) for h in heads)
+    evalset = build_evalset(loaded, metric, text, seed)
+    model = loaded.model
+    reps = replacements(model, evalset, method, seed, batch_size=4)
+    counts = evalset.counted.sum(1)  # [n_seq]
+    base = ablated_sums(model, evalset, [], reps)
+    ablated = ablated_sums(model, evalset, heads, reps) if heads else base.clone()
+    result = {"model": model_label(loaded), "heads": [str(h) for h in heads], "method": method, "metric": metric}
+    result.update(summarize(base, ablated, counts, seed))
+    return result
+
+
+def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | None = None, seed: int = 0,
+                progress: bool = False, out=None, resume: bool = False, heads=None):
+    """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep.
+
+    Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, `n_tokens`,
+    `loss`, `loss_ablated`, `delta_loss`, `ci95_low`, `ci95_high`. With `out` (a directory)
+    each finished row is appended durably; `resume=True` continues a sweep found there.
+    """
+    import pandas as pd
+
+    from headlens.evalset import build_evalset, check_choice, head_seed
+    from headlens.heads import all_heads
+    from headlens.layers import replacements
+    from headlens.sweep import base_sums, sweep_sums
+    from headlens.sweep_store import SweepStore
+
+    check_choice(method, metric)
+    spec = loaded.spec
+    heads = sorted(Head(*h) for h in heads) if heads is not None else all_heads(spec.n_layers, spec.n_heads)
+    evalset = build_evalset(loaded, metric, text, seed)
+    store = None
+    if out is not None:
+        manifest = {"model": model_label(loaded), "method": method, "metric": metric, "seed": seed,
+                    "data_sha256": evalset.data_hash, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
+                    "heads": [str(h) for h in heads]}
+        store = SweepStore(out, manifest, resume)
+    rows = {h: r for h, r in (store.done.items() if store else []) if h in heads}
+    todo = [h for h in heads if h not in rows]
+    if todo:
+        model = loaded.model
+        reps = replacements(model, evalset, method, seed, batch_size=4)
+        counts = evalset.counted.sum(1)  # [n_seq]
+        base = base_sums(model, evalset)
+
+        def on_head(head: Head, sums: torch.Tensor) -> None:
+            summary = summarize(base, sums, counts, head_seed(seed, *head))
+            low, high = summary.pop("ci95")
+            row = {"layer": head.layer, "head": head.head, **summary, "ci95_low": low, "ci95_high": high}
+            rows[head] = row
+            if store is not None:
+                store.append(row)
+
+        bar = _progress_bar(len(todo), progress)
+        try:
+            sweep_sums(model, evalset, heads, reps, on_head, skip=set(rows), bar=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+    frame = pd.DataFrame([rows[h] for h in heads], columns=SWEEP_COLUMNS)
+    frame = frame.sort_values(["layer", "head"], ignore_index=True)
+    if store is not None:
+        store.write_table(frame)
+    return frame
+
+
+def _progress_bar(total: int, progress: bool):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="ablate", unit="head", leave=False)
+
+
+def approx_sweep(loaded, method: str = "zero", metric: str = "text", text: str | None = None, seed: int = 0):
+    """Every single-head ablation delta estimated by attribution patching (one forward and one
+    backward per batch; headlens.attribution). DataFrame: `layer`, `head`, `n_tokens`,
+    `delta_loss_approx`, sorted by (layer, head)."""
+    import pandas as pd
+
+    from headlens.attribution import attribution_deltas
+    from headlens.evalset import build_evalset, check_choice
+    from headlens.layers import replacements
+
+    check_choice(method, metric)
+    evalset = build_evalset(loaded, metric, text, seed)
+    reps = replacements(loaded.model, evalset, method, seed, batch_size=4)
+    deltas = attribution_deltas(loaded.model, evalset, reps)  # [layer, head]
+    rows = [{"layer": layer, "head": head, "n_tokens": evalset.n_tokens,
+             "delta_loss_approx": float(deltas[layer, head])}
+            for layer in range(deltas.shape[0]) for head in range(deltas.shape[1])]
+    return pd.DataFrame(rows)
+
+
+def agreement(exact, approx) -> dict:
+    """Pearson and Spearman correlation of exact `delta_loss` and `delta_loss_approx` per head."""
+    merged = exact.merge(approx[["layer", "head", "delta_loss_approx"]], on=["layer", "head"])
+    x, y = merged["delta_loss"], merged["delta_loss_approx"]
+    return {"pearson": float(x.corr(y)), "spearman": float(x.rank().corr(y.rank())), "n_heads": len(merged)}

@@ -1,0 +1,120 @@
+"""Gradient views of ablation: attribution patching and Michel et al.'s head importance.
+
+Both put a differentiable gate on each head's z (the input of `attn.c_proj`; transformers 5
+has no `head_mask`, so the gate is our own hook) and take one forward and one backward pass.
+Weights never require grad here, so the backward pass computes activation gradients only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from headlens.layers import Replacement, layer_replacement
+
+GRAD_BATCH_SIZE = 4  # sequences per forward + backward pass
+
+
+@contextlib.contextmanager
+def z_edit_hooks(model, edit: Callable[[int, torch.Tensor], torch.Tensor]):
+    """Within the block, layer L's z becomes edit(L, z), z: [batch, pos, head, d_head];
+    weights are frozen (requires_grad False) and restored on exit."""
+    handles, frozen = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            frozen.append(param)
+            param.requires_grad_(False)
+
+    def make_hook(layer: int, n_heads: int):
+        def hook(module, args):
+            merged = args[0]  # [batch, pos, head * d_head]
+            z = merged.view(*merged.shape[:-1], n_heads, -1)  # [batch, pos, head, d_head]
+            return (edit(layer, z).reshape(merged.shape), *args[1:])
+
+        return hook
+
+    try:
+        for layer, block in enumerate(model.transformer.h):
+            handles.append(block.attn.c_proj.register_forward_pre_hook(make_hook(layer, block.attn.num_heads)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for param in frozen:
+            param.requires_grad_(True)
+
+
+def _counted_sums(model, evalset, rows: slice) -> torch.Tensor:
+    """Per-sequence sums of counted losses of one batch, with grad: [batch]."""
+    from headlens.ablate import token_losses
+    from headlens.capture import Batch, forward
+
+    batch = Batch(evalset.input_ids[rows], evalset.mask[rows])
+    logits = forward(model, batch)  # [batch, pos, d_vocab]
+    losses = token_losses(logits, batch.input_ids.to(logits.device), batch.mask.to(logits.device))
+    keep = evalset.counted[rows].to(losses.device)  # [batch, pos-1]
+    return torch.where(keep, losses, torch.zeros_like(losses)).sum(-1)  # [batch]
+
+
+def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int = GRAD_BATCH_SIZE) -> torch.Tensor:
+    """Linear estimate of every single-head ablation delta of the mean loss: [n_layers, n_heads].
+
+    Attribution patching (Nanda 2023; Syed et al. 2023, arXiv 2310.10348): with
+    z_h' = z_h + a_h (r_h - z_h), dLoss/da_h at a = 0 is sum(grad_z_h * (r_h - z_h)), the
+    first-order change when z_h is replaced by r_h; for zero ablation -sum(grad_z_h * z_h).
+    It misses saturated attention and nonlinear effects: check it against the exact sweep.
+    """
+    n_layers = len(model.transformer.h)
+    n_heads = model.config.n_head
+    n_seq = evalset.input_ids.shape[0]
+    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+    for start in range(0, n_seq, batch_size):
+        rows = slice(start, min(start + batch_size, n_seq))
+        alphas = [torch.zeros(n_heads, requires_grad=True) for _ in range(n_layers)]  # [head] per layer
+
+        def edit(layer: int, z: torch.Tensor, rows=rows, alphas=alphas) -> torch.Tensor:
+            rep = layer_replacement(reps[layer], rows)
+            new = torch.zeros_like(z) if rep is None else rep.to(z.dtype).expand_as(z)
+            return z + alphas[layer].to(z.device)[None, None, :, None] * (new - z)  # [batch, pos, head, d_head]
+
+        with torch.enable_grad(), z_edit_hooks(model, edit):
+            loss_sum = _counted_sums(model, evalset, rows).sum()
+            grads = torch.autograd.grad(loss_sum, alphas)
+        total += torch.stack(grads).double().cpu()
+    return (total / evalset.n_tokens).float()
+
+
+def head_importance(model, evalset, keep: torch.Tensor, batch_size: int = GRAD_BATCH_SIZE) -> torch.Tensor:
+    """Michel et al. 2019 (arXiv 1905.10650) head importance I_h = E_x |dL(x)/d xi_h|: [n_layers, n_heads].
+
+    xi is a gate on each head's z (1 = kept, 0 = pruned: `keep` [n_layers, n_heads]); one gate
+    per sequence, so a single backward pass gives each sequence's own gradient before the
+    absolute value; L(x) is the sequence's mean counted loss. Not yet normalised per layer.
+    """
+    n_layers, n_heads = keep.shape
+    n_seq = evalset.input_ids.shape[0]
+    counts = evalset.counted.sum(1).clamp(min=1)  # [n_seq]
+    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+    for start in range(0, n_seq, batch_size):
+        rows = slice(start, min(start + batch_size, n_seq))
+        n_rows = rows.stop - rows.start
+        gates = [keep[layer].float().repeat(n_rows, 1).requires_grad_(True)  # [batch, head]
+                 for layer in range(n_layers)]
+
+        def edit(layer: int, z: torch.Tensor, gates=gates) -> torch.Tensor:
+            return z * gates[layer].to(z.device)[:, None, :, None]  # [batch, pos, head, d_head]
+
+        with torch.enable_grad(), z_edit_hooks(model, edit):
+            per_seq = _counted_sums(model, evalset, rows) / counts[rows].to(torch.float32)  # [batch]
+            grads = torch.autograd.grad(per_seq.sum(), gates)  # each [batch, head]
+        total += torch.stack([g.abs().sum(0) for g in grads]).double().cpu()
+    return (total / n_seq).float()
+
+
+def normalize_by_layer(importance: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Michel et al.: divide each layer's importances by their L2 norm (over the kept heads)."""
+    kept = importance * keep  # [layer, head]
+    norm = kept.norm(dim=1, keepdim=True)  # [layer, 1]
+    return torch.where(norm > 0, kept / norm.clamp(min=1e-30), kept)

@@ -1,0 +1,90 @@
+"""A sweep's rows on disk, so a long run never loses data.
+
+`DIR/manifest.json` records what is being measured (model, method, metric, seed, data hash,
+shape); `DIR/rows.jsonl` gets one JSON line per finished head, written with flush + fsync,
+so a kill leaves every finished row intact (a torn last line is dropped on resume);
+`DIR/sweep.csv` is written (temp file + os.replace) once the sweep completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from headlens.errors import ConfigError, OutputPathError
+from headlens.heads import Head
+
+MANIFEST = "manifest.json"
+ROWS = "rows.jsonl"
+TABLE = "sweep.csv"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class SweepStore:
+    """Rows of one sweep in a directory; `done` holds the finished rows, keyed by head."""
+
+    def __init__(self, directory, manifest: dict, resume: bool):
+        self.dir = Path(directory)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise OutputPathError(f"--out {self.dir} is a file: give a directory")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputPathError(f"cannot create --out directory {self.dir}: {exc.strerror}") from None
+        self.manifest = manifest
+        self.done: dict[Head, dict] = {}
+        existing = self.dir / MANIFEST
+        if existing.is_file() or (self.dir / ROWS).is_file():
+            if not resume:
+                raise OutputPathError(f"{self.dir} already holds a sweep: pass --resume to continue it, "
+                                      "or choose another --out directory")
+            self._check_manifest(existing)
+            self._read_rows()
+        else:
+            _write_atomic(existing, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+    def _check_manifest(self, path: Path) -> None:
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            raise ConfigError(f"{path} is missing or unreadable: not a headlens sweep directory") from None
+        diffs = [f"{key} {old.get(key)!r} != {value!r}"
+                 for key, value in self.manifest.items() if old.get(key) != value]
+        if diffs:
+            raise ConfigError(f"--resume {self.dir} was made with other settings ({'; '.join(diffs)}): "
+                              "rerun with the same settings or choose another --out directory")
+
+    def _read_rows(self) -> None:
+        path = self.dir / ROWS
+        if not path.is_file():
+            return
+        raw = path.read_bytes()
+        good = raw[: raw.rfind(b"\n") + 1]  # a torn last line (killed mid-write) is dropped
+        if len(good) != len(raw):
+            with open(path, "r+b") as handle:
+                handle.truncate(len(good))
+        for line in good.decode("utf-8").splitlines():
+            row = json.loads(line)
+            self.done[Head(row["layer"], row["head"])] = row
+
+    def append(self, row: dict) -> None:
+        """Append one finished row durably (flush + fsync)."""
+        with open(self.dir / ROWS, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.done[Head(row["layer"], row["head"])] = row
+
+    def write_table(self, frame) -> Path:
+        path = self.dir / TABLE
+        _write_atomic(path, frame.to_csv(index=False))
+        return path
