@@ -61,36 +61,36 @@ SCORES: tuple[ScoreInfo, ...] = (
               "retrieval head if the score > 0.1; protocol shrunk for short contexts.", 0.1),
 )
 
-# Known ClassifyConfig field names for each score's threshold (first match wins).
-_CONFIG_FIELDS = {
-    "prev_token_score": ("prev_token_threshold", "previous_token_threshold"),
-    "current_token_score": ("current_token_threshold",),
-    "first_token_score": ("first_token_threshold", "sink_threshold"),
-    "positional_share": ("positional_threshold", "positional_share_threshold"),
-    "duplicate_token_score": ("duplicate_token_threshold", "duplicate_threshold"),
-    "prefix_matching_score": ("induction_threshold", "prefix_matching_threshold"),
-    "copying_score": ("copying_threshold",),
-    "retrieval_score": ("retrieval_threshold",),
+# ClassifyConfig field holding each score's labelling threshold (headlens.classify.label_head).
+CONFIG_FIELDS = {
+    "positional_share": "positional_min",
+    "first_token_score": "first_token_min",
+    "duplicate_token_score": "duplicate_token_min",
+    "prefix_matching_score": "prefix_matching_min",
+    "copying_score": "copying_min",
+    "retrieval_score": "retrieval_min",
 }
 
 
 def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
-    """Threshold per score column: frame attrs first, then ClassifyConfig defaults, then the papers."""
+    """Threshold per score column: the classifier's config in the frame's attrs (`attrs["config"]`), else
+    ClassifyConfig's defaults, else the papers'; `attrs["thresholds"]` ({column: value}) overrides all."""
+    attrs = attrs or {}
     found = {info.column: info.threshold for info in SCORES}
-    try:
-        from headlens.classify import ClassifyConfig
+    config = attrs.get("config")
+    if not isinstance(config, dict):
+        try:
+            from dataclasses import asdict
 
-        config = ClassifyConfig()
-    except (ImportError, TypeError, ValueError):
-        config = None
-    if config is not None:
-        for column, names in _CONFIG_FIELDS.items():
-            for name in names:
-                value = getattr(config, name, None)
-                if isinstance(value, (int, float)):
-                    found[column] = float(value)
-                    break
-    for column, value in ((attrs or {}).get("thresholds") or {}).items():
+            from headlens.classify import ClassifyConfig
+
+            config = asdict(ClassifyConfig())
+        except ImportError:
+            config = {}
+    for column, name in CONFIG_FIELDS.items():
+        if isinstance(config.get(name), (int, float)):
+            found[column] = float(config[name])
+    for column, value in (attrs.get("thresholds") or {}).items():
         if column in found and isinstance(value, (int, float)):
             found[column] = float(value)
     return found

@@ -106,6 +106,13 @@ def test_thresholds_from_frame_attrs_override_defaults():
     assert "Threshold: 0.25" in sections.scores_section(heads)
 
 
+def test_thresholds_follow_the_classifier_config_in_attrs():
+    heads = heads_frame()
+    heads.attrs["config"] = {"positional_min": 0.75, "first_token_min": 0.35}  # as classify_heads records it
+    thresholds = explain.score_thresholds(heads.attrs)
+    assert thresholds["positional_share"] == 0.75 and thresholds["first_token_score"] == 0.35
+
+
 def test_pivot_heads_is_layer_by_head_with_nan_for_missing():
     frame = heads_frame().iloc[1:]  # head 0.0 missing
     grid = figures.pivot_heads(frame, "prev_token_score")

@@ -1,0 +1,245 @@
+"""The report in a real browser: headless Chromium (Debian's package) driven by Selenium.
+
+Opened from a file:// path with the issue's flags; console and network events come from the
+Chrome DevTools Protocol performance log. CI installs chromium and chromium-driver (.ci/run);
+elsewhere the tests skip when no browser is installed, but never under CI=true.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--no-first-run", "--window-size=1280,1600"]
+# A figure region counts as drawn if its pixels vary: a blank region has std 0 (a flat colour).
+MIN_PIXEL_STD = 10.0
+# The viewer stores weights to 1/255 and the CSS alpha is printed with 3 decimals.
+ALPHA_ATOL = 1 / 255 + 1e-3
+NASTY_TEXT = ('Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
+              "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n")
+
+
+def _find(*names: str) -> str | None:
+    for name in names:
+        found = shutil.which(name) or (name if os.path.isfile(name) else None)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def driver():
+    chromium = _find("chromium", "chromium-browser", "google-chrome")
+    chromedriver = _find("chromedriver", "/usr/lib/chromium/chromedriver", "/usr/bin/chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        chromium = None
+    if not (chromium and chromedriver):
+        message = "chromium, chromium-driver and selenium are needed (apt-get install -y chromium chromium-driver)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROME_FLAGS:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    browser = webdriver.Chrome(options=options, service=Service(chromedriver))
+    yield browser
+    browser.quit()
+
+
+def open_page(driver, path: Path) -> dict:
+    """Load a file:// page; return its console errors and the URLs it requested (CDP events)."""
+    driver.get_log("browser")  # drop what earlier pages logged
+    driver.get_log("performance")
+    driver.get(path.resolve().as_uri())
+    return page_events(driver)
+
+
+def page_events(driver) -> dict:
+    errors = [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+        elif message["method"] in ("Runtime.exceptionThrown", "Log.entryAdded") and \
+                message["params"].get("entry", {}).get("level", "error") == "error":
+            errors.append(str(message["params"])[:300])
+    return {"errors": errors, "urls": urls}
+
+
+def leaving_requests(urls: list[str], page: Path) -> list[str]:
+    """Requests other than the page itself and inline data: URIs."""
+    own = page.resolve().as_uri()
+    return [url for url in urls if url != own and not url.startswith("data:")]
+
+
+def pixel_std(png: bytes) -> float:
+    from PIL import Image
+
+    return float(np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=float).std())
+
+
+def no_alert(driver) -> bool:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        _ = driver.switch_to.alert.text
+    except NoAlertPresentException:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def embedded_report(tmp_path_factory, request):
+    """`headlens report tiny` (the embedded model) through the CLI, as `make demo` runs it."""
+    from click.testing import CliRunner
+    from headlens.cli.main import cli
+
+    from headlens.models import shipped_path
+
+    model = "tiny"
+    if not (shipped_path("tiny") / "config.json").is_file():  # until the tiny model lands
+        model = str(request.getfixturevalue("small_model_dir"))
+    out = tmp_path_factory.mktemp("browser") / "report.html"
+    result = CliRunner().invoke(cli, ["report", model, "--heads", "1.0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# The detectors themselves: a page that does request the network and logs an error is caught.
+
+def test_detectors_catch_a_network_request_and_a_console_error(driver, tmp_path):
+    page = tmp_path / "bad.html"
+    page.write_text('<img src="http://127.0.0.1:9/x.png"><script>console.error("boom")</script>')
+    events = open_page(driver, page)
+    assert leaving_requests(events["urls"], page) == ["http://127.0.0.1:9/x.png"]
+    assert any("boom" in error for error in events["errors"])
+
+
+# The embedded model's report
+
+def test_report_loads_offline_without_errors(driver, embedded_report, tmp_path):
+    events = open_page(driver, embedded_report)
+    assert events["errors"] == []
+    assert leaving_requests(events["urls"], embedded_report) == []
+    assert any(url == embedded_report.resolve().as_uri() for url in events["urls"])  # the log is live
+    driver.save_screenshot(str(tmp_path / "report.png"))
+    assert pixel_std((tmp_path / "report.png").read_bytes()) > MIN_PIXEL_STD
+
+
+def test_figures_are_visible(driver, embedded_report):
+    open_page(driver, embedded_report)
+    images = driver.find_elements("css selector", "section img")
+    assert len(images) >= 3  # score heatmaps, thumbnails, ablation bars, training curves
+    broken = driver.execute_script("return [...document.images].filter(i => !i.complete || !i.naturalWidth).length")
+    assert broken == 0
+    selectors = ["#scores img", "#ablation img", "#viewer-grid"]
+    if driver.find_elements("id", "training"):  # the embedded model ships its training log
+        selectors.append("#training img")
+    for selector in selectors:
+        element = driver.find_element("css selector", selector)
+        driver.execute_script("arguments[0].scrollIntoView()", element)
+        assert element.size["width"] > 50 and element.size["height"] > 20, selector
+        assert pixel_std(element.screenshot_as_png) > MIN_PIXEL_STD, selector
+
+
+def token_alphas(driver) -> list[float]:
+    styles = driver.execute_script(
+        "return [...document.querySelectorAll('#viewer-tokens .tok')].map(t => t.style.backgroundColor)")
+    numbers = [re.findall(r"[\d.]+", style) for style in styles]  # rgb(r, g, b) or rgba(r, g, b, a)
+    return [float(n[3]) if len(n) == 4 else 1.0 for n in numbers]
+
+
+def embedded_patterns(html: str) -> tuple[dict, np.ndarray]:
+    match = re.search(r'<script type="application/json" id="viewer-data">(.*?)</script>', html, re.S)
+    data = json.loads(match.group(1))
+    raw = np.frombuffer(base64.b64decode(data["patterns_b64"]), dtype=np.uint8)
+    return data, raw.reshape(data["n_layers"], data["n_heads"], data["pos"], data["pos"]) / 255  # [L, H, q, k]
+
+
+def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
+    open_page(driver, embedded_report)
+    data, patterns = embedded_patterns(embedded_report.read_text(encoding="utf-8"))
+    layer, head = (int(x) for x in driver.find_element("id", "viewer-head").get_attribute("value").split("."))
+    tokens = driver.find_elements("css selector", "#viewer-tokens .tok")
+    assert len(tokens) == data["pos"]
+    status_before = driver.find_element("id", "viewer-status").text
+    strip = driver.find_element("css selector", "#viewer-grid canvas")
+    strip_before = driver.execute_script("return arguments[0].toDataURL()", strip)
+    query = data["pos"] // 2
+    driver.execute_script("arguments[0].scrollIntoView()", tokens[query])
+    tokens[query].click()
+    alphas = token_alphas(driver)
+    # What the page shows is the model's attention from the clicked token, for the chosen head.
+    expected = np.where(np.arange(data["pos"]) <= query, patterns[layer, head, query], 0.0)
+    assert np.allclose(alphas, expected, atol=ALPHA_ATOL)
+    assert driver.find_element("id", "viewer-status").text != status_before
+    assert f"from token {query} " in driver.find_element("id", "viewer-status").text
+    assert driver.execute_script("return arguments[0].toDataURL()", strip) != strip_before
+    assert page_events(driver)["errors"] == []
+
+
+def test_label_table_sorts_on_click(driver, embedded_report):
+    open_page(driver, embedded_report)
+    table = driver.find_element("css selector", "#scores table.sortable")
+    column = [th.text for th in table.find_elements("css selector", "thead th")].index("first_token_score")
+    header = table.find_elements("css selector", "thead th")[column]
+    driver.execute_script("arguments[0].scrollIntoView()", header)
+    header.click()
+    values = driver.execute_script(
+        "return [...arguments[0].tBodies[0].rows].map(r => parseFloat(r.cells[arguments[1]].dataset.sort))",
+        table, column)
+    assert values == sorted(values) and len(values) > 1
+
+
+# Escaping: user text shows literally, runs nothing, injects nothing
+
+@pytest.fixture(scope="module")
+def nasty_report(small_model, tmp_path_factory):
+    from headlens.reports import render_report
+
+    from headlens.samples import sample_patterns
+
+    spec = small_model.spec
+    heads = pd.DataFrame([{"layer": layer, "head": head, "labels": ["first_token"], "first_token_score": 0.5}
+                          for layer in range(spec.n_layers) for head in range(spec.n_heads)])
+    out = tmp_path_factory.mktemp("nasty") / "nasty.html"
+    return render_report(out, model_info={"name": NASTY_TEXT, **{k: v for k, v in spec.__dict__.items()}},
+                         heads=heads, viewer=sample_patterns(small_model, NASTY_TEXT, max_tokens=64),
+                         command=f"headlens report {NASTY_TEXT}", text_label=NASTY_TEXT)
+
+
+def test_hostile_text_is_shown_literally_and_never_runs(driver, nasty_report):
+    events = open_page(driver, nasty_report)
+    assert no_alert(driver)
+    assert events["errors"] == [] and leaving_requests(events["urls"], nasty_report) == []
+    # Only our two script elements (the JSON data and the page script), no image without a data: URI.
+    assert len(driver.find_elements("css selector", "script")) == 2
+    assert driver.find_elements("css selector", 'img:not([src^="data:"])') == []
+    assert driver.execute_script("return document.querySelectorAll('[onerror]').length") == 0
+    summary = driver.find_element("id", "summary").text
+    for piece in ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</script>", "{{ 7*7 }}",
+                  "${7*7}", "`${x}`"):
+        assert piece in summary, piece
+    assert "49" not in summary  # no template engine evaluated {{ 7*7 }} or ${7*7}
+    tokens = "".join(t.get_attribute("textContent") for t in driver.find_elements("css selector", ".tok"))
+    assert "<script>alert(1)</script>" in tokens and '"><img src=x onerror=alert(1)>' in tokens
+    driver.find_elements("css selector", ".tok")[3].click()
+    assert no_alert(driver)
