@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv
+.PHONY: demo test lint venv browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
+
+# Debian's chromium + chromium-driver for the browser tests (tests/test_browser.py, marked `browser`);
+# needs root (CI runs as root). Skipped when both are already installed.
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver fonts-liberation; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
