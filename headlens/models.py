@@ -279,10 +279,15 @@ def load_model(name_or_path: str, device: str | torch.device = "cpu",
     try:
         with _quiet_transformers():
             model = GPT2LMHeadModel.from_pretrained(
-                str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False
+                str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False,
+                weights_only=True,  # a pytorch_model.bin is read by torch.load(weights_only=True) only
             )
     except Exception as exc:  # transformers wraps I/O and format errors in many types
-        raise ModelLoadError(f"cannot load weights from {path}: {str(exc).splitlines()[0]}") from None
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "weights only load failed" in first_line.lower():
+            first_line = ("the checkpoint holds objects other than tensors, and headlens only unpickles with "
+                          "torch.load(weights_only=True); convert it to model.safetensors")
+        raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
     model = _to_eager(model).to(device).eval()
     return LoadedModel(model=model, tokenizer=_load_tokenizer(path), spec=spec_of(model),
                        name=name_or_path, path=path)
