@@ -43,9 +43,10 @@ class Batch:
 class Reducer:
     """Base class: override `update`; set `wants` to the activations needed.
 
-    `update(layer, batch, pattern=None, z=None)` is called once per captured layer per batch;
-    pattern is [batch, head, q_pos, k_pos], z is [batch, pos, head, d_head]. Do not keep
-    references to them: reduce and drop.
+    `update(layer, batch, pattern=None, z=None)` is called once per captured layer, batch and
+    wanted kind (a reducer wanting both gets one call with `pattern`, one with `z`); pattern is
+    [batch, head, q_pos, k_pos], z is [batch, pos, head, d_head]. Padded query rows are
+    present: mask them with `batch.mask`. Do not keep references: reduce and drop.
     """
 
     wants: frozenset[str] = frozenset({"pattern"})
@@ -120,7 +121,7 @@ def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int) -> None
     """
     p = pattern.detach().float()
     upper = torch.triu(torch.ones(p.shape[-2:], dtype=torch.bool, device=p.device), diagonal=1)
-    if p[..., upper].abs().max().item() > PATTERN_CHECK_ATOL if upper.any() else False:
+    if upper.any() and p[..., upper].abs().max().item() > PATTERN_CHECK_ATOL:
         raise CaptureError(f"layer {layer}: attention pattern is not causal (weight above the diagonal)")
     rows = p.sum(-1)  # [batch, head, q_pos]
     real = mask[:, None, :].expand_as(rows)
@@ -138,6 +139,9 @@ def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bo
     needs: dict[int, set[str]] = {}
     for reducer in reducers:
         for layer in (reducer.layers if reducer.layers is not None else range(n_layers)):
+            if not 0 <= layer < n_layers:
+                raise CaptureError(f"layer {layer} is out of range: this model has {n_layers} layers "
+                                   f"(0-{n_layers - 1})")
             needs.setdefault(layer, set()).update(reducer.wants)
     checked: set[int] = set()
 
