@@ -31,7 +31,7 @@ def _format_table(frame) -> str:
 
 @click.command("validate")
 @click.argument("model_name", metavar="MODEL")
-@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--text", "text_file", default=None, metavar="FILE",
               help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def validate_command(model_name: str, text_file: str | None, fmt: str) -> None:
