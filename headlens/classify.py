@@ -235,3 +235,33 @@ def _to_frame(rows: dict, info: dict, spec) -> pd.DataFrame:
                  "retrieval"):
         data[f"{name}_std"] = rows[f"{name}_std"].flatten().tolist()
     return pd.DataFrame(data).sort_values(["layer", "head"], ignore_index=True)
+
+
+def head_records(frame: pd.DataFrame) -> list[dict]:
+    """The frame as JSON-ready objects: layer, head, labels (list), every score and evidence column;
+    NaN becomes None (JSON null)."""
+    import math
+
+    records = []
+    for row in frame.to_dict("records"):
+        records.append({key: (None if isinstance(value, float) and math.isnan(value) else value)
+                        for key, value in row.items()})
+    return records
+
+
+# The score that backs each label: "strongest first" orders labelled heads by it.
+_LABEL_SCORE = {"previous_token": "positional_share", "current_token": "positional_share",
+                "positional": "positional_share", "first_token": "first_token_score",
+                "duplicate_token": "duplicate_token_score", "induction": "prefix_matching_score",
+                "anti_induction": "prefix_matching_score", "retrieval": "retrieval_score"}
+
+
+def rank_heads(frame: pd.DataFrame) -> pd.DataFrame:
+    """Labelled heads first, strongest first (the largest score backing any of a head's labels),
+    then the unlabelled heads in (layer, head) order."""
+    strength = [max((row[_LABEL_SCORE[label]] for label in row["labels"]), default=float("-inf"))
+                for row in frame.to_dict("records")]
+    ranked = frame.assign(_strength=strength, _labelled=[bool(labels) for labels in frame["labels"]])
+    ranked = ranked.sort_values(["_labelled", "_strength", "layer", "head"], ascending=[False, False, True, True],
+                                kind="stable")
+    return ranked.drop(columns=["_strength", "_labelled"]).reset_index(drop=True)

@@ -1,0 +1,160 @@
+"""`headlens classify`: a thin shell over headlens.classify.classify_heads."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import click
+
+FORMATS = ("table", "csv", "json")
+# Columns of the table view (every column goes to csv / json).
+TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "first_token_score",
+                 "duplicate_token_score", "prefix_matching_score", "copying_score", "retrieval_score"]
+
+
+@click.command("classify")
+@click.argument("model", default="tiny")
+@click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="UTF-8 text file for the natural-text and needle probes [default: the tiny model's held-out text]")
+@click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
+@click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
+@click.option("--seq-len", type=int, default=None, help="period T of the random segment [default: 25]")
+@click.option("--max-windows", type=int, default=None, help="natural-text windows scored at most [default: 32]")
+@click.option("--no-needles", is_flag=True, help="skip the needle-in-a-haystack probe (no retrieval_score)")
+@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
+              help="label threshold: positional, first_token, duplicate_token, prefix_matching, copying, retrieval")
+@click.option("--out", "out_dir", type=click.Path(path_type=str), default=None,
+              help="folder to write heads.csv and heads.json into (atomically)")
+@click.option("--format", "fmt", default="table", show_default=True, help="stdout format: table, csv or json")
+@click.option("--report", "report_path", type=click.Path(path_type=str), default=None,
+              help="also write a self-contained HTML report to this file")
+@click.option("--progress/--no-progress", default=None, help="progress bar on stderr [default: when a terminal]")
+@click.pass_context
+def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
+                     report_path, progress):
+    """Score and label every attention head of MODEL (default: the shipped tiny model)."""
+    import sys
+    from dataclasses import replace
+
+    from headlens.classify import ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
+    from headlens.errors import ConfigError
+    from headlens.models import load_model
+    from headlens.probes import read_text
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
+    config = replace(ClassifyConfig(), **{k: v for k, v in flags.items() if v is not None},
+                     **({"needles": False} if no_needles else {}))
+    config = config_with_thresholds(config, thresholds)
+    text = read_text(text_file) if text_file is not None else None
+    out = _check_out_dir(out_dir) if out_dir is not None else None
+    if report_path is not None:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path)
+    loaded = load_model(model)
+    show = sys.stderr.isatty() if progress is None else progress
+    frame = classify_heads(loaded, text=text, config=config, progress=show)
+    info = frame.attrs["probes"]
+    if info["windows_capped"]:
+        click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
+                   "(raise --max-windows to score more)", err=True)
+    if out is not None:
+        _write_outputs(out, frame)
+    if report_path is not None:
+        from headlens.reports import render_report
+
+        render_report(report_path, model_info=_model_info(loaded), heads=frame, command=_command_line(ctx),
+                      text_label=text_file or "tiny held-out text")
+    click.echo(_render(rank_heads(frame), fmt))
+
+
+def _model_info(loaded) -> dict:
+    spec = loaded.spec
+    return {"name": str(loaded.name), "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_head": spec.d_head,
+            "d_model": spec.d_model, "n_ctx": spec.n_ctx, "n_params": spec.n_params}
+
+
+def _command_line(ctx) -> str:
+    """The command as typed, rebuilt from click's parsed parameters (non-default values only)."""
+    words = ["headlens", ctx.info_name]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or value is False or value == param.default or value == ():
+            continue
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+        elif value is True:
+            words.append(param.opts[0])
+        else:
+            for item in value if isinstance(value, tuple) else (value,):
+                words += [param.opts[0], str(item)]
+    return shlex.join(words)
+
+
+def _check_out_dir(out_dir: str):
+    """Make --out (parents too) and check it is a writable folder, before any work is done."""
+    import os
+    from pathlib import Path
+
+    from headlens.errors import OutputPathError
+
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"--out {path} is a file: give a folder to write heads.csv and heads.json into")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(f"cannot create --out folder {path}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot write into --out folder {path}: permission denied")
+    return path
+
+
+def _write_atomic(path, text: str) -> None:
+    """Temp file in the same folder, then os.replace: an old file survives any failure."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_outputs(out, frame) -> None:
+    _write_atomic(out / "heads.csv", _csv(frame))
+    _write_atomic(out / "heads.json", _json(frame) + "\n")
+
+
+def _csv(frame) -> str:
+    """CSV with labels joined by ';' (empty for none)."""
+    return frame.assign(labels=[";".join(labels) for labels in frame["labels"]]).to_csv(index=False)
+
+
+def _json(frame) -> str:
+    from headlens.classify import head_records
+
+    return json.dumps(head_records(frame), indent=2)
+
+
+def _render(frame, fmt: str) -> str:
+    if fmt == "json":
+        return _json(frame)
+    if fmt == "csv":
+        return _csv(frame).rstrip("\n")
+    table = frame[["layer", "head", "labels", *TABLE_COLUMNS]].copy()
+    table.insert(0, "head_id", [f"{layer}.{head}" for layer, head in zip(table["layer"], table["head"], strict=True)])
+    table["labels"] = [", ".join(labels) if labels else "-" for labels in table["labels"]]
+    table = table.drop(columns=["layer", "head"]).rename(columns={"head_id": "head"})
+    return table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="n/a")
+
+
+COMMANDS = [classify_command]
