@@ -159,8 +159,7 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | 
     store = None
     if out is not None:
         manifest = {"model": model_label(loaded), "method": method, "metric": metric, "seed": seed,
-                    "data_sha256": evalset.data_hash, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
-                    "heads": [str(h) for h in heads]}
+                    "data_sha256": evalset.data_hash, "n_layers": spec.n_layers, "n_heads": spec.n_heads}
         store = SweepStore(out, manifest, resume)
     rows = {h: r for h, r in (store.done.items() if store else []) if h in heads}
     todo = [h for h in heads if h not in rows]

@@ -16,6 +16,16 @@ TL_ATOL = 1e-4
 SAME_PATH_ATOL = 1e-6
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small models run op by op; on a loaded shared machine, one thread avoids OpenMP barrier
+    stalls (~16 ms per op measured with two) and is ~8x faster here. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def strong_model():
     """2 layers x 4 heads with a larger init (std 0.2), so each head moves the loss by 1e-2..1
