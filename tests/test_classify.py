@@ -1,0 +1,180 @@
+"""classify_heads and `headlens classify`: config, labels, output formats, determinism, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+from headlens.cli.main import cli
+from planted import PLANTED_TEXT
+
+from headlens.classify import (
+    LABELS,
+    SCORE_COLUMNS,
+    ClassifyConfig,
+    classify_heads,
+    config_with_thresholds,
+    label_head,
+    rank_heads,
+)
+from headlens.errors import ConfigError
+
+FAST = ClassifyConfig(n_seq=2, max_windows=2)
+
+
+def _scores(**overrides) -> dict:
+    base = {"positional_share": 0.1, "positional_offset": -3, "first_token_score": 0.1, "duplicate_token_score": 0.1,
+            "prefix_matching_score": 0.1, "copying_score": 0.0, "retrieval_score": 0.0}
+    return {**base, **overrides}
+
+
+def test_labels_follow_the_published_rules():
+    config = ClassifyConfig()
+    assert label_head(_scores(), config) == []
+    assert label_head(_scores(positional_share=0.95, positional_offset=-1), config) == ["previous_token", "positional"]
+    assert label_head(_scores(positional_share=0.95, positional_offset=0), config) == ["current_token", "positional"]
+    assert label_head(_scores(positional_share=0.89, positional_offset=-1), config) == []  # Voita: >= 0.9
+    assert label_head(_scores(first_token_score=0.31), config) == ["first_token"]  # Gu: > 0.3
+    assert label_head(_scores(first_token_score=0.3), config) == []
+    # induction needs prefix matching AND copying; suppressing copies is anti-induction
+    assert label_head(_scores(prefix_matching_score=0.8, copying_score=0.9), config) == ["induction"]
+    assert label_head(_scores(prefix_matching_score=0.8, copying_score=-0.9), config) == ["anti_induction"]
+    assert label_head(_scores(prefix_matching_score=0.8, copying_score=0.1), config) == []
+    assert label_head(_scores(retrieval_score=0.11), config) == ["retrieval"]  # Wu: > 0.1
+    assert label_head(_scores(retrieval_score=float("nan")), config) == []
+    both = label_head(_scores(prefix_matching_score=0.8, copying_score=0.9, retrieval_score=0.5), config)
+    assert both == ["induction", "retrieval"]
+
+
+def test_thresholds_are_settable_by_name():
+    config = config_with_thresholds(ClassifyConfig(), ["retrieval=0.2", "positional_min=0.8"])
+    assert config.retrieval_min == 0.2 and config.positional_min == 0.8
+    assert label_head(_scores(retrieval_score=0.15), config) == []
+
+
+def test_rank_heads_puts_labelled_heads_first_strongest_first(small_model):
+    import pandas as pd
+
+    frame = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "labels": [[], ["first_token"], ["first_token"]],
+                          "first_token_score": [0.9, 0.5, 0.7]})
+    ranked = rank_heads(frame)
+    assert list(zip(ranked["layer"], ranked["head"], strict=True)) == [(1, 0), (0, 1), (0, 0)]
+
+
+@pytest.fixture(scope="module")
+def small_frame(small_model):
+    return classify_heads(small_model, text=PLANTED_TEXT, config=FAST)
+
+
+def test_frame_is_long_form_sorted_with_every_column(small_frame, small_model):
+    spec = small_model.spec
+    assert list(small_frame.columns[:3]) == ["layer", "head", "labels"]
+    assert len(small_frame) == spec.n_layers * spec.n_heads
+    assert list(zip(small_frame["layer"], small_frame["head"], strict=True)) == sorted(
+        zip(small_frame["layer"], small_frame["head"], strict=True))
+    for column in SCORE_COLUMNS + ["n_positions", "n_repeat_positions", "prev_token_std", "prefix_matching_std"]:
+        assert column in small_frame.columns
+    assert all(set(labels) <= set(LABELS) for labels in small_frame["labels"])
+    assert small_frame.attrs["probes"]["n_positions"] == small_frame["n_positions"].iloc[0] > 0
+
+
+def test_classify_is_deterministic_under_a_seed(small_model, small_frame):
+    again = classify_heads(small_model, text=PLANTED_TEXT, config=FAST)
+    assert again.drop(columns="labels").equals(small_frame.drop(columns="labels"))
+    other = classify_heads(small_model, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=2, max_windows=2, seed=1,
+                                                                                  needles=False))
+    assert not math.isclose(other["copying_score"].sum(), small_frame["copying_score"].sum())
+
+
+# CLI ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "probe.txt"
+    path.write_text(PLANTED_TEXT, encoding="utf-8")
+    return path
+
+
+def _run(args):
+    return CliRunner().invoke(cli, ["classify", *args])
+
+
+def test_cli_json_has_every_score_and_out_writes_both_files(small_model_dir, text_file, tmp_path):
+    out = tmp_path / "out"
+    result = _run([str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2",
+                   "--format", "json", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    objects = json.loads(result.stdout)
+    assert len(objects) == 8
+    for obj in objects:
+        assert isinstance(obj["labels"], list) and {"layer", "head", *SCORE_COLUMNS} <= set(obj)
+    saved = json.loads((out / "heads.json").read_text())
+    key = lambda o: (o["layer"], o["head"])  # noqa: E731
+    assert sorted(saved, key=key) == sorted(objects, key=key)
+    assert (out / "heads.csv").read_text().startswith("layer,head,labels,")
+    assert not list(out.glob("*.tmp"))
+
+
+def test_cli_table_is_deterministic_under_seed(small_model_dir, text_file):
+    args = [str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2", "--seed", "3",
+            "--no-needles"]
+    first, second = _run(args), _run(args)
+    assert first.exit_code == 0, first.output
+    assert first.stdout == second.stdout
+    assert first.stdout.splitlines()[0].split()[:2] == ["head", "labels"]
+
+
+# Errors ---------------------------------------------------------------------------------------
+
+
+def test_config_rejects_out_of_range_values():
+    with pytest.raises(ConfigError, match=r"positional_min = 1.5 is out of range: a number in \[0, 1\]"):
+        ClassifyConfig(positional_min=1.5)
+    with pytest.raises(ConfigError, match="n_seq = 0"):
+        ClassifyConfig(n_seq=0)
+    with pytest.raises(ConfigError, match="unknown threshold 'bogus'"):
+        config_with_thresholds(ClassifyConfig(), ["bogus=0.5"])
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"\x00\x01\x02binary", "binary"),
+    (b"caf\xe9 au lait", "not valid UTF-8"),
+    (b"Hi", "too short"),
+])
+def test_cli_bad_text_is_one_line_exit_2(small_model_dir, tmp_path, content, message):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(content)
+    result = _run([str(small_model_dir), "--text", str(path), "--no-progress"])
+    assert result.exit_code == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--threshold", "bogus=0.3"], "unknown threshold 'bogus'"),
+    (["--threshold", "retrieval=2"], "retrieval_min = 2.0 is out of range"),
+    (["--threshold", "copying=abc"], "not a number"),
+    (["--format", "xml"], "unknown format 'xml'"),
+    (["--seq-len", "100"], "seq_len 100 is too long"),
+])
+def test_cli_bad_options_are_one_line_exit_2(small_model_dir, text_file, args, message):
+    result = _run([str(small_model_dir), "--text", str(text_file), "--no-progress", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_unwritable_out_fails_before_work_and_keeps_old_files(small_model_dir, text_file, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("keep me")
+    result = _run([str(small_model_dir), "--text", str(text_file), "--out", str(blocker / "sub")])
+    assert result.exit_code == 2 and "--out" in result.stderr
+    assert blocker.read_text() == "keep me"
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "heads.csv").write_text("old results")
+    result = _run([str(small_model_dir), "--text", str(text_file), "--out", str(out), "--threshold", "x=1"])
+    assert result.exit_code == 2
+    assert (out / "heads.csv").read_text() == "old results"
