@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 import torch
 
-from headlens.ablate import token_losses
-
 Replacement = torch.Tensor | None  # per layer: [n_seq | 1, pos, head, d_head] or None (zero)
 
 
@@ -74,20 +72,27 @@ class LayerRunner:
         return self.model.lm_head(self.tf.ln_f(resid))  # [batch, pos, d_vocab]
 
     def run_from(self, layer: int, resid_mid: torch.Tensor, copies: int = 1) -> torch.Tensor:
-        """Logits from the residual after layer `layer`'s attention: its MLP, then later blocks."""
+        """Final residual from the residual after layer `layer`'s attention: its MLP, then later blocks."""
         resid = self.finish_block(layer, resid_mid)
         for later in range(layer + 1, len(self.tf.h)):
             resid = self.block(later, resid, copies)
-        return self.logits(resid)
+        return resid  # [copies * batch, pos, d_model]
 
-    def seq_losses(self, logits: torch.Tensor, counted: torch.Tensor, copies: int = 1) -> torch.Tensor:
-        """Per-sequence sums of counted next-token losses: [copies, batch]."""
-        ids = self.input_ids.repeat(copies, 1)  # [copies * batch, pos]
-        mask = self.mask.repeat(copies, 1)
-        losses = token_losses(logits, ids, mask)  # [copies * batch, pos-1]
-        keep = counted.to(losses.device).repeat(copies, 1)
-        sums = torch.where(keep, losses, torch.zeros_like(losses)).sum(-1)  # [copies * batch]
-        return sums.view(copies, -1)
+    def seq_losses(self, resid: torch.Tensor, counted: torch.Tensor, copies: int = 1) -> torch.Tensor:
+        """Per-sequence sums of counted next-token losses from the final residual: [copies, batch].
+
+        Only counted positions go through ln_f and the unembedding (both act per position, so
+        this is exact): the repeat metric counts under half of them.
+        """
+        keep = counted.to(resid.device)  # [batch, pos-1]
+        rows, pos = torch.nonzero(keep, as_tuple=True)  # counted (sequence, position) pairs
+        picked = resid.view(copies, -1, *resid.shape[1:])[:, rows, pos]  # [copies, n_counted, d_model]
+        logits = self.logits(picked)  # [copies, n_counted, d_vocab]
+        targets = self.input_ids[rows, pos + 1]  # [n_counted]
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [copies, n_counted, d_vocab]
+        losses = -logp.gather(-1, targets[None, :, None].expand(copies, -1, 1))[..., 0]  # [copies, n_counted]
+        sums = torch.zeros(copies, keep.shape[0], dtype=losses.dtype, device=losses.device)  # [copies, batch]
+        return sums.index_add_(1, rows, losses)
 
 
 def head_out_weight(model, layer: int, head: int) -> torch.Tensor:

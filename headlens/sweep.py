@@ -34,7 +34,7 @@ def base_sums(model, evalset, batch_size: int = BATCH_SIZE) -> torch.Tensor:
             resid = runner.embed()
             for layer in range(len(model.transformer.h)):
                 resid = runner.block(layer, resid)
-            out.append(runner.seq_losses(runner.logits(resid), evalset.counted[rows])[0])
+            out.append(runner.seq_losses(resid, evalset.counted[rows])[0])
     return torch.cat(out).cpu()
 
 
@@ -87,8 +87,7 @@ def _group_sums(model, evalset, runners, rows_list, states, attn, rep, group) ->
         resid_mid = state + out  # [batch, pos, d_model]
         rep_rows = layer_replacement(rep, rows)
         stacked = torch.cat([_ablated_resid(resid_mid, z, rep_rows, model, head) for head in group])
-        logits = runner.run_from(group[0].layer, stacked, copies=len(group))  # [copies * batch, pos, d_vocab]
-        per_batch.append(runner.seq_losses(logits, evalset.counted[rows], copies=len(group)).cpu())
-        del logits
+        final = runner.run_from(group[0].layer, stacked, copies=len(group))  # [copies * batch, pos, d_model]
+        per_batch.append(runner.seq_losses(final, evalset.counted[rows], copies=len(group)).cpu())
     sums = torch.cat(per_batch, dim=1)  # [copies, n_seq]
     return list(sums)
