@@ -13,7 +13,7 @@ import click
 DEFAULT_VIEWER_TOKENS = 64
 
 
-def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, out: str,
+def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, prune: bool, out: str,
                       viewer_tokens: int, seed: int) -> str:
     """The exact command line that rebuilds the page."""
     words = ["headlens", "report", model]
@@ -23,6 +23,8 @@ def reproduce_command(model: str, text_path: str | None, heads: str | None, swee
         words += ["--heads", heads]
     if sweep:
         words.append("--sweep")
+    if prune:
+        words.append("--prune")
     if viewer_tokens != DEFAULT_VIEWER_TOKENS:
         words += ["--viewer-tokens", str(viewer_tokens)]
     if seed:
@@ -40,13 +42,18 @@ def training_logs(loaded):
     return load_training_log(folder)
 
 
-def chosen_ablations(loaded, spec: str, text, seed: int, progress: bool) -> list[dict]:
-    """Each chosen head ablated alone, then all of them together (when more than one)."""
+def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None) -> list[dict]:
+    """Each chosen head alone (read from the sweep when one was run), then all of them together."""
     from headlens.ablate import ablate_heads
-    from headlens.heads import parse_heads
 
-    heads = parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)
-    results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads]
+    if sweep is not None:
+        rows = sweep.set_index(["layer", "head"])
+        results = [{"heads": [str(head)], "method": "zero", "n_tokens": int(rows.loc[tuple(head), "n_tokens"]),
+                    "delta_loss": float(rows.loc[tuple(head), "delta_loss"]),
+                    "ci95": [float(rows.loc[tuple(head), "ci95_low"]), float(rows.loc[tuple(head), "ci95_high"])]}
+                   for head in heads]
+    else:
+        results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads]
     if len(heads) > 1:
         results.append(ablate_heads(loaded, heads, text=text, seed=seed, progress=progress))
     return results
@@ -58,18 +65,20 @@ def chosen_ablations(loaded, spec: str, text, seed: int, progress: bool) -> list
               help="UTF-8 text to score and show (default: the held-out text shipped with the tiny model)")
 @click.option("--heads", "heads_spec", default=None, help="heads to ablate: L.H,L.H | layer:L | all")
 @click.option("--sweep", is_flag=True, help="also ablate every head alone (slower)")
+@click.option("--prune", is_flag=True, help="also compute the pruning curve (Michel et al. 2019; slower)")
 @click.option("--out", "out", default="out/report.html", show_default=True, type=click.Path(),
               help="the HTML file to write (replaced atomically)")
 @click.option("--viewer-tokens", default=DEFAULT_VIEWER_TOKENS, show_default=True, type=click.IntRange(2, 256),
               help="tokens of the sample text in the viewer and thumbnails")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
 @click.option("--progress/--no-progress", default=False, help="progress bars on stderr")
-def report_command(model, text_path, heads_spec, sweep, out, viewer_tokens, seed, progress) -> None:
+def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, progress) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens.reports import render_report
     from headlens.reports.render import check_output_path
 
     from headlens.classify import classify_heads
+    from headlens.heads import parse_heads
     from headlens.models import load_model
     from headlens.probes import default_text, read_text
     from headlens.samples import sample_patterns
@@ -78,21 +87,28 @@ def report_command(model, text_path, heads_spec, sweep, out, viewer_tokens, seed
     check_output_path(out)  # fail before minutes of work, not after
     text = read_text(text_path) if text_path else None
     loaded = load_model(model)
+    spec = loaded.spec
+    chosen = parse_heads(heads_spec, spec.n_layers, spec.n_heads) if heads_spec else None
     heads = classify_heads(loaded, text=text, progress=progress)
     validation = validate_model(loaded, text, raise_on_failure=False)
-    ablation = chosen_ablations(loaded, heads_spec, text, seed, progress) if heads_spec else None
     sweep_frame = None
     if sweep:
         from headlens.ablate import sweep_heads
 
         sweep_frame = sweep_heads(loaded, text=text, seed=seed, progress=progress)
-    spec = loaded.spec
+    ablation = chosen_ablations(loaded, chosen, text, seed, progress, sweep_frame) if chosen else None
+    pruning = None
+    if prune:
+        from headlens.prune import prune_curve
+
+        pruning = prune_curve(loaded, text=text, seed=seed, progress=progress)
     model_info = {"name": loaded.name, "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_head": spec.d_head,
                   "d_model": spec.d_model, "n_ctx": spec.n_ctx, "n_params": spec.n_params}
     path = render_report(
-        out, model_info=model_info, heads=heads, sweep=sweep_frame, ablation=ablation, validation=validation,
+        out, model_info=model_info, heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
+        validation=validation,
         training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), viewer_tokens),
-        command=reproduce_command(model, text_path, heads_spec, sweep, out, viewer_tokens, seed),
+        command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed),
         text_label=text_path or "held-out text shipped with the tiny model (headlens.probes.default_text)")
     click.echo(f"wrote {path}")
 

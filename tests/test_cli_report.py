@@ -1,0 +1,101 @@
+"""`headlens report` through click's CliRunner: end to end on a small model, and every bad input."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from click.testing import CliRunner
+from headlens.cli.commands_report import reproduce_command
+from headlens.cli.main import cli
+
+EXIT_BAD_INPUT = 2
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, ["report", *args])
+
+
+def test_reproduce_command_round_trips_through_the_shell():
+    command = reproduce_command("my model", "a b.txt", "0.1,1.2", True, False, "out/r.html", 64, 3)
+    assert shlex.split(command) == ["headlens", "report", "my model", "--text", "a b.txt", "--heads", "0.1,1.2",
+                                    "--sweep", "--seed", "3", "--out", "out/r.html"]
+
+
+@pytest.fixture(scope="module")
+def small_report(small_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "sub" / "report.html"  # a missing folder is created
+    result = run(str(small_model_dir), "--heads", "0.1,1.2", "--sweep", "--out", str(out))
+    return result, out
+
+
+@pytest.mark.slow
+def test_report_end_to_end_on_a_small_model(small_report, small_model_dir):
+    result, out = small_report
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"wrote {out}"
+    html = out.read_text(encoding="utf-8")
+    for section_id in ("summary", "scores", "thumbnails", "viewer", "ablation", "validation"):
+        assert f'<section id="{section_id}">' in html
+    assert "0.1,1.2" in html  # the two chosen heads ablated together
+    assert "Every head alone" in html and "Pruning curve" not in html  # --prune not asked for
+    command = re.search(r'<pre class="command">(.*?)</pre>', html).group(1)
+    assert "--heads 0.1,1.2 --sweep --out" in command and str(small_model_dir) in command
+
+
+def test_single_head_bars_come_from_the_sweep_rows():
+    import pandas as pd
+    from headlens.cli.commands_report import chosen_ablations
+
+    from headlens.heads import Head
+
+    sweep = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "n_tokens": [50, 50], "delta_loss": [0.2, -0.1],
+                          "ci95_low": [0.1, -0.2], "ci95_high": [0.3, 0.0]})
+    rows = chosen_ablations(None, [Head(1, 2)], None, 0, False, sweep)  # one head: no joint ablation, no model
+    assert rows == [{"heads": ["1.2"], "method": "zero", "n_tokens": 50, "delta_loss": -0.1, "ci95": [-0.2, 0.0]}]
+
+
+# Errors: one line on stderr, exit 2, nothing half-written
+
+def assert_one_line_error(result, *fragments: str):
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headlens: error:"), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_output_path_that_is_a_directory(tmp_path):
+    assert_one_line_error(run("tiny", "--out", str(tmp_path)), "is a directory")
+
+
+def test_output_path_below_a_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_one_line_error(run("tiny", "--out", str(blocker / "r.html")), "cannot create the folder")
+    assert blocker.read_text() == "x"
+
+
+def test_missing_text_file(tmp_path):
+    assert_one_line_error(run("tiny", "--text", str(tmp_path / "none.txt"), "--out", str(tmp_path / "r.html")),
+                          "not found")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_empty_text_file(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    assert_one_line_error(run("tiny", "--text", str(empty), "--out", str(tmp_path / "r.html")), "empty")
+
+
+def test_bad_head_spec_fails_before_the_work(small_model_dir, tmp_path):
+    out = tmp_path / "r.html"
+    out.write_text("old report")
+    assert_one_line_error(run(str(small_model_dir), "--heads", "7.0", "--out", str(out)), "7.0")
+    assert out.read_text() == "old report"
+
+
+def test_unknown_model(tmp_path):
+    assert_one_line_error(run(str(tmp_path / "no-such-model"), "--out", str(tmp_path / "r.html")))
