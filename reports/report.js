@@ -80,7 +80,8 @@
     state.layer = parseInt(p[0], 10); state.head = parseInt(p[1], 10); draw();
   });
 
-  var cellWidth = Math.max(1, Math.floor(160 / P));
+  // About 1000 px for a row of heads; at least one pixel per token.
+  var cellWidth = Math.max(1, Math.floor(Math.floor(1000 / H) / P));
   var canvases = [];
   var grid = document.createElement("table");
   grid.className = "viewer-grid";
@@ -111,8 +112,10 @@
   function drawStrip(canvas, layer, head) {
     var ctx = canvas.getContext("2d");
     ctx.fillStyle = "#000"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    var top = 0;
+    for (var j = 0; j <= state.query; j++) { top = Math.max(top, weight(layer, head, state.query, j)); }
     for (var k = 0; k <= state.query; k++) {
-      var w = weight(layer, head, state.query, k);
+      var w = top > 0 ? weight(layer, head, state.query, k) / top : 0;  // each strip scaled to its maximum
       ctx.fillStyle = "rgba(255, 200, 40, " + w.toFixed(3) + ")";
       ctx.fillRect(k * cellWidth, 0, cellWidth, canvas.height);
     }

@@ -50,8 +50,9 @@ def viewer_section(viewer: dict, heads=None) -> str:
     cut = (f"The sample has {total} tokens; the viewer shows the first {shown} to keep this file small."
            if isinstance(total, int) and total > shown else f"The viewer shows all {shown} tokens of the sample.")
     body = f"""<p>Click a token: every head's attention <em>from</em> that token over the sequence appears in the
-grid (one strip per head, layer by row, brighter = more attention), and the chosen head's weights colour the
-tokens. Click a grid cell or use the menu to choose a head. {esc(cut)} Weights are stored to 1/255.</p>
+grid (one strip per head, layer by row, each strip scaled to its own maximum, brighter = more attention), and
+the chosen head's weights colour the tokens (hover a token for its weight). Click a grid cell or use the menu
+to choose a head. {esc(cut)} Weights are stored to 1/255.</p>
 <noscript><p class="note">The viewer needs JavaScript; the thumbnails above show the same patterns.</p></noscript>
 <div id="viewer-app" hidden>
 <p class="controls"><label>head <select id="viewer-head"></select></label>
