@@ -108,6 +108,10 @@ def scores_section(heads: pd.DataFrame) -> str:
             f'<p class="explain">{esc(info.what)}{esc(cut)} <cite>{esc(info.source)}</cite></p></div>')
     parts.append("<h3>Labels</h3><p>Click a column heading to sort (needs JavaScript).</p>")
     parts.append(table(label_frame(heads)))
+    settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
+    if settings:
+        frame = pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
+        parts.append(details("classifier settings and probes run", table(frame, sortable=False)))
     return section("scores", "Head scores and labels", "\n".join(parts))
 
 
@@ -187,6 +191,9 @@ def validation_section(validation: pd.DataFrame) -> str:
     """The MHA validation table, failures highlighted."""
     failed = int((~validation["passed"].astype(bool)).sum()) if "passed" in validation else 0
     verdict = "every comparison passed" if failed == 0 else f"{failed} comparison(s) FAILED"
+    source = validation.attrs.get("text_source")
+    if source:
+        verdict += f" (text: {source}, {validation.attrs.get('n_tokens', '?')} tokens)"
     body = (f'<p class="explain">{esc(explain.VALIDATION_TEXT)}</p><p><strong>{esc(verdict)}</strong>.</p>'
             + table(validation.reset_index(drop=True),
                     row_class=lambda row: "" if bool(row.get("passed", True)) else "failed"))

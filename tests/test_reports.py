@@ -99,6 +99,13 @@ def test_scores_section_one_heatmap_per_present_score_with_source():
     assert "previous_token" in html and 'class="sortable"' in html
 
 
+def test_classifier_settings_are_listed_when_recorded():
+    heads = heads_frame()
+    heads.attrs.update(config={"positional_min": 0.9}, probes={"n_windows": 7})
+    html = sections.scores_section(heads)
+    assert "<td data-sort=\"positional_min\">positional_min</td>" in html and "n_windows" in html
+
+
 def test_thresholds_from_frame_attrs_override_defaults():
     heads = heads_frame()
     heads.attrs["thresholds"] = {"first_token_score": 0.25}
@@ -173,7 +180,9 @@ def test_ablation_section_sweep_bars_and_pruning():
 
 
 def test_validation_section_flags_failures():
-    assert "every comparison passed" in sections.validation_section(validation_frame())
+    frame = validation_frame()
+    frame.attrs.update(text_source="given", n_tokens=42)
+    assert "every comparison passed (text: given, 42 tokens)" in sections.validation_section(frame)
     html = sections.validation_section(validation_frame(fail_layer=1))
     assert "2 comparison(s) FAILED" in html and html.count('class="failed"') == 2
 
