@@ -114,18 +114,34 @@ def n_heads_of(model) -> int:
 
 
 def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int) -> None:
-    """Raise CaptureError unless the pattern is causal and its real rows sum to 1.
+    """Raise CaptureError unless the pattern is a causal, row-stochastic attention pattern.
 
-    An old eager fallback once ran without the causal mask (REFERENCES, pitfalls).
-    pattern: [batch, head, q_pos, k_pos]; mask: [batch, pos].
+    An old eager fallback once ran without the causal mask (REFERENCES, pitfalls). Checked on
+    real (unpadded) query rows: every weight >= -atol; every row sums to 1 within atol; the mass
+    above the diagonal, averaged over a sequence's rows, is <= atol per head. The last test is an
+    average because it is computed as (total mass) - (mass on and below the diagonal), the second
+    as one matrix-vector product: ~40 ms at 12 heads x 1024 tokens instead of ~300 ms for an
+    explicit upper triangle, and a missing causal mask puts ~0.5 per row above the diagonal.
+    pattern: [batch, head, q_pos, k_pos]; mask: [batch, pos], a prefix of True per row.
     """
-    p = pattern.detach().float()
-    upper = torch.triu(torch.ones(p.shape[-2:], dtype=torch.bool, device=p.device), diagonal=1)
-    if upper.any() and p[..., upper].abs().max().item() > PATTERN_CHECK_ATOL:
-        raise CaptureError(f"layer {layer}: attention pattern is not causal (weight above the diagonal)")
-    rows = p.sum(-1)  # [batch, head, q_pos]
-    real = mask[:, None, :].expand_as(rows)
-    if real.any() and (rows[real] - 1).abs().max().item() > PATTERN_CHECK_ATOL:
+    p = pattern.detach()
+    if p.numel() == 0:
+        return
+    if p.amin().item() < -PATTERN_CHECK_ATOL:
+        raise CaptureError(f"layer {layer}: attention pattern has negative weights")
+    rows = p.sum(-1, dtype=torch.float32)  # [batch, head, q_pos]
+    real = mask.to(rows.device)  # [batch, q_pos]
+    n_keys = p.shape[-1]
+    lower = torch.ones(n_keys, n_keys, dtype=p.dtype, device=p.device).tril()  # [q_pos, k_pos]
+    for row, n_real in enumerate(real.sum(-1).tolist()):
+        if n_real == 0:
+            continue
+        block = p[row, :, :n_real, :].reshape(p.shape[1], -1)  # [head, n_real * k_pos] (a view)
+        on_or_below = block @ lower[:n_real].reshape(-1)  # [head]
+        above = rows[row, :, :n_real].sum(-1) - on_or_below  # [head] mass above the diagonal
+        if above.amax().item() > PATTERN_CHECK_ATOL * n_real:
+            raise CaptureError(f"layer {layer}: attention pattern is not causal (weight above the diagonal)")
+    if ((rows - 1).abs() * real[:, None, :]).amax().item() > PATTERN_CHECK_ATOL:
         raise CaptureError(f"layer {layer}: attention rows do not sum to 1")
 
 
@@ -211,7 +227,7 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
     """Run the model over `batches`, streaming activations into `reducers` (no grad).
 
     Works on a Hugging Face GPT-2 (eager attention) and on a TransformerLens TransformerBridge.
-    The logits are discarded; reducers hold the results.
+    No logits are kept (HF: the LM head is not even run); reducers hold the results.
     """
     batches = list(batches) if progress else batches
     iterator = batches
@@ -223,7 +239,18 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
     with torch.no_grad(), capture_hooks(model, reducers, batch_ref, check=check):
         for batch in iterator:
             batch_ref[0] = batch
-            forward(model, batch)
+            _forward_trunk(model, batch)
+
+
+def _forward_trunk(model, batch: Batch) -> None:
+    """The forward pass capture needs. On Hugging Face GPT-2 only the transformer trunk runs:
+    capture discards the logits, and the LM head costs d_model x d_vocab multiply-adds per token
+    plus a [batch, pos, d_vocab] tensor (206 MB at 1 x 1024 for GPT-2). A bridge runs whole."""
+    if is_bridge(model) or not hasattr(model, "transformer"):
+        forward(model, batch)
+        return
+    device = next(model.parameters()).device
+    model.transformer(input_ids=batch.input_ids.to(device), attention_mask=batch.mask.to(device).long())
 
 
 def forward(model, batch: Batch) -> torch.Tensor:

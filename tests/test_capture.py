@@ -210,6 +210,10 @@ def test_check_pattern_on_synthetic_patterns():
     short[0, 0, 2, 2] = 0.1
     with pytest.raises(CaptureError, match="do not sum to 1"):
         check_pattern(short, mask, layer=3)
+    negative = good.clone()
+    negative[0, 0, 2] = torch.tensor([0.6, -0.1, 0.5, 0])
+    with pytest.raises(CaptureError, match="negative"):
+        check_pattern(negative, mask, layer=0)
     padded_row_off = good.clone()
     padded_row_off[0, 0, 3] = 0.0  # a padded query may be anything
     check_pattern(padded_row_off, mask, layer=0)

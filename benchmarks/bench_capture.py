@@ -1,0 +1,167 @@
+"""Capture cost, side by side: time and peak memory of one 1 x 1024-token pass, GPT-2-small shape.
+
+Variants (each in a fresh subprocess, so one variant's freed memory cannot hide another's):
+  hf_forward      (a) a bare Hugging Face eager forward, logits included
+  hf_trunk        (a') the same without the LM head (what capture runs; shows the hook overhead alone)
+  capture_prev    (b) headlens run_capture with prev_token_reducer: prev_token_score of all 144 heads
+  capture_diag    (b') the same statistic from a reducer that reads only the -1 diagonal (reducer cost)
+  bridge_patterns (c) TransformerLens bridge run_with_cache of every hook_pattern (names_filter)
+  bridge_all      (c') bridge run_with_cache with no filter (TransformerLens's default: every hook)
+
+Peak memory: torch allocates on the C++ side, so tracemalloc sees none of it. Each subprocess
+builds the model, resets the kernel's RSS high-water mark (`echo 5 > /proc/self/clear_refs`,
+Linux >= 4.0) and runs the variant 1 + `--repeats` times; added peak = VmHWM - VmRSS at the
+reset. The reset comes *before* the first pass: memory a pass frees but the allocator keeps
+would otherwise sit in the baseline and hide the next pass's peak. Wall time: the repeats after
+the first pass (warm-up); min and median reported (the machine is shared: min is the least
+disturbed run). Rounds alternate the variants so a change in load hits them all alike.
+
+    nice -n 10 .venv/bin/python benchmarks/bench_capture.py --rounds 3 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = ["hf_forward", "hf_trunk", "capture_prev", "capture_diag", "bridge_patterns", "bridge_all"]
+N_TOKENS = 1024
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> int:
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+    return _status_kb("VmRSS")
+
+
+class DiagonalPrevToken:
+    """prev_token_score (mean A[i, i-1] over real i >= 1) read straight off the -1 diagonal."""
+
+    wants = frozenset({"pattern"})
+    layers = None
+
+    def __init__(self, n_layers: int, n_heads: int):
+        import torch
+
+        self.sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+        self.counts = torch.zeros(n_layers, dtype=torch.long)  # [layer]
+
+    def update(self, layer, batch, pattern=None, z=None):
+        diag = pattern.diagonal(offset=-1, dim1=-2, dim2=-1)  # [batch, head, q_pos - 1]
+        valid = batch.mask[:, 1:].to(pattern.device)  # [batch, q_pos - 1]: query real => key real
+        self.sums[layer] += (diag * valid[:, None]).sum((0, 2)).double().cpu()
+        self.counts[layer] += int(valid.sum())
+
+    def result(self):
+        return self.sums / self.counts[:, None].clamp(min=1)  # [layer, head]
+
+
+def _make_step(variant: str):
+    """Build the model (and bridge) for `variant`; return a no-arg function running one pass."""
+    import torch
+
+    from headlens.capture import Batch, run_capture
+    from headlens.models import boot_bridge, build_model
+    from headlens.scores.positional import prev_token_reducer
+
+    loaded = build_model(None, seed=0)  # GPT2Config(): 12 layers x 12 heads, d_model 768
+    ids = torch.randint(1000, 10000, (1, N_TOKENS), generator=torch.Generator().manual_seed(0))  # [batch, pos]
+    ids[:, 0] = loaded.bos_token_id
+    if variant.startswith("bridge"):
+        bridge = boot_bridge(loaded)
+        del loaded  # the bridge holds its own copy: keep one set of weights, as the others do
+        names = (lambda name: name.endswith("hook_pattern")) if variant == "bridge_patterns" else None
+
+        def step():
+            with torch.no_grad():
+                _, cache = bridge.run_with_cache(ids, names_filter=names)
+            return len(cache)
+
+        return step
+    model = loaded.model
+    if variant == "hf_forward":
+        return lambda: torch.no_grad()(model)(ids).logits.shape
+    if variant == "hf_trunk":
+        return lambda: torch.no_grad()(model.transformer)(ids).last_hidden_state.shape
+    batch = Batch(ids, torch.ones_like(ids, dtype=torch.bool))
+
+    make = prev_token_reducer if variant == "capture_prev" else DiagonalPrevToken
+
+    def step():
+        reducer = make(loaded.spec.n_layers, loaded.spec.n_heads)
+        run_capture(model, [batch], [reducer])
+        return reducer.result().shape  # [n_layers, n_heads]
+
+    return step
+
+
+def run_variant(variant: str, repeats: int) -> dict:
+    """In this process: build, reset the peak, run 1 + `repeats` passes (the first untimed)."""
+    import torch
+
+    torch.set_num_threads(2)
+    step = _make_step(variant)
+    base_kb = _reset_peak()
+    step()  # warm-up pass: counted for memory, not for time
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"variant": variant, "times": times, "added_peak_mb": (_status_kb("VmHWM") - base_kb) / 1024,
+            "base_rss_mb": base_kb / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per variant")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per subprocess")
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child mode
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(run_variant(args.variant, args.repeats)))
+        return
+    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for _ in range(args.rounds):
+        for variant in VARIANTS:
+            out = subprocess.run([sys.executable, __file__, "--variant", variant, "--repeats", str(args.repeats)],
+                                 capture_output=True, text=True, check=True)
+            runs[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    summary = {v: {"min_s": min(t for r in rs for t in r["times"]),
+                   "median_s": statistics.median(t for r in rs for t in r["times"]),
+                   "added_peak_mb": statistics.median(r["added_peak_mb"] for r in rs),
+                   "base_rss_mb": statistics.median(r["base_rss_mb"] for r in rs)} for v, rs in runs.items()}
+    print(f"GPT-2-small shape (GPT2Config(), seed 0), batch 1 x {N_TOKENS} tokens, float32, 2 threads; "
+          f"{args.rounds} subprocesses x {args.repeats} timed passes per variant")
+    print(f"{'variant':<16} {'min s':>7} {'median s':>9} {'added peak MB':>14} {'base RSS MB':>12}")
+    for variant, s in summary.items():
+        print(f"{variant:<16} {s['min_s']:>7.2f} {s['median_s']:>9.2f} {s['added_peak_mb']:>14.0f} "
+              f"{s['base_rss_mb']:>12.0f}")
+
+    def ratio(key, num, den):
+        return summary[num][key] / summary[den][key]
+
+    for key in ("min_s", "median_s"):
+        print(f"time {key}: (b)/(a) = {ratio(key, 'capture_prev', 'hf_forward'):.2f} (target <= 1.3); "
+              f"(b)/(a') = {ratio(key, 'capture_prev', 'hf_trunk'):.2f}; "
+              f"(b')/(a') = {ratio(key, 'capture_diag', 'hf_trunk'):.2f}")
+    print(f"added peak: (b)/(c) = {ratio('added_peak_mb', 'capture_prev', 'bridge_patterns'):.3f} (target <= 0.25); "
+          f"(b')/(c) = {ratio('added_peak_mb', 'capture_diag', 'bridge_patterns'):.3f}; "
+          f"(b)/(c') = {ratio('added_peak_mb', 'capture_prev', 'bridge_all'):.3f}")
+    print(json.dumps({"summary": summary, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
