@@ -39,8 +39,7 @@ def _find(*names: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def driver():
+def start_chromium(javascript: bool = True):
     chromium = _find("chromium", "chromium-browser", "google-chrome")
     chromedriver = _find("chromedriver", "/usr/lib/chromium/chromedriver", "/usr/bin/chromedriver")
     try:
@@ -58,7 +57,14 @@ def driver():
     for flag in CHROME_FLAGS:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    browser = webdriver.Chrome(options=options, service=Service(chromedriver))
+    if not javascript:
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
+    return webdriver.Chrome(options=options, service=Service(chromedriver))
+
+
+@pytest.fixture(scope="module")
+def driver():
+    browser = start_chromium()
     yield browser
     browser.quit()
 
@@ -243,3 +249,22 @@ def test_hostile_text_is_shown_literally_and_never_runs(driver, nasty_report):
     assert "<script>alert(1)</script>" in tokens and '"><img src=x onerror=alert(1)>' in tokens
     driver.find_elements("css selector", ".tok")[3].click()
     assert no_alert(driver)
+
+
+# Without JavaScript: static figures and plain tables, and a note where the viewer would be
+
+def test_report_reads_without_javascript(embedded_report):
+    browser = start_chromium(javascript=False)
+    try:
+        browser.get(embedded_report.resolve().as_uri())
+        assert browser.find_element("css selector", "#viewer noscript p").is_displayed()
+        assert not browser.find_element("id", "viewer-app").is_displayed()
+        assert browser.find_elements("css selector", "#viewer-tokens .tok") == []  # proof the script did not run
+        image = browser.find_element("css selector", "#scores img")
+        browser.execute_script("arguments[0].scrollIntoView()", image)
+        assert pixel_std(image.screenshot_as_png) > MIN_PIXEL_STD
+        rows = browser.find_elements("css selector", "#scores table.sortable tbody tr")
+        data = embedded_patterns(embedded_report.read_text(encoding="utf-8"))[0]
+        assert len(rows) == data["n_layers"] * data["n_heads"]  # one row per head
+    finally:
+        browser.quit()
