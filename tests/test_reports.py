@@ -194,6 +194,13 @@ def test_phase_change_step_is_the_planted_jump():
     assert img_count(html) == 1 and "step 300" in html
 
 
+def test_no_phase_change_marked_on_a_flat_run():
+    log, heads = training_pair()
+    log["best_induction_score"] = 0.017 + 0.001 * np.arange(len(log))  # drifts, never jumps
+    assert figures.phase_change_step(log) is None
+    assert "no phase change is marked" in sections.training_section((log, heads))
+
+
 # The whole page
 
 def test_render_report_is_self_contained(tmp_path):
