@@ -9,12 +9,9 @@ import shlex
 
 import click
 
-# Tokens of the sample text shown in the viewer: GPT-2 small's 144 heads over 64 tokens stay ~0.8 MB.
-DEFAULT_VIEWER_TOKENS = 64
-
 
 def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, prune: bool, out: str,
-                      viewer_tokens: int, seed: int) -> str:
+                      viewer_tokens: int | None, seed: int) -> str:
     """The exact command line that rebuilds the page."""
     words = ["headlens", "report", model]
     if text_path:
@@ -25,7 +22,7 @@ def reproduce_command(model: str, text_path: str | None, heads: str | None, swee
         words.append("--sweep")
     if prune:
         words.append("--prune")
-    if viewer_tokens != DEFAULT_VIEWER_TOKENS:
+    if viewer_tokens is not None:
         words += ["--viewer-tokens", str(viewer_tokens)]
     if seed:
         words += ["--seed", str(seed)]
@@ -68,14 +65,16 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 @click.option("--prune", is_flag=True, help="also compute the pruning curve (Michel et al. 2019; slower)")
 @click.option("--out", "out", default="out/report.html", show_default=True, type=click.Path(),
               help="the HTML file to write (replaced atomically)")
-@click.option("--viewer-tokens", default=DEFAULT_VIEWER_TOKENS, show_default=True, type=click.IntRange(2, 256),
-              help="tokens of the sample text in the viewer and thumbnails")
+@click.option("--viewer-tokens", default=None, type=click.IntRange(2, 1024),
+              help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
+                   "smaller models, so the file stays small]")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
 @click.option("--progress/--no-progress", default=False, help="progress bars on stderr")
 def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, progress) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens.reports import render_report
     from headlens.reports.render import check_output_path
+    from headlens.reports.viewer import default_viewer_tokens
 
     from headlens.classify import classify_heads
     from headlens.heads import parse_heads
@@ -102,12 +101,13 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
         from headlens.prune import prune_curve
 
         pruning = prune_curve(loaded, text=text, seed=seed, progress=progress)
+    n_sample = viewer_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)
     model_info = {"name": loaded.name, "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_head": spec.d_head,
                   "d_model": spec.d_model, "n_ctx": spec.n_ctx, "n_params": spec.n_params}
     path = render_report(
         out, model_info=model_info, heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
         validation=validation,
-        training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), viewer_tokens),
+        training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
         command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed),
         text_label=text_path or "held-out text shipped with the tiny model (headlens.probes.default_text)")
     click.echo(f"wrote {path}")

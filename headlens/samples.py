@@ -30,25 +30,33 @@ class _KeepPatterns(Reducer):
         self.patterns[layer] = pattern[0].detach().float().cpu().clone()  # [head, q_pos, k_pos]
 
 
-def sample_patterns(loaded, text: str, max_tokens: int = 64) -> dict:
+def sample_patterns(loaded, text: str, max_tokens: int = 64, *, repeat: bool = False) -> dict:
     """Tokenize `text` (BOS first), keep the first `max_tokens` tokens, capture every head's pattern.
+
+    With `repeat=True` the sample is BOS + the first (max_tokens - 1) // 2 text tokens, twice: on the
+    second copy induction heads attend to the token after the earlier occurrence (Olsson et al. 2022's
+    repeated-sequence probe), so their pattern shows in a thumbnail.
 
     Returns a dict:
     - `tokens`: list[str], each token decoded on its own (BOS included, as the model sees it);
     - `patterns`: float tensor [n_layers, n_heads, pos, pos] (post-softmax, rows sum to 1);
     - `n_tokens_total`: tokens the whole text has (BOS included), so callers can say it was cut;
-    - `text`: the text itself (the report quotes its start).
+    - `text`: the text itself, or with `repeat` the repeated sample (the report quotes its start);
+    - `repeated`: whether the sample is a repeated segment.
     """
     if not isinstance(max_tokens, int) or max_tokens < MIN_SAMPLE_TOKENS:
         raise ConfigError(f"max_tokens must be an integer >= {MIN_SAMPLE_TOKENS}, got {max_tokens!r}")
     text = check_text(text, "sample text")
     tokenizer = loaded.tokenizer
-    body = tokenizer(text, add_special_tokens=False)["input_ids"]
-    ids = [loaded.bos_token_id] + list(body)
-    if len(ids) < MIN_SAMPLE_TOKENS:
+    body = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not body:
         raise InputTextError("sample text has no tokens")
-    n_ctx = loaded.spec.n_ctx
-    kept = ids[: min(max_tokens, n_ctx)]
+    limit = min(max_tokens, loaded.spec.n_ctx)
+    if repeat:
+        half = body[: max(1, (limit - 1) // 2)]
+        body = half + half
+    ids = [loaded.bos_token_id] + body
+    kept = ids[:limit]
     input_ids = torch.tensor([kept], dtype=torch.long)  # [1, pos]
     mask = torch.ones_like(input_ids, dtype=torch.bool)  # [1, pos]
     keeper = _KeepPatterns()
@@ -58,5 +66,6 @@ def sample_patterns(loaded, text: str, max_tokens: int = 64) -> dict:
         "tokens": [tokenizer.decode([token]) for token in kept],
         "patterns": patterns,
         "n_tokens_total": len(ids),
-        "text": text,
+        "text": tokenizer.decode(kept[1:]) if repeat else text,
+        "repeated": repeat,
     }

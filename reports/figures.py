@@ -22,8 +22,6 @@ MAX_ANNOTATED_CELLS = 400
 # A rise of the best prefix-matching score (range 0..1) between two checkpoints that counts as a phase
 # change: REFERENCES records 0.04 -> 0.63 within ~125 steps; a run with no induction head drifts by ~0.001.
 PHASE_CHANGE_MIN_RISE = 0.1
-# Each token of a thumbnail becomes a THUMB_SCALE x THUMB_SCALE block of pixels.
-THUMB_SCALE = 4
 
 
 def png_uri(png: bytes) -> str:
@@ -145,11 +143,11 @@ def phase_change_step(log: pd.DataFrame) -> int | None:
     return int(log["step"].iloc[int(np.nanargmax(rises))])
 
 
-def thumbnail_uri(pattern: np.ndarray) -> str:
-    """A small image of one head's pattern [q_pos, k_pos] (dark = no attention), nearest-neighbour scaled."""
+def thumbnail_uri(pattern: np.ndarray, scale: int = 1) -> str:
+    """A small image of one head's pattern [q_pos, k_pos] (dark = no attention), each weight a scale x scale block."""
     import matplotlib.image
 
-    big = np.kron(np.clip(pattern, 0, 1), np.ones((THUMB_SCALE, THUMB_SCALE)))  # [q*s, k*s]
+    big = np.kron(np.clip(pattern, 0, 1), np.ones((scale, scale)))  # [q_pos * scale, k_pos * scale]
     buffer = io.BytesIO()
     matplotlib.image.imsave(buffer, big, cmap="magma", vmin=0.0, vmax=1.0, format="png")
     return png_uri(buffer.getvalue())

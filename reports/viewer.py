@@ -9,9 +9,22 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 
 import numpy as np
 from headlens.reports.sections import esc, labelled_heads, section
+
+# Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 64 tokens (~0.8 MB of base64),
+# which keeps its whole report under the issue's 5 MB; smaller models get longer samples for the same bytes.
+VIEWER_WEIGHT_BUDGET = 12 * 12 * 64 * 64
+# Longest default sample: beyond this the token row gets hard to read.
+VIEWER_MAX_TOKENS = 256
+
+
+def default_viewer_tokens(n_layers: int, n_heads: int, n_ctx: int) -> int:
+    """Sample length for the viewer: as many tokens as VIEWER_WEIGHT_BUDGET allows, capped."""
+    return max(2, min(n_ctx, VIEWER_MAX_TOKENS, math.isqrt(VIEWER_WEIGHT_BUDGET // (n_layers * n_heads))))
+
 
 # Characters that could end a <script> element or break a JS string when JSON sits inside HTML.
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -49,6 +62,10 @@ def viewer_section(viewer: dict, heads=None) -> str:
     shown = payload["pos"]
     cut = (f"The sample has {total} tokens; the viewer shows the first {shown} to keep this file small."
            if isinstance(total, int) and total > shown else f"The viewer shows all {shown} tokens of the sample.")
+    if viewer.get("repeated"):
+        cut = (f"The sample is the start of the text, then the same tokens again ({shown} tokens in all, capped to "
+               "keep this file small): on the second copy, induction heads look at the token that followed the "
+               "current one the first time.")
     body = f"""<p>Click a token: every head's attention <em>from</em> that token over the sequence appears in the
 grid (one strip per head, layer by row, each strip scaled to its own maximum, brighter = more attention), and
 the chosen head's weights colour the tokens (hover a token for its weight). Click a grid cell or use the menu

@@ -18,7 +18,7 @@ def run(*args: str):
 
 
 def test_reproduce_command_round_trips_through_the_shell():
-    command = reproduce_command("my model", "a b.txt", "0.1,1.2", True, False, "out/r.html", 64, 3)
+    command = reproduce_command("my model", "a b.txt", "0.1,1.2", True, False, "out/r.html", None, 3)
     assert shlex.split(command) == ["headlens", "report", "my model", "--text", "a b.txt", "--heads", "0.1,1.2",
                                     "--sweep", "--seed", "3", "--out", "out/r.html"]
 

@@ -308,6 +308,25 @@ def test_sample_patterns_match_hf_eager_attention(small_model):
     assert torch.allclose(sample["patterns"], reference, atol=PATTERN_ATOL)
 
 
+def test_repeated_sample_is_the_start_twice(small_model):
+    from headlens.samples import sample_patterns
+
+    sample = sample_patterns(small_model, "one two three four five six seven eight nine ten", 9, repeat=True)
+    tokens = sample["tokens"]
+    assert len(tokens) == 9 and sample["repeated"]
+    assert tokens[1:5] == tokens[5:9]
+    assert "".join(tokens[1:5]) == "one two three four"
+
+
+def test_default_viewer_tokens_fit_the_budget():
+    from headlens.reports.viewer import VIEWER_WEIGHT_BUDGET, default_viewer_tokens
+
+    assert default_viewer_tokens(12, 12, 1024) == 64  # GPT-2 small: the capped sample
+    n = default_viewer_tokens(3, 4, 256)
+    assert 3 * 4 * n * n <= VIEWER_WEIGHT_BUDGET < 3 * 4 * (n + 1) ** 2
+    assert default_viewer_tokens(1, 1, 50) == 50  # never beyond the context
+
+
 def test_sample_patterns_errors(small_model):
     from headlens.errors import ConfigError, InputTextError
     from headlens.samples import sample_patterns
