@@ -41,7 +41,7 @@ def format_cell(value) -> tuple[str, str]:
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "", "-inf"
-        return (f"{value:.3g}" if abs(value) < 1e-3 and value != 0 else f"{value:.3f}"), repr(float(value))
+        return (f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"), repr(float(value))
     if isinstance(value, (int, np.integer)):
         return str(value), str(int(value))
     return str(value), str(value)
