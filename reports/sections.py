@@ -119,7 +119,7 @@ def label_frame(heads: pd.DataFrame) -> pd.DataFrame:
     """The label table: head, labels, then every score column present (evidence columns left out)."""
     frame = heads.sort_values(["layer", "head"]).reset_index(drop=True)
     out = pd.DataFrame({"head": [f"{layer}.{head}" for layer, head in zip(frame["layer"], frame["head"], strict=True)]})
-    out["labels"] = frame["labels"].map(lambda v: ", ".join(v) if len(v) else "-") if "labels" in frame else "-"
+    out["labels"] = frame["labels"].map(lambda v: ", ".join(label_list(v)) or "-") if "labels" in frame else "-"
     extra = ["positional_offset"] + [info.column for info in explain.SCORES]
     for column in extra:
         if column in frame:
@@ -132,7 +132,16 @@ def labelled_heads(heads: pd.DataFrame | None) -> list[tuple[int, int, list[str]
     if heads is None or "labels" not in heads:
         return []
     frame = heads.sort_values(["layer", "head"])
-    return [(int(r.layer), int(r.head), list(r.labels)) for r in frame.itertuples() if len(r.labels)]
+    return [(int(r.layer), int(r.head), label_list(r.labels)) for r in frame.itertuples() if label_list(r.labels)]
+
+
+def label_list(value) -> list[str]:
+    """Labels as a list: classify_heads gives a list; a frame read back from CSV/JSON may hold "a,b" or NaN."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.strip("[]").replace("'", "").split(",") if part.strip()]
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [str(v) for v in value]
+    return []
 
 
 def thumbnails_section(heads: pd.DataFrame | None, viewer: dict) -> str:

@@ -22,7 +22,8 @@ import pytest
 pytestmark = pytest.mark.browser
 
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--no-first-run", "--window-size=1280,1600"]
+                "--disable-component-update", "--no-first-run", "--window-size=1280,1600",
+                "--disable-dev-shm-usage"]  # containers often have a tiny /dev/shm
 # A figure region counts as drawn if its pixels vary: a blank region has std 0 (a flat colour).
 MIN_PIXEL_STD = 10.0
 # The viewer stores weights to 1/255 and the CSS alpha is printed with 3 decimals.

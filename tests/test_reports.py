@@ -135,6 +135,12 @@ def test_table_keeps_int_columns_and_numeric_sort_keys():
 
 # Thumbnails and viewer
 
+def test_labels_read_back_from_csv_are_understood():
+    assert sections.label_list("previous_token,induction") == ["previous_token", "induction"]
+    assert sections.label_list("['first_token']") == ["first_token"]
+    assert sections.label_list(float("nan")) == [] and sections.label_list("") == []
+
+
 def test_thumbnails_one_per_labelled_head():
     html = sections.thumbnails_section(heads_frame(), viewer_dict())
     assert img_count(html) == 1 and "0.1: previous_token" in html
