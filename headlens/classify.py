@@ -150,6 +150,27 @@ def label_head(scores: dict, config: ClassifyConfig) -> list[str]:
     return [label for label in LABELS if label in labels]
 
 
+def stream_heads(model, batches, reducers, progress: bool = False, desc: str = "capture") -> None:
+    """run_capture without the LM head: scoring needs patterns and z, not logits, and a
+    [batch, pos, d_vocab] logits tensor (8 x 1024 x 50257 floats = 1.6 GB on GPT-2) would be
+    the largest thing in memory. A TransformerBridge goes through run_capture unchanged."""
+    from headlens.capture import capture_hooks, is_bridge, run_capture
+
+    if is_bridge(model):
+        run_capture(model, batches, reducers, progress=progress, desc=desc)
+        return
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(list(batches), desc=desc, unit="batch", leave=False)
+    device = next(model.parameters()).device
+    batch_ref: list = [None]
+    with torch.no_grad(), capture_hooks(model, reducers, batch_ref):
+        for batch in batches:
+            batch_ref[0] = batch
+            model.transformer(input_ids=batch.input_ids.to(device), attention_mask=batch.mask.long().to(device))
+
+
 def _resolve_text(text: str | None) -> str:
     from headlens import probes
 
@@ -170,7 +191,7 @@ def _token_range(loaded, config: ClassifyConfig) -> tuple[int, int]:
 
 def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
     """Natural-text windows -> positional scores (into `rows`); returns probe facts."""
-    from headlens.capture import iter_batches, run_capture
+    from headlens.capture import iter_batches
     from headlens.probes import text_windows
     from headlens.scores.positional import (
         ArgmaxOffsetReducer,
@@ -186,8 +207,8 @@ def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
     n, h = spec.n_layers, spec.n_heads
     prev, cur, first = prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h)
     argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset)
-    run_capture(loaded.model, iter_batches(windows, config.batch_size, pad_id=bos), [prev, cur, first, argmax],
-                progress=progress, desc="text")
+    stream_heads(loaded.model, iter_batches(windows, config.batch_size, pad_id=bos), [prev, cur, first, argmax],
+                 progress=progress, desc="text")
     offset, share = argmax.result()
     rows.update(prev_token_score=prev.result(), prev_token_std=prev.seq_std(), current_token_score=cur.result(),
                 current_token_std=cur.seq_std(), first_token_score=first.result(),
@@ -198,7 +219,7 @@ def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
 
 def _score_repeats(loaded, config, progress, rows) -> dict:
     """Repeated random tokens -> duplicate-token, prefix-matching, copying scores (into `rows`)."""
-    from headlens.capture import iter_batches, run_capture
+    from headlens.capture import iter_batches
     from headlens.probes import fit_repeats, repeated_random_tokens
     from headlens.scores.copying import CopyingReducer
     from headlens.scores.duplicate import duplicate_token_reducer
@@ -212,8 +233,8 @@ def _score_repeats(loaded, config, progress, rows) -> dict:
     n, h = spec.n_layers, spec.n_heads
     dup, prefix = duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
     copying = CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))
-    run_capture(loaded.model, iter_batches(tokens, config.batch_size), [dup, prefix, copying],
-                progress=progress, desc="repeats")
+    stream_heads(loaded.model, iter_batches(tokens, config.batch_size), [dup, prefix, copying],
+                 progress=progress, desc="repeats")
     rows.update(duplicate_token_score=dup.result(), duplicate_token_std=dup.seq_std(),
                 prefix_matching_score=prefix.result(), prefix_matching_std=prefix.seq_std(),
                 copying_score=copying.result(), copying_std=copying.std())

@@ -178,3 +178,18 @@ def test_cli_unwritable_out_fails_before_work_and_keeps_old_files(small_model_di
     result = _run([str(small_model_dir), "--text", str(text_file), "--out", str(out), "--threshold", "x=1"])
     assert result.exit_code == 2
     assert (out / "heads.csv").read_text() == "old results"
+
+
+def test_cli_report_writes_html_with_the_heads(small_model_dir, text_file, tmp_path):
+    report = tmp_path / "report.html"
+    result = _run([str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2",
+                   "--no-needles", "--report", str(report), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    html = report.read_text(encoding="utf-8")
+    assert html.lstrip().lower().startswith("<!doctype html") and "prefix_matching" in html
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_cli_report_to_a_directory_fails_before_work(small_model_dir, text_file, tmp_path):
+    result = _run([str(small_model_dir), "--text", str(text_file), "--report", str(tmp_path)])
+    assert result.exit_code == 2 and "is a directory" in result.stderr

@@ -31,19 +31,30 @@ from headlens.capture import Batch, Reducer
 FLAT_LOGITS_RTOL = 1e-5
 
 
-def unembedding_stats(model) -> dict[str, torch.Tensor]:
-    """Mean row, covariance and rms of the unembedding, and ln_f's gain, of a HF GPT-2 (float64)."""
-    w_u = model.lm_head.weight.detach().double()  # [d_vocab, d_model]
-    mean = w_u.mean(0)  # [d_model]
-    cov = w_u.T @ w_u / w_u.shape[0] - torch.outer(mean, mean)  # [d_model, d_model]
-    return {"w_u": w_u, "mean": mean, "cov": cov, "rms": w_u.pow(2).mean().sqrt(),
+def unembedding_stats(model, chunk: int = 4096) -> dict[str, torch.Tensor]:
+    """Mean row, covariance and rms of the unembedding, and ln_f's gain, of a HF GPT-2.
+
+    Accumulated in float64 over chunks of rows, so no float64 copy of [d_vocab, d_model] is made;
+    `w_u` is the model's own weight (rows are gathered and promoted on use).
+    """
+    w_u = model.lm_head.weight.detach()  # [d_vocab, d_model]
+    d_vocab, d_model = w_u.shape
+    total = torch.zeros(d_model, dtype=torch.float64)  # [d_model]
+    gram = torch.zeros(d_model, d_model, dtype=torch.float64)  # [d_model, d_model]
+    for start in range(0, d_vocab, chunk):
+        rows = w_u[start : start + chunk].double()  # [chunk, d_model]
+        total += rows.sum(0)
+        gram += rows.T @ rows
+    mean = total / d_vocab  # [d_model]
+    cov = gram / d_vocab - torch.outer(mean, mean)  # [d_model, d_model]
+    return {"w_u": w_u, "mean": mean, "cov": cov, "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
             "gamma": model.transformer.ln_f.weight.detach().double()}
 
 
 def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> torch.Tensor:
     """copying(q) for head outputs out [n, d_model] and attended tokens [n] -> [n] in [-1, 1]."""
     u = (out.double() - out.double().mean(-1, keepdim=True)) * stats["gamma"]  # [n, d_model]
-    target = (u * stats["w_u"][tokens]).sum(-1)  # [n] l[t*]
+    target = (u * stats["w_u"][tokens].double()).sum(-1)  # [n] l[t*]
     mean = u @ stats["mean"]  # [n] mean(l)
     var = ((u @ stats["cov"]) * u).sum(-1).clamp(min=0)  # [n] var(l)
     std = var.sqrt()

@@ -1,0 +1,158 @@
+"""Classify scores vs TransformerLens detect_head, side by side on the GPT-2-small shape.
+
+  ours  headlens: every pattern score classify computes for all 144 heads in one streamed pass
+        (prev/current/first-token, Voita argmax offset, duplicate-token, prefix matching with its
+        "mul" form, copying from z through W_O and the unembedding), no logits, no cache
+  tl    three `transformer_lens.head_detector.detect_head` calls (previous_token_head,
+        duplicate_token_head, induction_head) on the same prompts: each runs run_with_cache per
+        prompt and loops head by head
+
+Same token sequences: N_PROMPTS passages of the tiny model's held-out text, each repeated twice
+(so duplicate and induction targets exist), BOS prepended as detect_head's to_tokens does; the
+child running TL checks to_tokens gives exactly these ids. The numbers are compared: our
+mul-form previous-token / duplicate / induction scores against detect_head's (max |diff|).
+
+Memory: each side in a fresh subprocess, model (and bridge) built first, one warm-up pass, then
+the kernel's RSS high-water mark is reset (`echo 5 > /proc/self/clear_refs`) and the side runs
+`--repeats` times; added peak = VmHWM - VmRSS at the reset. Time: median of the repeats.
+
+    nice -n 10 .venv/bin/python benchmarks/bench_classify.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+N_PROMPTS = 8
+PASSAGE_CHARS = 600  # ~130 GPT-2 tokens per copy: 2 copies + BOS stay well under n_ctx
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> int:
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+    return _status_kb("VmRSS")
+
+
+def prompts() -> list[str]:
+    from headlens.probes import default_text
+
+    text = default_text()
+    return [text[i * PASSAGE_CHARS : (i + 1) * PASSAGE_CHARS] * 2 for i in range(N_PROMPTS)]
+
+
+def _ours(loaded, sequences):
+    import torch
+
+    from headlens.capture import iter_batches
+    from headlens.classify import stream_heads
+    from headlens.scores.copying import CopyingReducer
+    from headlens.scores.duplicate import duplicate_token_reducer
+    from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
+    from headlens.scores.positional import (
+        ArgmaxOffsetReducer,
+        current_token_reducer,
+        first_token_reducer,
+        prev_token_reducer,
+    )
+
+    n, h = loaded.spec.n_layers, loaded.spec.n_heads
+
+    def step():
+        prev, dup, prefix = prev_token_reducer(n, h), duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
+        others = [current_token_reducer(n, h), first_token_reducer(n, h), ArgmaxOffsetReducer(n, h),
+                  CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))]
+        stream_heads(loaded.model, iter_batches(sequences, 4, pad_id=loaded.bos_token_id), [prev, dup, prefix, *others])
+        return {"previous_token_head": prev.mul_score(), "duplicate_token_head": dup.mul_score(),
+                "induction_head": prefix.mul_score(), "copying": others[-1].result()}
+
+    torch.set_num_threads(2)
+    return step
+
+
+def _tl(loaded, sequences, texts):
+    import torch
+    from transformer_lens.head_detector import detect_head
+
+    from headlens.models import boot_bridge
+
+    bridge = boot_bridge(loaded)
+    for text, seq in zip(texts, sequences, strict=True):
+        assert bridge.to_tokens(text)[0].tolist() == seq, "detect_head would see other tokens"
+
+    def step():
+        with torch.no_grad():
+            return {name: detect_head(bridge, texts, name)
+                    for name in ("previous_token_head", "duplicate_token_head", "induction_head")}
+
+    return step
+
+
+def run_side(side: str, repeats: int) -> dict:
+    import torch
+
+    from headlens.models import build_model
+
+    torch.set_num_threads(2)
+    loaded = build_model(None, seed=0)  # GPT2Config(): 12 layers x 12 heads, d_model 768, random weights
+    texts = prompts()
+    sequences = [[loaded.bos_token_id] + loaded.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    step = _ours(loaded, sequences) if side == "ours" else _tl(loaded, sequences, texts)
+    if side == "tl":
+        del loaded  # the bridge holds its own copy: one set of weights on each side
+    step()  # warm-up
+    base_kb = _reset_peak()
+    times, scores = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        scores = step()
+        times.append(time.perf_counter() - start)
+    return {"side": side, "seconds": statistics.median(times), "times": times,
+            "added_peak_mb": (_status_kb("VmHWM") - base_kb) / 1024, "base_rss_mb": base_kb / 1024,
+            "tokens": [len(s) for s in sequences], "scores": {k: v.tolist() for k, v in scores.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2, help="timed passes per side")
+    parser.add_argument("--side", choices=["ours", "tl"], help=argparse.SUPPRESS)  # child mode
+    args = parser.parse_args()
+    if args.side:
+        print(json.dumps(run_side(args.side, args.repeats)))
+        return
+    import torch
+
+    res = {}
+    for side in ("ours", "tl"):
+        out = subprocess.run([sys.executable, __file__, "--side", side, "--repeats", str(args.repeats)],
+                             capture_output=True, text=True, check=True)
+        res[side] = json.loads(out.stdout.strip().splitlines()[-1])
+    ours, tl = res["ours"], res["tl"]
+    diffs = {name: (torch.tensor(ours["scores"][name]) - torch.tensor(tl["scores"][name])).abs().max().item()
+             for name in tl["scores"]}
+    print(f"GPT-2-small shape (GPT2Config(), seed 0, random weights), {N_PROMPTS} prompts of "
+          f"{min(ours['tokens'])}-{max(ours['tokens'])} tokens, float32, 2 threads, median of {args.repeats}")
+    print(f"{'side':<6} {'seconds':>8} {'added peak MB':>14} {'base RSS MB':>12}  passes")
+    for side in ("ours", "tl"):
+        r = res[side]
+        print(f"{side:<6} {r['seconds']:>8.2f} {r['added_peak_mb']:>14.0f} {r['base_rss_mb']:>12.0f}  "
+              f"{[round(t, 2) for t in r['times']]}")
+    print(f"speed-up tl/ours = {tl['seconds'] / ours['seconds']:.2f}x (target >= 3); "
+          f"added peak ours/tl = {ours['added_peak_mb'] / tl['added_peak_mb']:.3f} (target <= 0.5)")
+    print("max |ours mul - detect_head|: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+
+
+if __name__ == "__main__":
+    main()
