@@ -1,0 +1,133 @@
+"""headlens.prune: Michel et al.'s importance against finite differences, the pruning curve's
+end points against Hugging Face's own loss and a whole-z hook, and the +5% count."""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+import pytest
+import torch
+
+from headlens.attribution import head_importance, normalize_by_layer
+from headlens.errors import ConfigError, InputTextError
+from headlens.evalset import EvalSet, text_evalset
+from headlens.prune import heads_within, prune_curve
+
+# Loss of one float32 forward vs another implementation of the same forward (HF's own loss).
+SAME_LOSS_ATOL = 1e-5
+# Gradient by autograd (float32) vs central finite difference on a float64 copy (eps 1e-4).
+FD_RTOL, FD_ATOL = 1e-3, 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small models run op by op: one thread avoids OpenMP stalls on the loaded shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def strong_model():
+    """2 layers x 4 heads, init std 0.2: heads move the loss by 1e-2..1 nats."""
+    from transformers import GPT2Config
+
+    from headlens.models import build_model
+
+    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64, initializer_range=0.2)
+    return build_model(config, seed=1, name="strong-random")
+
+
+def sample_text(n_words: int = 260, seed: int = 0) -> str:
+    words = ("the of and to in is was that for on as with by he at from his it an were are which this be "
+             "time river city king water light house people small great old new world night year").split()
+    gen = torch.Generator().manual_seed(seed)
+    return " ".join(words[i] for i in torch.randint(0, len(words), (n_words,), generator=gen).tolist()) + "."
+
+
+def _gated_seq_losses(model, evalset: EvalSet, layer: int, head: int, value: float) -> torch.Tensor:
+    """Per-sequence mean counted loss with head (layer, head)'s z scaled by `value`: [n_seq],
+    in the model's dtype (token_losses would round float64 logits to float32)."""
+    def hook(module, args):
+        z = args[0].view(*args[0].shape[:-1], 4, -1).clone()  # [batch, pos, head, d_head]
+        z[:, :, head] *= value
+        return (z.view(args[0].shape),)
+
+    handle = model.transformer.h[layer].attn.c_proj.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long()).logits
+    finally:
+        handle.remove()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)  # [n_seq, pos-1, d_vocab]
+    losses = -logp.gather(-1, evalset.input_ids[:, 1:, None])[..., 0]  # [n_seq, pos-1]
+    losses = torch.where(evalset.counted, losses, torch.zeros_like(losses))
+    return losses.sum(-1) / evalset.counted.sum(-1)
+
+
+def test_importance_matches_finite_differences(strong_model):
+    evalset = text_evalset(strong_model, sample_text(200))
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    ours = head_importance(strong_model.model, evalset, keep)  # [layer, head]
+    model64 = copy.deepcopy(strong_model.model).double()
+    eps = 1e-4
+    fd = torch.zeros(2, 4, dtype=torch.float64)
+    for layer in range(2):
+        for head in range(4):
+            up = _gated_seq_losses(model64, evalset, layer, head, 1 + eps)
+            down = _gated_seq_losses(model64, evalset, layer, head, 1 - eps)
+            fd[layer, head] = ((up - down) / (2 * eps)).abs().mean()  # Michel: E_x |dL(x)/dxi|
+    assert fd.max() > 1e-2  # gates matter
+    assert torch.allclose(ours.double(), fd, rtol=FD_RTOL, atol=FD_ATOL)
+
+
+def test_normalize_by_layer_gives_unit_norm_over_kept_heads():
+    importance = torch.tensor([[3.0, 4.0, 1.0], [1.0, 1.0, 1.0]])
+    keep = torch.tensor([[True, True, False], [True, True, True]])
+    normed = normalize_by_layer(importance, keep)
+    assert torch.allclose(normed[0], torch.tensor([0.6, 0.8, 0.0]))
+    assert torch.allclose(normed.norm(dim=1), torch.ones(2))
+
+
+def test_prune_curve(strong_model):
+    text = sample_text()
+    curve = prune_curve(strong_model, text=text)
+    assert list(curve.columns) == ["step", "n_removed", "fraction_removed", "heads_removed", "loss"]
+    assert curve.n_removed.tolist() == list(range(9))  # round(10% of 8) = 1 head per step
+    assert curve.fraction_removed.iloc[-1] == 1.0
+    removed = [set(filter(None, s.split(","))) for s in curve.heads_removed]
+    assert all(a < b for a, b in zip(removed, removed[1:], strict=False))  # each step adds heads
+
+    # Step 0 = Hugging Face's own mean loss on the evaluation windows.
+    evalset = text_evalset(strong_model, text)
+    labels = evalset.input_ids.masked_fill(~evalset.mask, -100)
+    with torch.no_grad():
+        hf = strong_model.model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(), labels=labels).loss
+    assert abs(curve.loss.iloc[0] - float(hf)) < SAME_LOSS_ATOL
+
+    # Last step = every layer's whole z zeroed.
+    handles = [block.attn.c_proj.register_forward_pre_hook(lambda m, a: (torch.zeros_like(a[0]),))
+               for block in strong_model.model.transformer.h]
+    try:
+        with torch.no_grad():
+            zeroed = strong_model.model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(),
+                                        labels=labels).loss
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert abs(curve.loss.iloc[-1] - float(zeroed)) < SAME_LOSS_ATOL
+
+
+def test_heads_within():
+    curve = pd.DataFrame({"n_removed": [0, 2, 4, 6, 8], "loss": [2.0, 2.05, 2.09, 2.2, 2.08]})
+    assert heads_within(curve) == 4  # 2.2 > 2.1 stops the count, even though 8 comes back under
+    assert heads_within(curve, tolerance=0.2) == 8
+
+
+def test_errors(strong_model):
+    with pytest.raises(ConfigError, match="step_fraction"):
+        prune_curve(strong_model, text=sample_text(), step_fraction=0)
+    with pytest.raises(InputTextError, match="second window"):
+        prune_curve(strong_model, text="the" + " the" * 62)  # exactly one 64-token window
