@@ -32,13 +32,13 @@ PRINTABLE = (32, 127)  # printable ASCII byte ids [low, high): "looks like text"
 class TrainConfig:
     """Every setting of the tiny-model recipe. Defaults are the shipped model's run."""
 
-    steps: int = 2000  # optimizer steps
+    steps: int = 3000  # optimizer steps
     seed: int = 0  # seeds weights, data order, synthetic episodes and probes
     n_layers: int = 3  # transformer blocks (induction needs >= 2: Olsson et al.)
     n_heads: int = 4  # heads per block
-    d_model: int = 128  # residual width; d_head = d_model / n_heads = 32
+    d_model: int = 64  # residual width; d_head = d_model / n_heads = 16
     n_ctx: int = 256  # context length, BOS included
-    batch_size: int = 16  # sequences per step (16 x 256 tokens: ~0.6 s per step on 2 idle cores)
+    batch_size: int = 16  # sequences per step (16 x 256 tokens)
     lr: float = 3e-3  # peak learning rate (AdamW)
     warmup_steps: int = 50  # linear warmup from 0
     decay_share: float = 0.2  # the last share of steps decays lr linearly to lr * final_lr_share
@@ -54,7 +54,7 @@ class TrainConfig:
     probe_seqs: int = 16  # repeated-random-token probe sequences per evaluation
     probe_seq_len: int = 100  # length of each copy in [BOS, c, c]; 1 + 2 * len <= n_ctx
     probe_seed: int = 1234  # the probe set is fixed across checkpoints and seeds
-    threads: int = 2  # torch CPU threads (determinism holds for a fixed count)
+    threads: int = 1  # torch CPU threads (determinism holds for a fixed count; 1 wastes least on a busy machine)
 
     def __post_init__(self):
         def need(ok: bool, name: str, rule: str):
@@ -255,62 +255,81 @@ def train_tiny(out_dir, steps: int | None = None, seed: int | None = None, progr
     final model, tokenizer and train_config.json land in out_dir itself.
     Deterministic on CPU for a given seed and thread count.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from headlens.models import LoadedModel, build_model, save_model, spec_of
-
     config = config or TrainConfig()
     config = replace(config, **{k: v for k, v in (("steps", steps), ("seed", seed)) if v is not None})
     out_dir = _prepare_out_dir(out_dir)
+    threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
-    # 1) model, data, probes
-    tokenizer = byte_tokenizer()
-    loaded = build_model(_gpt2_config(config, tokenizer), seed=config.seed, tokenizer=tokenizer, name="tiny")
-    model, corpus, probes = loaded.model, load_corpus(), build_probes(tokenizer, config)
-    gen = torch.Generator().manual_seed(config.seed)
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        (decay if param.dim() >= 2 and "wpe" not in name else no_decay).append(param)
-    optim = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
-    (out_dir / "train_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
-    log_rows, head_rows, pending, start = [], [], [], time.perf_counter()
-
-    def checkpoint(step: int) -> None:
-        row, heads = evaluate(model, probes, config)
-        train_loss = sum(pending) / len(pending) if pending else float("nan")
-        pending.clear()
-        log_rows.append({"step": step, "tokens_seen": step * config.batch_size * config.n_ctx,
-                         "train_loss": train_loss, **row, "lr": lr_at(max(step - 1, 0), config),
-                         "elapsed_s": time.perf_counter() - start})
-        head_rows.extend({"step": step, **h} for h in heads)
-        _save_quietly(lambda: model.save_pretrained(out_dir / "checkpoints" / f"step_{step:05d}"))
-        _write_csv(pd.DataFrame(log_rows, columns=LOG_COLUMNS), out_dir / "training_log.csv")
-        _write_csv(pd.DataFrame(head_rows, columns=HEAD_COLUMNS), out_dir / "training_heads.csv")
-
-    # 2) train, checkpointing at step 0 (the random model) and every checkpoint_every steps
-    checkpoint(0)
-    bar = tqdm(range(config.steps), desc="train-tiny", unit="step", disable=not progress)
-    for step in bar:
-        model.train()
-        for group in optim.param_groups:
-            group["lr"] = lr_at(step, config)
-        ids = sample_batch(corpus, config, gen, tokenizer.bos_token_id)  # [batch, n_ctx]
-        loss = model(input_ids=ids, labels=ids).loss
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optim.step()
-        pending.append(loss.item())
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-            checkpoint(step + 1)
-    # 3) the final model in Hugging Face format
-    model.eval()
-    _save_quietly(lambda: save_model(LoadedModel(model=model, tokenizer=tokenizer, spec=spec_of(model), name="tiny"),
-                                     out_dir))
+    try:
+        _TrainingRun(out_dir, config).run(progress)
+    finally:
+        torch.set_num_threads(threads)
     return out_dir
+
+
+class _TrainingRun:
+    """Model, optimizer, data and log of one run; `run` trains and checkpoints."""
+
+    def __init__(self, out_dir: Path, config: TrainConfig):
+        from headlens.models import build_model
+
+        self.out_dir, self.config = out_dir, config
+        self.tokenizer = byte_tokenizer()
+        loaded = build_model(_gpt2_config(config, self.tokenizer), seed=config.seed, tokenizer=self.tokenizer,
+                             name="tiny")
+        self.model, self.corpus = loaded.model, load_corpus()
+        self.probes = build_probes(self.tokenizer, config)
+        self.gen = torch.Generator().manual_seed(config.seed)
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            (decay if param.dim() >= 2 and "wpe" not in name else no_decay).append(param)
+        self.optim = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                        {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
+        self.log_rows, self.head_rows, self.pending = [], [], []
+        self.start = time.perf_counter()
+
+    def run(self, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        from headlens.models import LoadedModel, save_model, spec_of
+
+        config, model = self.config, self.model
+        (self.out_dir / "train_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
+        self.checkpoint(0)  # the random model
+        bar = tqdm(range(config.steps), desc="train-tiny", unit="step", disable=not progress)
+        for step in bar:
+            model.train()
+            for group in self.optim.param_groups:
+                group["lr"] = lr_at(step, config)
+            ids = sample_batch(self.corpus, config, self.gen, self.tokenizer.bos_token_id)  # [batch, n_ctx]
+            loss = model(input_ids=ids, labels=ids).loss
+            self.optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            self.optim.step()
+            self.pending.append(loss.item())
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                self.checkpoint(step + 1)
+        model.eval()
+        final = LoadedModel(model=model, tokenizer=self.tokenizer, spec=spec_of(model), name="tiny")
+        _save_quietly(lambda: save_model(final, self.out_dir))
+
+    def checkpoint(self, step: int) -> None:
+        """Evaluate, save the weights, append the log rows and rewrite both CSVs atomically."""
+        import pandas as pd
+
+        config = self.config
+        row, heads = evaluate(self.model, self.probes, config)
+        train_loss = sum(self.pending) / len(self.pending) if self.pending else float("nan")
+        self.pending.clear()
+        self.log_rows.append({"step": step, "tokens_seen": step * config.batch_size * config.n_ctx,
+                              "train_loss": train_loss, **row, "lr": lr_at(max(step - 1, 0), config),
+                              "elapsed_s": time.perf_counter() - self.start})
+        self.head_rows.extend({"step": step, **h} for h in heads)
+        _save_quietly(lambda: self.model.save_pretrained(self.out_dir / "checkpoints" / f"step_{step:05d}"))
+        _write_csv(pd.DataFrame(self.log_rows, columns=LOG_COLUMNS), self.out_dir / "training_log.csv")
+        _write_csv(pd.DataFrame(self.head_rows, columns=HEAD_COLUMNS), self.out_dir / "training_heads.csv")
 
 
 def load_training_log(folder):
