@@ -30,6 +30,7 @@ import time
 
 N_PROMPTS = 8
 PASSAGE_CHARS = 600  # ~130 GPT-2 tokens per copy: 2 copies + BOS stay well under n_ctx
+BATCH = 1  # sequences per forward: detect_head runs one prompt at a time, so do we
 
 
 def _status_kb(field: str) -> int:
@@ -74,7 +75,7 @@ def _ours(loaded, sequences):
         prev, dup, prefix = prev_token_reducer(n, h), duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
         others = [current_token_reducer(n, h), first_token_reducer(n, h), ArgmaxOffsetReducer(n, h),
                   CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))]
-        stream_heads(loaded.model, iter_batches(sequences, 4, pad_id=loaded.bos_token_id), [prev, dup, prefix, *others])
+        stream_heads(loaded.model, iter_batches(sequences, BATCH, pad_id=loaded.bos_token_id), [prev, dup, prefix, *others])
         return {"previous_token_head": prev.mul_score(), "duplicate_token_head": dup.mul_score(),
                 "induction_head": prefix.mul_score(), "copying": others[-1].result()}
 

@@ -153,3 +153,35 @@ def test_copying_score_is_zero_for_an_output_the_unembedding_cannot_read():
     w_u[:, 4:] = -w_u[:, :4].sum(-1, keepdim=True) / 4  # keep rows centred, unembedding blind to out below
     out = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0, -1.0, 1.0, -1.0]], dtype=torch.float64)
     assert copying_per_query(out, torch.tensor([5]), _unembed_stats(w_u)).item() == 0.0
+
+
+# Float32 z-scores from the factored mean/variance vs full [n, d_vocab] logits: rounding only.
+COPYING_ATOL = 1e-4
+
+
+def test_copying_reducer_equals_brute_force_over_the_vocabulary(small_model):
+    """The streamed, factored copying score equals its definition computed from full logits."""
+    from headlens.capture import CollectPatterns, iter_batches, run_capture
+    from headlens.probes import repeated_random_tokens
+    from headlens.scores.copying import CopyingReducer
+
+    model, spec = small_model.model, small_model.spec
+    tokens = repeated_random_tokens(3, 10, 3, 1005, 10051, small_model.bos_token_id, seed=0)  # [3, 31]
+    query_fn = lambda b: prefix_matching_targets(b.input_ids).any(-1)  # noqa: E731
+    reducer, collect = CopyingReducer(model, query_fn), CollectPatterns(wants=("pattern", "z"))
+    run_capture(model, iter_batches(tokens, 3), [reducer, collect])
+    w_u = model.lm_head.weight.detach().double()  # [d_vocab, d_model]
+    gamma = model.transformer.ln_f.weight.detach().double()
+    scored = query_fn(Batch(tokens, torch.ones_like(tokens, dtype=torch.bool)))  # [batch, q_pos]
+    for layer in range(spec.n_layers):
+        pattern, z = collect.patterns[layer][0], collect.zs[layer][0]  # [b, h, q, k], [b, q, h, d_head]
+        w_o = model.transformer.h[layer].attn.c_proj.weight.detach().double().view(spec.n_heads, spec.d_head, -1)
+        for head in range(spec.n_heads):
+            values = []
+            for b, q in scored.nonzero().tolist():
+                key = int(pattern[b, head, q, 1:].argmax()) + 1
+                out = z[b, q, head].double() @ w_o[head]  # [d_model]
+                logits = ((out - out.mean()) * gamma) @ w_u.T  # [d_vocab], every logit
+                s = (logits[tokens[b, key]] - logits.mean()) / logits.std(unbiased=False)
+                values.append(torch.erf(s / math.sqrt(2)).item())
+            assert reducer.result()[layer, head].item() == pytest.approx(sum(values) / len(values), abs=COPYING_ATOL)

@@ -42,24 +42,32 @@ def unembedding_stats(model, chunk: int = 4096) -> dict[str, torch.Tensor]:
     total = torch.zeros(d_model, dtype=torch.float64)  # [d_model]
     gram = torch.zeros(d_model, d_model, dtype=torch.float64)  # [d_model, d_model]
     for start in range(0, d_vocab, chunk):
-        rows = w_u[start : start + chunk].double()  # [chunk, d_model]
-        total += rows.sum(0)
-        gram += rows.T @ rows
+        rows = w_u[start : start + chunk].float()  # [chunk, d_model]
+        total += rows.sum(0).double()
+        gram += (rows.T @ rows).double()  # float32 products per chunk, float64 running sum
     mean = total / d_vocab  # [d_model]
     cov = gram / d_vocab - torch.outer(mean, mean)  # [d_model, d_model]
-    return {"w_u": w_u, "mean": mean, "cov": cov, "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
-            "gamma": model.transformer.ln_f.weight.detach().double()}
+    return {"w_u": w_u, "mean": mean.float(), "cov": cov.float(), "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
+            "gamma": model.transformer.ln_f.weight.detach().float()}
 
 
 def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> torch.Tensor:
-    """copying(q) for head outputs out [n, d_model] and attended tokens [n] -> [n] in [-1, 1]."""
-    u = (out.double() - out.double().mean(-1, keepdim=True)) * stats["gamma"]  # [n, d_model]
-    target = (u * stats["w_u"][tokens].double()).sum(-1)  # [n] l[t*]
+    """copying(q) for head outputs out [n, d_model] and attended tokens [n] -> [n] in [-1, 1].
+
+    Computed in the dtype of `stats` (float32 in classify: a z-score needs no more)."""
+    dtype = stats["cov"].dtype
+    out = out.to(dtype)
+    u = (out - out.mean(-1, keepdim=True)) * stats["gamma"]  # [n, d_model]
+    target = (u * stats["w_u"][tokens].to(dtype)).sum(-1)  # [n] l[t*]
     mean = u @ stats["mean"]  # [n] mean(l)
-    var = ((u @ stats["cov"]) * u).sum(-1).clamp(min=0)  # [n] var(l)
-    std = var.sqrt()
-    flat = std <= FLAT_LOGITS_RTOL * u.norm(dim=-1) * stats["rms"] * math.sqrt(u.shape[-1])
-    score = torch.erf((target - mean) / std.clamp(min=1e-300) / math.sqrt(2.0))  # [n]
+    var = ((u @ stats["cov"]) * u).sum(-1).clamp(min=0)  # [n] var(l): [n, d_model] @ [d_model, d_model]
+    return _erf_score(target - mean, var.sqrt(), u, stats)
+
+
+def _erf_score(centred: torch.Tensor, std: torch.Tensor, u: torch.Tensor, stats: dict) -> torch.Tensor:
+    """erf(s / sqrt 2) with s = centred / std; 0 where the logits are flat (see FLAT_LOGITS_RTOL)."""
+    flat = std <= FLAT_LOGITS_RTOL * u.norm(dim=-1) * float(stats["rms"]) * math.sqrt(u.shape[-1])
+    score = torch.erf(centred / std.clamp(min=torch.finfo(std.dtype).tiny) / math.sqrt(2.0))  # [n]
     return score.masked_fill(flat, 0.0)
 
 
@@ -78,13 +86,14 @@ class CopyingReducer(Reducer):
         self.n_heads, self.d_head = cfg.n_head, cfg.n_embd // cfg.n_head
         self.stats = unembedding_stats(model)
         # W_O per head: c_proj (Conv1D, x @ W) rows are head-major
-        self.w_o = [blk.attn.c_proj.weight.detach().double().view(self.n_heads, self.d_head, -1)
-                    for blk in model.transformer.h]  # [head, d_head, d_model] per layer
+        self.w_o = [blk.attn.c_proj.weight.detach().view(self.n_heads, self.d_head, -1)
+                    for blk in model.transformer.h]  # [head, d_head, d_model] per layer (a view, no copy)
         self.query_fn = query_fn
         self.sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
         self.sq_sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
         self.counts = torch.zeros(cfg.n_layer, dtype=torch.long)  # [layer]
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
+        self._maps: dict[int, tuple] = {}
 
     def update(self, layer: int, batch: Batch, pattern=None, z=None) -> None:
         slot = self._pending.setdefault(layer, {})
@@ -102,14 +111,25 @@ class CopyingReducer(Reducer):
         b_idx, q_idx = scored.nonzero(as_tuple=True)  # [n], [n]
         keys = pattern[b_idx, :, q_idx, 1:].argmax(-1).cpu() + 1  # [n, head] BOS column excluded
         tokens = batch.input_ids[b_idx[:, None], keys]  # [n, head]
-        zq = z[b_idx, q_idx].double().cpu()  # [n, head, d_head]
-        out = torch.einsum("nhd,hdm->nhm", zq, self.w_o[layer])  # [n, head, d_model]
-        n, n_heads = tokens.shape
-        score = copying_per_query(out.reshape(n * n_heads, -1), tokens.reshape(-1), self.stats)
-        score = score.view(n, n_heads)  # [n, head]
+        zq = z[b_idx, q_idx].cpu().float()  # [n, head, d_head]
+        a, m_vec, m_cov = self._layer_maps(layer)
+        u = torch.einsum("nhd,hdm->nhm", zq, a)  # [n, head, d_model]: centred, ln_f-scaled outputs
+        target = (u * self.stats["w_u"][tokens].float()).sum(-1)  # [n, head] l[t*]
+        mean = torch.einsum("nhd,hd->nh", zq, m_vec)  # [n, head] mean(l)
+        var = (torch.einsum("nhd,hde->nhe", zq, m_cov) * zq).sum(-1).clamp(min=0)  # [n, head] z (A C A^T) z^T
+        score = _erf_score(target - mean, var.sqrt(), u, self.stats).double()  # [n, head]
         self.sums[layer] += score.sum(0)
         self.sq_sums[layer] += (score**2).sum(0)
-        self.counts[layer] += n
+        self.counts[layer] += len(b_idx)
+
+    def _layer_maps(self, layer: int):
+        """Per head A = centre(W_O) * gamma_f [d_head, d_model], A m [d_head] and A C A^T [d_head, d_head]:
+        mean and variance of the direct-path logits from z alone (d_head^2, not d_model^2, per query)."""
+        if layer not in self._maps:
+            w_o = self.w_o[layer].float()  # [head, d_head, d_model]
+            a = (w_o - w_o.mean(-1, keepdim=True)) * self.stats["gamma"]  # [head, d_head, d_model]
+            self._maps[layer] = (a, a @ self.stats["mean"], a @ self.stats["cov"] @ a.transpose(1, 2))
+        return self._maps[layer]
 
     def result(self) -> torch.Tensor:
         """Mean copying score, [n_layers, n_heads] (NaN where nothing was scored)."""
