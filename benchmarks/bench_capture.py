@@ -5,18 +5,20 @@ Variants (each in a fresh subprocess, so one variant's freed memory cannot hide 
   hf_trunk        (a') the same without the LM head (what capture runs; shows the hook overhead alone)
   capture_prev    (b) headlens run_capture with prev_token_reducer: prev_token_score of all 144 heads
   capture_diag    (b') the same statistic from a reducer that reads only the -1 diagonal (reducer cost)
+  capture_lean    (b'') (b) with run_capture(recompute_patterns=True): sdpa forward, pattern rebuilt in place
   bridge_patterns (c) TransformerLens bridge run_with_cache of every hook_pattern (names_filter)
   bridge_all      (c') bridge run_with_cache with no filter (TransformerLens's default: every hook)
 
 Peak memory: torch allocates on the C++ side, so tracemalloc sees none of it; we read the
-kernel's RSS high-water mark instead. Each subprocess builds the model, then (1) resets the mark
-(`echo 5 > /proc/self/clear_refs`, Linux >= 4.0) and runs a first pass: `first_pass_added_mb` =
-VmHWM - VmRSS at the reset, one-time costs (thread pools, kernel workspaces) included; (2) hands
-freed memory back to the kernel (gc + glibc malloc_trim: memory a pass frees but malloc keeps
-would otherwise sit in the baseline and hide the next pass's peak), resets the mark again and
-runs `--repeats` timed passes: `added_peak_mb`, the steady per-pass cost. Wall time: min and
-median of the timed passes (the machine is shared: min is the least disturbed run). Rounds
-alternate the variants so a change in load hits them all alike.
+kernel's RSS high-water mark instead. Each subprocess builds the model, hands set-up garbage back
+to the kernel (gc + glibc malloc_trim), resets the mark (`echo 5 > /proc/self/clear_refs`,
+Linux >= 4.0) and runs 1 + `--repeats` passes: added peak = VmHWM - VmRSS at the reset, over all
+passes. The reset comes before the first pass on purpose: memory a pass frees but malloc keeps
+would sit in a later baseline and hide the next pass's peak (we measured that: "steady-state"
+figures after a warm-up were unstable by +-150 MB and ranked the variants wrongly). One-time
+costs of a first pass (thread pools, kernel workspaces) are in every variant alike. Wall time:
+min and median of the passes after the first (the machine is shared: min is the least disturbed
+run). Rounds alternate the variants so a change in load hits them all alike.
 
     nice -n 10 .venv/bin/python benchmarks/bench_capture.py --rounds 3 --repeats 3
 """
@@ -30,7 +32,8 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ["hf_forward", "hf_trunk", "capture_prev", "capture_diag", "bridge_patterns", "bridge_all"]
+VARIANTS = ["hf_forward", "hf_trunk", "capture_prev", "capture_diag", "capture_lean", "bridge_patterns",
+            "bridge_all"]
 N_TOKENS = 1024
 
 
@@ -99,11 +102,12 @@ def _make_step(variant: str):
         return lambda: torch.no_grad()(model.transformer)(ids).last_hidden_state.shape
     batch = Batch(ids, torch.ones_like(ids, dtype=torch.bool))
 
-    make = prev_token_reducer if variant == "capture_prev" else DiagonalPrevToken
+    make = DiagonalPrevToken if variant == "capture_diag" else prev_token_reducer
+    lean = variant == "capture_lean"
 
     def step():
         reducer = make(loaded.spec.n_layers, loaded.spec.n_heads)
-        run_capture(model, [batch], [reducer])
+        run_capture(model, [batch], [reducer], recompute_patterns=lean)
         return reducer.result().shape  # [n_layers, n_heads]
 
     return step
@@ -119,18 +123,15 @@ def _release_free_memory() -> None:
 
 
 def run_variant(variant: str, repeats: int) -> dict:
-    """In this process: build; first pass (peak measured from a reset just before it); release
-    freed memory; timed passes (peak measured again from a reset just before them)."""
+    """In this process: build, release set-up garbage, reset the peak, run 1 + `repeats` passes."""
     import torch
 
     torch.set_num_threads(2)
     step = _make_step(variant)
     _release_free_memory()
     base_kb = _reset_peak()
-    step()  # first pass: includes one-time costs (thread pools, kernel workspaces)
+    step()  # warm-up pass: counted for memory, not for time
     first_kb = _status_kb("VmHWM") - base_kb
-    _release_free_memory()
-    base_kb = _reset_peak()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -161,12 +162,12 @@ def main() -> None:
                    "first_pass_added_mb": statistics.median(r["first_pass_added_mb"] for r in rs),
                    "base_rss_mb": statistics.median(r["base_rss_mb"] for r in rs)} for v, rs in runs.items()}
     print(f"GPT-2-small shape (GPT2Config(), seed 0), batch 1 x {N_TOKENS} tokens, float32, 2 threads; "
-          f"{args.rounds} subprocesses x {args.repeats} timed passes per variant")
-    print(f"{'variant':<16} {'min s':>7} {'median s':>9} {'added peak MB':>14} {'1st pass MB':>12} "
+          f"{args.rounds} subprocesses x (1 + {args.repeats}) passes per variant")
+    print(f"{'variant':<16} {'min s':>7} {'median s':>9} {'added peak MB':>14} {'(1st pass)':>11} "
           f"{'base RSS MB':>12}")
     for variant, s in summary.items():
         print(f"{variant:<16} {s['min_s']:>7.2f} {s['median_s']:>9.2f} {s['added_peak_mb']:>14.0f} "
-              f"{s['first_pass_added_mb']:>12.0f} {s['base_rss_mb']:>12.0f}")
+              f"{s['first_pass_added_mb']:>11.0f} {s['base_rss_mb']:>12.0f}")
 
     def ratio(key, num, den):
         return summary[num][key] / summary[den][key]
@@ -174,12 +175,14 @@ def main() -> None:
     for key in ("min_s", "median_s"):
         print(f"time {key}: (b)/(a) = {ratio(key, 'capture_prev', 'hf_forward'):.2f} (target <= 1.3); "
               f"(b)/(a') = {ratio(key, 'capture_prev', 'hf_trunk'):.2f}; "
-              f"(b')/(a') = {ratio(key, 'capture_diag', 'hf_trunk'):.2f}")
-    for key in ("added_peak_mb", "first_pass_added_mb"):
-        print(f"{key}: (b)/(c) = {ratio(key, 'capture_prev', 'bridge_patterns'):.3f} (target <= 0.25); "
-              f"(b')/(c) = {ratio(key, 'capture_diag', 'bridge_patterns'):.3f}; "
-              f"(b)/(c') = {ratio(key, 'capture_prev', 'bridge_all'):.3f}; "
-              f"(a')/(c) = {ratio(key, 'hf_trunk', 'bridge_patterns'):.3f}")
+              f"(b')/(a') = {ratio(key, 'capture_diag', 'hf_trunk'):.2f}; "
+              f"(b'')/(a) = {ratio(key, 'capture_lean', 'hf_forward'):.2f}")
+    key = "added_peak_mb"
+    print(f"added peak: (b)/(c) = {ratio(key, 'capture_prev', 'bridge_patterns'):.3f} (target <= 0.25); "
+          f"(b')/(c) = {ratio(key, 'capture_diag', 'bridge_patterns'):.3f}; "
+          f"(b'')/(c) = {ratio(key, 'capture_lean', 'bridge_patterns'):.3f}; "
+          f"(a')/(c) = {ratio(key, 'hf_trunk', 'bridge_patterns'):.3f}; "
+          f"(b)/(c') = {ratio(key, 'capture_prev', 'bridge_all'):.3f}")
     print(json.dumps({"summary": summary, "runs": runs}))
 
 

@@ -146,10 +146,12 @@ def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int) -> None
 
 
 @contextlib.contextmanager
-def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bool = True):
+def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bool = True,
+                  recompute_patterns: bool = False):
     """Install the hooks that feed `reducers`; removes them on exit, error or not.
 
     `batch_ref[0]` must hold the Batch being run when the forward pass happens.
+    `recompute_patterns` (HF models only): see run_capture.
     """
     n_layers = n_layers_of(model)
     needs: dict[int, set[str]] = {}
@@ -178,7 +180,10 @@ def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bo
     try:
         for layer, kinds in needs.items():
             attn = model.transformer.h[layer].attn
-            if "pattern" in kinds:
+            if "pattern" in kinds and recompute_patterns:
+                hook = _recomputed_pattern_hook(layer, model.config, batch_ref, dispatch)
+                handles.append(attn.register_forward_pre_hook(hook))
+            elif "pattern" in kinds:
                 handles.append(attn.register_forward_hook(_hf_pattern_hook(layer, dispatch)))
             if "z" in kinds:
                 handles.append(attn.c_proj.register_forward_pre_hook(_hf_z_hook(layer, attn.num_heads, dispatch)))
@@ -196,6 +201,32 @@ def _hf_pattern_hook(layer, dispatch):
         dispatch(layer, "pattern", pattern)  # [batch, head, q_pos, k_pos]
 
     return hook
+
+
+def _recomputed_pattern_hook(layer, config, batch_ref, dispatch):
+    from headlens.mha import gpt2_attention_scale, gpt2_pattern
+
+    scale = gpt2_attention_scale(config, layer)
+
+    def hook(module, args):
+        mask = batch_ref[0].mask.to(args[0].device)  # [batch, pos]
+        dispatch(layer, "pattern", gpt2_pattern(module, args[0], mask, scale))  # [batch, head, q_pos, k_pos]
+
+    return hook
+
+
+@contextlib.contextmanager
+def _attention_implementation(model, name: str):
+    """Temporarily run every attention module of `model` with implementation `name`."""
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+    saved = {key: cfg._attn_implementation for key, cfg in configs.items()}
+    try:
+        for cfg in configs.values():
+            cfg._attn_implementation = name
+        yield
+    finally:
+        for key, cfg in configs.items():
+            cfg._attn_implementation = saved[key]
 
 
 def _hf_z_hook(layer, n_heads, dispatch):
@@ -223,11 +254,15 @@ def _bridge_hooks(model, needs, dispatch):
 
 
 def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], check: bool = True,
-                progress: bool = False, desc: str = "capture") -> None:
+                progress: bool = False, desc: str = "capture", recompute_patterns: bool = False) -> None:
     """Run the model over `batches`, streaming activations into `reducers` (no grad).
 
     Works on a Hugging Face GPT-2 (eager attention) and on a TransformerLens TransformerBridge.
     No logits are kept (HF: the LM head is not even run); reducers hold the results.
+    `recompute_patterns=True` (HF only, opt-in for long sequences): the model runs with sdpa
+    attention, which never builds a pattern, and a hook rebuilds each layer's pattern from the
+    layer's input with headlens.mha.gpt2_pattern (one in-place buffer). Patterns then agree with
+    HF eager within VALIDATION_ATOL, not bit for bit; z is sdpa's.
     """
     batches = list(batches) if progress else batches
     iterator = batches
@@ -236,7 +271,11 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
 
         iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
     batch_ref: list = [None]
-    with torch.no_grad(), capture_hooks(model, reducers, batch_ref, check=check):
+    if recompute_patterns and is_bridge(model):
+        raise CaptureError("recompute_patterns is for Hugging Face models: a TransformerBridge builds its own patterns")
+    recompute = recompute_patterns
+    implementation = _attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
+    with torch.no_grad(), implementation, capture_hooks(model, reducers, batch_ref, check, recompute):
         for batch in iterator:
             batch_ref[0] = batch
             _forward_trunk(model, batch)

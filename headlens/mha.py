@@ -110,3 +110,24 @@ class CausalSelfAttention(nn.Module):
         # 4) the output projection W_O (and its shared bias b_O)
         attn_out = self.c_proj(merged)  # [batch, pos, d_model]
         return AttentionOutput(pattern=pattern, z=z, attn_out=attn_out)
+
+
+def gpt2_pattern(attn: nn.Module, x: torch.Tensor, attention_mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Step 2 alone, lean: the pattern of a Hugging Face `GPT2Attention` on its input x.
+
+    Same math as CausalSelfAttention.forward (validated there against HF eager), but Q and K
+    come from the module's own `c_attn` and the softmax runs in place, so the only
+    [batch, head, q_pos, k_pos] buffer is the one returned (HF eager holds two or three at once).
+    x: [batch, pos, d_model]; attention_mask: [batch, pos] bool, True on real tokens.
+    """
+    batch, pos, d_model = x.shape
+    q, k, _ = attn.c_attn(x).split(d_model, dim=-1)  # 3 x [batch, pos, d_model]
+    q = q.view(batch, pos, attn.num_heads, -1).transpose(1, 2)  # [batch, head, q_pos, d_head]
+    k = k.view(batch, pos, attn.num_heads, -1).transpose(1, 2)  # [batch, head, k_pos, d_head]
+    pattern = (q @ k.transpose(-2, -1)).mul_(scale)  # [batch, head, q_pos, k_pos], scores for now
+    visible = torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril()  # [q_pos, k_pos]
+    visible = visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, q_pos, k_pos]
+    pattern.masked_fill_(~visible, float("-inf"))
+    pattern.sub_(pattern.amax(-1, keepdim=True)).exp_()  # softmax, in place: shift, exp, normalise
+    pattern.div_(pattern.sum(-1, keepdim=True))  # [batch, head, q_pos, k_pos]
+    return pattern.nan_to_num_(0.0)  # rows with no visible key -> zeros

@@ -183,7 +183,9 @@ def _check_local_dir(path: Path) -> None:
         try:
             with safe_open(str(weights), framework="pt") as handle:
                 names = list(handle.keys())
-                for key in names:  # reading every tensor catches truncation, not only a bad header
+                # safe_open checks the header against the file size (truncation); get_slice checks
+                # each entry's dtype and shape metadata
+                for key in names:
                     handle.get_slice(key)
         except Exception as exc:  # safetensors raises its own error types
             raise ModelLoadError(f"{weights} is corrupt or truncated: {exc}") from None

@@ -152,7 +152,36 @@ def test_progress_bar_is_opt_in(small_model, sequences, capsys):
     assert "capture" in capsys.readouterr().err
 
 
+def test_recomputed_patterns_match_eager(small_model, sequences):
+    """Opt-in lean mode (sdpa forward, patterns rebuilt by mha.gpt2_pattern) vs HF eager capture."""
+    from headlens.validate import VALIDATION_ATOL
+
+    spec = small_model.spec
+    eager, lean = CollectPatterns(wants=("pattern", "z")), CollectPatterns(wants=("pattern", "z"))
+    eager_prev, lean_prev = prev_token_reducer(spec.n_layers, spec.n_heads), prev_token_reducer(spec.n_layers,
+                                                                                                spec.n_heads)
+    run_capture(small_model.model, iter_batches(sequences, batch_size=5), [eager, eager_prev])
+    run_capture(small_model.model, iter_batches(sequences, batch_size=5), [lean, lean_prev], recompute_patterns=True)
+    assert small_model.model.config._attn_implementation == "eager"  # restored
+    mask = next(iter_batches(sequences, batch_size=5)).mask  # [batch, pos]
+    for layer in range(spec.n_layers):
+        real_q = mask[:, None, :, None].expand_as(eager.patterns[layer][0])  # [batch, head, q_pos, k_pos]
+        torch.testing.assert_close(lean.patterns[layer][0][real_q], eager.patterns[layer][0][real_q],
+                                   atol=VALIDATION_ATOL, rtol=0)
+        torch.testing.assert_close(lean.zs[layer][0][mask], eager.zs[layer][0][mask], atol=VALIDATION_ATOL, rtol=0)
+    torch.testing.assert_close(lean_prev.result(), eager_prev.result(), atol=VALIDATION_ATOL, rtol=0)
+
+
 # Errors -----------------------------------------------------------------------------------
+
+
+def test_recompute_restores_eager_after_an_error(small_model, sequences, bridge):
+    with pytest.raises(RuntimeError, match="reducer failed"):
+        run_capture(small_model.model, iter_batches(sequences, batch_size=2), [Boom()], recompute_patterns=True)
+    assert small_model.model.config._attn_implementation == "eager"
+    assert small_model.model.transformer.h[0].attn.config._attn_implementation == "eager"
+    with pytest.raises(CaptureError, match="Hugging Face models"):
+        run_capture(bridge, iter_batches(sequences, batch_size=2), [CollectPatterns()], recompute_patterns=True)
 
 
 def test_hooks_are_gone_after_an_exception_in_a_reducer(small_model, sequences):
