@@ -151,24 +151,10 @@ def label_head(scores: dict, config: ClassifyConfig) -> list[str]:
 
 
 def stream_heads(model, batches, reducers, progress: bool = False, desc: str = "capture") -> None:
-    """run_capture without the LM head: scoring needs patterns and z, not logits, and a
-    [batch, pos, d_vocab] logits tensor (8 x 1024 x 50257 floats = 1.6 GB on GPT-2) would be
-    the largest thing in memory. A TransformerBridge goes through run_capture unchanged."""
-    from headlens.capture import capture_hooks, is_bridge, run_capture
+    """One streamed scoring pass: capture.run_capture (the trunk only, no logits, no cache)."""
+    from headlens.capture import run_capture
 
-    if is_bridge(model):
-        run_capture(model, batches, reducers, progress=progress, desc=desc)
-        return
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(list(batches), desc=desc, unit="batch", leave=False)
-    device = next(model.parameters()).device
-    batch_ref: list = [None]
-    with torch.no_grad(), capture_hooks(model, reducers, batch_ref):
-        for batch in batches:
-            batch_ref[0] = batch
-            model.transformer(input_ids=batch.input_ids.to(device), attention_mask=batch.mask.long().to(device))
+    run_capture(model, batches, reducers, progress=progress, desc=desc)
 
 
 def _resolve_text(text: str | None) -> str:
