@@ -1,0 +1,155 @@
+"""`headlens ablate` and `headlens prune` through click's CliRunner and a killed subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+from headlens.cli.main import cli
+
+KEYS = ["model", "heads", "method", "metric", "n_tokens", "loss", "loss_ablated", "delta_loss", "ci95"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small models run op by op: one thread avoids OpenMP stalls on the loaded shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    """~3 windows of the small model's 128-token context."""
+    words = ("the of and to in is was that for on as with by he at from his it an were are which this be "
+             "time river city king water light house people small great old new world night year").split()
+    gen = torch.Generator().manual_seed(0)
+    text = " ".join(words[i] for i in torch.randint(0, len(words), (380,), generator=gen).tolist()) + "."
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_set_json(small_model_dir):
+    result = run("ablate", "--model", str(small_model_dir), "--heads", "0.1,1.2", "--metric", "repeat",
+                 "--format", "json")
+    assert result.exit_code == 0, result.output
+    obj = json.loads(result.stdout)
+    assert list(obj) == KEYS and obj["heads"] == ["0.1", "1.2"] and obj["method"] == "zero"
+    assert obj["ci95"][0] <= obj["delta_loss"] <= obj["ci95"][1]
+
+
+def test_layer_set_and_table(small_model_dir, text_file):
+    result = run("ablate", "--model", str(small_model_dir), "--heads", "layer:1", "--method", "mean",
+                 "--text", text_file)
+    assert result.exit_code == 0, result.output
+    assert "delta_loss" in result.stdout and "'1.0', '1.1', '1.2', '1.3'" in result.stdout
+
+
+def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
+    report = tmp_path / "r.html"
+    result = run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat",
+                 "--format", "json", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    objs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [o["heads"] for o in objs] == [[f"{layer}.{head}"] for layer in range(2) for head in range(4)]
+    assert all(list(o) == KEYS for o in objs)
+    assert report.is_file() and "<html" in report.read_text(encoding="utf-8").lower()
+
+
+def test_approx_check_reports_agreement(small_model_dir):
+    result = run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat",
+                 "--approx", "--check")
+    assert result.exit_code == 0, result.output
+    assert "pearson" in result.stdout and "spearman" in result.stdout and "delta_loss_approx" in result.stdout
+
+
+def test_prune_command(small_model_dir, text_file):
+    result = run("prune", str(small_model_dir), "--text", text_file, "--step-fraction", "0.25")
+    assert result.exit_code == 0, result.output
+    assert "heads can go within +5% loss" in result.stdout
+    assert result.stdout.count("\n") >= 6  # header + 5 steps (0, 2, 4, 6, 8 heads) + summary
+
+
+def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_path):
+    """A real kill (SIGKILL) of a sweep subprocess mid-run, then --resume."""
+    args = ["ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat"]
+    full = run(*args, "--out", str(tmp_path / "full"))
+    assert full.exit_code == 0, full.output
+    out = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "headlens.cli.main", *args, "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    rows = out / "rows.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if rows.is_file() and rows.read_text().count("\n") >= 1:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    n_done = rows.read_text().count("\n")
+    assert proc.returncode == -signal.SIGKILL and 1 <= n_done < 8, (proc.returncode, n_done)
+    assert not (out / "sweep.csv").exists()
+    resumed = run(*args, "--out", str(out), "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "sweep.csv").read_text() == (tmp_path / "full" / "sweep.csv").read_text()
+    assert rows.read_text().count("\n") == 8
+
+
+# Errors ---------------------------------------------------------------------------------------
+
+def _one_line_error(result):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headlens: error:"), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--heads", "3.x"], "malformed head"),
+    (["--heads", "2.0"], "out of range"),
+    (["--heads", "0.1,0.1"], "more than once"),
+    (["--heads", ""], "empty head spec"),
+    (["--heads", "0.1", "--method", "shuffle"], "unknown ablation method"),
+    (["--heads", "0.1", "--metric", "bleu"], "unknown metric"),
+    (["--heads", "0.1", "--format", "xml"], "unknown format"),
+    (["--heads", "all", "--check"], "--approx"),
+    (["--heads", "all", "--resume"], "--out"),
+])
+def test_bad_input_is_one_line_exit_2(small_model_dir, extra, message):
+    assert message in _one_line_error(run("ablate", "--model", str(small_model_dir), *extra))
+
+
+def test_short_text_and_missing_weights(small_model_dir, tmp_path, monkeypatch):
+    short = tmp_path / "short.txt"
+    short.write_text("only a few words here", encoding="utf-8")
+    line = _one_line_error(run("ablate", "--model", str(small_model_dir), "--heads", "0.1", "--text", str(short)))
+    assert "shorter than one window" in line
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    assert "gpt2" in _one_line_error(run("ablate", "--heads", "0.1"))  # --model defaults to gpt2
+
+
+def test_resume_from_other_settings(small_model_dir, tmp_path):
+    from headlens.ablate import sweep_heads
+    from headlens.heads import Head
+    from headlens.models import load_model
+
+    out = str(tmp_path / "sweep")  # a started zero-ablation sweep of the same model (one head done)
+    sweep_heads(load_model(str(small_model_dir)), metric="repeat", heads=[Head(0, 0)], out=out)
+    line = _one_line_error(run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat",
+                               "--method", "mean", "--out", out, "--resume"))
+    assert "other settings" in line
