@@ -28,10 +28,6 @@ N_BOOTSTRAP = 1000  # bootstrap resamples of the sequences for every CI
 MAX_TEXT_WINDOWS = 32  # windows read from the text (16 evaluate, 16 reference); n_tokens reports the count
 REPEAT_N_SEQ = 16  # repeated-random-token sequences in the evaluation set (and as many for reference)
 REPEAT_SEQ_LEN = 25  # tokens per copy (Olsson et al.: 25 random tokens)
-# GPT-2-sized vocabularies: ids 1000-10000 (TransformerLens demos) skip the most common and the
-# rarest tokens, as Olsson et al. ask. Small vocabularies: the central 80% of ids.
-LARGE_VOCAB = 20000
-REPEAT_ID_RANGE_LARGE = (1000, 10000)
 
 
 @dataclass
@@ -89,10 +85,12 @@ def text_evalset(loaded, text: str | None, window: int | None = None,
 
 
 def repeat_id_range(d_vocab: int) -> tuple[int, int]:
-    """Ids to draw random tokens from, valid for the vocabulary (see module constants)."""
-    if d_vocab >= LARGE_VOCAB:
-        return REPEAT_ID_RANGE_LARGE
-    return d_vocab // 10, d_vocab - d_vocab // 10
+    """Ids to draw random tokens from, valid for the vocabulary: probes.random_token_range, the
+    classifier's band (printable ASCII for byte vocabularies; GPT-2: [1005, 10051), close to
+    TransformerLens's 1000-10000), which skips the most common and the rarest tokens (Olsson)."""
+    from headlens.probes import random_token_range
+
+    return random_token_range(d_vocab)
 
 
 def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: int = REPEAT_SEQ_LEN) -> EvalSet:
