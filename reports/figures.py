@@ -107,7 +107,7 @@ def pruning_curve_uri(pruning: pd.DataFrame) -> str:
 
 def training_uri(log: pd.DataFrame, heads: pd.DataFrame | None) -> str:
     """Loss curves and induction / ICL scores per checkpoint, the phase change marked."""
-    fig = Figure(figsize=(10, 3.0))
+    fig = Figure(figsize=(13, 3.6))
     loss_ax, score_ax, head_ax = fig.subplots(1, 3)
     for column in ("train_loss", "heldout_loss", "repeat_loss_first", "repeat_loss_second"):
         if column in log:
