@@ -185,3 +185,15 @@ def test_copying_reducer_equals_brute_force_over_the_vocabulary(small_model):
                 s = (logits[tokens[b, key]] - logits.mean()) / logits.std(unbiased=False)
                 values.append(torch.erf(s / math.sqrt(2)).item())
             assert reducer.result()[layer, head].item() == pytest.approx(sum(values) / len(values), abs=COPYING_ATOL)
+
+
+def test_fast_mass_paths_equal_the_target_product():
+    """The diagonal / column shortcuts equal (pattern * targets).sum(-1), the definition."""
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 3, N, N, generator=gen).masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), -1e9)
+    pattern = logits.softmax(-1)  # [batch, head, q, k]
+    ids = torch.arange(N).repeat(2, 1)
+    for make in (prev_token_reducer, current_token_reducer, first_token_reducer):
+        reducer = make(1, 3)
+        targets = reducer.targets_fn(_batch(ids))  # [batch, q, k]
+        assert torch.allclose(reducer.mass_fn(pattern), (pattern * targets[:, None]).sum(-1), atol=1e-7)

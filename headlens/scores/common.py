@@ -18,9 +18,12 @@ class TargetMassReducer(Reducer):
 
     wants = frozenset({"pattern"})
 
-    def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None):
+    def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None):
         self.layers = layers
         self.targets_fn = targets_fn
+        # Optional fast path: mass_fn(pattern) -> [batch, head, q_pos] must equal
+        # (pattern * targets).sum(-1) (e.g. a diagonal for a fixed offset: no [.., q, k] product).
+        self.mass_fn = mass_fn
         self.query_fn = query_fn
         self.sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
         self.sq_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
@@ -45,7 +48,10 @@ class TargetMassReducer(Reducer):
     def update(self, layer, batch, pattern=None, z=None):
         targets, scored = self._targets(batch)
         targets, scored = targets.to(pattern.device), scored.to(pattern.device)
-        raw = (pattern * targets[:, None]).sum(-1).double()  # [batch, head, q_pos]
+        if self.mass_fn is not None:
+            raw = self.mass_fn(pattern).double()  # [batch, head, q_pos]
+        else:
+            raw = (pattern * targets[:, None]).sum(-1).double()  # [batch, head, q_pos]
         mass = raw * scored[:, None]  # padding and target-less queries -> 0
         self.sums[layer] += mass.sum((0, 2)).cpu()
         self.sq_sums[layer] += (mass**2).sum((0, 2)).cpu()

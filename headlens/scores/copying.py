@@ -94,6 +94,7 @@ class CopyingReducer(Reducer):
         self.counts = torch.zeros(cfg.n_layer, dtype=torch.long)  # [layer]
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
         self._maps: dict[int, tuple] = {}
+        self._scored: tuple | None = None
 
     def update(self, layer: int, batch: Batch, pattern=None, z=None) -> None:
         slot = self._pending.setdefault(layer, {})
@@ -105,7 +106,9 @@ class CopyingReducer(Reducer):
             self._fold(layer, batch, slot.pop("pattern"), slot.pop("z"))
 
     def _fold(self, layer: int, batch: Batch, pattern: torch.Tensor, z: torch.Tensor) -> None:
-        scored = (self.query_fn(batch) & batch.mask).cpu()  # [batch, q_pos]
+        if self._scored is None or self._scored[0] is not batch:  # once per batch, not per layer
+            self._scored = (batch, (self.query_fn(batch) & batch.mask).cpu())  # [batch, q_pos]
+        scored = self._scored[1]
         if not scored.any():
             return
         b_idx, q_idx = scored.nonzero(as_tuple=True)  # [n], [n]

@@ -20,15 +20,25 @@ def offset_targets(input_ids: torch.Tensor, offset: int) -> torch.Tensor:
     return eye[None].expand(input_ids.shape[0], n, n)
 
 
+def offset_mass(pattern: torch.Tensor, offset: int) -> torch.Tensor:
+    """A[q, q + offset] for each query (0 where that key does not exist): [batch, head, q_pos].
+    Equals (pattern * offset_targets(ids, offset)).sum(-1) without the [q, k] product."""
+    mass = torch.zeros(pattern.shape[:-1], dtype=pattern.dtype, device=pattern.device)  # [batch, head, q_pos]
+    mass[..., -offset:] = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)  # [batch, head, q_pos + offset]
+    return mass
+
+
 def prev_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for prev_token_score: mean A[i, i-1] over real positions i >= 1."""
-    return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, -1), layers=layers)
+    return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, -1), layers=layers,
+                             mass_fn=lambda pattern: offset_mass(pattern, -1))
 
 
 def current_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for current_token_score: mean A[i, i] over real positions i >= 1 (i = 0 is trivially 1)."""
     return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, 0),
-                             query_fn=_from_position_one, layers=layers)
+                             query_fn=_from_position_one, layers=layers,
+                             mass_fn=lambda pattern: offset_mass(pattern, 0))
 
 
 def _from_position_one(batch) -> torch.Tensor:
@@ -46,7 +56,12 @@ def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassR
         targets[:, 1:, 0] = True
         return targets
 
-    return TargetMassReducer(n_layers, n_heads, first_column, layers=layers)
+    def first_mass(pattern):
+        mass = pattern[..., 0].clone()  # [batch, head, q_pos]
+        mass[..., 0] = 0.0  # query 0 has no target (A[0, 0] = 1 trivially)
+        return mass
+
+    return TargetMassReducer(n_layers, n_heads, first_column, layers=layers, mass_fn=first_mass)
 
 
 class ArgmaxOffsetReducer:
