@@ -17,7 +17,9 @@ import torch
 from headlens.heads import Head
 from headlens.layers import LayerRunner, Replacement, head_out_weight, heads_by_layer, layer_replacement
 
-HEADS_PER_PASS = 2  # ablations stacked into one forward pass (measured in benchmarks/bench_ablate.py)
+# Ablations stacked into one forward pass: on 2 CPU cores at 4 x 128 tokens stacking did not pay
+# (layer 9's heads: 1 -> 42.9 s, 2 -> 45.5 s, 4 -> 48.2 s; benchmarks/bench_ablate.py, BENCHMARKS.md).
+HEADS_PER_PASS = 1
 BATCH_SIZE = 4  # evaluation sequences per forward pass
 
 
