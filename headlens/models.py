@@ -8,6 +8,7 @@ config, never from GPT-2 small's 12 x 12.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -122,7 +123,8 @@ def build_model(config=None, seed: int = 0, tokenizer=None, name: str = "random"
     """A GPT2LMHeadModel with random weights from a config (default: GPT-2 small's shape)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = config if config is not None else GPT2Config()
+    # A private copy: the model keeps (and we edit) its config; callers may share theirs.
+    config = copy.deepcopy(config) if config is not None else GPT2Config()
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = _to_eager(GPT2LMHeadModel(config)).eval()
@@ -147,7 +149,6 @@ def boot_bridge(loaded: LoadedModel):
     booted from a temporary local directory holding only config and tokenizer files (the
     weights come from the copy), so nothing is downloaded and no weights are rewritten.
     """
-    import copy
     import tempfile
 
     from transformer_lens import TransformerBridge
