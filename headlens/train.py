@@ -32,11 +32,11 @@ PRINTABLE = (32, 127)  # printable ASCII byte ids [low, high): "looks like text"
 class TrainConfig:
     """Every setting of the tiny-model recipe. Defaults are the shipped model's run."""
 
-    steps: int = 3000  # optimizer steps
+    steps: int = 2400  # optimizer steps
     seed: int = 0  # seeds weights, data order, synthetic episodes and probes
-    n_layers: int = 3  # transformer blocks (induction needs >= 2: Olsson et al.)
+    n_layers: int = 2  # transformer blocks (induction needs >= 2: Olsson et al.)
     n_heads: int = 4  # heads per block
-    d_model: int = 64  # residual width; d_head = d_model / n_heads = 16
+    d_model: int = 128  # residual width; d_head = d_model / n_heads = 32
     n_ctx: int = 256  # context length, BOS included
     batch_size: int = 16  # sequences per step (16 x 256 tokens)
     lr: float = 3e-3  # peak learning rate (AdamW)
@@ -45,7 +45,7 @@ class TrainConfig:
     final_lr_share: float = 0.1  # lr at the last step, as a share of the peak
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     grad_clip: float = 1.0  # max global grad norm
-    repeat_share: float = 0.5  # share of sequences that are repeated-random-segment episodes
+    repeat_share: float = 0.75  # share of sequences that are repeated-random-segment episodes
     printable_share: float = 0.5  # share of those segments drawn from printable ASCII (else any byte)
     segment_min: int = 8  # shortest repeated segment (tokens)
     segment_max: int = 64  # longest repeated segment (tokens)
