@@ -13,8 +13,10 @@ import numpy as np
 import pandas as pd
 from headlens.reports import explain, figures
 
-# Thumbnails show at most this many tokens of the sample (the viewer shows them all).
+# Thumbnails show at most this many tokens of the sample (the viewer shows them all), drawn about
+# THUMB_PIXELS wide (an integer number of pixels per token).
 THUMB_MAX_TOKENS = 128
+THUMB_PIXELS = 256
 
 
 def esc(value) -> str:
@@ -154,7 +156,7 @@ def thumbnails_section(heads: pd.DataFrame | None, viewer: dict) -> str:
         return section("thumbnails", "Attention patterns of labelled heads", body)
     cells = []
     for layer, head, labels in chosen:
-        uri = figures.thumbnail_uri(patterns[layer, head, :n, :n], scale=max(1, 128 // n))  # [q_pos, k_pos]
+        uri = figures.thumbnail_uri(patterns[layer, head, :n, :n], scale=max(1, THUMB_PIXELS // n))  # [q_pos, k_pos]
         cells.append(figure(uri, f"pattern of head {layer}.{head}", f"{layer}.{head}: {', '.join(labels)}"))
     words = "".join(f"<span>{esc(t)}</span>" for t in viewer["tokens"][:n])
     body = (f"<p>Rows: query token, columns: key token (first {n} tokens of the sample; bright = strong "
