@@ -114,18 +114,13 @@ def no_alert(driver) -> bool:
 
 
 @pytest.fixture(scope="module")
-def embedded_report(tmp_path_factory, request):
+def embedded_report(tmp_path_factory):
     """`headlens report tiny` (the embedded model) through the CLI, as `make demo` runs it."""
     from click.testing import CliRunner
     from headlens.cli.main import cli
 
-    from headlens.models import shipped_path
-
-    model = "tiny"
-    if not (shipped_path("tiny") / "config.json").is_file():  # until the tiny model lands
-        model = str(request.getfixturevalue("small_model_dir"))
     out = tmp_path_factory.mktemp("browser") / "report.html"
-    result = CliRunner().invoke(cli, ["report", model, "--heads", "0.0", "--out", str(out)])  # 0.0: any shape
+    result = CliRunner().invoke(cli, ["report", "tiny", "--heads", "0.0", "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
@@ -157,9 +152,7 @@ def test_figures_are_visible(driver, embedded_report):
     assert len(images) >= 3  # score heatmaps, thumbnails, ablation bars, training curves
     broken = driver.execute_script("return [...document.images].filter(i => !i.complete || !i.naturalWidth).length")
     assert broken == 0
-    selectors = ["#scores img", "#ablation img", "#viewer-grid"]
-    if driver.find_elements("id", "training"):  # the embedded model ships its training log
-        selectors.append("#training img")
+    selectors = ["#scores img", "#ablation img", "#viewer-grid", "#training img"]  # tiny ships its training log
     for selector in selectors:
         element = driver.find_element("css selector", selector)
         driver.execute_script("arguments[0].scrollIntoView()", element)
