@@ -30,7 +30,7 @@ import time
 
 N_PROMPTS = 8
 PASSAGE_CHARS = 600  # ~130 GPT-2 tokens per copy: 2 copies + BOS stay well under n_ctx
-BATCH = 2  # sequences per forward (detect_head runs one prompt at a time)
+BATCH = 1  # sequences per forward: detect_head runs one prompt at a time, so do we
 
 
 def _status_kb(field: str) -> int:
