@@ -75,7 +75,8 @@ def _ours(loaded, sequences):
         prev, dup, prefix = prev_token_reducer(n, h), duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
         others = [current_token_reducer(n, h), first_token_reducer(n, h), ArgmaxOffsetReducer(n, h),
                   CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))]
-        stream_heads(loaded.model, iter_batches(sequences, BATCH, pad_id=loaded.bos_token_id), [prev, dup, prefix, *others])
+        batches = iter_batches(sequences, BATCH, pad_id=loaded.bos_token_id)
+        stream_heads(loaded.model, batches, [prev, dup, prefix, *others])
         return {"previous_token_head": prev.mul_score(), "duplicate_token_head": dup.mul_score(),
                 "induction_head": prefix.mul_score(), "copying": others[-1].result()}
 
