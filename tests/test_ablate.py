@@ -159,11 +159,7 @@ def test_ablated_sums_restores_the_model(strong_model):
 
 # The embedded model ---------------------------------------------------------------------------
 
-def _tiny_or_skip():
-    from headlens.models import shipped_path
-
-    if not (shipped_path("tiny") / "config.json").is_file():
-        pytest.skip("the embedded tiny model has not landed yet")
+def _tiny():
     from headlens.models import load_model
 
     return load_model("tiny")
@@ -171,7 +167,7 @@ def _tiny_or_skip():
 
 @pytest.mark.slow
 def test_zero_ablation_matches_bridge_on_the_embedded_model():
-    tiny = _tiny_or_skip()
+    tiny = _tiny()
     heads = all_heads(tiny.spec.n_layers, tiny.spec.n_heads)
     for evalset in (repeat_evalset(tiny, seed=0, n_seq=4), text_evalset(tiny, None, max_windows=4)):
         ours, theirs = _deltas_vs_bridge(tiny, evalset, heads)
@@ -180,18 +176,19 @@ def test_zero_ablation_matches_bridge_on_the_embedded_model():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 3 not met: the shipped tiny model has no induction head (model card); "
+                   "the engine's induction check runs on planted ground truth below")
 def test_tiny_induction_heads_raise_the_repeat_loss():
     """Heads the classifier labels induction (ground truth from attention on repeated tokens,
     not from ablation) raise the second-copy loss when ablated, CI excluding 0; most heads
     without any role do not come close."""
     from headlens.classify import classify_heads
 
-    tiny = _tiny_or_skip()
+    tiny = _tiny()
     labels = classify_heads(tiny)
     induction = [Head(r.layer, r.head) for r in labels.itertuples() if "induction" in r.labels]
     no_role = [Head(r.layer, r.head) for r in labels.itertuples() if not r.labels]
-    if not induction:
-        pytest.skip("the shipped tiny model has no head labelled induction by classify_heads: nothing to check")
+    assert induction, "classify_heads labels no head of the tiny model induction"
     sweep = sweep_heads(tiny, metric="repeat").set_index(["layer", "head"])
     smallest = min(sweep.loc[tuple(h), "delta_loss"] for h in induction)
     for head in induction:
