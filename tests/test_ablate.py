@@ -176,8 +176,6 @@ def test_zero_ablation_matches_bridge_on_the_embedded_model():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 3 not met: the shipped tiny model has no induction head (model card); "
-                   "the engine's induction check runs on planted ground truth below")
 def test_tiny_induction_heads_raise_the_repeat_loss():
     """Heads the classifier labels induction (ground truth from attention on repeated tokens,
     not from ablation) raise the second-copy loss when ablated, CI excluding 0; most heads

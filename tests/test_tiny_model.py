@@ -42,11 +42,7 @@ PEER_ATOL = 1e-4
 TEST_PROBE_SEED, TEST_PROBE_SEQS, TEST_PROBE_LEN = 2024, 32, 100
 
 pytestmark = pytest.mark.slow
-# The shipped model (2,400 steps, see its card) formed a previous-token head but no induction head:
-# these criteria of issue 3 are NOT met. strict=True: a model that meets them turns these red until
-# the marks are removed.
-NO_INDUCTION = pytest.mark.xfail(strict=True, reason="issue 3 not met: the shipped model has no induction head "
-                                 "(best second-copy induction score 0.02; model card)")
+
 
 
 def card_text() -> str:
@@ -147,7 +143,6 @@ def test_prev_token_score_agrees_with_transformer_lens(tiny, bridge):
 
 # (b) induction heads ----------------------------------------------------------------------------
 
-@NO_INDUCTION
 def test_induction_heads_attend_to_the_token_after_the_earlier_copy(tiny, probe):
     reducer = second_copy_induction_reducer(tiny.spec.n_layers, tiny.spec.n_heads, TEST_PROBE_LEN)
     run_capture(tiny.model, iter_batches(probe, 16), [reducer])
@@ -182,13 +177,11 @@ def test_induction_scores_agree_with_transformer_lens(tiny, bridge, probe):
         assert torch.stack(tl_second).mean(0)[head].item() >= INDUCTION_ATTENTION
 
 
-@NO_INDUCTION
 def test_second_copy_loss_is_far_below_the_first(tiny, probe):
     first, second = second_copy_loss(tiny.model, probe)
     assert second <= first - COPY_LOSS_GAP, (first, second)
 
 
-@NO_INDUCTION
 def test_ablating_the_induction_heads_raises_second_copy_loss(tiny, probe):
     _, clean = second_copy_loss(tiny.model, probe)
     heads = claimed(tiny, "induction")
@@ -199,7 +192,6 @@ def test_ablating_the_induction_heads_raises_second_copy_loss(tiny, probe):
 
 # (c) the phase change in the training log ----------------------------------------------------------
 
-@NO_INDUCTION
 def test_training_log_shows_the_phase_change():
     log, heads = load_training_log(shipped_path("tiny"))
     total = int(log["step"].max())
