@@ -215,9 +215,10 @@ def training_section(training) -> str:
     """Loss and score curves of the embedded model's training run, the phase change marked."""
     log, heads = training
     change = figures.phase_change_step(log)
-    note = (f"The dashed line marks step {change}, the largest one-checkpoint rise of the best induction score."
-            if change is not None else "No checkpoint-to-checkpoint rise of the best induction score reaches "
-            f"{figures.PHASE_CHANGE_MIN_RISE:g}: no phase change is marked.")
+    rule = (f"from below {figures.PHASE_LOW:g} to above {figures.PHASE_HIGH:g} within "
+            f"{figures.PHASE_WINDOW_SHARE:.0%} of the run")
+    note = (f"The dashed line marks step {change}: the best induction score rose {rule} (the phase change)."
+            if change is not None else f"The best induction score never rose {rule}: no phase change is marked.")
     body = (f'<p class="explain">{esc(explain.TRAINING_TEXT)} {esc(note)}</p>'
             + figure(figures.training_uri(log, heads), "training dynamics")
             + details(f"training log ({len(log)} checkpoints)", table(log.reset_index(drop=True))))
