@@ -17,13 +17,7 @@ from headlens.cli.main import cli
 KEYS = ["model", "heads", "method", "metric", "n_tokens", "loss", "loss_ablated", "delta_loss", "ci95"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models run op by op: one thread avoids OpenMP stalls on the loaded shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 
 @pytest.fixture(scope="module")

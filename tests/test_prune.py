@@ -20,13 +20,7 @@ SAME_LOSS_ATOL = 1e-5
 FD_RTOL, FD_ATOL = 1e-3, 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models run op by op: one thread avoids OpenMP stalls on the loaded shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 
 @pytest.fixture(scope="module")

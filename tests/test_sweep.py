@@ -20,14 +20,7 @@ FAST_ATOL = 1e-5
 GRAD_RTOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models run op by op; on a loaded shared machine, one thread avoids OpenMP barrier
-    stalls (~16 ms per op measured with two) and is ~8x faster here. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 
 @pytest.fixture(scope="module")
