@@ -32,23 +32,11 @@ import subprocess
 import sys
 import time
 
+from peak_memory import reset_peak, status_kb  # benchmarks/ is on sys.path when run as a script
+
 VARIANTS = ["hf_forward", "hf_trunk", "capture_prev", "capture_diag", "capture_lean", "bridge_patterns",
             "bridge_all"]
 N_TOKENS = 1024
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
-    return _status_kb("VmRSS")
 
 
 class DiagonalPrevToken:
@@ -129,15 +117,15 @@ def run_variant(variant: str, repeats: int) -> dict:
     torch.set_num_threads(2)
     step = _make_step(variant)
     _release_free_memory()
-    base_kb = _reset_peak()
+    base_kb = reset_peak()
     step()  # warm-up pass: counted for memory, not for time
-    first_kb = _status_kb("VmHWM") - base_kb
+    first_kb = status_kb("VmHWM") - base_kb
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"variant": variant, "times": times, "added_peak_mb": (_status_kb("VmHWM") - base_kb) / 1024,
+    return {"variant": variant, "times": times, "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
             "first_pass_added_mb": first_kb / 1024, "base_rss_mb": base_kb / 1024}
 
 

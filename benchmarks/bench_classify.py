@@ -28,23 +28,11 @@ import subprocess
 import sys
 import time
 
+from peak_memory import reset_peak, status_kb  # benchmarks/ is on sys.path when run as a script
+
 N_PROMPTS = 8
 PASSAGE_CHARS = 600  # ~130 GPT-2 tokens per copy: 2 copies + BOS stay well under n_ctx
 BATCH = 1  # sequences per forward: detect_head runs one prompt at a time, so do we
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")
-    return _status_kb("VmRSS")
 
 
 def prompts() -> list[str]:
@@ -115,14 +103,14 @@ def run_side(side: str, repeats: int) -> dict:
     if side == "tl":
         del loaded  # the bridge holds its own copy: one set of weights on each side
     step()  # warm-up
-    base_kb = _reset_peak()
+    base_kb = reset_peak()
     times, scores = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         scores = step()
         times.append(time.perf_counter() - start)
     return {"side": side, "seconds": statistics.median(times), "times": times,
-            "added_peak_mb": (_status_kb("VmHWM") - base_kb) / 1024, "base_rss_mb": base_kb / 1024,
+            "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024, "base_rss_mb": base_kb / 1024,
             "tokens": [len(s) for s in sequences], "scores": {k: v.tolist() for k, v in scores.items()}}
 
 
