@@ -11,7 +11,7 @@ from headlens.ablate import ablated_sums, sweep_heads
 from headlens.errors import ConfigError, InputTextError, OutputPathError
 from headlens.evalset import EvalSet, repeat_evalset, text_evalset
 from headlens.heads import Head, all_heads
-from headlens.layers import replacements
+from headlens.layers import replacements, unembed_losses
 from headlens.sweep import base_sums, sweep_sums
 
 # The issue's bar: every delta of the fast sweep within 1e-5 of the naive full-forward loop.
@@ -81,6 +81,21 @@ def test_fast_sweep_equals_naive_loop_on_padded_text(strong_model):
     fast = _fast_deltas(strong_model, evalset, heads, reps, batch_size=2, heads_per_pass=3)
     for head in heads:
         assert abs(fast[head] - naive[head]) < FAST_ATOL, head
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_unembedding_equals_full_log_softmax(bias):
+    """The sweep's chunked logsumexp against the textbook log_softmax over the whole vocabulary;
+    the chunk (7) does not divide the vocabulary (50), so the last chunk is partial."""
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=bias)
+    hidden = torch.randn(3, 11, 16, generator=gen) * 4  # [copies, n, d_model]
+    targets = torch.randint(0, 50, (11,), generator=gen)  # [n]
+    with torch.no_grad():
+        full = -torch.log_softmax(head(hidden), -1)[:, torch.arange(11), targets]  # [copies, n]
+        chunked = unembed_losses(hidden, head, targets, chunk=7)
+    assert chunked.shape == (3, 11)
+    torch.testing.assert_close(chunked, full, atol=1e-5, rtol=0)
 
 
 def test_sweep_heads_frame(strong_model):
