@@ -47,10 +47,16 @@ class Reducer:
     wanted kind (a reducer wanting both gets one call with `pattern`, one with `z`); pattern is
     [batch, head, q_pos, k_pos], z is [batch, pos, head, d_head]. Padded query rows are
     present: mask them with `batch.mask`. Do not keep references: reduce and drop.
+
+    A reducer that sets `row_blocks = True` may instead be handed each layer's pattern in
+    blocks of query rows, `update(layer, batch, pattern=block, q_start=q0)` with block
+    [batch, head, rows, k_pos] holding rows q0..q0+rows-1, in order, covering every row (the
+    lean path, headlens.capture_lean); without `q_start` the pattern is whole.
     """
 
     wants: frozenset[str] = frozenset({"pattern"})
     layers: Sequence[int] | None = None  # None: every layer
+    row_blocks: bool = False  # True: accepts pattern blocks of query rows (see above)
 
     def update(self, layer: int, batch: Batch, pattern: torch.Tensor | None = None,
                z: torch.Tensor | None = None) -> None:
@@ -113,7 +119,7 @@ def n_heads_of(model) -> int:
     return model.cfg.n_heads if is_bridge(model) else model.config.n_head
 
 
-def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int) -> None:
+def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int, q_start: int = 0) -> None:
     """Raise CaptureError unless the pattern is a causal, row-stochastic attention pattern.
 
     An old eager fallback once ran without the causal mask (REFERENCES, pitfalls). Checked on
@@ -122,17 +128,18 @@ def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int) -> None
     average because it is computed as (total mass) - (mass on and below the diagonal), the second
     as one matrix-vector product: ~40 ms at 12 heads x 1024 tokens instead of ~300 ms for an
     explicit upper triangle, and a missing causal mask puts ~0.5 per row above the diagonal.
-    pattern: [batch, head, q_pos, k_pos]; mask: [batch, pos], a prefix of True per row.
+    pattern: [batch, head, rows, k_pos], query rows q_start.. (a whole pattern: q_start 0, rows
+    = k_pos); mask: [batch, pos], a prefix of True per row.
     """
     p = pattern.detach()
     if p.numel() == 0:
         return
     if p.amin().item() < -PATTERN_CHECK_ATOL:
         raise CaptureError(f"layer {layer}: attention pattern has negative weights")
-    rows = p.sum(-1, dtype=torch.float32)  # [batch, head, q_pos]
-    real = mask.to(rows.device)  # [batch, q_pos]
-    n_keys = p.shape[-1]
-    lower = torch.ones(n_keys, n_keys, dtype=p.dtype, device=p.device).tril()  # [q_pos, k_pos]
+    n_rows, n_keys = p.shape[-2], p.shape[-1]
+    rows = p.sum(-1, dtype=torch.float32)  # [batch, head, rows]
+    real = mask.to(rows.device)[:, q_start:q_start + n_rows]  # [batch, rows]
+    lower = torch.ones(n_rows, n_keys, dtype=p.dtype, device=p.device).tril(q_start)  # [rows, k_pos]: k <= q
     for row, n_real in enumerate(real.sum(-1).tolist()):
         if n_real == 0:
             continue
@@ -151,7 +158,7 @@ def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bo
     """Install the hooks that feed `reducers`; removes them on exit, error or not.
 
     `batch_ref[0]` must hold the Batch being run when the forward pass happens.
-    `recompute_patterns` (HF models only): see run_capture.
+    `recompute_patterns` (HF models only, run with sdpa): the lean path, headlens.capture_lean.
     """
     n_layers = n_layers_of(model)
     needs: dict[int, set[str]] = {}
@@ -163,14 +170,16 @@ def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bo
             needs.setdefault(layer, set()).update(reducer.wants)
     checked: set[int] = set()
 
-    def dispatch(layer: int, kind: str, value: torch.Tensor) -> None:
+    def dispatch(layer: int, kind: str, value: torch.Tensor, q_start: int | None = None) -> None:
         batch = batch_ref[0]
         if kind == "pattern" and check and layer not in checked:
-            check_pattern(value, batch.mask, layer)
-            checked.add(layer)
+            check_pattern(value, batch.mask, layer, q_start or 0)
+            if (q_start or 0) + value.shape[-2] >= value.shape[-1]:  # the last block of the layer
+                checked.add(layer)
+        extra = {} if q_start is None else {"q_start": q_start}
         for reducer in reducers:
             if kind in reducer.wants and (reducer.layers is None or layer in reducer.layers):
-                reducer.update(layer, batch, **{kind: value})
+                reducer.update(layer, batch, **{kind: value}, **extra)
 
     if is_bridge(model):
         with _bridge_hooks(model, needs, dispatch):
@@ -178,12 +187,13 @@ def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bo
         return
     handles = []
     try:
+        if recompute_patterns:
+            from headlens.capture_lean import lean_hooks
+
+            handles += lean_hooks(model, needs, reducers, batch_ref, dispatch, check)
         for layer, kinds in needs.items():
             attn = model.transformer.h[layer].attn
-            if "pattern" in kinds and recompute_patterns:
-                hook = _recomputed_pattern_hook(layer, model.config, batch_ref, dispatch)
-                handles.append(attn.register_forward_pre_hook(hook))
-            elif "pattern" in kinds:
+            if "pattern" in kinds and not recompute_patterns:
                 handles.append(attn.register_forward_hook(_hf_pattern_hook(layer, dispatch)))
             if "z" in kinds:
                 handles.append(attn.c_proj.register_forward_pre_hook(_hf_z_hook(layer, attn.num_heads, dispatch)))
@@ -199,18 +209,6 @@ def _hf_pattern_hook(layer, dispatch):
         if pattern is None:
             raise CaptureError("the model returned no attention pattern: load it with attn_implementation='eager'")
         dispatch(layer, "pattern", pattern)  # [batch, head, q_pos, k_pos]
-
-    return hook
-
-
-def _recomputed_pattern_hook(layer, config, batch_ref, dispatch):
-    from headlens.mha import gpt2_attention_scale, gpt2_pattern
-
-    scale = gpt2_attention_scale(config, layer)
-
-    def hook(module, args):
-        mask = batch_ref[0].mask.to(args[0].device)  # [batch, pos]
-        dispatch(layer, "pattern", gpt2_pattern(module, args[0], mask, scale))  # [batch, head, q_pos, k_pos]
 
     return hook
 
@@ -254,15 +252,16 @@ def _bridge_hooks(model, needs, dispatch):
 
 
 def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], check: bool = True,
-                progress: bool = False, desc: str = "capture", recompute_patterns: bool = False) -> None:
+                progress: bool = False, desc: str = "capture", recompute_patterns: bool | None = None) -> None:
     """Run the model over `batches`, streaming activations into `reducers` (no grad).
 
     Works on a Hugging Face GPT-2 (eager attention) and on a TransformerLens TransformerBridge.
     No logits are kept (HF: the LM head is not even run); reducers hold the results.
-    `recompute_patterns=True` (HF only, opt-in for long sequences): the model runs with sdpa
-    attention, which never builds a pattern, and a hook rebuilds each layer's pattern from the
-    layer's input with headlens.mha.gpt2_pattern (one in-place buffer). Patterns then agree with
-    HF eager within VALIDATION_ATOL, not bit for bit; z is sdpa's.
+    `recompute_patterns` (HF only): True runs the lean path (headlens.capture_lean: sdpa
+    forward, each layer's pattern rebuilt from its own Q and K, in blocks of query rows for
+    reducers that take them, checked against the model's z); patterns then agree with HF eager
+    within float32 rounding, not bit for bit. None (default) picks it on HF models when every
+    pattern reducer takes row blocks (all of headlens's scorers do), else the eager hooks.
     """
     batches = list(batches) if progress else batches
     iterator = batches
@@ -274,6 +273,11 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
     if recompute_patterns and is_bridge(model):
         raise CaptureError("recompute_patterns is for Hugging Face models: a TransformerBridge builds its own patterns")
     recompute = recompute_patterns
+    if recompute is None:
+        from headlens.capture_lean import takes_blocks
+
+        recompute = (not is_bridge(model) and hasattr(model, "transformer")
+                     and any("pattern" in r.wants for r in reducers) and takes_blocks(reducers))
     implementation = _attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
     with torch.no_grad(), implementation, capture_hooks(model, reducers, batch_ref, check, recompute):
         for batch in iterator:

@@ -120,14 +120,29 @@ def gpt2_pattern(attn: nn.Module, x: torch.Tensor, attention_mask: torch.Tensor,
     [batch, head, q_pos, k_pos] buffer is the one returned (HF eager holds two or three at once).
     x: [batch, pos, d_model]; attention_mask: [batch, pos] bool, True on real tokens.
     """
-    batch, pos, d_model = x.shape
-    q, k, _ = attn.c_attn(x).split(d_model, dim=-1)  # 3 x [batch, pos, d_model]
-    q = q.view(batch, pos, attn.num_heads, -1).transpose(1, 2)  # [batch, head, q_pos, d_head]
-    k = k.view(batch, pos, attn.num_heads, -1).transpose(1, 2)  # [batch, head, k_pos, d_head]
-    pattern = (q @ k.transpose(-2, -1)).mul_(scale)  # [batch, head, q_pos, k_pos], scores for now
-    visible = torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril()  # [q_pos, k_pos]
-    visible = visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, q_pos, k_pos]
+    qkv = attn.c_attn(x)  # [batch, pos, 3 * d_model]
+    return pattern_rows(qkv, attn.num_heads, attention_mask, scale, 0, x.shape[1])
+
+
+def pattern_rows(qkv: torch.Tensor, n_heads: int, attention_mask: torch.Tensor, scale: float,
+                 q_start: int, q_stop: int) -> torch.Tensor:
+    """Rows q_start..q_stop-1 of the pattern from a GPT-2 layer's fused c_attn output.
+
+    Step 2 of the lesson on a block of queries, softmax in place: the one buffer made is the
+    block's own [batch, head, q_stop - q_start, k_pos]. Keys stay full width so a row's key
+    index is the key's position. qkv: [batch, pos, 3 * d_model] (Q, K, V concatenated, as
+    GPT-2's `c_attn` returns them); attention_mask: [batch, pos] bool, True on real tokens.
+    """
+    batch, pos, three_d = qkv.shape
+    d_model = three_d // 3
+    rows = q_stop - q_start
+    q = qkv[:, q_start:q_stop, :d_model]  # [batch, rows, d_model]
+    q = q.reshape(batch, rows, n_heads, -1).transpose(1, 2)  # [batch, head, rows, d_head]
+    k = qkv[:, :, d_model:2 * d_model].reshape(batch, pos, n_heads, -1).transpose(1, 2)  # [batch, head, k_pos, d_head]
+    pattern = (q @ k.transpose(-2, -1)).mul_(scale)  # [batch, head, rows, k_pos], scores for now
+    visible = torch.ones(rows, pos, dtype=torch.bool, device=qkv.device).tril(q_start)  # [rows, k_pos]
+    visible = visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, rows, k_pos]
     pattern.masked_fill_(~visible, float("-inf"))
     pattern.sub_(pattern.amax(-1, keepdim=True)).exp_()  # softmax, in place: shift, exp, normalise
-    pattern.div_(pattern.sum(-1, keepdim=True))  # [batch, head, q_pos, k_pos]
+    pattern.div_(pattern.sum(-1, keepdim=True))  # [batch, head, rows, k_pos]
     return pattern.nan_to_num_(0.0)  # rows with no visible key -> zeros

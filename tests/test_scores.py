@@ -196,4 +196,9 @@ def test_fast_mass_paths_equal_the_target_product():
     for make in (prev_token_reducer, current_token_reducer, first_token_reducer):
         reducer = make(1, 3)
         targets = reducer.targets_fn(_batch(ids))  # [batch, q, k]
-        assert torch.allclose(reducer.mass_fn(pattern), (pattern * targets[:, None]).sum(-1), atol=1e-7)
+        assert torch.allclose(reducer.mass_fn(pattern, 0), (pattern * targets[:, None]).sum(-1), atol=1e-7)
+        for start in range(N):  # blocks of query rows, as the lean capture path hands them over
+            rows = slice(start, min(N, start + 3))
+            block = pattern[:, :, rows]  # [batch, head, rows, k]
+            want = (block * targets[:, None, rows]).sum(-1)  # [batch, head, rows]
+            assert torch.allclose(reducer.mass_fn(block, start), want, atol=1e-7)

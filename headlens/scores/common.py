@@ -17,12 +17,14 @@ class TargetMassReducer(Reducer):
     """
 
     wants = frozenset({"pattern"})
+    row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
 
     def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None):
         self.layers = layers
         self.targets_fn = targets_fn
-        # Optional fast path: mass_fn(pattern) -> [batch, head, q_pos] must equal
-        # (pattern * targets).sum(-1) (e.g. a diagonal for a fixed offset: no [.., q, k] product).
+        # Optional fast path: mass_fn(pattern, q_start) -> [batch, head, rows] must equal
+        # (pattern * targets[:, q_start:q_start + rows]).sum(-1) (e.g. a diagonal for a fixed
+        # offset: no [.., q, k] product).
         self.mass_fn = mass_fn
         self.query_fn = query_fn
         self.sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
@@ -35,6 +37,7 @@ class TargetMassReducer(Reducer):
         self.mul_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
         self.mul_n = torch.zeros(n_layers, dtype=torch.long)  # [layer] sequences seen
         self._cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._partial: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> per-sequence sums so far
 
     def _targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cache is None or self._cache[0] != id(batch):
@@ -45,31 +48,40 @@ class TargetMassReducer(Reducer):
             self._cache = (id(batch), targets, scored)
         return self._cache[1], self._cache[2]
 
-    def update(self, layer, batch, pattern=None, z=None):
-        targets, scored = self._targets(batch)
-        targets, scored = targets.to(pattern.device), scored.to(pattern.device)
+    def update(self, layer, batch, pattern=None, z=None, q_start: int = 0):
+        targets, scored_all = self._targets(batch)
+        rows = slice(q_start, q_start + pattern.shape[-2])
+        scored = scored_all[:, rows].to(pattern.device)  # [batch, rows]
         if self.mass_fn is not None:
-            raw = self.mass_fn(pattern).double()  # [batch, head, q_pos]
+            raw = self.mass_fn(pattern, q_start).double()  # [batch, head, rows]
         else:
-            raw = (pattern * targets[:, None]).sum(-1).double()  # [batch, head, q_pos]
-        mass = raw * scored[:, None]  # padding and target-less queries -> 0
+            raw = (pattern * targets[:, None, rows].to(pattern.device)).sum(-1).double()  # [batch, head, rows]
+        mass = raw * scored[:, None]  # [batch, head, rows]: padding and target-less queries -> 0
         self.sums[layer] += mass.sum((0, 2)).cpu()
         self.sq_sums[layer] += (mass**2).sum((0, 2)).cpu()
         self.counts[layer] += int(scored.sum())
-        # per sequence: mean over its scored queries (sequences without one are skipped)
-        n_scored = scored.sum(-1)  # [batch]
+        real = batch.mask[:, rows].to(pattern.device)  # [batch, rows]
+        part = (mass.sum(-1), (raw * real[:, None]).sum(-1))  # [batch, head] each: scored mass, all real mass
+        if q_start > 0:
+            part = tuple(a + b for a, b in zip(self._partial.pop(layer), part, strict=True))
+        if rows.stop < pattern.shape[-1]:  # more blocks of this layer to come
+            self._partial[layer] = part
+            return
+        self._fold_sequences(layer, batch, scored_all, *part)
+
+    def _fold_sequences(self, layer, batch, scored_all, scored_mass, real_mass) -> None:
+        """Per-sequence statistics once every query row of the layer has been seen."""
+        n_scored = scored_all.sum(-1).to(scored_mass.device)  # [batch]
         has = n_scored > 0
-        seq_mean = mass.sum(-1) / n_scored.clamp(min=1)[:, None]  # [batch, head]
+        seq_mean = scored_mass / n_scored.clamp(min=1)[:, None]  # [batch, head]: mean over scored queries
         self.seq_sums[layer] += seq_mean[has].sum(0).cpu()
         self.seq_sq_sums[layer] += (seq_mean[has] ** 2).sum(0).cpu()
         self.n_seqs[layer] += int(has.sum())
         # "mul" form (TransformerLens detect_head): target mass summed over every real query,
         # divided by the pattern's total mass (= the number of real queries), per sequence
-        real = batch.mask.to(pattern.device)  # [batch, q_pos]
-        all_mass = raw * real[:, None]  # [batch, head, q_pos]
-        mul = all_mass.sum(-1) / real.sum(-1).clamp(min=1)[:, None]  # [batch, head]
-        self.mul_sums[layer] += mul.sum(0).cpu()
-        self.mul_n[layer] += real.shape[0]
+        n_real = batch.mask.sum(-1).to(real_mass.device)  # [batch]
+        self.mul_sums[layer] += (real_mass / n_real.clamp(min=1)[:, None]).sum(0).cpu()
+        self.mul_n[layer] += batch.mask.shape[0]
 
     def result(self) -> torch.Tensor:
         """Mean target mass, [n_layers, n_heads] (NaN where nothing was scored)."""

@@ -79,6 +79,7 @@ class CopyingReducer(Reducer):
     """
 
     wants = frozenset({"pattern", "z"})
+    row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
 
     def __init__(self, model, query_fn, layers=None):
         cfg = model.config
@@ -92,27 +93,35 @@ class CopyingReducer(Reducer):
         self.sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
         self.sq_sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
         self.counts = torch.zeros(cfg.n_layer, dtype=torch.long)  # [layer]
-        self._pending: dict[int, dict[str, torch.Tensor]] = {}
+        self._pending: dict[int, dict] = {}  # layer -> attended keys so far and z, until both are whole
         self._maps: dict[int, tuple] = {}
         self._scored: tuple | None = None
 
-    def update(self, layer: int, batch: Batch, pattern=None, z=None) -> None:
-        slot = self._pending.setdefault(layer, {})
+    def update(self, layer: int, batch: Batch, pattern=None, z=None, q_start: int = 0) -> None:
+        # z and the pattern blocks of a layer arrive in either order (eager: z first; lean: blocks first)
+        slot = self._pending.setdefault(layer, {"keys": [], "rows": 0, "n_pos": None})
         if pattern is not None:
-            slot["pattern"] = pattern.detach()
+            slot["keys"].append(self._attended(batch, pattern.detach(), q_start))
+            slot["rows"], slot["n_pos"] = q_start + pattern.shape[-2], pattern.shape[-1]
         if z is not None:
             slot["z"] = z.detach()
-        if len(slot) == 2:
-            self._fold(layer, batch, slot.pop("pattern"), slot.pop("z"))
+        if "z" in slot and slot["rows"] == slot["n_pos"]:
+            del self._pending[layer]
+            self._fold(layer, batch, slot["keys"], slot["z"])
 
-    def _fold(self, layer: int, batch: Batch, pattern: torch.Tensor, z: torch.Tensor) -> None:
+    def _attended(self, batch: Batch, pattern: torch.Tensor, q_start: int):
+        """Scored queries among the block's rows and each head's attended key (BOS column excluded)."""
         if self._scored is None or self._scored[0] is not batch:  # once per batch, not per layer
             self._scored = (batch, (self.query_fn(batch) & batch.mask).cpu())  # [batch, q_pos]
-        scored = self._scored[1]
-        if not scored.any():
+        scored = self._scored[1][:, q_start:q_start + pattern.shape[-2]]  # [batch, rows]
+        b_idx, r_idx = scored.nonzero(as_tuple=True)  # [n], [n]
+        keys = pattern[b_idx, :, r_idx.to(pattern.device), 1:].argmax(-1).cpu() + 1  # [n, head]
+        return b_idx, r_idx + q_start, keys
+
+    def _fold(self, layer: int, batch: Batch, parts: list, z: torch.Tensor) -> None:
+        b_idx, q_idx, keys = (torch.cat(column) for column in zip(*parts, strict=True))  # [n], [n], [n, head]
+        if len(b_idx) == 0:
             return
-        b_idx, q_idx = scored.nonzero(as_tuple=True)  # [n], [n]
-        keys = pattern[b_idx, :, q_idx, 1:].argmax(-1).cpu() + 1  # [n, head] BOS column excluded
         tokens = batch.input_ids[b_idx[:, None], keys]  # [n, head]
         zq = z[b_idx, q_idx].cpu().float()  # [n, head, d_head]
         a, m_vec, m_cov = self._layer_maps(layer)

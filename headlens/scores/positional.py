@@ -20,25 +20,28 @@ def offset_targets(input_ids: torch.Tensor, offset: int) -> torch.Tensor:
     return eye[None].expand(input_ids.shape[0], n, n)
 
 
-def offset_mass(pattern: torch.Tensor, offset: int) -> torch.Tensor:
-    """A[q, q + offset] for each query (0 where that key does not exist): [batch, head, q_pos].
-    Equals (pattern * offset_targets(ids, offset)).sum(-1) without the [q, k] product."""
-    mass = torch.zeros(pattern.shape[:-1], dtype=pattern.dtype, device=pattern.device)  # [batch, head, q_pos]
-    mass[..., -offset:] = pattern.diagonal(offset=offset, dim1=-2, dim2=-1)  # [batch, head, q_pos + offset]
+def offset_mass(pattern: torch.Tensor, offset: int, q_start: int = 0) -> torch.Tensor:
+    """A[q, q + offset] for each query row (0 where that key does not exist): [batch, head, rows].
+
+    pattern: [batch, head, rows, k_pos], query rows q_start..; equals
+    (pattern * offset_targets(ids, offset)[:, q_start:q_start + rows]).sum(-1) without the [q, k] product."""
+    mass = torch.zeros(pattern.shape[:-1], dtype=pattern.dtype, device=pattern.device)  # [batch, head, rows]
+    diag = pattern.diagonal(offset=q_start + offset, dim1=-2, dim2=-1)  # [batch, head, rows with that key]
+    mass[..., mass.shape[-1] - diag.shape[-1]:] = diag  # the first rows lack the key only when q_start + offset < 0
     return mass
 
 
 def prev_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for prev_token_score: mean A[i, i-1] over real positions i >= 1."""
     return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, -1), layers=layers,
-                             mass_fn=lambda pattern: offset_mass(pattern, -1))
+                             mass_fn=lambda pattern, q_start: offset_mass(pattern, -1, q_start))
 
 
 def current_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for current_token_score: mean A[i, i] over real positions i >= 1 (i = 0 is trivially 1)."""
     return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, 0),
                              query_fn=_from_position_one, layers=layers,
-                             mass_fn=lambda pattern: offset_mass(pattern, 0))
+                             mass_fn=lambda pattern, q_start: offset_mass(pattern, 0, q_start))
 
 
 def _from_position_one(batch) -> torch.Tensor:
@@ -56,9 +59,10 @@ def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassR
         targets[:, 1:, 0] = True
         return targets
 
-    def first_mass(pattern):
-        mass = pattern[..., 0].clone()  # [batch, head, q_pos]
-        mass[..., 0] = 0.0  # query 0 has no target (A[0, 0] = 1 trivially)
+    def first_mass(pattern, q_start):
+        mass = pattern[..., 0].clone()  # [batch, head, rows]
+        if q_start == 0:
+            mass[..., 0] = 0.0  # query 0 has no target (A[0, 0] = 1 trivially)
         return mass
 
     return TargetMassReducer(n_layers, n_heads, first_column, layers=layers, mass_fn=first_mass)
@@ -77,6 +81,7 @@ class ArgmaxOffsetReducer:
     """
 
     wants = frozenset({"pattern"})
+    row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
 
     def __init__(self, n_layers: int, n_heads: int, max_offset: int = 8, layers=None):
         self.layers = layers
@@ -85,16 +90,15 @@ class ArgmaxOffsetReducer:
         self.counts = torch.zeros(n_layers, n_heads, max_offset + 2, dtype=torch.long)
         self.n_scored = torch.zeros(n_layers, dtype=torch.long)  # [layer]
 
-    def update(self, layer, batch, pattern=None, z=None):
-        n = pattern.shape[-1]
+    def update(self, layer, batch, pattern=None, z=None, q_start: int = 0):
+        n_rows, n = pattern.shape[-2], pattern.shape[-1]
         if n < 3:
             return
-        arg = pattern[..., 1:].argmax(-1) + 1  # [batch, head, q_pos]; key 0 excluded
-        back = torch.arange(n, device=pattern.device)[None, None, :] - arg  # [batch, head, q_pos], >= 0
-        back = back.clamp(min=0, max=self.max_offset + 1)  # q < 2 are not scored
-        scored = batch.mask.to(pattern.device).clone()  # [batch, q_pos]
-        scored[:, :2] = False
-        onehot = torch.nn.functional.one_hot(back, self.max_offset + 2)  # [batch, head, q_pos, bucket]
+        arg = pattern[..., 1:].argmax(-1) + 1  # [batch, head, rows]; key 0 excluded
+        queries = torch.arange(q_start, q_start + n_rows, device=pattern.device)  # [rows]
+        back = (queries[None, None, :] - arg).clamp(min=0, max=self.max_offset + 1)  # [batch, head, rows]
+        scored = batch.mask[:, q_start:q_start + n_rows].to(pattern.device) & (queries >= 2)  # [batch, rows]
+        onehot = torch.nn.functional.one_hot(back, self.max_offset + 2)  # [batch, head, rows, bucket]
         self.counts[layer] += (onehot * scored[:, None, :, None]).sum((0, 2)).cpu()
         self.n_scored[layer] += int(scored.sum())
 

@@ -1,0 +1,104 @@
+"""The lean capture path: sdpa runs the model, patterns are rebuilt in blocks of query rows.
+
+Hugging Face eager attention materialises the [batch, head, q_pos, k_pos] scores two or three
+times per layer (matmul, mask, softmax): at 1 x 1024 tokens on GPT-2 small that is most of a
+forward pass's added memory. Here the model runs with `sdpa`, which never builds a pattern, and
+a forward hook on each layer's fused `c_attn` takes that layer's own Q and K (no projection is
+recomputed) and hands the pattern to the reducers in blocks of `QUERY_BLOCK` query rows, each
+block a fresh [batch, head, rows, k_pos] buffer (headlens.mha.pattern_rows). Reducers that
+accept blocks say so with `row_blocks = True`; a layer that feeds any other reducer gets its
+whole pattern in one block.
+
+The check (first batch of a run, per layer) is stronger than on the eager path: besides the
+pattern being causal and row-stochastic (capture.check_pattern, per block), pattern @ V must
+equal the z the model itself computed at `c_proj`, so the rebuilt pattern is the model's own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.errors import HeadlensError
+from headlens.mha import gpt2_attention_scale, pattern_rows
+
+# Query rows per block: 12 heads x 128 rows x 1024 keys x 4 bytes = 6.3 MB at GPT-2 small's
+# full context, against 50 MB for a whole layer's pattern (benchmarks/bench_capture.py).
+QUERY_BLOCK = 128
+# pattern @ V against the model's z: sdpa and our softmax differ by float32 rounding (~1e-6
+# on GPT-2-small-sized activations); a wrong pattern is off by the size of V itself.
+Z_CHECK_RTOL = 1e-4
+
+
+class LeanCheckError(HeadlensError, RuntimeError):
+    """The rebuilt pattern does not reproduce the z the model computed."""
+
+
+def takes_blocks(reducers) -> bool:
+    """True if every reducer that wants patterns accepts blocks of query rows."""
+    return all(getattr(r, "row_blocks", False) for r in reducers if "pattern" in r.wants)
+
+
+class LeanLayer:
+    """The lean path's hooks for one layer of a Hugging Face GPT-2.
+
+    `on_qkv` (forward hook on attn.c_attn) dispatches the pattern block by block;
+    `on_z` (forward pre-hook on attn.c_proj) compares pattern @ V with the model's z while
+    `verify` is set (the first batch), then stops checking.
+    """
+
+    def __init__(self, layer: int, attn, config, block: int | None, batch_ref: list, dispatch, verify: bool):
+        self.layer, self.n_heads = layer, attn.num_heads
+        self.scale = gpt2_attention_scale(config, layer)
+        self.block, self.batch_ref, self.dispatch = block, batch_ref, dispatch
+        self.verify = verify
+        self._expected: torch.Tensor | None = None
+
+    def on_qkv(self, module, args, output) -> None:
+        qkv = output.detach()  # [batch, pos, 3 * d_model]
+        mask = self.batch_ref[0].mask.to(qkv.device)  # [batch, pos]
+        pos = qkv.shape[1]
+        step = self.block or pos
+        if self.verify:
+            self._expected = torch.empty(qkv.shape[0], self.n_heads, pos, qkv.shape[-1] // (3 * self.n_heads),
+                                         dtype=qkv.dtype, device=qkv.device)  # [batch, head, pos, d_head]
+        for start in range(0, pos, step):
+            stop = min(pos, start + step)
+            pattern = pattern_rows(qkv, self.n_heads, mask, self.scale, start, stop)  # [batch, head, rows, k_pos]
+            if self._expected is not None:
+                self._expected[:, :, start:stop] = pattern @ _values(qkv, self.n_heads)
+            self.dispatch(self.layer, "pattern", pattern, None if self.block is None else start)
+
+    def on_z(self, module, args) -> None:
+        if self._expected is None:
+            return
+        merged = args[0].detach()  # [batch, pos, head * d_head]
+        z = merged.view(*merged.shape[:-1], self.n_heads, -1).transpose(1, 2)  # [batch, head, pos, d_head]
+        real = self.batch_ref[0].mask.to(z.device)[:, None, :, None]  # [batch, 1, pos, 1]
+        err = ((z - self._expected).abs() * real).amax().item()
+        scale = max(1.0, (self._expected.abs() * real).amax().item())
+        self._expected, self.verify = None, False
+        if err > Z_CHECK_RTOL * scale:
+            raise LeanCheckError(f"layer {self.layer}: the rebuilt attention pattern does not reproduce the "
+                                 f"model's z (max error {err:.2e}); run the capture with recompute_patterns=False")
+
+
+def _values(qkv: torch.Tensor, n_heads: int) -> torch.Tensor:
+    batch, pos, three_d = qkv.shape
+    d_model = three_d // 3
+    return qkv[:, :, 2 * d_model:].reshape(batch, pos, n_heads, -1).transpose(1, 2)  # [batch, head, pos, d_head]
+
+
+def lean_hooks(model, needs: dict[int, set[str]], reducers, batch_ref: list, dispatch, check: bool) -> list:
+    """Register the lean path's hooks for every layer that needs patterns; returns the handles."""
+    handles = []
+    for layer, kinds in needs.items():
+        if "pattern" not in kinds:
+            continue
+        wanting = [r for r in reducers if "pattern" in r.wants and (r.layers is None or layer in r.layers)]
+        block = QUERY_BLOCK if takes_blocks(wanting) else None
+        attn = model.transformer.h[layer].attn
+        lean = LeanLayer(layer, attn, model.config, block, batch_ref, dispatch, verify=check)
+        handles.append(attn.c_attn.register_forward_hook(lean.on_qkv))
+        if check:
+            handles.append(attn.c_proj.register_forward_pre_hook(lean.on_z))
+    return handles
