@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +33,10 @@ from peak_memory import reset_peak, status_kb  # benchmarks/ is on sys.path when
 
 N_PROMPTS = 8
 PASSAGE_CHARS = 600  # ~130 GPT-2 tokens per copy: 2 copies + BOS stay well under n_ctx
-BATCH = 1  # sequences per forward: detect_head runs one prompt at a time, so do we
+BATCH = 1  # default sequences per forward: detect_head runs one prompt at a time
+# glibc: pin the mmap threshold (as benchmarks/bench_capture.py does, see there) so the RSS peak
+# follows live tensors rather than the allocator's history; --default-malloc leaves it alone.
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
 
 
 def prompts() -> list[str]:
@@ -42,7 +46,7 @@ def prompts() -> list[str]:
     return [text[i * PASSAGE_CHARS : (i + 1) * PASSAGE_CHARS] * 2 for i in range(N_PROMPTS)]
 
 
-def _ours(loaded, sequences):
+def _ours(loaded, sequences, batch_size: int):
     import torch
 
     from headlens.capture import iter_batches
@@ -63,7 +67,7 @@ def _ours(loaded, sequences):
         prev, dup, prefix = prev_token_reducer(n, h), duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
         others = [current_token_reducer(n, h), first_token_reducer(n, h), ArgmaxOffsetReducer(n, h),
                   CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))]
-        batches = iter_batches(sequences, BATCH, pad_id=loaded.bos_token_id)
+        batches = iter_batches(sequences, batch_size, pad_id=loaded.bos_token_id)
         stream_heads(loaded.model, batches, [prev, dup, prefix, *others])
         return {"previous_token_head": prev.mul_score(), "duplicate_token_head": dup.mul_score(),
                 "induction_head": prefix.mul_score(), "copying": others[-1].result()}
@@ -90,7 +94,7 @@ def _tl(loaded, sequences, texts):
     return step
 
 
-def run_side(side: str, repeats: int) -> dict:
+def run_side(side: str, repeats: int, batch_size: int = BATCH) -> dict:
     import torch
 
     from headlens.models import build_model
@@ -99,7 +103,7 @@ def run_side(side: str, repeats: int) -> dict:
     loaded = build_model(None, seed=0)  # GPT2Config(): 12 layers x 12 heads, d_model 768, random weights
     texts = prompts()
     sequences = [[loaded.bos_token_id] + loaded.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    step = _ours(loaded, sequences) if side == "ours" else _tl(loaded, sequences, texts)
+    step = _ours(loaded, sequences, batch_size) if side == "ours" else _tl(loaded, sequences, texts)
     if side == "tl":
         del loaded  # the bridge holds its own copy: one set of weights on each side
     step()  # warm-up
@@ -117,23 +121,28 @@ def run_side(side: str, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per side")
+    parser.add_argument("--batch", type=int, default=BATCH, help="our sequences per forward pass")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="leave glibc's dynamic mmap threshold alone (noisier peaks)")
     parser.add_argument("--side", choices=["ours", "tl"], help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args()
     if args.side:
-        print(json.dumps(run_side(args.side, args.repeats)))
+        print(json.dumps(run_side(args.side, args.repeats, args.batch)))
         return
     import torch
 
     res = {}
+    env = dict(os.environ) if args.default_malloc else {**os.environ, **CHILD_ENV}
     for side in ("ours", "tl"):
-        out = subprocess.run([sys.executable, __file__, "--side", side, "--repeats", str(args.repeats)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, __file__, "--side", side, "--repeats", str(args.repeats),
+                              "--batch", str(args.batch)], capture_output=True, text=True, check=True, env=env)
         res[side] = json.loads(out.stdout.strip().splitlines()[-1])
     ours, tl = res["ours"], res["tl"]
     diffs = {name: (torch.tensor(ours["scores"][name]) - torch.tensor(tl["scores"][name])).abs().max().item()
              for name in tl["scores"]}
     print(f"GPT-2-small shape (GPT2Config(), seed 0, random weights), {N_PROMPTS} prompts of "
-          f"{min(ours['tokens'])}-{max(ours['tokens'])} tokens, float32, 2 threads, median of {args.repeats}")
+          f"{min(ours['tokens'])}-{max(ours['tokens'])} tokens, float32, 2 threads, median of {args.repeats}, "
+          f"our batch {args.batch}, {'default malloc' if args.default_malloc else 'mmap threshold 1 MiB'}")
     print(f"{'side':<6} {'seconds':>8} {'added peak MB':>14} {'base RSS MB':>12}  passes")
     for side in ("ours", "tl"):
         r = res[side]

@@ -4,8 +4,9 @@ Hugging Face eager attention materialises the [batch, head, q_pos, k_pos] scores
 times per layer (matmul, mask, softmax): at 1 x 1024 tokens on GPT-2 small that is most of a
 forward pass's added memory. Here the model runs with `sdpa`, which never builds a pattern, and
 a forward hook on each layer's fused `c_attn` takes that layer's own Q and K (no projection is
-recomputed) and hands the pattern to the reducers in blocks of `QUERY_BLOCK` query rows, each
-block a fresh [batch, head, rows, k_pos] buffer (headlens.mha.pattern_rows). Reducers that
+recomputed) and hands the pattern to the reducers in blocks of query rows of at most
+`BLOCK_ELEMENTS` weights, each block a fresh [batch, head, rows, k_pos] buffer
+(headlens.mha.pattern_rows). Reducers that
 accept blocks say so with `row_blocks = True`; a layer that feeds any other reducer gets its
 whole pattern in one block.
 
@@ -21,9 +22,15 @@ import torch
 from headlens.errors import HeadlensError
 from headlens.mha import gpt2_attention_scale, pattern_rows
 
-# Query rows per block: 12 heads x 128 rows x 1024 keys x 4 bytes = 6.3 MB at GPT-2 small's
-# full context, against 50 MB for a whole layer's pattern (benchmarks/bench_capture.py).
-QUERY_BLOCK = 128
+# Attention weights per block: 12 heads x 128 rows x 1024 keys (6.3 MB in float32) at GPT-2
+# small's full context, against 50 MB for a whole layer's pattern (benchmarks/bench_capture.py).
+# Short sequences get more rows per block (fewer reducer calls): 1 x 300 tokens is one block.
+BLOCK_ELEMENTS = 12 * 128 * 1024
+
+
+def block_rows(batch: int, n_heads: int, pos: int) -> int:
+    """Query rows per block for a [batch, n_heads, rows, pos] block within BLOCK_ELEMENTS."""
+    return max(1, BLOCK_ELEMENTS // (batch * n_heads * pos))
 # pattern @ V against the model's z: sdpa and our softmax differ by float32 rounding (~1e-6
 # on GPT-2-small-sized activations); a wrong pattern is off by the size of V itself.
 Z_CHECK_RTOL = 1e-4
@@ -46,10 +53,10 @@ class LeanLayer:
     `verify` is set (the first batch), then stops checking.
     """
 
-    def __init__(self, layer: int, attn, config, block: int | None, batch_ref: list, dispatch, verify: bool):
+    def __init__(self, layer: int, attn, config, blocks: bool, batch_ref: list, dispatch, verify: bool):
         self.layer, self.n_heads = layer, attn.num_heads
         self.scale = gpt2_attention_scale(config, layer)
-        self.block, self.batch_ref, self.dispatch = block, batch_ref, dispatch
+        self.blocks, self.batch_ref, self.dispatch = blocks, batch_ref, dispatch
         self.verify = verify
         self._expected: torch.Tensor | None = None
 
@@ -57,7 +64,7 @@ class LeanLayer:
         qkv = output.detach()  # [batch, pos, 3 * d_model]
         mask = self.batch_ref[0].mask.to(qkv.device)  # [batch, pos]
         pos = qkv.shape[1]
-        step = self.block or pos
+        step = block_rows(qkv.shape[0], self.n_heads, pos) if self.blocks else pos
         if self.verify:
             self._expected = torch.empty(qkv.shape[0], self.n_heads, pos, qkv.shape[-1] // (3 * self.n_heads),
                                          dtype=qkv.dtype, device=qkv.device)  # [batch, head, pos, d_head]
@@ -66,7 +73,7 @@ class LeanLayer:
             pattern = pattern_rows(qkv, self.n_heads, mask, self.scale, start, stop)  # [batch, head, rows, k_pos]
             if self._expected is not None:
                 self._expected[:, :, start:stop] = pattern @ _values(qkv, self.n_heads)
-            self.dispatch(self.layer, "pattern", pattern, None if self.block is None else start)
+            self.dispatch(self.layer, "pattern", pattern, start if self.blocks else None)
 
     def on_z(self, module, args) -> None:
         if self._expected is None:
@@ -95,9 +102,8 @@ def lean_hooks(model, needs: dict[int, set[str]], reducers, batch_ref: list, dis
         if "pattern" not in kinds:
             continue
         wanting = [r for r in reducers if "pattern" in r.wants and (r.layers is None or layer in r.layers)]
-        block = QUERY_BLOCK if takes_blocks(wanting) else None
         attn = model.transformer.h[layer].attn
-        lean = LeanLayer(layer, attn, model.config, block, batch_ref, dispatch, verify=check)
+        lean = LeanLayer(layer, attn, model.config, takes_blocks(wanting), batch_ref, dispatch, verify=check)
         handles.append(attn.c_attn.register_forward_hook(lean.on_qkv))
         if check:
             handles.append(attn.c_proj.register_forward_pre_hook(lean.on_z))

@@ -20,7 +20,12 @@ from headlens.validate import VALIDATION_ATOL
 
 # Unequal lengths (padding inside batches) that are not multiples of the block size below.
 LENGTHS = [9, 5, 12, 3, 7, 11]
-BLOCK = 4  # query rows per block in these tests: 3 blocks for the 12-token sequence
+ROWS = 4  # query rows per block for one 12-token sequence in these tests: 3 blocks
+
+
+def _small_blocks(monkeypatch, spec) -> None:
+    """Blocks of ROWS rows for batch 1 x 12 tokens (and of 2 or 1 rows for larger batches)."""
+    monkeypatch.setattr(capture_lean, "BLOCK_ELEMENTS", ROWS * spec.n_heads * 12)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,8 @@ def _stats(reducer) -> list[torch.Tensor]:
 @pytest.mark.parametrize("batch_size", [2, 6])
 def test_blocks_give_every_scorer_the_eager_result(small_model, sequences, monkeypatch, batch_size):
     """Peer: the same reducers fed whole patterns by Hugging Face eager attention."""
-    monkeypatch.setattr(capture_lean, "QUERY_BLOCK", BLOCK)
     model, spec = small_model.model, small_model.spec
+    _small_blocks(monkeypatch, spec)
     eager, lean = _scorers(model, spec), _scorers(model, spec)
     run_capture(model, iter_batches(sequences, batch_size, pad_id=0), list(eager.values()), recompute_patterns=False)
     run_capture(model, iter_batches(sequences, batch_size, pad_id=0), list(lean.values()))  # default: lean
@@ -78,7 +83,7 @@ class RecordBlocks(Reducer):
 
 
 def test_default_is_lean_only_when_every_pattern_reducer_takes_blocks(small_model, sequences, monkeypatch):
-    monkeypatch.setattr(capture_lean, "QUERY_BLOCK", BLOCK)
+    _small_blocks(monkeypatch, small_model.spec)
     model = small_model.model
     batch = next(iter_batches(sequences[2:3], 1))  # the 12-token sequence alone
     alone = RecordBlocks()

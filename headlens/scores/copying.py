@@ -29,9 +29,12 @@ from headlens.capture import Batch, Reducer
 # Below this std(l) relative to |u| * rms(W_U) the head writes nothing the unembedding reads
 # (e.g. into a subspace orthogonal to it): its copying score is 0, not noise divided by noise.
 FLAT_LOGITS_RTOL = 1e-5
+# Scored queries folded at a time: the [n, head, d_model] outputs and gathered unembedding rows
+# stay ~2.4 MB each at GPT-2 small's shape (12 heads x 768), whatever the batch holds.
+FOLD_QUERIES = 64
 
 
-def unembedding_stats(model, chunk: int = 4096) -> dict[str, torch.Tensor]:
+def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
     """Mean row, covariance and rms of the unembedding, and ln_f's gain, of a HF GPT-2.
 
     Accumulated in float64 over chunks of rows, so no float64 copy of [d_vocab, d_model] is made;
@@ -122,26 +125,30 @@ class CopyingReducer(Reducer):
         b_idx, q_idx, keys = (torch.cat(column) for column in zip(*parts, strict=True))  # [n], [n], [n, head]
         if len(b_idx) == 0:
             return
-        tokens = batch.input_ids[b_idx[:, None], keys]  # [n, head]
-        zq = z[b_idx, q_idx].cpu().float()  # [n, head, d_head]
         a, m_vec, m_cov = self._layer_maps(layer)
-        u = torch.einsum("nhd,hdm->nhm", zq, a)  # [n, head, d_model]: centred, ln_f-scaled outputs
-        target = (u * self.stats["w_u"][tokens].float()).sum(-1)  # [n, head] l[t*]
-        mean = torch.einsum("nhd,hd->nh", zq, m_vec)  # [n, head] mean(l)
-        var = (torch.einsum("nhd,hde->nhe", zq, m_cov) * zq).sum(-1).clamp(min=0)  # [n, head] z (A C A^T) z^T
-        score = _erf_score(target - mean, var.sqrt(), u, self.stats).double()  # [n, head]
-        self.sums[layer] += score.sum(0)
-        self.sq_sums[layer] += (score**2).sum(0)
+        for start in range(0, len(b_idx), FOLD_QUERIES):
+            part = slice(start, start + FOLD_QUERIES)
+            tokens = batch.input_ids[b_idx[part, None], keys[part]]  # [n, head]
+            zq = z[b_idx[part], q_idx[part]].cpu().float()  # [n, head, d_head]
+            u = torch.einsum("nhd,hdm->nhm", zq, a)  # [n, head, d_model]: centred, ln_f-scaled outputs
+            target = (u * self.stats["w_u"][tokens].float()).sum(-1)  # [n, head] l[t*]
+            mean = torch.einsum("nhd,hd->nh", zq, m_vec)  # [n, head] mean(l)
+            var = (torch.einsum("nhd,hde->nhe", zq, m_cov) * zq).sum(-1).clamp(min=0)  # [n, head] z (A C A^T) z^T
+            score = _erf_score(target - mean, var.sqrt(), u, self.stats).double()  # [n, head]
+            self.sums[layer] += score.sum(0)
+            self.sq_sums[layer] += (score**2).sum(0)
         self.counts[layer] += len(b_idx)
 
     def _layer_maps(self, layer: int):
         """Per head A = centre(W_O) * gamma_f [d_head, d_model], A m [d_head] and A C A^T [d_head, d_head]:
-        mean and variance of the direct-path logits from z alone (d_head^2, not d_model^2, per query)."""
+        mean and variance of the direct-path logits from z alone (d_head^2, not d_model^2, per query).
+        Only the small A m and A C A^T are kept across batches (A C A^T costs a d_model^2 product);
+        A itself, as large as the layer's W_O, is rebuilt per call (elementwise)."""
+        w_o = self.w_o[layer].float()  # [head, d_head, d_model]
+        a = (w_o - w_o.mean(-1, keepdim=True)) * self.stats["gamma"]  # [head, d_head, d_model]
         if layer not in self._maps:
-            w_o = self.w_o[layer].float()  # [head, d_head, d_model]
-            a = (w_o - w_o.mean(-1, keepdim=True)) * self.stats["gamma"]  # [head, d_head, d_model]
-            self._maps[layer] = (a, a @ self.stats["mean"], a @ self.stats["cov"] @ a.transpose(1, 2))
-        return self._maps[layer]
+            self._maps[layer] = (a @ self.stats["mean"], a @ self.stats["cov"] @ a.transpose(1, 2))
+        return (a, *self._maps[layer])
 
     def result(self) -> torch.Tensor:
         """Mean copying score, [n_layers, n_heads] (NaN where nothing was scored)."""
