@@ -8,6 +8,8 @@ Hook sites (Hugging Face GPT-2, eager attention):
 - pattern: output[1] of `transformer.h[L].attn`   # [batch, head, q_pos, k_pos]
 - z: the input of `transformer.h[L].attn.c_proj`  # [batch, pos, head * d_head] -> [batch, pos, head, d_head]
 On a TransformerLens `TransformerBridge`: `blocks.{L}.attn.hook_pattern` and `hook_z`.
+The lean path (headlens.capture_lean, run_capture's default on HF models when every pattern
+reducer takes blocks of query rows) hooks `attn.c_attn` instead and rebuilds the pattern there.
 Hooks are GLOBAL state (TransformerLens docs), so they are only ever installed inside a
 context manager that removes them on exit, error included.
 """

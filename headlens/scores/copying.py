@@ -130,7 +130,7 @@ class CopyingReducer(Reducer):
             part = slice(start, start + FOLD_QUERIES)
             tokens = batch.input_ids[b_idx[part, None], keys[part]]  # [n, head]
             zq = z[b_idx[part], q_idx[part]].cpu().float()  # [n, head, d_head]
-            u = torch.einsum("nhd,hdm->nhm", zq, a)  # [n, head, d_model]: centred, ln_f-scaled outputs
+            u = torch.bmm(zq.transpose(0, 1), a).transpose(0, 1)  # [n, head, d_model]: centred, ln_f-scaled outputs
             target = (u * self.stats["w_u"][tokens].float()).sum(-1)  # [n, head] l[t*]
             mean = torch.einsum("nhd,hd->nh", zq, m_vec)  # [n, head] mean(l)
             var = (torch.einsum("nhd,hde->nhe", zq, m_cov) * zq).sum(-1).clamp(min=0)  # [n, head] z (A C A^T) z^T
