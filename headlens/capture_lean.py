@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from headlens.capture import check_atol
 from headlens.errors import HeadlensError
 from headlens.mha import gpt2_attention_scale, pattern_rows
 
@@ -32,8 +33,10 @@ def block_rows(batch: int, n_heads: int, pos: int) -> int:
     """Query rows per block for a [batch, n_heads, rows, pos] block within BLOCK_ELEMENTS."""
     return max(1, BLOCK_ELEMENTS // (batch * n_heads * pos))
 # pattern @ V against the model's z: sdpa and our softmax differ by float32 rounding (~1e-6
-# on GPT-2-small-sized activations); a wrong pattern is off by the size of V itself.
+# on GPT-2-small-sized activations); a wrong pattern is off by the size of V itself. Half
+# precision: 20 epsilons of the dtype (capture.check_atol).
 Z_CHECK_RTOL = 1e-4
+Z_CHECK_EPS = 20
 
 
 class LeanCheckError(HeadlensError, RuntimeError):
@@ -84,7 +87,7 @@ class LeanLayer:
         err = ((z - self._expected).abs() * real).amax().item()
         scale = max(1.0, (self._expected.abs() * real).amax().item())
         self._expected, self.verify = None, False
-        if err > Z_CHECK_RTOL * scale:
+        if err > check_atol(z.dtype, Z_CHECK_RTOL, Z_CHECK_EPS) * scale:
             raise LeanCheckError(f"layer {self.layer}: the rebuilt attention pattern does not reproduce the "
                                  f"model's z (max error {err:.2e}); run the capture with recompute_patterns=False")
 

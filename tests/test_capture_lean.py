@@ -124,3 +124,23 @@ def test_check_pattern_on_row_blocks():
     with pytest.raises(CaptureError, match="not causal"):
         check_pattern(leaky, mask, layer=0, q_start=3)
     check_pattern(leaky, mask, layer=0, q_start=6)  # read as rows 6..8, key 5 is in the past
+
+
+# A half-precision pattern carries ~eps(dtype) relative error per weight (bfloat16: 2^-8); the
+# mean over positions of such a score stays within a few of those epsilons of float32's.
+HALF_SCORE_ATOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_models_pass_the_checks_on_both_paths(small_model, sequences, dtype):
+    import copy
+
+    spec = small_model.spec
+    half = copy.deepcopy(small_model.model).to(dtype)
+    batches = list(iter_batches(sequences, 3, pad_id=0))
+    want = prev_token_reducer(spec.n_layers, spec.n_heads)
+    run_capture(small_model.model, batches, [want])
+    for lean in (True, False):
+        got = prev_token_reducer(spec.n_layers, spec.n_heads)
+        run_capture(half, batches, [got], recompute_patterns=lean)  # the checks run and pass
+        torch.testing.assert_close(got.result(), want.result(), atol=HALF_SCORE_ATOL[dtype], rtol=0)
