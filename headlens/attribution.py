@@ -47,15 +47,19 @@ def z_edit_hooks(model, edit: Callable[[int, torch.Tensor], torch.Tensor]):
 
 
 def _counted_sums(model, evalset, rows: slice) -> torch.Tensor:
-    """Per-sequence sums of counted losses of one batch, with grad: [batch]."""
-    from headlens.ablate import token_losses
-    from headlens.capture import Batch, forward
+    """Per-sequence sums of counted losses of one batch, with grad: [batch].
 
-    batch = Batch(evalset.input_ids[rows], evalset.mask[rows])
-    logits = forward(model, batch)  # [batch, pos, d_vocab]
-    losses = token_losses(logits, batch.input_ids.to(logits.device), batch.mask.to(logits.device))
-    keep = evalset.counted[rows].to(losses.device)  # [batch, pos-1]
-    return torch.where(keep, losses, torch.zeros_like(losses)).sum(-1)  # [batch]
+    The trunk runs whole (GPT2Model applies ln_f); only counted positions go through the
+    unembedding, a vocabulary chunk at a time (headlens.unembed: one logits copy for backward
+    instead of autograd's logits, log_softmax and their gradients)."""
+    from headlens.unembed import unembed_losses
+
+    device = next(model.parameters()).device
+    ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
+    hidden = model.transformer(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [batch, pos, d_model]
+    seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # counted (sequence, position) pairs
+    losses = unembed_losses(hidden[seq, pos], model.lm_head, ids[seq, pos + 1])  # [n_counted]
+    return torch.zeros(ids.shape[0], dtype=losses.dtype, device=device).index_add(0, seq, losses)  # [batch]
 
 
 def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int = GRAD_BATCH_SIZE) -> torch.Tensor:

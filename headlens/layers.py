@@ -12,10 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-# Vocabulary rows per unembedding matmul in `unembed_losses`: at 508 x 768 x 50,257 one
-# 4,096-row chunk ran at 148-152 GFLOP/s against 122 for the whole matrix at once, and the
-# [rows, d_vocab] logits (102 MB) are never materialised (2 cores, torch 2.13 CPU; BENCHMARKS.md).
-UNEMBED_CHUNK = 4096
+from headlens.unembed import unembed_losses
+
 Replacement = torch.Tensor | None  # per layer: [n_seq | 1, pos, head, d_head] or None (zero)
 
 
@@ -92,28 +90,6 @@ class LayerRunner:
         losses = unembed_losses(self.tf.ln_f(picked), self.model.lm_head, targets)  # [copies, n_counted]
         sums = torch.zeros(copies, keep.shape[0], dtype=losses.dtype, device=losses.device)  # [copies, batch]
         return sums.index_add_(1, rows, losses)
-
-
-def unembed_losses(hidden: torch.Tensor, lm_head, targets: torch.Tensor,
-                   chunk: int = UNEMBED_CHUNK) -> torch.Tensor:
-    """Cross-entropy -log softmax(lm_head(hidden))[target] in float32: [..., n], hidden [..., n, d_model].
-
-    logsumexp is taken over vocabulary chunks and the target logit is one dot product per
-    position, so the [n, d_vocab] logits are never held at once; equal to the full
-    log_softmax up to float32 rounding.
-    """
-    weight, bias = lm_head.weight, lm_head.bias  # [d_vocab, d_model], [d_vocab] or None
-    flat = hidden.reshape(-1, hidden.shape[-1])  # [rows, d_model]
-    lses = []
-    for start in range(0, weight.shape[0], chunk):
-        part = torch.nn.functional.linear(flat, weight[start:start + chunk],
-                                          None if bias is None else bias[start:start + chunk])  # [rows, chunk]
-        lses.append(torch.logsumexp(part.float(), dim=-1))  # [rows]
-    lse = torch.logsumexp(torch.stack(lses, dim=-1), dim=-1).view(hidden.shape[:-1])  # [..., n]
-    target = (hidden.float() * weight[targets].float()).sum(-1)  # [..., n]
-    if bias is not None:
-        target = target + bias[targets].float()
-    return lse - target
 
 
 def head_out_weight(model, layer: int, head: int) -> torch.Tensor:

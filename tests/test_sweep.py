@@ -11,8 +11,9 @@ from headlens.ablate import ablated_sums, sweep_heads
 from headlens.errors import ConfigError, InputTextError, OutputPathError
 from headlens.evalset import EvalSet, repeat_evalset, text_evalset
 from headlens.heads import Head, all_heads
-from headlens.layers import replacements, unembed_losses
+from headlens.layers import replacements
 from headlens.sweep import base_sums, sweep_sums
+from headlens.unembed import unembed_losses
 
 # The issue's bar: every delta of the fast sweep within 1e-5 of the naive full-forward loop.
 FAST_ATOL = 1e-5
@@ -96,6 +97,22 @@ def test_chunked_unembedding_equals_full_log_softmax(bias):
         chunked = unembed_losses(hidden, head, targets, chunk=7)
     assert chunked.shape == (3, 11)
     torch.testing.assert_close(chunked, full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_unembedding_gradients_equal_autograd_of_log_softmax(bias):
+    """The hand-written backward pass against autograd through the textbook form (float64)."""
+    gen = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(16, 50, bias=bias).double()
+    hidden = (torch.randn(3, 11, 16, generator=gen, dtype=torch.float64) * 4).requires_grad_(True)
+    targets = torch.randint(0, 50, (11,), generator=gen)  # [n]
+    weights = torch.rand(3, 11, generator=gen, dtype=torch.float64)  # a non-uniform upstream gradient
+    full = -torch.log_softmax(head(hidden), -1)[:, torch.arange(11), targets]  # [copies, n]
+    want = torch.autograd.grad((full * weights).sum(), [hidden, *head.parameters()])
+    chunked = unembed_losses(hidden, head, targets, chunk=7)
+    got = torch.autograd.grad((chunked * weights).sum(), [hidden, *head.parameters()])
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10)  # float64 throughout: rounding only
 
 
 def test_sweep_heads_frame(strong_model):
