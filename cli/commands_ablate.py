@@ -35,13 +35,9 @@ def _row_object(model: str, method: str, metric: str, row) -> dict:
 
 
 def _write_json_atomic(path, obj) -> None:
-    import os
-    from pathlib import Path
+    from headlens.files import write_atomic
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _command_line(ctx) -> str:

@@ -113,25 +113,11 @@ def _check_out_dir(out_dir: str):
     return path
 
 
-def _write_atomic(path, text: str) -> None:
-    """Temp file in the same folder, then os.replace: an old file survives any failure."""
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _write_outputs(out, frame) -> None:
-    _write_atomic(out / "heads.csv", _csv(frame))
-    _write_atomic(out / "heads.json", _json(frame) + "\n")
+    from headlens.files import write_atomic
+
+    write_atomic(out / "heads.csv", _csv(frame))
+    write_atomic(out / "heads.json", _json(frame) + "\n")
 
 
 def _csv(frame) -> str:

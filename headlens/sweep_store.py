@@ -13,20 +13,12 @@ import os
 from pathlib import Path
 
 from headlens.errors import ConfigError, OutputPathError
+from headlens.files import write_atomic
 from headlens.heads import Head
 
 MANIFEST = "manifest.json"
 ROWS = "rows.jsonl"
 TABLE = "sweep.csv"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 class SweepStore:
@@ -50,7 +42,7 @@ class SweepStore:
             self._check_manifest(existing)
             self._read_rows()
         else:
-            _write_atomic(existing, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            write_atomic(existing, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     def _check_manifest(self, path: Path) -> None:
         try:
@@ -86,5 +78,5 @@ class SweepStore:
 
     def write_table(self, frame) -> Path:
         path = self.dir / TABLE
-        _write_atomic(path, frame.to_csv(index=False))
+        write_atomic(path, frame.to_csv(index=False))
         return path

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+
+from headlens.files import write_atomic
 
 # Columns of training_log.csv (contract shared with the report engineer), then extras.
 LOG_COLUMNS = ["step", "tokens_seen", "train_loss", "heldout_loss", "icl_score", "best_induction_score",
@@ -203,9 +204,7 @@ def evaluate(model, probes: dict, config: TrainConfig) -> tuple[dict, list[dict]
 # 4) the loop ------------------------------------------------------------------------------
 
 def _write_csv(frame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    frame.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    write_atomic(path, frame.to_csv(index=False))
 
 
 def _save_quietly(save) -> None:

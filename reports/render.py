@@ -11,7 +11,6 @@ import base64
 import datetime
 import hashlib
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pandas as pd
 from headlens.reports import sections
 from headlens.reports import viewer as viewer_mod
 
-from headlens import __version__
+from headlens import __version__, files
 from headlens.errors import HeadlensError, OutputPathError
 
 # Characters of the sample text quoted in the summary (the viewer holds the tokens themselves).
@@ -64,23 +63,11 @@ def check_output_path(path) -> Path:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder, fsync, then os.replace: the old file survives any failure."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """headlens.files.write_atomic, with a failure reported as OutputPathError."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        files.write_atomic(path, text)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=None, pruning=None,
