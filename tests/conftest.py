@@ -41,6 +41,14 @@ def gpt2_shaped_model():
 
 
 @pytest.fixture(scope="module")
+def strong_model():
+    """The ablation tests' model (tests/strong.py): heads move the loss by 1e-2..1 nats; context 64."""
+    from strong import build_strong_model
+
+    return build_strong_model(n_positions=64)
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Small models run op by op; on a loaded shared machine one thread avoids OpenMP barrier stalls
     (~16 ms per op measured with two) and ran ~8x faster. Restored after the module."""

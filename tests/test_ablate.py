@@ -21,14 +21,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 @pytest.fixture(scope="module")
 def strong_model():
-    """2 layers x 4 heads with a larger init (std 0.2), so each head moves the loss by 1e-2..1
-    nats and agreement checks are not trivially met (GPT-2's std 0.02 gives deltas ~1e-4)."""
-    from transformers import GPT2Config
+    """tests/strong.py's model with a 128-token context (overrides conftest's 64)."""
+    from strong import build_strong_model
 
-    from headlens.models import build_model
-
-    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, initializer_range=0.2)
-    return build_model(config, seed=1, name="strong-random")
+    return build_strong_model(n_positions=128)
 
 
 def _bridge_sums(bridge, evalset: EvalSet, heads: list[Head]) -> torch.Tensor:

@@ -8,6 +8,7 @@ import copy
 import pandas as pd
 import pytest
 import torch
+from strong import sample_text
 
 from headlens.attribution import head_importance, normalize_by_layer
 from headlens.errors import ConfigError, InputTextError
@@ -21,24 +22,6 @@ FD_RTOL, FD_ATOL = 1e-3, 1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
-
-
-@pytest.fixture(scope="module")
-def strong_model():
-    """2 layers x 4 heads, init std 0.2: heads move the loss by 1e-2..1 nats."""
-    from transformers import GPT2Config
-
-    from headlens.models import build_model
-
-    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64, initializer_range=0.2)
-    return build_model(config, seed=1, name="strong-random")
-
-
-def sample_text(n_words: int = 260, seed: int = 0) -> str:
-    words = ("the of and to in is was that for on as with by he at from his it an were are which this be "
-             "time river city king water light house people small great old new world night year").split()
-    gen = torch.Generator().manual_seed(seed)
-    return " ".join(words[i] for i in torch.randint(0, len(words), (n_words,), generator=gen).tolist()) + "."
 
 
 def _gated_seq_losses(model, evalset: EvalSet, layer: int, head: int, value: float) -> torch.Tensor:
@@ -86,7 +69,7 @@ def test_normalize_by_layer_gives_unit_norm_over_kept_heads():
 
 
 def test_prune_curve(strong_model):
-    text = sample_text()
+    text = sample_text(260)
     curve = prune_curve(strong_model, text=text)
     assert list(curve.columns) == ["step", "n_removed", "fraction_removed", "heads_removed", "loss"]
     assert curve.n_removed.tolist() == list(range(9))  # round(10% of 8) = 1 head per step
@@ -122,6 +105,6 @@ def test_heads_within():
 
 def test_errors(strong_model):
     with pytest.raises(ConfigError, match="step_fraction"):
-        prune_curve(strong_model, text=sample_text(), step_fraction=0)
+        prune_curve(strong_model, text=sample_text(260), step_fraction=0)
     with pytest.raises(InputTextError, match="second window"):
         prune_curve(strong_model, text="the" + " the" * 62)  # exactly one 64-token window

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from strong import sample_text
 
 from headlens.ablate import ablated_sums, sweep_heads
 from headlens.errors import ConfigError, InputTextError, OutputPathError
@@ -22,26 +23,6 @@ GRAD_RTOL = 1e-4
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
-
-
-@pytest.fixture(scope="module")
-def strong_model():
-    """2 layers x 4 heads, init std 0.2: heads move the loss by 1e-2..1 nats."""
-    from transformers import GPT2Config
-
-    from headlens.models import build_model
-
-    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64, initializer_range=0.2)
-    return build_model(config, seed=1, name="strong-random")
-
-
-def sample_text(n_words: int = 1200, seed: int = 0) -> str:
-    """Pseudo-English from a fixed word list (the shipped held-out text may not exist yet)."""
-    words = ("the of and to in is was that for on as with by he at from his it an were are which this be "
-             "time river city king water light house people small great old new world night year").split()
-    gen = torch.Generator().manual_seed(seed)
-    picks = torch.randint(0, len(words), (n_words,), generator=gen).tolist()
-    return " ".join(words[i] for i in picks) + "."
 
 
 def _naive_deltas(loaded, evalset, heads, reps):
