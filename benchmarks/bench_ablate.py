@@ -4,7 +4,7 @@ Data: 4 sequences x 128 tokens (BOS + 127 random ids in [1000, 10000)), every ne
 prediction counted (the `text` metric's shape). Sections, each in its own child process so
 peak memory is its own (VmHWM reset through /proc/self/clear_refs after setup):
 - matmul: fp32 rate of a 2048 x 2048 matmul (before and after the sweeps);
-- exact: our exact 144-head zero-ablation sweep (headlens.sweep), its FLOPs counted;
+- exact: our exact 144-head zero-ablation sweep (headlens.ablation.sweep), its FLOPs counted;
 - tl_loop: TransformerLens bridge `run_with_hooks(return_type="loss")`, zeroing hook_z[:, :, h],
   one full forward per head, written the usual way;
 - attribution: attribution patching (one forward + one backward);
@@ -48,7 +48,7 @@ def _rss_mb() -> float:
 
 
 def _setup():
-    from headlens.evalset import EvalSet
+    from headlens.ablation.evalset import EvalSet
     from headlens.models import build_model
 
     loaded = build_model(None, seed=0, name="gpt2-shaped-random")
@@ -92,8 +92,8 @@ def sweep_flops(spec, n_seq: int, pos: int, n_counted: int) -> float:
 
 
 def section_exact(heads_per_pass: int | None = None, layer: int | None = None) -> dict:
+    from headlens.ablation.sweep import HEADS_PER_PASS, base_sums, sweep_sums
     from headlens.heads import Head, all_heads
-    from headlens.sweep import HEADS_PER_PASS, base_sums, sweep_sums
 
     loaded, evalset = _setup()
     spec = loaded.spec
@@ -139,7 +139,7 @@ def section_tl_loop() -> dict:
 
 
 def section_attribution() -> dict:
-    from headlens.attribution import attribution_deltas
+    from headlens.ablation.attribution import attribution_deltas
 
     loaded, evalset = _setup()
     _hwm_reset()
@@ -151,7 +151,7 @@ def section_attribution() -> dict:
 
 
 def section_tiny() -> dict:
-    from headlens.ablate import agreement, approx_sweep, sweep_heads
+    from headlens.ablation.ablate import agreement, approx_sweep, sweep_heads
     from headlens.models import load_model, shipped_path
 
     if not (shipped_path("tiny") / "config.json").is_file():

@@ -1,4 +1,4 @@
-"""`headlens ablate` and `headlens prune`: thin shells over headlens.ablate and headlens.prune.
+"""`headlens ablate` and `headlens prune`: thin shells over headlens.ablation.ablate and headlens.ablation.prune.
 
 Method, metric and format are checked by the library (one-line error, exit 2), not by
 click.Choice, whose usage error spans several lines.
@@ -63,7 +63,7 @@ def _print_frame(frame, fmt: str, to_objects) -> None:
 
 
 def _run_approx(loaded, heads, method, metric, text, seed, check, fmt):
-    from headlens.ablate import agreement, approx_sweep, sweep_heads
+    from headlens.ablation.ablate import agreement, approx_sweep, sweep_heads
 
     approx = approx_sweep(loaded, method=method, metric=metric, text=text, seed=seed)
     keep = {(h.layer, h.head) for h in heads}
@@ -109,9 +109,9 @@ def _run_approx(loaded, heads, method, metric, text, seed, check, fmt):
 def ablate_command(model_name, spec, method, metric, text_path, seed, fmt, out, resume, approx, check,
                    report_path) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the loss."""
-    from headlens.ablate import ablate_heads, sweep_heads
+    from headlens.ablation.ablate import ablate_heads, sweep_heads
+    from headlens.ablation.evalset import check_choice
     from headlens.errors import ConfigError
-    from headlens.evalset import check_choice
     from headlens.heads import parse_heads
     from headlens.models import load_model
     from headlens.probes import read_text
@@ -164,9 +164,9 @@ def ablate_command(model_name, spec, method, metric, text_path, seed, fmt, out, 
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 def prune_command(model_name, text_path, step_fraction, seed, fmt, report_path) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
+    from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve
     from headlens.models import load_model
     from headlens.probes import read_text
-    from headlens.prune import PRUNE_TOLERANCE, heads_within, prune_curve
 
     _check_format(fmt)
     text = read_text(text_path) if text_path else None

@@ -41,7 +41,7 @@ def training_logs(loaded):
 
 def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None) -> list[dict]:
     """Each chosen head alone (read from the sweep when one was run), then all of them together."""
-    from headlens.ablate import ablate_heads
+    from headlens.ablation.ablate import ablate_heads
 
     if sweep is not None:
         rows = sweep.set_index(["layer", "head"])
@@ -92,13 +92,13 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
     validation = validate_model(loaded, text, raise_on_failure=False)
     sweep_frame = None
     if sweep:
-        from headlens.ablate import sweep_heads
+        from headlens.ablation.ablate import sweep_heads
 
         sweep_frame = sweep_heads(loaded, text=text, seed=seed, progress=progress)
     ablation = chosen_ablations(loaded, chosen, text, seed, progress, sweep_frame) if chosen else None
     pruning = None
     if prune:
-        from headlens.prune import prune_curve
+        from headlens.ablation.prune import prune_curve
 
         pruning = prune_curve(loaded, text=text, seed=seed, progress=progress)
     n_sample = viewer_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)

@@ -15,7 +15,20 @@ from dataclasses import dataclass, fields
 import pandas as pd
 import torch
 
+from headlens import probes
+from headlens.capture import iter_batches, run_capture
 from headlens.errors import ConfigError, InputTextError
+from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens, text_windows
+from headlens.scores.copying import CopyingReducer
+from headlens.scores.duplicate import duplicate_token_reducer
+from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
+from headlens.scores.positional import (
+    ArgmaxOffsetReducer,
+    current_token_reducer,
+    first_token_reducer,
+    prev_token_reducer,
+)
+from headlens.scores.retrieval import retrieval_scores
 
 # Every label classify can give, in the order a head's list is written.
 LABELS = ("previous_token", "current_token", "positional", "first_token", "duplicate_token", "induction",
@@ -97,8 +110,6 @@ def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | Non
     `n_needle_tests`, `n_needle_tokens`, and `<score>_std` spreads across sequences / tests).
     `df.attrs["probes"]` says what was run (windows used of windows available, repeats, ...).
     """
-    from headlens import probes
-    from headlens.scores.retrieval import retrieval_scores
 
     config = config or ClassifyConfig()
     text = _resolve_text(text)
@@ -152,13 +163,11 @@ def label_head(scores: dict, config: ClassifyConfig) -> list[str]:
 
 def stream_heads(model, batches, reducers, progress: bool = False, desc: str = "capture") -> None:
     """One streamed scoring pass: capture.run_capture (the trunk only, no logits, no cache)."""
-    from headlens.capture import run_capture
 
     run_capture(model, batches, reducers, progress=progress, desc=desc)
 
 
 def _resolve_text(text: str | None) -> str:
-    from headlens import probes
 
     if text is not None:
         return probes.check_text(text)
@@ -170,21 +179,12 @@ def _resolve_text(text: str | None) -> str:
 
 
 def _token_range(loaded, config: ClassifyConfig) -> tuple[int, int]:
-    from headlens.probes import random_token_range
 
     return random_token_range(loaded.spec.d_vocab, config.token_low, config.token_high)
 
 
 def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
     """Natural-text windows -> positional scores (into `rows`); returns probe facts."""
-    from headlens.capture import iter_batches
-    from headlens.probes import text_windows
-    from headlens.scores.positional import (
-        ArgmaxOffsetReducer,
-        current_token_reducer,
-        first_token_reducer,
-        prev_token_reducer,
-    )
 
     spec, bos = loaded.spec, loaded.bos_token_id
     windows = text_windows(loaded.tokenizer, text, spec.n_ctx, bos, min_tokens=3, max_windows=config.max_windows)
@@ -205,11 +205,6 @@ def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
 
 def _score_repeats(loaded, config, progress, rows) -> dict:
     """Repeated random tokens -> duplicate-token, prefix-matching, copying scores (into `rows`)."""
-    from headlens.capture import iter_batches
-    from headlens.probes import fit_repeats, repeated_random_tokens
-    from headlens.scores.copying import CopyingReducer
-    from headlens.scores.duplicate import duplicate_token_reducer
-    from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
 
     spec = loaded.spec
     repeats = fit_repeats(config.seq_len, config.repeats, spec.n_ctx)

@@ -38,3 +38,15 @@ class ValidationFailed(HeadlensError):
     def __init__(self, message: str, frame=None):
         super().__init__(message)
         self.frame = frame
+
+
+class UnsupportedModelError(ModelLoadError):
+    """A checkpoint of a model family headlens has no architecture adapter for."""
+
+
+class CaptureError(HeadlensError, RuntimeError):
+    """The model does not expose what the capture needs (e.g. sdpa attention: no pattern)."""
+
+
+class LeanCheckError(HeadlensError, RuntimeError):
+    """The rebuilt pattern does not reproduce the z the model computed."""

@@ -112,35 +112,27 @@ class CausalSelfAttention(nn.Module):
         return AttentionOutput(pattern=pattern, z=z, attn_out=attn_out)
 
 
-def gpt2_pattern(attn: nn.Module, x: torch.Tensor, attention_mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Step 2 alone, lean: the pattern of a Hugging Face `GPT2Attention` on its input x.
-
-    Same math as CausalSelfAttention.forward (validated there against HF eager), but Q and K
-    come from the module's own `c_attn` and the softmax runs in place, so the only
-    [batch, head, q_pos, k_pos] buffer is the one returned (HF eager holds two or three at once).
-    x: [batch, pos, d_model]; attention_mask: [batch, pos] bool, True on real tokens.
-    """
-    qkv = attn.c_attn(x)  # [batch, pos, 3 * d_model]
-    return pattern_rows(qkv, attn.num_heads, attention_mask, scale, 0, x.shape[1])
-
-
-def pattern_rows(qkv: torch.Tensor, n_heads: int, attention_mask: torch.Tensor, scale: float,
-                 q_start: int, q_stop: int) -> torch.Tensor:
-    """Rows q_start..q_stop-1 of the pattern from a GPT-2 layer's fused c_attn output.
+def pattern_rows(q: torch.Tensor, k: torch.Tensor, attention_mask: torch.Tensor, scale: float,
+                 q_start: int, q_stop: int, window: int | None = None) -> torch.Tensor:
+    """Rows q_start..q_stop-1 of the pattern from a layer's own queries and keys.
 
     Step 2 of the lesson on a block of queries, softmax in place: the one buffer made is the
     block's own [batch, head, q_stop - q_start, k_pos]. Keys stay full width so a row's key
-    index is the key's position. qkv: [batch, pos, 3 * d_model] (Q, K, V concatenated, as
-    GPT-2's `c_attn` returns them); attention_mask: [batch, pos] bool, True on real tokens.
+    index is the key's position. q: [batch, head, pos, d_head]; k: [batch, kv_head, pos, d_head]
+    (grouped-query attention: each key/value head serves head // kv_head consecutive query
+    heads); attention_mask: [batch, pos] bool, True on real tokens; `window`: sliding-window
+    attention, keys more than window - 1 positions back are masked.
     """
-    batch, pos, three_d = qkv.shape
-    d_model = three_d // 3
+    pos = k.shape[2]
     rows = q_stop - q_start
-    q = qkv[:, q_start:q_stop, :d_model]  # [batch, rows, d_model]
-    q = q.reshape(batch, rows, n_heads, -1).transpose(1, 2)  # [batch, head, rows, d_head]
-    k = qkv[:, :, d_model:2 * d_model].reshape(batch, pos, n_heads, -1).transpose(1, 2)  # [batch, head, k_pos, d_head]
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)  # [batch, head, k_pos, d_head]
+    q = q[:, :, q_start:q_stop]  # [batch, head, rows, d_head]
     pattern = (q @ k.transpose(-2, -1)).mul_(scale)  # [batch, head, rows, k_pos], scores for now
-    visible = torch.ones(rows, pos, dtype=torch.bool, device=qkv.device).tril(q_start)  # [rows, k_pos]
+    visible = torch.ones(rows, pos, dtype=torch.bool, device=q.device).tril(q_start)  # [rows, k_pos]
+    if window is not None:
+        visible &= ~torch.ones(rows, pos, dtype=torch.bool, device=q.device).tril(q_start - window)
     visible = visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, rows, k_pos]
     pattern.masked_fill_(~visible, float("-inf"))
     pattern.sub_(pattern.amax(-1, keepdim=True)).exp_()  # softmax, in place: shift, exp, normalise

@@ -1,8 +1,9 @@
-"""Loading GPT-2-family models: hub ids, local Hugging Face directories, and the model we ship.
+"""Loading causal language models: hub ids, local Hugging Face directories, and the models we ship.
 
 Every model comes back in eager attention, because sdpa/flash never materialise the
-attention pattern (transformers 5 defaults GPT-2 to sdpa). Shape facts always come from the
-config, never from GPT-2 small's 12 x 12.
+attention pattern (transformers 5 defaults to sdpa). Shape facts always come from the
+architecture adapter (headlens.arch), never from GPT-2 small's 12 x 12. A `model_type` without
+an adapter is refused with one line naming the supported families.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from headlens.arch import adapter_for, check_supported
 from headlens.errors import ModelLoadError
 
 # Short names for models that ship inside the package (headlens/data/<name>).
@@ -25,7 +27,6 @@ SHIPPED_MODELS = {"tiny": "tiny"}
 # Files a hub snapshot needs; weights are safetensors only (never pickles from the network).
 _HUB_PATTERNS = ["config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt",
                  "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
-_SUPPORTED_TYPES = ("gpt2",)
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,26 @@ class ModelSpec:
     """Shape facts of a loaded model, in TransformerLens vocabulary."""
 
     n_layers: int  # transformer blocks
-    n_heads: int  # attention heads per block
+    n_heads: int  # attention (query) heads per block
     d_model: int  # residual stream width
-    d_head: int  # d_model / n_heads
-    n_ctx: int  # maximum sequence length (learned positions)
+    d_head: int  # width of one head's query, key, value and z
+    n_ctx: int  # maximum sequence length
     d_vocab: int  # vocabulary size of the unembedding
     n_params: int  # parameter count (tied embeddings counted once)
+    n_kv_heads: int = 0  # key/value heads per block (GQA/MQA: fewer than n_heads); 0 read as n_heads
+    family: str = "gpt2"  # the architecture adapter's family (the config's model_type)
+
+    def kv_group(self, head: int) -> int:
+        """The key/value head that query head `head` reads."""
+        n_kv = self.n_kv_heads or self.n_heads
+        return head // (self.n_heads // n_kv)
 
 
 @dataclass
 class LoadedModel:
     """A model, its tokenizer, its shape facts and where it came from."""
 
-    model: torch.nn.Module  # a transformers GPT2LMHeadModel in eval mode, eager attention
+    model: torch.nn.Module  # a transformers causal LM of a supported family, eval mode, eager attention
     tokenizer: object  # a transformers tokenizer
     spec: ModelSpec
     name: str  # what the user asked for ("gpt2", "tiny", a path)
@@ -58,16 +66,18 @@ class LoadedModel:
 
 
 def spec_of(model: torch.nn.Module) -> ModelSpec:
-    """Shape facts read from a GPT-2-family config."""
-    cfg = model.config
+    """Shape facts read through the model's architecture adapter."""
+    adapter = adapter_for(model)
     return ModelSpec(
-        n_layers=cfg.n_layer,
-        n_heads=cfg.n_head,
-        d_model=cfg.n_embd,
-        d_head=cfg.n_embd // cfg.n_head,
-        n_ctx=cfg.n_positions,
-        d_vocab=cfg.vocab_size,
+        n_layers=adapter.n_layers,
+        n_heads=adapter.n_heads,
+        d_model=adapter.d_model,
+        d_head=adapter.d_head,
+        n_ctx=adapter.n_ctx,
+        d_vocab=adapter.d_vocab,
         n_params=sum(p.numel() for p in model.parameters()),
+        n_kv_heads=adapter.n_kv_heads,
+        family=adapter.family,
     )
 
 
@@ -120,14 +130,16 @@ def _to_eager(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def build_model(config=None, seed: int = 0, tokenizer=None, name: str = "random") -> LoadedModel:
-    """A GPT2LMHeadModel with random weights from a config (default: GPT-2 small's shape)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """A causal LM with random weights from a config of a supported family (default: GPT-2
+    small's shape), e.g. `GPT2Config(...)`, `LlamaConfig(...)`, `GPTNeoXConfig(...)`."""
+    from transformers import AutoModelForCausalLM, GPT2Config
 
     # A private copy: the model keeps (and we edit) its config; callers may share theirs.
     config = copy.deepcopy(config) if config is not None else GPT2Config()
+    check_supported(getattr(config, "model_type", None), "config")
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = _to_eager(GPT2LMHeadModel(config)).eval()
+    model = _to_eager(AutoModelForCausalLM.from_config(config, attn_implementation="eager")).eval()
     tok = tokenizer if tokenizer is not None else gpt2_tokenizer()
     return LoadedModel(model=model, tokenizer=tok, spec=spec_of(model), name=name)
 
@@ -172,11 +184,7 @@ def _check_local_dir(path: Path) -> None:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
-    if config.get("model_type") not in _SUPPORTED_TYPES:
-        raise ModelLoadError(
-            f"{path}: model_type {config.get('model_type')!r} is not supported; headlens reads GPT-2-family "
-            "checkpoints (model_type 'gpt2')"
-        )
+    check_supported(config.get("model_type"), str(path))
     weights = path / "model.safetensors"
     if weights.is_file():
         from safetensors import safe_open
@@ -268,20 +276,20 @@ def _load_tokenizer(path: Path):
 
 def load_model(name_or_path: str, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a GPT-2-family model for inspection.
+    """Load a causal language model of a supported family for inspection.
 
     `name_or_path`: "tiny" (the model shipped with headlens), a local Hugging Face directory
     (config.json + model.safetensors + tokenizer files), or a hub id such as "gpt2" resolved
     through the Hugging Face cache. Raises ModelLoadError with a one-line reason when weights
-    are missing, corrupt, or not GPT-2-family.
+    are missing, corrupt, or of a family without an adapter (headlens.arch.SUPPORTED_TYPES).
     """
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
     _check_local_dir(path)
     try:
         with _quiet_transformers():
-            model = GPT2LMHeadModel.from_pretrained(
+            model = AutoModelForCausalLM.from_pretrained(
                 str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False,
                 weights_only=True,  # a pytorch_model.bin is read by torch.load(weights_only=True) only
             )

@@ -7,6 +7,9 @@ from typing import NamedTuple
 
 import torch
 
+from headlens.errors import ConfigError, InputTextError
+from headlens.models import shipped_path
+
 
 def repeated_random_tokens(n_seq: int, seq_len: int, repeats: int, low: int, high: int,
                            bos_id: int | None, seed: int = 0) -> torch.Tensor:
@@ -36,7 +39,6 @@ def read_text(path) -> str:
     """Read a UTF-8 text file; InputTextError for missing, empty, binary or non-UTF-8 files."""
     from pathlib import Path
 
-    from headlens.errors import InputTextError
 
     path = Path(path)
     if not path.is_file():
@@ -47,7 +49,6 @@ def read_text(path) -> str:
 
 def check_text(raw: bytes | str, where: str = "text") -> str:
     """Validate text given as bytes or str: non-empty, UTF-8, not binary."""
-    from headlens.errors import InputTextError
 
     if isinstance(raw, bytes):
         if b"\x00" in raw:
@@ -68,7 +69,6 @@ def check_text(raw: bytes | str, where: str = "text") -> str:
 
 def default_text() -> str:
     """The held-out evaluation text shipped with the embedded model."""
-    from headlens.models import shipped_path
 
     return read_text(shipped_path("tiny") / DEFAULT_TEXT_NAME)
 
@@ -80,7 +80,6 @@ def text_windows(tokenizer, text: str, window: int, bos_id: int | None, min_toke
     a window (up to `max_windows`, which the caller states). The last window may be shorter;
     it is dropped only if it has fewer than `min_tokens` text tokens.
     """
-    from headlens.errors import InputTextError
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     body = window - (1 if bos_id is not None else 0)
@@ -118,7 +117,6 @@ def random_token_range(d_vocab: int, low: int | None = None, high: int | None = 
       [d_vocab // 50, d_vocab // 5) (GPT-2: [1005, 10051), close to TransformerLens's 1000-10000).
     Explicit `low` / `high` override either end. Raises ConfigError for an empty or out-of-range band.
     """
-    from headlens.errors import ConfigError
 
     if d_vocab <= BYTE_VOCAB_MAX:
         auto = (PRINTABLE_BYTES[0], min(PRINTABLE_BYTES[1], d_vocab))
@@ -137,7 +135,6 @@ def fit_repeats(seq_len: int, repeats: int, n_ctx: int) -> int:
 
     Raises ConfigError when fewer than 2 copies fit (no second copy, no induction to see).
     """
-    from headlens.errors import ConfigError
 
     fit = min(repeats, (n_ctx - 1) // seq_len)
     if fit < 2:
@@ -175,7 +172,6 @@ def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, 
     `haystack_ids` (never cycled: repeating text would plant induction targets); a length
     the text cannot fill is skipped. Raises InputTextError if no length fits.
     """
-    from headlens.errors import ConfigError, InputTextError
 
     if not 1 <= restate < needle_len:
         raise ConfigError(f"needle restate {restate} is out of range: need 1 <= restate < needle_len ({needle_len})")

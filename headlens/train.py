@@ -168,7 +168,7 @@ def build_probes(tokenizer, config: TrainConfig) -> dict:
 
 def _capture_losses(model, ids: torch.Tensor, reducers, batch_size: int = 16) -> torch.Tensor:
     """One no-grad pass over ids [n, pos]: feeds the reducers and returns token losses [n, pos - 1]."""
-    from headlens.ablate import token_losses
+    from headlens.ablation.ablate import token_losses
     from headlens.capture import capture_hooks, forward, iter_batches
 
     losses, batch_ref = [], [None]

@@ -21,9 +21,10 @@ import pandas as pd
 import torch
 
 from headlens.capture import Batch, CollectPatterns, pad_batch, run_capture
-from headlens.errors import ConfigError, ValidationFailed
+from headlens.errors import ConfigError, InputTextError, ValidationFailed
 from headlens.mha import CausalSelfAttention, gpt2_attention_scale
 from headlens.models import LoadedModel, boot_bridge
+from headlens.probes import default_text, text_windows
 
 # Largest max-absolute-error accepted between our attention and a reference, float32 only.
 # float32 has ~1.2e-7 relative precision; reordered sums over d_model <= 1600 terms stay orders of
@@ -43,8 +44,6 @@ def validation_text(text: str | None = None) -> tuple[str, str]:
     """(text, source): the given text, else probes.default_text() if shipped, else BUILTIN_TEXT."""
     if text is not None:
         return text, "given"
-    from headlens.errors import InputTextError
-    from headlens.probes import default_text
 
     try:
         return default_text(), "probes.default_text()"
@@ -54,7 +53,6 @@ def validation_text(text: str | None = None) -> tuple[str, str]:
 
 def validation_batch(loaded: LoadedModel, text: str) -> Batch:
     """Up to MAX_WINDOWS right-padded windows of the text, each starting with BOS."""
-    from headlens.probes import text_windows
 
     window = min(WINDOW_TOKENS, loaded.spec.n_ctx)
     windows = text_windows(loaded.tokenizer, text, window, loaded.bos_token_id, max_windows=MAX_WINDOWS)

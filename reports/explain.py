@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headlens.classify import ClassifyConfig
+
 
 @dataclass(frozen=True)
 class ScoreInfo:
@@ -82,7 +84,6 @@ def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
         try:
             from dataclasses import asdict
 
-            from headlens.classify import ClassifyConfig
 
             config = asdict(ClassifyConfig())
         except ImportError:

@@ -1,4 +1,4 @@
-"""headlens.ablate: ablation at z against independent implementations (TransformerLens bridge,
+"""headlens.ablation.ablate: ablation at z against independent implementations (TransformerLens bridge,
 a whole-layer z hook, captured reference z), bootstrap CIs, and the embedded model's induction heads."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.ablate import ablate_heads, ablated_sums, sweep_heads, token_losses
-from headlens.evalset import EvalSet, repeat_evalset, text_evalset
+from headlens.ablation.ablate import ablate_heads, ablated_sums, sweep_heads, token_losses
+from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
 from headlens.heads import Head, all_heads
 
 # The issue's bar for agreement with the TransformerLens bridge (a different forward implementation).
@@ -42,9 +42,9 @@ def _bridge_sums(bridge, evalset: EvalSet, heads: list[Head]) -> torch.Tensor:
 
 
 def _deltas_vs_bridge(loaded, evalset, heads):
-    from headlens.layers import LayerRunner  # noqa: F401  (the fast path is exercised below)
+    from headlens.ablation.runner import LayerRunner  # noqa: F401  (the fast path is exercised below)
+    from headlens.ablation.sweep import base_sums, sweep_sums
     from headlens.models import boot_bridge
-    from headlens.sweep import base_sums, sweep_sums
 
     bridge = boot_bridge(loaded)
     tl_base = _bridge_sums(bridge, evalset, [])
@@ -112,8 +112,8 @@ def test_result_keys_and_ci(strong_model):
 
 def test_mean_replacement_is_the_reference_mean_of_captured_z(strong_model):
     """Peer: z captured by headlens.capture's own hooks over the reference set, averaged per position."""
+    from headlens.ablation.replace import replacements
     from headlens.capture import CollectPatterns, iter_batches, run_capture
-    from headlens.layers import replacements
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=3)
     reps = replacements(strong_model.model, evalset, "mean", seed=0, batch_size=2)
@@ -125,8 +125,8 @@ def test_mean_replacement_is_the_reference_mean_of_captured_z(strong_model):
 
 
 def test_resample_replacement_comes_from_reference_sequences(strong_model):
+    from headlens.ablation.replace import replacements
     from headlens.capture import CollectPatterns, iter_batches, run_capture
-    from headlens.layers import replacements
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=5)
     reps = replacements(strong_model.model, evalset, "resample", seed=7, batch_size=2)

@@ -7,7 +7,6 @@ import torch
 
 from headlens.capture import (
     Batch,
-    CaptureError,
     CollectPatterns,
     Reducer,
     check_pattern,
@@ -17,6 +16,7 @@ from headlens.capture import (
     pad_batch,
     run_capture,
 )
+from headlens.errors import CaptureError
 from headlens.scores.positional import prev_token_reducer
 
 # Reducers accumulate in float64 from float32 patterns: agreement with a direct float32
@@ -153,7 +153,7 @@ def test_progress_bar_is_opt_in(small_model, sequences, capsys):
 
 
 def test_recomputed_patterns_match_eager(small_model, sequences):
-    """Opt-in lean mode (sdpa forward, patterns rebuilt by mha.gpt2_pattern) vs HF eager capture."""
+    """Opt-in lean mode (sdpa forward, patterns rebuilt from each layer's Q and K) vs HF eager capture."""
     from headlens.validate import VALIDATION_ATOL
 
     spec = small_model.spec

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens import capture_lean
-from headlens.capture import CaptureError, CollectPatterns, Reducer, check_pattern, iter_batches, run_capture
+from headlens.arch.gpt2 import GPT2Adapter
+from headlens.capture import CollectPatterns, Reducer, check_pattern, iter_batches, run_capture
+from headlens.capture import lean as capture_lean
+from headlens.errors import CaptureError, LeanCheckError
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -101,10 +103,10 @@ def test_default_is_lean_only_when_every_pattern_reducer_takes_blocks(small_mode
 def test_z_check_catches_a_pattern_that_is_not_the_models(small_model, sequences, monkeypatch):
     """Rebuild the pattern with a wrong scale: causal and row-stochastic still, but not the model's.
     The per-block pattern check cannot see it; pattern @ V against the model's z does."""
-    wrong = capture_lean.gpt2_attention_scale
-    monkeypatch.setattr(capture_lean, "gpt2_attention_scale", lambda config, layer: 3.0 * wrong(config, layer))
+    wrong = GPT2Adapter.attention_scale
+    monkeypatch.setattr(GPT2Adapter, "attention_scale", lambda self, layer: 3.0 * wrong(self, layer))
     reducer = prev_token_reducer(small_model.spec.n_layers, small_model.spec.n_heads)
-    with pytest.raises(capture_lean.LeanCheckError, match="layer 0: .*does not reproduce the model's z"):
+    with pytest.raises(LeanCheckError, match="layer 0: .*does not reproduce the model's z"):
         run_capture(small_model.model, iter_batches(sequences, 3, pad_id=0), [reducer])
     assert small_model.model.config._attn_implementation == "eager"
     run_capture(small_model.model, iter_batches(sequences, 3, pad_id=0), [reducer], check=False)  # unchecked: runs

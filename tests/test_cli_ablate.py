@@ -138,7 +138,7 @@ def test_short_text_and_missing_weights(small_model_dir, tmp_path, monkeypatch):
 
 
 def test_resume_from_other_settings(small_model_dir, tmp_path):
-    from headlens.ablate import sweep_heads
+    from headlens.ablation.ablate import sweep_heads
     from headlens.heads import Head
     from headlens.models import load_model
 

@@ -1,4 +1,4 @@
-"""headlens.prune: Michel et al.'s importance against finite differences, the pruning curve's
+"""headlens.ablation.prune: Michel et al.'s importance against finite differences, the pruning curve's
 end points against Hugging Face's own loss and a whole-z hook, and the +5% count."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 from strong import sample_text
 
-from headlens.attribution import head_importance, normalize_by_layer
+from headlens.ablation.attribution import head_importance, normalize_by_layer
+from headlens.ablation.evalset import EvalSet, text_evalset
+from headlens.ablation.prune import heads_within, prune_curve
 from headlens.errors import ConfigError, InputTextError
-from headlens.evalset import EvalSet, text_evalset
-from headlens.prune import heads_within, prune_curve
 
 # Loss of one float32 forward vs another implementation of the same forward (HF's own loss).
 SAME_LOSS_ATOL = 1e-5

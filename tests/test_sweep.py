@@ -8,13 +8,13 @@ import pytest
 import torch
 from strong import sample_text
 
-from headlens.ablate import ablated_sums, sweep_heads
+from headlens.ablation.ablate import ablated_sums, sweep_heads
+from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
+from headlens.ablation.replace import replacements
+from headlens.ablation.sweep import base_sums, sweep_sums
+from headlens.ablation.unembed import unembed_losses
 from headlens.errors import ConfigError, InputTextError, OutputPathError
-from headlens.evalset import EvalSet, repeat_evalset, text_evalset
 from headlens.heads import Head, all_heads
-from headlens.layers import replacements
-from headlens.sweep import base_sums, sweep_sums
-from headlens.unembed import unembed_losses
 
 # The issue's bar: every delta of the fast sweep within 1e-5 of the naive full-forward loop.
 FAST_ATOL = 1e-5
@@ -107,7 +107,7 @@ def test_sweep_heads_frame(strong_model):
 # Durable rows -----------------------------------------------------------------------------------
 
 def test_out_and_resume_keep_every_row(strong_model, tmp_path, monkeypatch):
-    from headlens.sweep_store import SweepStore
+    from headlens.ablation.store import SweepStore
 
     heads = all_heads(2, 4)
     full = sweep_heads(strong_model, metric="repeat", heads=heads)
@@ -147,8 +147,8 @@ def test_resume_from_other_settings_is_refused(strong_model, tmp_path):
 
 def test_attribution_equals_minus_grad_dot_z(strong_model):
     """Peer: weights with grad, z kept with retain_grad, plain backward: -sum(z.grad * z) per head."""
-    from headlens.ablate import token_losses
-    from headlens.attribution import attribution_deltas
+    from headlens.ablation.ablate import token_losses
+    from headlens.ablation.attribution import attribution_deltas
 
     evalset = repeat_evalset(strong_model, seed=2, n_seq=3, seq_len=10)
     ours = attribution_deltas(strong_model.model, evalset, [None, None])  # [layer, head]
@@ -178,7 +178,7 @@ def test_attribution_equals_minus_grad_dot_z(strong_model):
 
 def test_approx_sweep_agrees_with_exact_on_small_effects(small_model):
     """At GPT-2's init scale heads barely move the loss, where the linear estimate should hold."""
-    from headlens.ablate import agreement, approx_sweep
+    from headlens.ablation.ablate import agreement, approx_sweep
 
     exact = sweep_heads(small_model, metric="repeat")
     approx = approx_sweep(small_model, metric="repeat")
@@ -190,7 +190,7 @@ def test_approx_sweep_agrees_with_exact_on_small_effects(small_model):
 # Errors -------------------------------------------------------------------------------------------
 
 def test_errors(strong_model):
-    from headlens.ablate import ablate_heads
+    from headlens.ablation.ablate import ablate_heads
 
     with pytest.raises(ConfigError, match="unknown ablation method"):
         sweep_heads(strong_model, method="shuffle")

@@ -20,7 +20,7 @@ import re
 import pytest
 import torch
 
-from headlens.ablate import ablation_hooks, token_losses
+from headlens.ablation.ablate import ablation_hooks, token_losses
 from headlens.capture import forward, iter_batches, run_capture
 from headlens.heads import Head, parse_heads
 from headlens.models import load_model, shipped_path

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from headlens.capture import Batch, Reducer, capture_hooks, forward, is_bridge, n_heads_of, n_layers_of
 
@@ -51,7 +52,6 @@ def retrieval_scores(model, prompts: Sequence, progress: bool = False) -> dict:
         groups.setdefault((len(test.prompt), len(test.needle) - test.restate), []).append(test)
     iterator = list(groups.values())
     if progress:
-        from tqdm.auto import tqdm
 
         iterator = tqdm(iterator, desc="needles", unit="batch", leave=False)
     per_test, n_tokens = [], 0

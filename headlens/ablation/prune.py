@@ -5,15 +5,20 @@ importance |dL/d xi_h| through a gate on each head, normalised per layer (L2); h
 iteratively in steps of 10% of all heads, by increasing importance, with importance recomputed
 after each step; they removed 20% (WMT) / 40% (BERT) of heads without noticeable loss.
 Here importance is measured on the reference windows and the loss on the evaluation windows
-of the text (headlens.evalset: even windows evaluate, odd windows are the reference).
+of the text (headlens.ablation.evalset: even windows evaluate, odd windows are the reference).
 """
 
 from __future__ import annotations
 
 import math
 
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
+from headlens.ablation.ablate import ablated_sums
+from headlens.ablation.attribution import head_importance, normalize_by_layer
+from headlens.ablation.evalset import EvalSet, text_evalset
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, format_heads
 
@@ -21,7 +26,6 @@ PRUNE_TOLERANCE = 0.05  # "how many heads can go within +5% loss"
 
 
 def _reference_as_eval(evalset):
-    from headlens.evalset import EvalSet
 
     if evalset.reference_ids is None:
         raise InputTextError("the text gives a single window: pruning needs a second window to measure "
@@ -40,11 +44,7 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, see
     least important remaining heads, until every head is gone. `seed` is recorded
     for the API's symmetry: text windows and gradients are deterministic.
     """
-    import pandas as pd
 
-    from headlens.ablate import ablated_sums
-    from headlens.attribution import head_importance, normalize_by_layer
-    from headlens.evalset import text_evalset
 
     if not 0 < step_fraction <= 1:
         raise ConfigError(f"step_fraction {step_fraction} is out of range: give a value in (0, 1]")
@@ -92,6 +92,5 @@ def heads_within(curve, tolerance: float = PRUNE_TOLERANCE) -> int:
 def _bar(total: int, progress: bool):
     if not progress:
         return None
-    from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="prune", unit="step", leave=False)

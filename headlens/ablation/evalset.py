@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
+from headlens.probes import check_text, default_text, random_token_range, repeated_random_tokens, text_windows
 
 METHODS = ("zero", "mean", "resample")
 METRICS = ("text", "repeat")
@@ -56,7 +58,6 @@ def check_choice(method: str, metric: str) -> None:
 
 
 def _pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from headlens.capture import pad_batch
 
     return pad_batch(seqs, pad_id)
 
@@ -66,7 +67,6 @@ def text_evalset(loaded, text: str | None, window: int | None = None,
     """Windows of `window` tokens (default: the model's context) from `text` (default: the
     shipped held-out text); even windows evaluate, odd windows are the reference set.
     InputTextError when the text is shorter than one window."""
-    from headlens.probes import check_text, default_text, text_windows
 
     text = default_text() if text is None else check_text(text)
     window = window or loaded.spec.n_ctx
@@ -88,7 +88,6 @@ def repeat_id_range(d_vocab: int) -> tuple[int, int]:
     """Ids to draw random tokens from, valid for the vocabulary: probes.random_token_range, the
     classifier's band (printable ASCII for byte vocabularies; GPT-2: [1005, 10051), close to
     TransformerLens's 1000-10000), which skips the most common and the rarest tokens (Olsson)."""
-    from headlens.probes import random_token_range
 
     return random_token_range(d_vocab)
 
@@ -96,7 +95,6 @@ def repeat_id_range(d_vocab: int) -> tuple[int, int]:
 def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: int = REPEAT_SEQ_LEN) -> EvalSet:
     """Random tokens repeated twice, BOS first; the loss on the second copy counts.
     The reference set is another draw (seed + 1), never the evaluation tokens."""
-    from headlens.probes import repeated_random_tokens
 
     if 1 + 2 * seq_len > loaded.spec.n_ctx:
         raise ConfigError(f"repeat probe of 2 x {seq_len} tokens exceeds the context of {loaded.spec.n_ctx}")

@@ -4,7 +4,7 @@ Ablating head h of layer L cannot change anything before layer L's output projec
 residual stream entering L, L's attention pattern and every other head's z stay as they are.
 So the sweep walks the model once, layer by layer; at layer L it keeps the residual stream and
 L's attention output, and per head only adds the change of that head's share of c_proj,
-(z_h' - z_h) @ W_O[h] (exact: c_proj is linear and its bias stays), then runs L's MLP and
+(z_h' - z_h) @ W_O[h] (exact: the output projection is linear and its bias stays), then runs L's MLP and
 layers L+1.. onward. Several heads share one forward pass as stacked copies of the batch.
 """
 
@@ -14,8 +14,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from headlens.ablation.replace import Replacement, heads_by_layer, layer_replacement
+from headlens.ablation.runner import LayerRunner
+from headlens.arch import adapter_for
 from headlens.heads import Head
-from headlens.layers import LayerRunner, Replacement, head_out_weight, heads_by_layer, layer_replacement
 
 # Ablations stacked into one forward pass: on 2 CPU cores at 4 x 128 tokens stacking did not pay
 # (layer 9's heads: 1 -> 42.9 s, 2 -> 45.5 s, 4 -> 48.2 s; benchmarks/bench_ablate.py, BENCHMARKS.md).
@@ -34,17 +36,18 @@ def base_sums(model, evalset, batch_size: int = BATCH_SIZE) -> torch.Tensor:
         for rows in _batches(evalset.input_ids.shape[0], batch_size):
             runner = LayerRunner(model, evalset.input_ids[rows], evalset.mask[rows])
             resid = runner.embed()
-            for layer in range(len(model.transformer.h)):
+            for layer in range(runner.n_layers):
                 resid = runner.block(layer, resid)
             out.append(runner.seq_losses(resid, evalset.counted[rows])[0])
     return torch.cat(out).cpu()
 
 
-def _ablated_resid(resid_mid: torch.Tensor, z: torch.Tensor, rep: Replacement, model, head: Head) -> torch.Tensor:
-    """Residual after attention with head h's z replaced: [batch, pos, d_model]."""
+def _ablated_out(attn_out: torch.Tensor, z: torch.Tensor, rep: Replacement, w_o: torch.Tensor,
+                 head: Head) -> torch.Tensor:
+    """Attention output with head h's z replaced: [batch, pos, d_model]. w_o: [head, d_head, d_model]."""
     z_h = z[:, :, head.head]  # [batch, pos, d_head]
     new = torch.zeros_like(z_h) if rep is None else rep[:, :, head.head].expand_as(z_h)
-    return resid_mid + (new - z_h) @ head_out_weight(model, head.layer, head.head)  # [batch, pos, d_model]
+    return attn_out + (new - z_h) @ w_o[head.head]  # [batch, pos, d_model]
 
 
 def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement],
@@ -78,18 +81,20 @@ def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement
                             on_head(head, head_sums)
                             if bar is not None:
                                 bar.update(1)
-            states = [runner.finish_block(layer, state + out)
+            states = [runner.finish_block(layer, state, out)
                       for runner, state, (_, out) in zip(runners, states, attn, strict=True)]
 
 
 def _group_sums(model, evalset, runners, rows_list, states, attn, rep, group) -> list[torch.Tensor]:
     """Loss sums [n_seq] for each head of `group`, its ablations stacked as batch copies."""
     per_batch = []
+    copies = len(group)
+    w_o = adapter_for(model).w_o(group[0].layer)  # [head, d_head, d_model]
     for runner, rows, state, (z, out) in zip(runners, rows_list, states, attn, strict=True):
-        resid_mid = state + out  # [batch, pos, d_model]
         rep_rows = layer_replacement(rep, rows)
-        stacked = torch.cat([_ablated_resid(resid_mid, z, rep_rows, model, head) for head in group])
-        final = runner.run_from(group[0].layer, stacked, copies=len(group))  # [copies * batch, pos, d_model]
+        outs = torch.cat([_ablated_out(out, z, rep_rows, w_o, h) for h in group])  # [copies * batch, pos, d_model]
+        resid = state.repeat(copies, 1, 1) if copies > 1 else state  # [copies * batch, pos, d_model]
+        final = runner.run_from(group[0].layer, resid, outs, copies=copies)  # [copies * batch, pos, d_model]
         per_batch.append(runner.seq_losses(final, evalset.counted[rows], copies=len(group)).cpu())
     sums = torch.cat(per_batch, dim=1)  # [copies, n_seq]
     return list(sums)

@@ -1,8 +1,9 @@
 """Ablation of heads at the right site: z, the input of the output projection.
 
 Zeroing a slice of the attention module's *output* mixes heads (nnsight #525, ACDC PR #82);
-a head's own output is z = the input of GPT-2's `attn.c_proj` (TransformerLens `hook_z`).
-The shared output bias b_O stays.
+a head's own output is z = the input of the output projection (GPT-2 `attn.c_proj`, Llama
+`o_proj`, GPT-NeoX `dense`; TransformerLens `hook_z`), reached through the architecture
+adapter's `hook_z`. The shared output bias b_O stays.
 """
 
 from __future__ import annotations
@@ -10,9 +11,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from headlens.heads import Head
+from headlens.ablation.attribution import attribution_deltas
+from headlens.ablation.evalset import bootstrap_ci, build_evalset, check_choice, head_seed
+from headlens.ablation.replace import heads_by_layer, layer_replacement, replacements
+from headlens.ablation.store import SweepStore
+from headlens.ablation.sweep import base_sums, sweep_sums
+from headlens.arch import adapter_for
+from headlens.capture import Batch, forward
+from headlens.heads import Head, all_heads, parse_heads
 
 
 @contextlib.contextmanager
@@ -22,28 +32,24 @@ def ablation_hooks(model, heads: Sequence[Head], replacement: dict[Head, torch.T
 
     Hooks are removed on exit, error included.
     """
-    by_layer: dict[int, list[Head]] = {}
-    for head in heads:
-        by_layer.setdefault(head.layer, []).append(head)
+    adapter = adapter_for(model)
     handles = []
 
-    def make_hook(layer_heads: list[Head], n_heads: int):
-        def hook(module, args):
-            merged = args[0]  # [batch, pos, head * d_head]
-            z = merged.view(*merged.shape[:-1], n_heads, -1).clone()  # [batch, pos, head, d_head]
+    def make_edit(layer_heads: list[Head]):
+        def edit(z: torch.Tensor) -> torch.Tensor:
+            z = z.clone()  # [batch, pos, head, d_head]
             for head in layer_heads:
                 if replacement is not None and head in replacement:
                     z[:, :, head.head] = replacement[head].to(z.dtype)
                 else:
                     z[:, :, head.head] = 0.0
-            return (z.view(merged.shape), *args[1:])
+            return z
 
-        return hook
+        return edit
 
     try:
-        for layer, layer_heads in by_layer.items():
-            attn = model.transformer.h[layer].attn
-            handles.append(attn.c_proj.register_forward_pre_hook(make_hook(layer_heads, attn.num_heads)))
+        for layer, layer_heads in heads_by_layer(heads).items():
+            handles.append(adapter.hook_z(layer, make_edit(layer_heads)))
         yield
     finally:
         for handle in handles:
@@ -73,8 +79,6 @@ def model_label(loaded) -> str:
 def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 4) -> torch.Tensor:
     """Per-sequence loss sums [n_seq] with `heads` ablated together, by hooks on the full
     forward pass (the plain way: the reference the fast sweep is checked against)."""
-    from headlens.capture import Batch, forward
-    from headlens.layers import layer_replacement
 
     out = []
     n_seq = evalset.input_ids.shape[0]
@@ -97,7 +101,6 @@ def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 
 
 def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, seed: int) -> dict:
     """loss, loss_ablated, delta_loss (token-weighted means) and the paired bootstrap CI."""
-    from headlens.evalset import bootstrap_ci
 
     n_tokens = int(counts.sum())
     loss = float(base.double().sum() / n_tokens)
@@ -113,12 +116,9 @@ def ablate_heads(loaded, heads, method: str = "zero", metric: str = "text", text
 
     heads: list of Head or a spec string ("3.4,5.1", "layer:3"). Returns a dict with `model`,
     `heads` (["L.H"]), `method`, `metric`, `n_tokens`, `loss`, `loss_ablated`, `delta_loss`
-    and `ci95` ([low, high], paired bootstrap over sequences, seeded). See headlens.evalset
+    and `ci95` ([low, high], paired bootstrap over sequences, seeded). See headlens.ablation.evalset
     for the metrics and the evaluation/reference split.
     """
-    from headlens.evalset import build_evalset, check_choice
-    from headlens.heads import parse_heads
-    from headlens.layers import replacements
 
     check_choice(method, metric)
     spec = loaded.spec
@@ -144,13 +144,7 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | 
     `loss`, `loss_ablated`, `delta_loss`, `ci95_low`, `ci95_high`. With `out` (a directory)
     each finished row is appended durably; `resume=True` continues a sweep found there.
     """
-    import pandas as pd
 
-    from headlens.evalset import build_evalset, check_choice, head_seed
-    from headlens.heads import all_heads
-    from headlens.layers import replacements
-    from headlens.sweep import base_sums, sweep_sums
-    from headlens.sweep_store import SweepStore
 
     check_choice(method, metric)
     spec = loaded.spec
@@ -193,20 +187,15 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | 
 def _progress_bar(total: int, progress: bool):
     if not progress:
         return None
-    from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="ablate", unit="head", leave=False)
 
 
 def approx_sweep(loaded, method: str = "zero", metric: str = "text", text: str | None = None, seed: int = 0):
     """Every single-head ablation delta estimated by attribution patching (one forward and one
-    backward per batch; headlens.attribution). DataFrame: `layer`, `head`, `n_tokens`,
+    backward per batch; headlens.ablation.attribution). DataFrame: `layer`, `head`, `n_tokens`,
     `delta_loss_approx`, sorted by (layer, head)."""
-    import pandas as pd
 
-    from headlens.attribution import attribution_deltas
-    from headlens.evalset import build_evalset, check_choice
-    from headlens.layers import replacements
 
     check_choice(method, metric)
     evalset = build_evalset(loaded, metric, text, seed)

@@ -1,7 +1,8 @@
 """Gradient views of ablation: attribution patching and Michel et al.'s head importance.
 
-Both put a differentiable gate on each head's z (the input of `attn.c_proj`; transformers 5
-has no `head_mask`, so the gate is our own hook) and take one forward and one backward pass.
+Both put a differentiable gate on each head's z (the input of the output projection, through
+the architecture adapter's `hook_z`; transformers 5 has no `head_mask`, so the gate is our own
+hook) and take one forward and one backward pass.
 Weights never require grad here, so the backward pass computes activation gradients only.
 """
 
@@ -12,7 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from headlens.layers import Replacement, layer_replacement
+from headlens.ablation.replace import Replacement, layer_replacement
+from headlens.ablation.unembed import unembed_losses
+from headlens.arch import adapter_for
 
 GRAD_BATCH_SIZE = 4  # sequences per forward + backward pass
 
@@ -27,17 +30,10 @@ def z_edit_hooks(model, edit: Callable[[int, torch.Tensor], torch.Tensor]):
             frozen.append(param)
             param.requires_grad_(False)
 
-    def make_hook(layer: int, n_heads: int):
-        def hook(module, args):
-            merged = args[0]  # [batch, pos, head * d_head]
-            z = merged.view(*merged.shape[:-1], n_heads, -1)  # [batch, pos, head, d_head]
-            return (edit(layer, z).reshape(merged.shape), *args[1:])
-
-        return hook
-
+    adapter = adapter_for(model)
     try:
-        for layer, block in enumerate(model.transformer.h):
-            handles.append(block.attn.c_proj.register_forward_pre_hook(make_hook(layer, block.attn.num_heads)))
+        for layer in range(adapter.n_layers):
+            handles.append(adapter.hook_z(layer, lambda z, layer=layer: edit(layer, z)))
         yield
     finally:
         for handle in handles:
@@ -49,16 +45,15 @@ def z_edit_hooks(model, edit: Callable[[int, torch.Tensor], torch.Tensor]):
 def _counted_sums(model, evalset, rows: slice) -> torch.Tensor:
     """Per-sequence sums of counted losses of one batch, with grad: [batch].
 
-    The trunk runs whole (GPT2Model applies ln_f); only counted positions go through the
-    unembedding, a vocabulary chunk at a time (headlens.unembed: one logits copy for backward
-    instead of autograd's logits, log_softmax and their gradients)."""
-    from headlens.unembed import unembed_losses
-
+    The trunk runs whole (it applies the final norm); only counted positions go through the
+    unembedding, a vocabulary chunk at a time (headlens.ablation.unembed: one logits copy for
+    backward instead of autograd's logits, log_softmax and their gradients)."""
+    adapter = adapter_for(model)
     device = next(model.parameters()).device
     ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
-    hidden = model.transformer(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [batch, pos, d_model]
+    hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model]
     seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # counted (sequence, position) pairs
-    losses = unembed_losses(hidden[seq, pos], model.lm_head, ids[seq, pos + 1])  # [n_counted]
+    losses = unembed_losses(hidden[seq, pos], adapter.unembed(), ids[seq, pos + 1])  # [n_counted]
     return torch.zeros(ids.shape[0], dtype=losses.dtype, device=device).index_add(0, seq, losses)  # [batch]
 
 
@@ -70,8 +65,8 @@ def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int 
     first-order change when z_h is replaced by r_h; for zero ablation -sum(grad_z_h * z_h).
     It misses saturated attention and nonlinear effects: check it against the exact sweep.
     """
-    n_layers = len(model.transformer.h)
-    n_heads = model.config.n_head
+    adapter = adapter_for(model)
+    n_layers, n_heads = adapter.n_layers, adapter.n_heads
     n_seq = evalset.input_ids.shape[0]
     total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
     for start in range(0, n_seq, batch_size):

@@ -1,0 +1,105 @@
+"""The lean capture path: sdpa runs the model, patterns are rebuilt in blocks of query rows.
+
+Hugging Face eager attention materialises the [batch, head, q_pos, k_pos] scores two or three
+times per layer (matmul, mask, softmax): at 1 x 1024 tokens on GPT-2 small that is most of a
+forward pass's added memory. Here the model runs with `sdpa`, which never builds a pattern, and
+the architecture adapter's `hook_qkv` hands over the layer's own Q, K and V as the attention
+uses them (after rotary positions and q/k norms; no projection is recomputed). The pattern goes
+to the reducers in blocks of query rows of at most `BLOCK_ELEMENTS` weights, each block a fresh
+[batch, head, rows, k_pos] buffer (headlens.mha.pattern_rows). Reducers that accept blocks say
+so with `row_blocks = True`; a layer that feeds any other reducer gets its whole pattern in one
+block.
+
+The check (first batch of a run, per layer) is stronger than on the eager path: besides the
+pattern being causal and row-stochastic (capture.reducers.check_pattern, per block),
+pattern @ V must equal the z the model itself computed at its output projection, so the rebuilt
+pattern is the model's own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.capture.reducers import check_atol
+from headlens.errors import LeanCheckError
+from headlens.mha import pattern_rows
+
+# Attention weights per block: 12 heads x 128 rows x 1024 keys (6.3 MB in float32) at GPT-2
+# small's full context, against 50 MB for a whole layer's pattern (benchmarks/bench_capture.py).
+# Short sequences get more rows per block (fewer reducer calls): 1 x 300 tokens is one block.
+BLOCK_ELEMENTS = 12 * 128 * 1024
+
+
+def block_rows(batch: int, n_heads: int, pos: int) -> int:
+    """Query rows per block for a [batch, n_heads, rows, pos] block within BLOCK_ELEMENTS."""
+    return max(1, BLOCK_ELEMENTS // (batch * n_heads * pos))
+# pattern @ V against the model's z: sdpa and our softmax differ by float32 rounding (~1e-6
+# on GPT-2-small-sized activations); a wrong pattern is off by the size of V itself. Half
+# precision: 20 epsilons of the dtype (capture.check_atol).
+Z_CHECK_RTOL = 1e-4
+Z_CHECK_EPS = 20
+
+
+def takes_blocks(reducers) -> bool:
+    """True if every reducer that wants patterns accepts blocks of query rows."""
+    return all(getattr(r, "row_blocks", False) for r in reducers if "pattern" in r.wants)
+
+
+class LeanLayer:
+    """The lean path's hooks for one layer.
+
+    `on_qkv` (the adapter's `hook_qkv`) dispatches the pattern block by block; `on_z` (the
+    adapter's `hook_z`) compares pattern @ V with the model's z while `verify` is set (the first
+    batch), then stops checking.
+    """
+
+    def __init__(self, layer: int, adapter, blocks: bool, batch_ref: list, dispatch, verify: bool):
+        self.layer, self.n_heads = layer, adapter.n_heads
+        self.scale = adapter.attention_scale(layer)
+        self.window = adapter.sliding_window(layer)
+        self.blocks, self.batch_ref, self.dispatch = blocks, batch_ref, dispatch
+        self.verify = verify
+        self._expected: torch.Tensor | None = None
+
+    def on_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """q [batch, head, pos, d_head]; k, v [batch, kv_head, pos, d_head]."""
+        q, k, v = q.detach(), k.detach(), v.detach()
+        mask = self.batch_ref[0].mask.to(q.device)  # [batch, pos]
+        batch, _, pos, _ = q.shape
+        step = block_rows(batch, self.n_heads, pos) if self.blocks else pos
+        if self.verify:
+            self._expected = torch.empty(batch, self.n_heads, pos, v.shape[-1], dtype=v.dtype,
+                                         device=v.device)  # [batch, head, pos, d_head]
+            v = v.repeat_interleave(self.n_heads // v.shape[1], dim=1)  # [batch, head, pos, d_head]
+        for start in range(0, pos, step):
+            stop = min(pos, start + step)
+            pattern = pattern_rows(q, k, mask, self.scale, start, stop, self.window)  # [batch, head, rows, k_pos]
+            if self._expected is not None:
+                self._expected[:, :, start:stop] = pattern @ v
+            self.dispatch(self.layer, "pattern", pattern, start if self.blocks else None)
+
+    def on_z(self, z: torch.Tensor) -> None:
+        if self._expected is None:
+            return
+        z = z.detach().transpose(1, 2)  # [batch, head, pos, d_head]
+        real = self.batch_ref[0].mask.to(z.device)[:, None, :, None]  # [batch, 1, pos, 1]
+        err = ((z - self._expected).abs() * real).amax().item()
+        scale = max(1.0, (self._expected.abs() * real).amax().item())
+        self._expected, self.verify = None, False
+        if err > check_atol(z.dtype, Z_CHECK_RTOL, Z_CHECK_EPS) * scale:
+            raise LeanCheckError(f"layer {self.layer}: the rebuilt attention pattern does not reproduce the "
+                                 f"model's z (max error {err:.2e}); run the capture with recompute_patterns=False")
+
+
+def lean_hooks(adapter, needs: dict[int, set[str]], reducers, batch_ref: list, dispatch, check: bool) -> list:
+    """Register the lean path's hooks for every layer that needs patterns; returns the handles."""
+    handles = []
+    for layer, kinds in needs.items():
+        if "pattern" not in kinds:
+            continue
+        wanting = [r for r in reducers if "pattern" in r.wants and (r.layers is None or layer in r.layers)]
+        lean = LeanLayer(layer, adapter, takes_blocks(wanting), batch_ref, dispatch, verify=check)
+        handles += adapter.hook_qkv(layer, lean.on_qkv)
+        if check:
+            handles.append(adapter.hook_z(layer, lean.on_z))
+    return handles

@@ -1,0 +1,149 @@
+"""Streaming per-head capture: hooks hand each layer's patterns and z to reducers.
+
+Sites come from the model's architecture adapter (headlens.arch):
+- pattern, eager path: output[1] of the layer's attention module  # [batch, head, q_pos, k_pos]
+- pattern, lean path (headlens.capture.lean, run_capture's default on Hugging Face models when
+  every pattern reducer takes blocks of query rows): rebuilt from the layer's own Q and K;
+- z: the input of the output projection, `Adapter.hook_z`  # [batch, pos, head, d_head]
+On a TransformerLens `TransformerBridge`: `blocks.{L}.attn.hook_pattern` and `hook_z`.
+Hooks are GLOBAL state (TransformerLens docs), so they are only ever installed inside a
+context manager that removes them on exit, error included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from headlens.arch import adapter_for
+from headlens.capture.bridge import bridge_hooks, is_bridge, n_layers_of
+from headlens.capture.lean import lean_hooks, takes_blocks
+from headlens.capture.reducers import Batch, Reducer, check_pattern
+from headlens.errors import CaptureError
+
+
+@contextlib.contextmanager
+def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bool = True,
+                  recompute_patterns: bool = False):
+    """Install the hooks that feed `reducers`; removes them on exit, error or not.
+
+    `batch_ref[0]` must hold the Batch being run when the forward pass happens.
+    `recompute_patterns` (HF models only, run with sdpa): the lean path, headlens.capture.lean.
+    """
+    n_layers = n_layers_of(model)
+    needs: dict[int, set[str]] = {}
+    for reducer in reducers:
+        for layer in (reducer.layers if reducer.layers is not None else range(n_layers)):
+            if not 0 <= layer < n_layers:
+                raise CaptureError(f"layer {layer} is out of range: this model has {n_layers} layers "
+                                   f"(0-{n_layers - 1})")
+            needs.setdefault(layer, set()).update(reducer.wants)
+    checked: set[int] = set()
+
+    def dispatch(layer: int, kind: str, value: torch.Tensor, q_start: int | None = None) -> None:
+        batch = batch_ref[0]
+        if kind == "pattern" and check and layer not in checked:
+            check_pattern(value, batch.mask, layer, q_start or 0)
+            if (q_start or 0) + value.shape[-2] >= value.shape[-1]:  # the last block of the layer
+                checked.add(layer)
+        extra = {} if q_start is None else {"q_start": q_start}
+        for reducer in reducers:
+            if kind in reducer.wants and (reducer.layers is None or layer in reducer.layers):
+                reducer.update(layer, batch, **{kind: value}, **extra)
+
+    if is_bridge(model):
+        with bridge_hooks(model, needs, dispatch):
+            yield
+        return
+    handles = []
+    try:
+        adapter = adapter_for(model)
+        if recompute_patterns:
+            handles += lean_hooks(adapter, needs, reducers, batch_ref, dispatch, check)
+        for layer, kinds in needs.items():
+            if "pattern" in kinds and not recompute_patterns:
+                handles.append(adapter.attn(layer).register_forward_hook(_hf_pattern_hook(layer, dispatch)))
+            if "z" in kinds:
+                handles.append(adapter.hook_z(layer, lambda z, layer=layer: dispatch(layer, "z", z)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hf_pattern_hook(layer, dispatch):
+    def hook(module, args, output):
+        pattern = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if pattern is None:
+            raise CaptureError("the model returned no attention pattern: load it with attn_implementation='eager'")
+        dispatch(layer, "pattern", pattern)  # [batch, head, q_pos, k_pos]
+
+    return hook
+
+
+@contextlib.contextmanager
+def _attention_implementation(model, name: str):
+    """Temporarily run every attention module of `model` with implementation `name`."""
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+    saved = {key: cfg._attn_implementation for key, cfg in configs.items()}
+    try:
+        for cfg in configs.values():
+            cfg._attn_implementation = name
+        yield
+    finally:
+        for key, cfg in configs.items():
+            cfg._attn_implementation = saved[key]
+
+
+def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], check: bool = True,
+                progress: bool = False, desc: str = "capture", recompute_patterns: bool | None = None) -> None:
+    """Run the model over `batches`, streaming activations into `reducers` (no grad).
+
+    Works on a Hugging Face model of a supported family and on a TransformerLens TransformerBridge.
+    No logits are kept (HF: the LM head is not even run); reducers hold the results.
+    `recompute_patterns` (HF only): True runs the lean path (headlens.capture.lean: sdpa
+    forward, each layer's pattern rebuilt from its own Q and K, in blocks of query rows for
+    reducers that take them, checked against the model's z); patterns then agree with HF eager
+    within float32 rounding, not bit for bit. None (default) picks it on HF models when every
+    pattern reducer takes row blocks (all of headlens's scorers do), else the eager hooks.
+    """
+    batches = list(batches) if progress else batches
+    iterator = batches
+    if progress:
+
+        iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
+    batch_ref: list = [None]
+    if recompute_patterns and is_bridge(model):
+        raise CaptureError("recompute_patterns is for Hugging Face models: a TransformerBridge builds its own patterns")
+    recompute = recompute_patterns
+    if recompute is None:
+        recompute = (not is_bridge(model)
+                     and any("pattern" in r.wants for r in reducers) and takes_blocks(reducers))
+    implementation = _attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
+    with torch.no_grad(), implementation, capture_hooks(model, reducers, batch_ref, check, recompute):
+        for batch in iterator:
+            batch_ref[0] = batch
+            _forward_trunk(model, batch)
+
+
+def _forward_trunk(model, batch: Batch) -> None:
+    """The forward pass capture needs. On Hugging Face models only the trunk runs:
+    capture discards the logits, and the LM head costs d_model x d_vocab multiply-adds per token
+    plus a [batch, pos, d_vocab] tensor (206 MB at 1 x 1024 for GPT-2). A bridge runs whole."""
+    if is_bridge(model):
+        forward(model, batch)
+        return
+    device = next(model.parameters()).device
+    adapter_for(model).run_trunk(batch.input_ids.to(device), batch.mask.to(device))
+
+
+def forward(model, batch: Batch) -> torch.Tensor:
+    """Logits [batch, pos, d_vocab] of one right-padded batch on an HF model or a bridge."""
+    device = next(model.parameters()).device
+    ids, mask = batch.input_ids.to(device), batch.mask.to(device)
+    if is_bridge(model):
+        return model(ids, attention_mask=mask.long())
+    return model(input_ids=ids, attention_mask=mask.long()).logits
