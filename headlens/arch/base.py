@@ -173,6 +173,10 @@ class Adapter:
         d_head] and k, v [batch, kv_head, pos, d_head], as the attention uses them."""
         raise NotImplementedError  # each family knows where its projections are
 
+    def attention_weights(self, layer: int):
+        """`headlens.mha.AttentionWeights` of `layer`, for the from-scratch GroupedQueryAttention."""
+        raise NotImplementedError  # families with rotary positions (headlens.arch.rotary) provide it
+
     def sliding_window(self, layer: int) -> int | None:
         """Keys further back than this many positions are masked (None: full causal)."""
         return None

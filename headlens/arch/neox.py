@@ -41,3 +41,10 @@ class NeoXAdapter(RotaryAdapter):
         per_head = fused.view(*fused.shape[:-1], self.n_heads, 3 * self.d_head)  # [batch, pos, head, 3 * d_head]
         per_head = per_head.transpose(1, 2)  # [batch, head, pos, 3 * d_head]
         return per_head.chunk(3, dim=-1)  # 3 x [batch, head, pos, d_head]
+
+    def qkv_weights(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        fused = self.attn(layer).query_key_value
+        weight = fused.weight.view(self.n_heads, 3, self.d_head, self.d_model)  # [head, q|k|v, d_head, d_model]
+        bias = None if fused.bias is None else fused.bias.view(self.n_heads, 3, self.d_head)  # [head, q|k|v, d_head]
+        return [(weight[:, i].reshape(-1, self.d_model),  # [head * d_head, d_model]
+                 None if bias is None else bias[:, i].reshape(-1)) for i in range(3)]

@@ -21,6 +21,7 @@ import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from headlens.arch.base import Adapter, LayerContext, get_module
+from headlens.mha import AttentionWeights
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the layer types
 
@@ -100,3 +101,22 @@ class RotaryAdapter(Adapter):
         for index, site in enumerate(self.qkv_sites):
             handles.append(get_module(attn, site).register_forward_hook(keep(index)))
         return handles
+
+    # Weights, for the from-scratch attention (headlens.mha) ----------------------------------
+    def qkv_weights(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(weight [heads * d_head, d_model], bias or None) of the query, key and value projections."""
+        attn = self.attn(layer)
+        return [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+
+    def attention_weights(self, layer: int) -> AttentionWeights:
+        """Every weight and setting of `layer`'s attention: projections, rotary frequencies, q/k norms."""
+        attn, out = self.attn(layer), self.z_module(layer)
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = self.qkv_weights(layer)
+        rotary = self.trunk().rotary_emb
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        return AttentionWeights(
+            w_q=w_q, w_k=w_k, w_v=w_v, w_o=out.weight, b_q=b_q, b_k=b_k, b_v=b_v, b_o=out.bias,
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, scale=self.attention_scale(layer),
+            inv_freq=rotary.inv_freq, rotary_scale=float(rotary.attention_scaling),
+            q_norm=None if q_norm is None else q_norm.weight, k_norm=None if k_norm is None else k_norm.weight,
+            norm_eps=float(getattr(q_norm, "variance_epsilon", 1e-6)), window=self.sliding_window(layer))
