@@ -53,3 +53,21 @@ def test_validation_fails_when_one_weight_is_perturbed(family, monkeypatch):
     assert set(failed["reference"]) == {"hf_eager", "sdpa", "transformer_lens"}
     assert set(failed["quantity"]) == {"pattern", "z", "attn_out"}
     assert torch.isfinite(torch.tensor(frame["max_abs_error"].to_numpy())).all()
+
+
+def test_validate_command_on_a_grouped_query_model(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+    from headlens.cli.main import cli
+
+    from headlens.models import save_model
+
+    directory = save_model(build_family("qwen3-mqa"), tmp_path / "qwen3")
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    result = CliRunner().invoke(cli, ["validate", str(directory), "--text", str(text), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["passed"] and {row["reference"] for row in payload["rows"]} == {"hf_eager", "sdpa",
+                                                                                    "transformer_lens"}
