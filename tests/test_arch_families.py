@@ -212,3 +212,35 @@ def test_an_unsupported_model_type_is_one_line_naming_the_supported_families(tmp
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "'bert' is not supported" in lines[0] and "qwen3" in lines[0], result.stderr
     assert "Traceback" not in result.output
+
+
+def test_hook_qkv_hands_over_what_the_attention_multiplies(family, monkeypatch):
+    """q, k, v from the adapter equal, bit for bit, the tensors the family's eager attention
+    function receives (after rotary and q/k norm; keys and values before repeat_kv)."""
+    import sys
+
+    model = family.model
+    adapter = adapter_for(model)
+    module = sys.modules[type(adapter.attn(0)).__module__]
+    original = module.eager_attention_forward
+    received = []
+
+    def spy(attn_module, query, key, value, *args, **kwargs):
+        received.append((query.detach().clone(), key.detach().clone(), value.detach().clone()))
+        return original(attn_module, query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(module, "eager_attention_forward", spy)
+    handed = []
+    handles = [h for layer in range(adapter.n_layers)
+               for h in adapter.hook_qkv(layer, lambda q, k, v: handed.append((q, k, v)))]
+    ids, mask = padded_batch()
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask.long())
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(received) == len(handed) == adapter.n_layers
+    for (q, k, v), (q_ref, k_ref, v_ref) in zip(handed, received, strict=True):
+        assert q.shape == (3, adapter.n_heads, 20, adapter.d_head) and k.shape[1] == adapter.n_kv_heads
+        assert torch.equal(q, q_ref) and torch.equal(k, k_ref) and torch.equal(v, v_ref)

@@ -10,7 +10,10 @@ Every stage of headlens that touches a head reads it through an `Adapter` and no
   transform (rotary, q/k norm), q [batch, head, pos, d_head], k and v [batch, kv_head, pos, d_head]
   (the lean capture path rebuilds patterns from them);
 - `context(ids, mask)` + `attention` + `finish_block`: one decoder layer run on a given residual
-  stream (the exact suffix sweep), `final_norm` + `unembed` for the logits.
+  stream (the exact suffix sweep), `final_norm` (`final_norm_centres`: LayerNorm or RMSNorm) +
+  `unembed` for the logits;
+- `attention_weights(L)`: the layer's attention weights for the from-scratch attention (headlens.mha);
+- `sliding_window(L)`: how far back a layer's queries see (None: full causal attention).
 Heads are always query heads (`L.H`, H < n_heads); `kv_group(H)` is the key/value head H reads.
 """
 
