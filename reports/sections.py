@@ -52,8 +52,8 @@ def table(frame: pd.DataFrame, *, sortable: bool = True, row_class=None, lang: s
           table_id: str | None = None) -> str:
     """A plain HTML table; `data-sort` holds a numeric key where the cell is a number. Headings come
     from the catalogue where it has the column ("col.<name>"), the column's name in `title`."""
-    head = "".join(f'<th scope="col" title="{esc(column)}">{esc(column_heading(column, lang))}</th>'
-                   for column in frame.columns)
+    head = "".join(f'<th scope="col" data-column="{esc(column)}" title="{esc(column)}">'
+                   f"{esc(column_heading(column, lang))}</th>" for column in frame.columns)
     rows = []
     for values in frame.itertuples(index=False, name=None):  # keeps each column's dtype (iterrows does not)
         cells = []
