@@ -220,6 +220,26 @@ def test_cli_report_writes_html_with_the_heads(small_model_dir, text_file, tmp_p
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_cli_report_in_spanish(small_model_dir, text_file, tmp_path):
+    report = tmp_path / "informe.html"
+    result = _run([str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2",
+                   "--no-needles", "--report", str(report), "--lang", "es", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    html = report.read_text(encoding="utf-8")
+    assert '<html lang="es">' in html and "Puntuaciones y etiquetas de las cabezas" in html
+
+
+def test_cli_short_text_notes_where_the_haystack_came_from(small_model_dir, tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("Hello world", encoding="utf-8")
+    result = _run([str(small_model_dir), "--text", str(path), "--n-seq", "2", "--format", "csv", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "needles_source = default_text" in result.stderr
+    header, first = result.stdout.splitlines()[:2]
+    row = dict(zip(header.split(","), first.split(","), strict=True))
+    assert (row["text_source"], row["needles_source"]) == ("given_text", "default_text")
+
+
 def test_cli_report_to_a_directory_fails_before_work(small_model_dir, text_file, tmp_path):
     result = _run([str(small_model_dir), "--text", str(text_file), "--report", str(tmp_path)])
     assert result.exit_code == 2 and "is a directory" in result.stderr
