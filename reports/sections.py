@@ -81,8 +81,7 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
     missing = t("summary.not_recorded", lang)
     items = [
         (t("summary.model", lang), info.get("name", unknown)),
-        (t("summary.shape", lang), t("summary.shape_value", lang, n_layers=info.get("n_layers", unknown),
-                                     n_heads=info.get("n_heads", unknown), d_head=info.get("d_head", unknown))),
+        (t("summary.shape", lang), shape_text(info, lang)),
         (t("summary.context", lang), t("summary.context_value", lang, d_model=info.get("d_model", unknown),
                                        n_ctx=info.get("n_ctx", unknown))),
         (t("summary.parameters", lang), f"{params:,}" if isinstance(params, int) else (params or unknown)),
@@ -96,6 +95,15 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
     if text_excerpt:
         body += f"<p>{esc(t('summary.sample', lang))}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
     return section("summary", t("summary.title", lang), body)
+
+
+def shape_text(info: dict, lang: str) -> str:
+    """"12 layers x 12 heads x d_head 64", naming the key/value heads when fewer than the query heads (GQA)."""
+    shape = {name: info.get(name, "?") for name in ("n_layers", "n_heads", "d_head")}
+    n_kv = info.get("n_kv_heads")
+    if isinstance(n_kv, int) and isinstance(shape["n_heads"], int) and n_kv < shape["n_heads"]:
+        return t("summary.shape_value_gqa", lang, n_kv_heads=n_kv, **shape)
+    return t("summary.shape_value", lang, **shape)
 
 
 def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:

@@ -87,6 +87,9 @@ def test_summary_escapes_and_lists_facts():
     assert "<script>" not in html and "<img" not in html
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 4
     assert "2 layers x 3 heads x d_head 16" in html and "123,456" in html and "9.9" in html
+    gqa = sections.summary_section({**MODEL_INFO, "n_kv_heads": 1}, version="9.9", date="today", command=None,
+                                   text_label=None, text_excerpt=None)
+    assert "2 layers x 3 query heads sharing 1 key/value heads x d_head 16" in gqa
 
 
 # Scores and labels
