@@ -465,3 +465,24 @@ def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
     size = path.stat().st_size
     assert size < SIZE_CAP_BYTES, f"{size / 1e6:.2f} MB"
     assert img_count(path.read_text()) >= spec.n_layers * spec.n_heads
+
+
+@pytest.mark.slow
+def test_grouped_query_report_shows_its_groups_and_gpt2_shows_none(small_model, tmp_path):
+    """Ground truth from the config: 8 query heads over 2 key/value heads, so heads 0-3 and 4-7 share K, V."""
+    from families import build_family
+    from planted import PLANTED_TEXT
+
+    from headlens.classify import ClassifyConfig, classify_heads
+
+    config = ClassifyConfig(n_seq=2, max_windows=2, needles=False)
+    gqa = classify_heads(build_family("llama-gqa"), text=PLANTED_TEXT, config=config)
+    html = render_report(tmp_path / "gqa.html", model_info=MODEL_INFO, heads=gqa).read_text(encoding="utf-8")
+    kv = html[html.index('<section id="kv-groups">'):]
+    kv = kv[: kv.index("</section>")]
+    for layer in range(3):
+        for first in (0, 4):
+            assert ">" + ", ".join(f"{layer}.{head}" for head in range(first, first + 4)) + "<" in kv
+    assert "6 groups of query heads" in kv
+    mha = classify_heads(small_model, text=PLANTED_TEXT, config=config)
+    assert 'id="kv-groups"' not in render_report(tmp_path / "mha.html", model_info=MODEL_INFO, heads=mha).read_text()
