@@ -154,16 +154,25 @@ def pattern_rows(q: torch.Tensor, k: torch.Tensor, attention_mask: torch.Tensor,
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)  # [batch, head, k_pos, d_head]
+    # Keys no row of the block can see (after its last query; before its first query's window)
+    # get weight 0 without being scored: causal attention halves the work, a window cuts it more.
+    lo = 0 if window is None else max(0, q_start - window + 1)
+    hi = min(pos, q_stop)
     if visible is None:
-        visible = torch.ones(q_stop - q_start, pos, dtype=torch.bool, device=q.device).tril(q_start)  # [rows, k_pos]
+        visible = torch.ones(q_stop - q_start, hi - lo, dtype=torch.bool, device=q.device).tril(q_start - lo)
         if window is not None:
-            visible &= ~torch.ones(q_stop - q_start, pos, dtype=torch.bool, device=q.device).tril(q_start - window)
-        visible = visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, rows, k_pos]
+            visible &= ~torch.ones(q_stop - q_start, hi - lo, dtype=torch.bool,
+                                   device=q.device).tril(q_start - lo - window)
+        visible = visible[None, None] & attention_mask.bool()[:, None, None, lo:hi]  # [batch, 1, rows, hi - lo]
     else:
-        visible = visible[:, :, q_start:q_stop]  # [batch, 1, rows, k_pos] (a view)
-    scores = (q[:, :, q_start:q_stop] @ k.transpose(-2, -1)).mul_(scale)  # [batch, head, rows, k_pos]
+        visible = visible[:, :, q_start:q_stop, lo:hi]  # [batch, 1, rows, hi - lo] (a view)
+    scores = (q[:, :, q_start:q_stop] @ k[:, :, lo:hi].transpose(-2, -1)).mul_(scale)  # [batch, head, rows, hi - lo]
     scores.masked_fill_(~visible, float("-inf"))
-    return torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # [batch, head, rows, k_pos]; no visible key -> zeros
+    pattern = scores.new_empty(*scores.shape[:-1], pos)  # [batch, head, rows, k_pos]
+    pattern[..., :lo].zero_()
+    pattern[..., hi:].zero_()
+    torch.softmax(scores, dim=-1, out=pattern[..., lo:hi])
+    return pattern.nan_to_num_(0.0)  # rows with no visible key -> zeros
 
 
 @dataclass
