@@ -22,6 +22,7 @@ from headlens.probes import fit_repeats, random_token_range, repeated_random_tok
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
+from headlens.scores.ov_copying import ov_copying_scores, sign_disagreements
 from headlens.scores.positional import (
     ArgmaxOffsetReducer,
     current_token_reducer,
@@ -107,8 +108,10 @@ def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | Non
 
     Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
     LABELS), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
-    `n_needle_tests`, `n_needle_tokens`, and `<score>_std` spreads across sequences / tests).
-    `df.attrs["probes"]` says what was run (windows used of windows available, repeats, ...).
+    `n_needle_tests`, `n_needle_tokens`, and `<score>_std` spreads across sequences / tests),
+    with `ov_copying_score` (from the weights) right after `copying_score` (from the data).
+    `df.attrs["probes"]` says what was run (windows used of windows available, repeats, ...) and
+    lists in `copying_sign_disagreements` the heads whose two copying scores differ in sign.
     """
 
     config = config or ClassifyConfig()
@@ -131,6 +134,10 @@ def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | Non
                     n_needle_tokens=result["n_tokens"], needle_len=needle_len, needle_restate=restate)
     frame = _to_frame(rows, info, spec)
     frame.insert(2, "labels", [label_head(row, config) for row in frame.to_dict("records")])
+    # Weight-based copying beside the data-based score (Elhage et al. 2021; headlens.scores.ov_copying).
+    frame.insert(frame.columns.get_loc("copying_score") + 1, "ov_copying_score",
+                 ov_copying_scores(loaded.model).flatten().tolist())
+    info["copying_sign_disagreements"] = sign_disagreements(frame)
     frame.attrs["probes"] = info
     frame.attrs["config"] = {f.name: getattr(config, f.name) for f in fields(config)}
     return frame

@@ -71,17 +71,18 @@ def test_normalize_by_layer_gives_unit_norm_over_kept_heads():
 def test_prune_curve(strong_model):
     text = sample_text(260)
     curve = prune_curve(strong_model, text=text)
-    assert list(curve.columns) == ["step", "n_removed", "fraction_removed", "heads_removed", "loss"]
+    assert list(curve.columns) == ["step", "n_removed", "fraction_removed", "heads_removed", "step_heads", "loss"]
     assert curve.n_removed.tolist() == list(range(9))  # round(10% of 8) = 1 head per step
     assert curve.fraction_removed.iloc[-1] == 1.0
     removed = [set(filter(None, s.split(","))) for s in curve.heads_removed]
     assert all(a < b for a, b in zip(removed, removed[1:], strict=False))  # each step adds heads
 
-    # Step 0 = Hugging Face's own mean loss on the evaluation windows.
-    evalset = text_evalset(strong_model, text)
-    labels = evalset.input_ids.masked_fill(~evalset.mask, -100)
+    # Step 0 = Hugging Face's own mean loss on the evaluation windows (the even ones).
+    windows = text_evalset(strong_model, text)
+    ids, mask = windows.input_ids[0::2], windows.mask[0::2]
+    labels = ids.masked_fill(~mask, -100)
     with torch.no_grad():
-        hf = strong_model.model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(), labels=labels).loss
+        hf = strong_model.model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
     assert abs(curve.loss.iloc[0] - float(hf)) < SAME_LOSS_ATOL
 
     # Last step = every layer's whole z zeroed.
@@ -89,8 +90,7 @@ def test_prune_curve(strong_model):
                for block in strong_model.model.transformer.h]
     try:
         with torch.no_grad():
-            zeroed = strong_model.model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(),
-                                        labels=labels).loss
+            zeroed = strong_model.model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
     finally:
         for handle in handles:
             handle.remove()
