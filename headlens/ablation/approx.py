@@ -11,16 +11,22 @@ heads with the largest absolute change.
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
 from headlens.ablation.atp_star import atp_star_deltas
 from headlens.ablation.attribution import attribution_deltas
 from headlens.ablation.datasets import build_evalset
 from headlens.ablation.metrics import DIFFERENTIABLE, check_choice, is_loss
 from headlens.ablation.replace import replacements
+from headlens.ablation.sweep import base_sums, sweep_sums
 from headlens.errors import ConfigError
+from headlens.heads import Head
 
 APPROX_METHODS = ("atp", "atp*")
 TOP_K = 10  # heads compared by top10_overlap
+SPOT_HEADS = 12  # heads ablated exactly by the spot check
+SPOT_SEQS = 4  # sequences of the spot check (the last ones of the evaluation set)
+ESTIMATES = {"atp": attribution_deltas, "atp*": atp_star_deltas}
 
 
 def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
@@ -37,8 +43,7 @@ def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str |
                           f"{', '.join(DIFFERENTIABLE)}")
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
     reps = replacements(loaded.model, evalset, method, seed, batch_size=4)
-    estimate = attribution_deltas if approx == "atp" else atp_star_deltas
-    deltas = estimate(loaded.model, evalset, reps)  # [layer, head]
+    deltas = ESTIMATES[approx](loaded.model, evalset, reps)  # [layer, head]
     rows = []
     for layer in range(deltas.shape[0]):
         for head in range(deltas.shape[1]):
@@ -61,3 +66,26 @@ def agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
     top_y = set(y.abs().nlargest(k).index)
     return {"pearson": float(x.corr(y)), "spearman": float(x.rank().corr(y.rank())),
             "top10_overlap": len(top_x & top_y) / k if k else float("nan"), "top_k": k, "n_heads": len(merged)}
+
+
+def spot_check(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
+               approx: str = "atp*", prompts: list[dict] | None = None, reference: str | None = None,
+               bos: bool = True) -> dict:
+    """How far `approx` can be trusted on this model, cheaply: on the last SPOT_SEQS sequences of
+    the evaluation set, SPOT_HEADS heads drawn at random (seeded) are ablated exactly and compared
+    with the estimate on the same sequences (`agreement`, plus `n_seq`)."""
+    evalset = build_evalset(loaded, check_choice(method, metric), text, seed, prompts, reference, bos)
+    n_seq = evalset.input_ids.shape[0]
+    part = evalset.subset(slice(max(0, n_seq - SPOT_SEQS), n_seq))
+    spec = loaded.spec
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.randperm(spec.n_layers * spec.n_heads, generator=gen)[:SPOT_HEADS].tolist()
+    heads = sorted(Head(i // spec.n_heads, i % spec.n_heads) for i in picks)
+    reps = replacements(loaded.model, part, method, seed, batch_size=4)
+    estimate = ESTIMATES[approx](loaded.model, part, reps)  # [layer, head]
+    base = base_sums(loaded.model, part)  # [n_units]
+    exact = {}
+    sweep_sums(loaded.model, part, heads, reps, lambda h, s: exact.update({h: float((s - base).sum() / part.n_tokens)}))
+    frame = pd.DataFrame([{"layer": h.layer, "head": h.head, "delta": exact[h],
+                           "delta_approx": float(estimate[h.layer, h.head])} for h in heads])
+    return {**agreement(frame, frame), "n_seq": part.input_ids.shape[0]}

@@ -72,6 +72,13 @@ class EvalSet:
     def kind(self) -> str:
         return KIND[self.metric]
 
+    def subset(self, rows: slice) -> EvalSet:
+        """The sequences `rows` as their own set (bootstrap units recomputed, reference kept)."""
+        return EvalSet(self.input_ids[rows], self.mask[rows], self.counted[rows], self.metric, self.data_hash,
+                       self.description, foils=None if self.foils is None else self.foils[rows],
+                       reference_ids=self.reference_ids, reference_mask=self.reference_mask,
+                       reference_label=self.reference_label)
+
     def unit_counts(self) -> torch.Tensor:
         """Scored positions per bootstrap unit: [n_units]."""
         return torch.bincount(self.units[self.counted], minlength=self.n_units)
