@@ -15,9 +15,13 @@ fix applies to the later heads: for each head h of layer L,
     intermediate layers' own responses stay linearised), l's queries and keys are recomputed
     from it through the layer's own norm and projections (the adapter's `hook_qkv`), and each
     later head's pattern A' is rebuilt exactly (headlens.mha.pattern_rows);
- 3. with dL/dA[t, s] = dL/dz_g[t] . v_g[s] (z_g = A v_g, v held at its clean value), the
-    linearised pattern change A (ds - A.ds) that attribution patching used is swapped for the
-    exact A' - A.
+ 3. with dL/dA[t, s] = dL/dz_g[t] . v_g[s] (z_g = A v_g), the linearised pattern change
+    A (ds - A.ds) that attribution patching used is swapped for the exact A' - A (the paper's QK
+    fix), and the value change v' - v, which attribution patching weighs with the clean pattern
+    A, is weighed with A' instead: the cross term (A' - A)(v' - v) that linearisation drops. It
+    matters when a previous-token head is ablated: the induction head's keys *and* values move,
+    and the values it no longer attends to no longer count. Together, z_g' - z_g = A'v' - Av is
+    exact for the changed residual, and only what follows z_g is linearised.
 GradDrop (the paper's second fix, per-layer gradient dropping to expose cancelling paths) gives
 an unsigned score for ranking candidates; signed deltas are what this module estimates, so it is
 not part of `atp_star_deltas`.
@@ -111,24 +115,24 @@ def _qk_correction(model, evalset, rows: slice, clean: dict) -> torch.Tensor:
 
 
 def _later_layer_fix(adapter, runner, clean: dict, layer: int, change: torch.Tensor, mask: torch.Tensor) -> float:
-    """sum_g sum_t dL/dz_g[t] . ((A'_g - A_g - A_g (ds - A_g . ds))[t] @ v_g) over the heads g
-    of `layer`, with the residual entering it moved by `change`."""
+    """sum_g sum_t dL/dz_g[t] . ((A' - A - A (ds - A . ds)) v + (A' - A)(v' - v))[t] over the heads
+    g of `layer`, with the residual entering it moved by `change`."""
     q, k, v = clean["qkv"][layer]  # q [batch, head, pos, d_head], k, v [batch, kv_head, pos, d_head]
     seen = []
-    handles = adapter.hook_qkv(layer, lambda q2, k2, v2: seen.append((q2, k2)))
+    handles = adapter.hook_qkv(layer, lambda q2, k2, v2: seen.append((q2, k2, v2)))
     try:
         runner.attention(layer, clean["resid"][layer] + change)
     finally:
         for handle in handles:
             handle.remove()
-    q2, k2 = seen[0]
+    q2, k2, v2 = seen[0]
     scale, window, pos = adapter.attention_scale(layer), adapter.sliding_window(layer), q.shape[2]
     a = pattern_rows(q, k, mask, scale, 0, pos, window)  # [batch, head, q_pos, k_pos]
     a2 = pattern_rows(q2, k2, mask, scale, 0, pos, window)  # [batch, head, q_pos, k_pos]
     groups = q.shape[1] // k.shape[1]
-    k, k2, v = (t.repeat_interleave(groups, dim=1) for t in (k, k2, v))  # [batch, head, pos, d_head]
+    k, k2, v, v2 = (t.repeat_interleave(groups, dim=1) for t in (k, k2, v, v2))  # [batch, head, pos, d_head]
     ds = (q2 @ k2.transpose(-2, -1) - q @ k.transpose(-2, -1)) * scale  # [batch, head, q_pos, k_pos]
     linear = a * (ds - (a * ds).sum(-1, keepdim=True))  # [batch, head, q_pos, k_pos] softmax Jacobian . ds
-    dz = ((a2 - a) - linear) @ v  # [batch, head, q_pos, d_head]
+    dz = ((a2 - a) - linear) @ v + (a2 - a) @ (v2 - v)  # [batch, head, q_pos, d_head]
     grad = clean["grad"][layer].transpose(1, 2)  # [batch, head, pos, d_head]
     return float((grad * dz).double().sum())
