@@ -178,6 +178,7 @@ def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame
                                                      "error bars: 95% confidence interval"))
         parts.append(table(pd.DataFrame(rows).rename(columns={"label": "heads", "delta": "delta_loss",
                                                               "low": "ci95_low", "high": "ci95_high"})))
+    parts.append(control_block(ablation))
     if pruning is not None:
         parts.append("<h3>Pruning curve</h3>" + figure(figures.pruning_curve_uri(pruning), "pruning curve"))
         parts.append(details("pruning steps (table)", table(pruning.reset_index(drop=True))))
@@ -192,10 +193,35 @@ def ablation_rows(ablation) -> list[dict]:
     rows = []
     for result in results:
         low, high = (result.get("ci95") or [float("nan"), float("nan")])[:2]
-        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": float(result["delta_loss"]),
+        delta = result["delta_loss"] if "delta_loss" in result else result["delta"]  # other metrics: delta
+        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": float(delta),
                      "low": float(low), "high": float(high), "method": result.get("method", "?"),
                      "n_tokens": result.get("n_tokens", "?")})
     return rows
+
+
+def control_block(ablation) -> str:
+    """Heads chosen by role against random head sets of the same per-layer counts (Wu et al. 2024's
+    control): one row per ablate_heads result that carries a `control`; empty without any."""
+    results = [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
+    rows = []
+    for result in results:
+        control = result.get("control")
+        if not control:
+            continue
+        deltas = sorted(control["deltas"])
+        rows.append({"heads": result.get("chosen_by", ",".join(map(str, result["heads"]))),
+                     "chosen": ",".join(map(str, result["heads"])), "metric": result["metric"],
+                     "method": result["method"], "delta": result["delta"],
+                     "random sets": control["k"], "random median": deltas[len(deltas) // 2],
+                     "random min": deltas[0], "random max": deltas[-1],
+                     "rank": f"{control['rank']} of {control['k'] + 1}", "p_value": control["p_value"]})
+    if not rows:
+        return ""
+    words = ("Each chosen set is ablated, then as many random heads with the same number per layer (seeded); "
+             "rank 1 is the largest absolute change, p the share of random sets changing the metric at least "
+             "as much (Phipson & Smyth 2010). A role matters when its set stands out from the random ones.")
+    return f"<h3>Roles against random heads</h3><p>{esc(words)}</p>" + table(pd.DataFrame(rows))
 
 
 def validation_section(validation: pd.DataFrame) -> str:

@@ -221,3 +221,16 @@ def test_resuming_a_store_of_the_old_rule_is_refused(strong_model, tmp_path):
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="older evaluation rule"):
         sweep_heads(strong_model, metric="repeat", heads=[Head(0, 0)], out=out, resume=True)
+
+
+def test_role_experiments_and_their_report_block(strong_model, tmp_path):
+    from headlens.ablation.ablate import role_experiments
+    from headlens.reports import render_report
+
+    results = role_experiments(strong_model, control=3, seed=1, labels=LABELS)
+    assert [(r["metric"], r["heads"]) for r in results] == [("repeat", ["1.1", "1.2"]), ("needle", ["1.1"])]
+    assert all(len(r["control"]["deltas"]) == 3 for r in results)
+    path = tmp_path / "r.html"
+    render_report(path, model_info={"name": "strong"}, ablation=results)
+    page = path.read_text(encoding="utf-8")
+    assert "Roles against random heads" in page and "heads labelled retrieval by the labels file" in page

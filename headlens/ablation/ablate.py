@@ -23,7 +23,7 @@ from headlens.ablation.datasets import build_evalset
 from headlens.ablation.evalset import bootstrap_ci, head_seed
 from headlens.ablation.metrics import KIND, check_choice, is_loss
 from headlens.ablation.replace import heads_by_layer, layer_replacement, replacements
-from headlens.ablation.roles import control_sets, control_summary, resolve_heads
+from headlens.ablation.roles import control_sets, control_summary, model_labels, resolve_heads
 from headlens.ablation.runner import scored_values
 from headlens.ablation.store import SweepStore
 from headlens.ablation.sweep import base_sums, sweep_sums
@@ -232,3 +232,20 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress) -> N
     finally:
         if bar is not None:
             bar.close()
+
+
+ROLE_EXPERIMENTS = (("induction", "repeat"), ("retrieval", "needle"))  # role -> the task it should carry
+
+
+def role_experiments(loaded, control: int = 20, seed: int = 0, labels: dict | None = None,
+                     progress: bool = False) -> list[dict]:
+    """Induction heads on `repeat` and retrieval heads on `needle` (Wu et al. 2024), each against
+    `control` random sets of the same per-layer counts: ablate_heads results, one per role that
+    some head carries (labels from `labels` or from classifying the model once)."""
+    labels = model_labels(loaded, labels)
+    results = []
+    for role, metric in ROLE_EXPERIMENTS:
+        if any(role in names for names in labels.values()):
+            results.append(ablate_heads(loaded, role, metric=metric, seed=seed, progress=progress,
+                                        control=control, labels=labels))
+    return results
