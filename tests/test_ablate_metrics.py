@@ -233,4 +233,4 @@ def test_role_experiments_and_their_report_block(strong_model, tmp_path):
     path = tmp_path / "r.html"
     render_report(path, model_info={"name": "strong"}, ablation=results)
     page = path.read_text(encoding="utf-8")
-    assert "Roles against random heads" in page and "heads labelled retrieval by the labels file" in page
+    assert "Roles against random heads" in page and "heads labelled retrieval by the labels given" in page

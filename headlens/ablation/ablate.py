@@ -242,10 +242,12 @@ def role_experiments(loaded, control: int = 20, seed: int = 0, labels: dict | No
     """Induction heads on `repeat` and retrieval heads on `needle` (Wu et al. 2024), each against
     `control` random sets of the same per-layer counts: ablate_heads results, one per role that
     some head carries (labels from `labels` or from classifying the model once)."""
+    source = "the labels given" if labels is not None else "classifying the model (default probes)"
     labels = model_labels(loaded, labels)
     results = []
     for role, metric in ROLE_EXPERIMENTS:
         if any(role in names for names in labels.values()):
-            results.append(ablate_heads(loaded, role, metric=metric, seed=seed, progress=progress,
-                                        control=control, labels=labels))
+            result = ablate_heads(loaded, role, metric=metric, seed=seed, progress=progress, control=control,
+                                  labels=labels)
+            results.append({**result, "chosen_by": f"heads labelled {role} by {source}"})
     return results
