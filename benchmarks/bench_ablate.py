@@ -57,7 +57,7 @@ def _setup():
     ids[:, 0] = loaded.bos_token_id
     mask = torch.ones_like(ids, dtype=torch.bool)  # [n_seq, pos]
     counted = torch.ones((N_SEQ, SEQ_LEN - 1), dtype=torch.bool)  # [n_seq, pos-1]
-    return loaded, EvalSet(ids, mask, counted, None, None, "text", "bench")
+    return loaded, EvalSet(ids, mask, counted, "loss", "bench", f"{N_SEQ} x {SEQ_LEN} random tokens")
 
 
 def matmul_rate(repeats: int = 5) -> dict:

@@ -75,13 +75,18 @@ def main() -> None:
 
     torch.set_num_threads(THREADS)
     rows = []
+
+    def add(found: list[dict]) -> None:
+        rows.extend(found)
+        print(_markdown(pd.DataFrame(found)), flush=True)  # as it goes: a long run keeps what it measured
+
     tiny = load_model("tiny")
     for metric in ("loss", "repeat"):
-        rows += compare(f"tiny, {metric}", tiny.model, build_evalset(tiny, metric))
+        add(compare(f"tiny, {metric}", tiny.model, build_evalset(tiny, metric)))
     planted = build_planted(0).loaded
-    rows += compare("planted seed 0, repeat", planted.model, build_evalset(planted, "repeat"))
+    add(compare("planted seed 0, repeat", planted.model, build_evalset(planted, "repeat")))
     loaded, evalset = _setup()
-    rows += compare("GPT-2-small shape, 4 x 128 tokens", loaded.model, evalset)
+    add(compare("GPT-2-small shape, 4 x 128 tokens", loaded.model, evalset))
     print(_markdown(pd.DataFrame(rows)))
 
 

@@ -42,11 +42,11 @@ def _print_frame(frame, fmt: str, to_objects) -> None:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
 
 
-def _run_approx(loaded, heads, kind, options, check, fmt, progress):
+def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
     from headlens.ablation.ablate import sweep_heads
     from headlens.ablation.approx import agreement, approx_sweep, spot_check
 
-    approx = approx_sweep(loaded, approx=kind, **options)
+    approx = approx_sweep(loaded, approx=kind, graddrop=graddrop, **options)
     keep = {(h.layer, h.head) for h in heads}
     approx = approx[[(r.layer, r.head) in keep for r in approx.itertuples()]].reset_index(drop=True)
     if check:
@@ -60,7 +60,7 @@ def _run_approx(loaded, heads, kind, options, check, fmt, progress):
     def to_obj(row):
         obj = {"model": name, "heads": [f"{row['layer']}.{row['head']}"], "method": options["method"],
                "metric": options["metric"], "approx": kind, "n": int(row["n"]), "delta_approx": row["delta_approx"]}
-        obj.update({key: row[key] for key in ("delta_loss_approx", "delta") if key in row})
+        obj.update({key: row[key] for key in ("delta_loss_approx", "graddrop", "delta") if key in row})
         return obj
 
     _print_frame(approx, fmt, to_obj)
@@ -114,10 +114,11 @@ def _print_ablation(ablation: dict) -> None:
 @click.option("--approx", default=None, is_flag=False, flag_value="atp", metavar="[atp|atp*]",
               help="estimate every single-head delta from gradients: atp (attribution patching) or atp* (AtP*)")
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
+@click.option("--graddrop", is_flag=True, help="with --approx: add AtP*'s GradDrop score (unsigned)")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @progress_option
 def ablate_command(model, spec, method, metric, text_path, prompts_path, reference_path, bos, labels_path, control,
-                   seed, fmt, out, resume, approx, check, report_path, progress) -> None:
+                   seed, fmt, out, resume, approx, check, graddrop, report_path, progress) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric."""
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.metrics import check_choice
@@ -129,8 +130,8 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 
     metric = check_choice(method, metric)
     k = parse_control(control)
-    if check and not approx:
-        raise ConfigError("--check compares --approx with the exact sweep: pass --approx too")
+    if (check or graddrop) and not approx:
+        raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
     options = {"method": method, "metric": metric, "seed": seed, "bos": bos,
@@ -144,7 +145,7 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
         click.echo(f"{chosen_by}: {', '.join(str(h) for h in heads)}", err=True)
     sweep_df, ablation = None, None
     if approx:
-        sweep_df = _run_approx(loaded, heads, approx, options, check, fmt, progress)
+        sweep_df = _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
     elif spec.strip().lower() == "all":
         sweep_df = sweep_heads(loaded, progress=progress, out=out, resume=resume, **options)
         _print_frame(sweep_df, fmt, lambda row: _row_object(str(loaded.name), method, metric, row, sweep_df.attrs))

@@ -82,3 +82,21 @@ def test_spot_check_and_errors(strong_model):
         approx_sweep(strong_model, metric="needle")
     with pytest.raises(ConfigError, match="unknown --approx"):
         approx_sweep(strong_model, metric="repeat", approx="ig")
+
+
+def test_graddrop_without_a_drop_is_attribution_and_scores_are_unsigned(strong_model):
+    """Nothing dropped, the GradDrop pass is plain attribution patching (a separate implementation);
+    last-layer heads score |AtP|; first-layer heads score |AtP with layer 1's write detached|,
+    which differs from |AtP| (layer 1's paths are gone)."""
+    from headlens.ablation.graddrop import _attribution, graddrop_scores
+
+    evalset = repeat_evalset(strong_model, seed=2, n_seq=3, seq_len=10)
+    reps = [None, None]
+    plain = attribution_deltas(strong_model.model, evalset, reps)  # [layer, head]
+    undropped = _attribution(strong_model.model, evalset, slice(0, 3), reps, drop=2) / evalset.n_tokens
+    assert torch.allclose(undropped.float(), plain, rtol=1e-4, atol=1e-7)
+    scores = graddrop_scores(strong_model.model, evalset, reps)
+    assert torch.allclose(scores[1], plain[1].abs(), rtol=1e-4, atol=1e-7)
+    assert (scores >= 0).all() and (scores[0] - plain[0].abs()).abs().max() > 1e-3
+    frame = approx_sweep(strong_model, metric="repeat", approx="atp", graddrop=True)
+    assert "graddrop" in frame and (frame.graddrop >= 0).all()

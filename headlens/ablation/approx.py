@@ -3,7 +3,8 @@
 - `atp`: attribution patching (Nanda 2023; Syed et al. 2023, arXiv 2310.10348), one forward and
   one backward pass per batch (headlens.ablation.attribution.attribution_deltas);
 - `atp*`: AtP* (Kramar et al. 2024, arXiv 2403.00745) at the z site
-  (headlens.ablation.atp_star): the QK fix for later heads' attention and GradDrop.
+  (headlens.ablation.atp_star): the QK fix for later heads' attention; its GradDrop score
+  (headlens.ablation.graddrop, unsigned, for ranking) is an extra column on request.
 `agreement` compares an estimate with exact deltas: Pearson, Spearman and the overlap of the ten
 heads with the largest absolute change.
 """
@@ -16,6 +17,7 @@ import torch
 from headlens.ablation.atp_star import atp_star_deltas
 from headlens.ablation.attribution import attribution_deltas
 from headlens.ablation.datasets import build_evalset
+from headlens.ablation.graddrop import graddrop_scores
 from headlens.ablation.metrics import DIFFERENTIABLE, check_choice, is_loss
 from headlens.ablation.replace import replacements
 from headlens.ablation.sweep import base_sums, sweep_sums
@@ -31,10 +33,10 @@ ESTIMATES = {"atp": attribution_deltas, "atp*": atp_star_deltas}
 
 def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
                  approx: str = "atp*", prompts: list[dict] | None = None, reference: str | None = None,
-                 bos: bool = True) -> pd.DataFrame:
+                 bos: bool = True, graddrop: bool = False) -> pd.DataFrame:
     """Every single-head ablation delta estimated by `approx` (APPROX_METHODS). DataFrame:
-    `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), sorted by
-    (layer, head)."""
+    `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), and with
+    `graddrop` the unsigned GradDrop score (headlens.ablation.graddrop), sorted by (layer, head)."""
     metric = check_choice(method, metric)
     if approx not in APPROX_METHODS:
         raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(APPROX_METHODS)}")
@@ -44,12 +46,15 @@ def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str |
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
     reps = replacements(loaded.model, evalset, method, seed, batch_size=4)
     deltas = ESTIMATES[approx](loaded.model, evalset, reps)  # [layer, head]
+    dropped = graddrop_scores(loaded.model, evalset, reps) if graddrop else None  # [layer, head]
     rows = []
     for layer in range(deltas.shape[0]):
         for head in range(deltas.shape[1]):
             row = {"layer": layer, "head": head, "n": evalset.n_tokens, "delta_approx": float(deltas[layer, head])}
             if is_loss(metric):
                 row["delta_loss_approx"] = row["delta_approx"]
+            if dropped is not None:
+                row["graddrop"] = float(dropped[layer, head])
             rows.append(row)
     return pd.DataFrame(rows)
 
