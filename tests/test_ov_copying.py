@@ -63,3 +63,36 @@ def test_planted_induction_head_copies_or_suppresses(sign):
     assert scores[induction] * sign > 0.99  # the copy is the whole OV circuit: eigenvalues all of one sign
     others = [scores[layer, head] for layer in range(4) for head in range(3) if (layer, head) != induction]
     assert max(abs(float(s)) for s in others) < 0.1  # junk writes nothing the unembedding reads
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-window"])
+def test_grouped_query_families_against_their_raw_projections(name):
+    """Llama (8 query heads over 2 key/value heads) and Qwen2 (v bias): W_V and W_O read straight
+    from v_proj / o_proj, RMSNorm written here (no centring), the kv group as h // 4."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from families import build_family
+
+    model = build_family(name).model
+    cfg = model.config
+    d_head = cfg.hidden_size // cfg.num_attention_heads
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    w_u = (model.lm_head.weight * model.model.norm.weight).double()  # [d_vocab, d_model]
+    expected = torch.zeros(cfg.num_hidden_layers, cfg.num_attention_heads, dtype=torch.float64)
+    with torch.no_grad():
+        for layer, block in enumerate(model.model.layers):
+            x = model.model.embed_tokens.weight.double()  # [d_vocab, d_model]
+            norm = block.input_layernorm
+            normed = x / torch.sqrt((x**2).mean(-1, keepdim=True) + norm.variance_epsilon) * norm.weight.double()
+            w_v = block.self_attn.v_proj.weight.double()  # [kv_head * d_head, d_model]
+            w_o = block.self_attn.o_proj.weight.double()  # [d_model, head * d_head]
+            for head in range(cfg.num_attention_heads):
+                kv = head // group
+                values = normed @ w_v[kv * d_head:(kv + 1) * d_head].T  # [d_vocab, d_head]
+                small = w_o[:, head * d_head:(head + 1) * d_head].T @ w_u.T @ values  # [d_head, d_head]
+                eig = torch.linalg.eigvals(small)
+                expected[layer, head] = eig.sum().real / eig.abs().sum()
+    ours = ov_copying_scores(model)
+    assert torch.allclose(ours, expected, atol=EIG_ATOL, rtol=0)
