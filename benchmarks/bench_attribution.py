@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
-THREADS = 2  # the machine's cores
+THREADS = 1  # one thread: on a loaded 2-core machine two threads stall on OpenMP barriers (tests/conftest.py)
 
 
 def _timed(fn):

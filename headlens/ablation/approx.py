@@ -32,7 +32,7 @@ ESTIMATES = {"atp": attribution_deltas, "atp*": atp_star_deltas}
 
 
 def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
-                 approx: str = "atp*", prompts: list[dict] | None = None, reference: str | None = None,
+                 approx: str = "atp", prompts: list[dict] | None = None, reference: str | None = None,
                  bos: bool = True, graddrop: bool = False) -> pd.DataFrame:
     """Every single-head ablation delta estimated by `approx` (APPROX_METHODS). DataFrame:
     `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), and with
@@ -74,7 +74,7 @@ def agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
 
 
 def spot_check(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
-               approx: str = "atp*", prompts: list[dict] | None = None, reference: str | None = None,
+               approx: str = "atp", prompts: list[dict] | None = None, reference: str | None = None,
                bos: bool = True) -> dict:
     """How far `approx` can be trusted on this model, cheaply: on the last SPOT_SEQS sequences of
     the evaluation set, SPOT_HEADS heads drawn at random (seeded) are ablated exactly and compared
