@@ -8,7 +8,14 @@ from __future__ import annotations
 import json
 
 import click
-from headlens.cli.options import command_line, format_option, model_argument, model_info, progress_option
+from headlens.cli.options import (
+    command_line,
+    format_option,
+    lang_option,
+    model_argument,
+    model_info,
+    progress_option,
+)
 
 FORMATS = ("table", "json")
 
@@ -116,9 +123,10 @@ def _print_ablation(ablation: dict) -> None:
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--graddrop", is_flag=True, help="with --approx: add AtP*'s GradDrop score (unsigned)")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
+@lang_option
 @progress_option
 def ablate_command(model, spec, method, metric, text_path, prompts_path, reference_path, bos, labels_path, control,
-                   seed, fmt, out, resume, approx, check, graddrop, report_path, progress) -> None:
+                   seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric."""
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.metrics import check_choice
@@ -167,7 +175,8 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 
         command = command_line(click.get_current_context())
         shown = sweep_df if sweep_df is not None and "delta_loss" in sweep_df else None
-        render_report(report_path, model_info=model_info(loaded), sweep=shown, ablation=ablation, command=command)
+        render_report(report_path, model_info=model_info(loaded), sweep=shown, ablation=ablation, command=command,
+                      lang=lang)
 
 
 @click.command("prune")
@@ -182,8 +191,10 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the removal-order permutation test")
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
+@lang_option
 @progress_option
-def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, progress) -> None:
+def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang,
+                  progress) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
@@ -213,7 +224,7 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command)
+        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command, lang=lang)
 
 
 def _order_line(order: dict) -> str:
