@@ -198,7 +198,7 @@ def test_stacked_sweep_on_a_padded_batch_equals_the_naive_loop(family):
 
     model, spec = family.model, family.spec
     ids, mask = padded_batch(seed=5)
-    evalset = EvalSet(ids, mask, mask[:, 1:] & mask[:, :-1], None, None, "text", "padded")
+    evalset = EvalSet(ids, mask, mask[:, 1:] & mask[:, :-1], "loss", "padded", "right-padded random tokens")
     reps = [None] * spec.n_layers
     heads = all_heads(spec.n_layers, spec.n_heads)
     base_naive, base_fast = ablated_sums(model, evalset, [], reps), base_sums(model, evalset, batch_size=2)
