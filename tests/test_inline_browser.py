@@ -60,8 +60,8 @@ def template_urls(page: Path) -> set[str]:
 def viewers(html: str) -> list[tuple[str, dict, np.ndarray]]:
     """(id suffix, data, patterns [layer, head, q, k]) of each viewer embedded in the page, in page order."""
     found = []
-    for suffix, text in re.findall(r'<script type="application/json" id="viewer-data(-hl[0-9a-f]+)">(.*?)</script>',
-                                   html, re.S):
+    # nbconvert re-serialises the outputs (attribute order may change)
+    for suffix, text in re.findall(r'<script[^>]* id="viewer-data(-hl[0-9a-f]+)"[^>]*>(.*?)</script>', html, re.S):
         data = json.loads(text)
         raw = np.frombuffer(base64.b64decode(data["patterns_b64"]), dtype=np.uint8)
         found.append((suffix, data, raw.reshape(data["n_layers"], data["n_heads"], data["pos"], data["pos"]) / 255))

@@ -78,7 +78,8 @@ def jupyter_path(tmp_path_factory):
     try:
         import nbconvert
 
-        share = Path(nbconvert.__file__).resolve().parents[3] / "share" / "jupyter"  # <prefix>/share/jupyter
+        # nbconvert sits in <prefix>/lib/pythonX.Y/site-packages/nbconvert, its templates in <prefix>/share/jupyter
+        share = Path(nbconvert.__file__).resolve().parents[4] / "share" / "jupyter"
         if share.is_dir():
             paths.append(str(share))  # the templates of an nbconvert installed in another prefix
     except ImportError:
