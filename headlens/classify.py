@@ -106,7 +106,8 @@ def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | Non
     """Score and label every head of `loaded` (a headlens LoadedModel).
 
     Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
-    LABELS), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
+    LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
+    grouped-query group), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
     `n_needle_tests`, `n_needle_tokens`, and `<score>_std` spreads across sequences / tests).
     `df.attrs["probes"]` says what was run (windows used of windows available, repeats, ...).
     """
@@ -226,6 +227,7 @@ def _score_repeats(loaded, config, progress, rows) -> dict:
 def _to_frame(rows: dict, info: dict, spec) -> pd.DataFrame:
     layer, head = torch.meshgrid(torch.arange(spec.n_layers), torch.arange(spec.n_heads), indexing="ij")
     data = {"layer": layer.flatten().tolist(), "head": head.flatten().tolist()}
+    data["kv_group"] = [spec.kv_group(h) for h in data["head"]]  # the key/value head each query head reads
     for column in SCORE_COLUMNS:
         values = rows[column].flatten()
         data[column] = values.tolist() if column != "positional_offset" else values.long().tolist()
