@@ -95,12 +95,6 @@ def execute(nb, jupyter_path: str, cwd: Path, monkeypatch) -> None:
                    resources={"metadata": {"path": str(cwd)}}).execute()
 
 
-def llama_supported() -> bool:
-    from headlens.arch import SUPPORTED_TYPES
-
-    return "llama" in SUPPORTED_TYPES
-
-
 def inline_kinds(nb) -> list[str]:
     """The kinds of headlens inline views the executed notebook displayed, in order."""
     kinds = []
@@ -122,12 +116,9 @@ SHOWN = {
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
-def test_notebook_runs_top_to_bottom(path, jupyter_path, tmp_path, monkeypatch, request):
+def test_notebook_runs_top_to_bottom(path, jupyter_path, tmp_path, monkeypatch):
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    if path.name.startswith("03_") and not llama_supported():
-        request.applymarker(pytest.mark.xfail(
-            reason="needs the Llama architecture adapter (headlens.arch), not on this branch yet", strict=False))
     nb = read(path)
     execute(nb, jupyter_path, tmp_path, monkeypatch)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
