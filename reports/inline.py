@@ -185,7 +185,10 @@ def heads_html(frame: pd.DataFrame) -> str:
                      f'<p class="explain">{sections.esc(info.what + cut)} <cite>{sections.esc(info.source)}</cite>'
                      "</p></div>")
     parts.append(f"<p><strong>{sections.esc(PROSE['labels'])}</strong></p>")
-    parts.append(sections.table(sections.label_frame(frame), sortable=False))
+    labels = sections.label_frame(frame)
+    if "kv_group" in frame and (frame["kv_group"] != frame["head"]).any():  # grouped-query attention
+        labels.insert(1, "kv_group", frame.sort_values(["layer", "head"])["kv_group"].to_numpy())
+    parts.append(sections.table(labels, sortable=False))
     return "\n".join(parts)
 
 

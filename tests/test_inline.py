@@ -143,6 +143,14 @@ def test_a_single_ablation_dict_and_a_list_both_show_their_ci():
         assert "95%" in html
 
 
+def test_the_label_table_names_each_heads_key_value_group_under_gqa():
+    frame = heads_frame()
+    frame["kv_group"] = frame["head"] // N_HEADS  # one key/value head per layer
+    assert "<th scope=\"col\">kv_group</th>" in inline.view(frame).html()
+    frame["kv_group"] = frame["head"]  # plain multi-head attention: the column would say nothing
+    assert "kv_group" not in inline.view(frame).html()
+
+
 def test_validation_states_its_verdict():
     assert "passed" in inline.view(validation_frame()).html()
     assert "1 comparison(s)" in inline.view(validation_frame(passed=False)).html()
