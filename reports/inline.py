@@ -187,7 +187,8 @@ def heads_html(frame: pd.DataFrame) -> str:
     parts.append(f"<p><strong>{sections.esc(PROSE['labels'])}</strong></p>")
     labels = sections.label_frame(frame)
     if "kv_group" in frame and (frame["kv_group"] != frame["head"]).any():  # grouped-query attention
-        labels.insert(1, "kv_group", frame.sort_values(["layer", "head"])["kv_group"].to_numpy())
+        groups = {f"{r.layer}.{r.head}": int(r.kv_group) for r in frame.itertuples()}
+        labels.insert(1, "kv_group", labels["head"].map(groups))  # the label table has its own row order
     parts.append(sections.table(labels, sortable=False))
     return "\n".join(parts)
 
