@@ -8,7 +8,14 @@ from __future__ import annotations
 import json
 
 import click
-from headlens.cli.options import command_line, format_option, model_argument, model_info, progress_option
+from headlens.cli.options import (
+    command_line,
+    format_option,
+    lang_option,
+    model_argument,
+    model_info,
+    progress_option,
+)
 
 FORMATS = ("table", "json")
 
@@ -78,9 +85,10 @@ def _run_approx(loaded, heads, method, metric, text, seed, check, fmt, progress)
 @click.option("--approx", is_flag=True, help="estimate each head's zero-ablation delta by attribution patching")
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
+@lang_option
 @progress_option
 def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resume, approx, check,
-                   report_path, progress) -> None:
+                   report_path, lang, progress) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the loss."""
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.evalset import check_choice
@@ -123,7 +131,7 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
 
         command = command_line(click.get_current_context())
         render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation,
-                      command=command)
+                      command=command, lang=lang)
 
 
 @click.command("prune")
@@ -134,8 +142,9 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
 @click.option("--seed", default=0, show_default=True, type=int)
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
+@lang_option
 @progress_option
-def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progress) -> None:
+def prune_command(model, text_path, step_fraction, seed, fmt, report_path, lang, progress) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve
     from headlens.models import load_model
@@ -158,7 +167,7 @@ def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progr
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command)
+        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command, lang=lang)
 
 
 COMMANDS = [ablate_command, prune_command]

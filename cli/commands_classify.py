@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 import click
-from headlens.cli.options import command_line, format_option, model_argument, model_info, progress_option
+from headlens.cli.options import (
+    command_line,
+    format_option,
+    lang_option,
+    model_argument,
+    model_info,
+    progress_option,
+)
 
 FORMATS = ("table", "csv", "json")
 # Columns of the table view (every column goes to csv / json).
@@ -29,14 +36,15 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 @format_option(*FORMATS)
 @click.option("--report", "report_path", type=click.Path(path_type=str), default=None,
               help="also write a self-contained HTML report to this file")
+@lang_option
 @progress_option
 @click.pass_context
 def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
-                     report_path, progress):
+                     report_path, lang, progress):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
     from dataclasses import replace
 
-    from headlens.classify import ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
+    from headlens.classify import SOURCE_DEFAULT, ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
     from headlens.models import load_model
     from headlens.probes import read_text
 
@@ -49,20 +57,24 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
     if report_path is not None:
         from headlens.reports.render import check_output_path
 
-        check_output_path(report_path)
+        check_output_path(report_path, lang)
     loaded = load_model(model)
     frame = classify_heads(loaded, text=text, config=config, progress=progress)
     info = frame.attrs["probes"]
     if info["windows_capped"]:
         click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
                    "(raise --max-windows to score more)", err=True)
+    if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
+        click.echo("headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
+                   "haystack is the held-out text shipped with headlens (needles_source = default_text)", err=True)
     if out is not None:
         _write_outputs(out, frame)
     if report_path is not None:
         from headlens.reports import render_report
+        from headlens.reports.i18n import t
 
         render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
-                      text_label=text_file or "tiny held-out text")
+                      text_label=text_file or t("text_label.default", lang), lang=lang)
     click.echo(_render(rank_heads(frame), fmt))
 
 
