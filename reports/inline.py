@@ -5,12 +5,13 @@
 frame (score heatmaps + label table), a sweep_heads frame (delta-loss heatmap), an ablate_heads dict or a list
 of them (bars with 95% CIs), a prune_curve frame, a validate_model frame, load_training_log's (log, heads) pair
 and a sample_patterns dict (the report's interactive attention viewer). Return types of the library are
-untouched: the views only read them.
+untouched: the views only read them. Prose comes from the reports' message catalogue (headlens.reports.i18n) in
+the language asked for (`lang="en"` or `"es"`); only the viewer's static caption is this module's own.
 
 Self-contained, as the report is: figures are PNG data URIs, the style and the script are inline. The viewer
 runs report.js's `attentionViewer(suffix)` on elements whose ids end in a suffix drawn afresh at every render,
-so several viewers in one page never clash. Where scripts do not run (an untrusted notebook, a sanitising
-exporter, GitHub's notebook preview) a static picture of the default head's pattern stands in; the script
+so several viewers in one page never clash. Where scripts do not run (an untrusted notebook in JupyterLab,
+GitHub's notebook preview) a static picture of the default head's pattern stands in; the script
 hides it once the interactive viewer is drawn.
 """
 
@@ -22,36 +23,22 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 from headlens.reports import explain, figures, sections
+from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, safe_json, viewer_payload
 
-# Every sentence the inline views show, in one place (English; the reports' message catalogue takes them over).
+# The inline views' own sentences (the rest is the reports' message catalogue, headlens.reports.i18n).
 PROSE = {
-    "scores": "Each heatmap is layer (rows) x head (columns) on a fixed colour scale per score; cells at or above "
-              "the labelling threshold are outlined.",
-    "threshold": "Threshold: {value:g}.",
-    "labels": "Labels",
-    "sweep": "Every head zero-ablated alone: delta loss in nats/token (red: the model needs the head).",
-    "sweep_top": "The heads the model needs most:",
-    "ablation": "Heads ablated: how much the loss rises (nats/token), with its 95% bootstrap confidence interval.",
-    "ci_caption": "error bars: 95% confidence interval",
-    "pruning": "Pruning curve (Michel et al. 2019): loss as the least important heads are removed step by step.",
-    "validation_ok": "Every comparison of the from-scratch attention with the library passed.",
-    "validation_failed": "{n} comparison(s) of the from-scratch attention with the library FAILED.",
-    "training": "Training dynamics: losses, best head scores and the prefix-matching score of every head.",
-    "phase": "Phase change (the best induction score's abrupt rise) at step {step}.",
-    "no_phase": "No phase change: the best induction score never rose abruptly.",
-    "viewer": "Click a token: every head's attention from that token appears in the grid (one strip per head, "
-              "layer by row, each strip scaled to its own maximum); the chosen head's weights colour the tokens "
-              "(hover for the weight). Click a strip or use the menu to choose a head. Weights are stored to 1/255.",
-    "viewer_cut": "The sample has {total} tokens; the viewer shows the first {shown}.",
-    "viewer_static": "Static picture of head {head}'s pattern (rows: query token, columns: key token). The "
-                     "interactive viewer needs JavaScript: in Jupyter, run the cell again or trust the notebook.",
-    "head": "head",
+    "en": {"viewer_static": "Static picture of head {head}'s pattern (rows: query token, columns: key token). "
+                            "The interactive viewer needs JavaScript: in Jupyter, run the cell again or trust "
+                            "the notebook."},
+    "es": {"viewer_static": "Imagen fija del patrón de la cabeza {head} (filas: token de consulta, columnas: token "
+                            "de clave). El visor interactivo necesita JavaScript: en Jupyter, vuelve a ejecutar la "
+                            "celda o marca el cuaderno como de confianza."},
 }
 
 # Rows of the sweep's "needed most" table.
 SWEEP_TOP_ROWS = 10
-# The viewer's static stand-in: about this many pixels wide.
+# The viewer's static stand-in is drawn this many pixels wide (one pixel per weight, scaled up).
 STATIC_PIXELS = 256
 
 # Scoped to .headlens-inline so that nothing else on the notebook page changes.
@@ -78,14 +65,15 @@ STYLE = """
 class InlineView:
     """A library result that renders itself in a notebook (`_repr_html_`); `html()` gives the fragment."""
 
-    def __init__(self, result, heads: pd.DataFrame | None = None):
+    def __init__(self, result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG):
         self.kind = kind_of(result)
         self.result = result
         self.heads = heads  # a classify_heads frame: the viewer's menu names each labelled head
+        self.lang = check_lang(lang)  # language of the prose (headlens.reports.i18n.LANGS)
 
     def html(self) -> str:
         """The HTML fragment; element ids get a fresh suffix at every call."""
-        return render_html(self.result, heads=self.heads)
+        return render_html(self.result, heads=self.heads, lang=self.lang)
 
     def _repr_html_(self) -> str:
         return self.html()
@@ -94,14 +82,14 @@ class InlineView:
         return f"<headlens {self.kind} view: display it in a notebook, or call .html()>"
 
 
-def view(result, heads: pd.DataFrame | None = None) -> InlineView:
+def view(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> InlineView:
     """`result` as an InlineView; TypeError when it is no result headlens knows how to draw."""
-    return InlineView(result, heads=heads)
+    return InlineView(result, heads=heads, lang=lang)
 
 
-def show(result, heads: pd.DataFrame | None = None) -> None:
+def show(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> None:
     """Display `result` in the running notebook (IPython.display); RuntimeError outside IPython."""
-    inline = view(result, heads=heads)
+    inline = view(result, heads=heads, lang=lang)
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -153,116 +141,129 @@ def kind_of(result) -> str:
                     "and sample_patterns")
 
 
-def render_html(result, heads: pd.DataFrame | None = None) -> str:
-    """The self-contained fragment of one result (see the module docstring)."""
+def render_html(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> str:
+    """The self-contained fragment of one result (see the module docstring), its prose in `lang`."""
     kind = kind_of(result)
+    lang = check_lang(lang)
     suffix = "-hl" + secrets.token_hex(6)
     body = {
-        "heads": lambda: heads_html(result),
-        "sweep": lambda: sweep_html(result),
-        "ablation": lambda: ablation_html(result),
-        "pruning": lambda: pruning_html(result),
-        "validation": lambda: validation_html(result),
-        "training": lambda: training_html(result),
-        "attention": lambda: attention_html(result, heads, suffix),
+        "heads": lambda: heads_html(result, lang),
+        "sweep": lambda: sweep_html(result, lang),
+        "ablation": lambda: ablation_html(result, lang),
+        "pruning": lambda: pruning_html(result, lang),
+        "validation": lambda: validation_html(result, lang),
+        "training": lambda: training_html(result, lang),
+        "attention": lambda: attention_html(result, heads, suffix, lang),
     }[kind]()
-    return (f'<div class="headlens-inline" data-kind="{kind}" id="headlens{suffix}"><style>{STYLE}</style>'
-            f"{body}</div>")
+    return (f'<div class="headlens-inline" data-kind="{kind}" lang="{lang}" id="headlens{suffix}">'
+            f"<style>{STYLE}</style>{body}</div>")
 
 
-def heads_html(frame: pd.DataFrame) -> str:
+def esc(text: str) -> str:
+    return sections.esc(text)
+
+
+def heads_html(frame: pd.DataFrame, lang: str) -> str:
     """One heatmap per score present (explain.SCORES), with its threshold, then the label table."""
     thresholds = explain.score_thresholds(frame.attrs)
-    parts = [f'<p class="explain">{sections.esc(PROSE["scores"])}</p>']
+    parts = [f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
     for info in explain.SCORES:
         if info.column not in frame or frame[info.column].isna().all():
             continue
         threshold = thresholds.get(info.column)
-        uri = figures.score_heatmap_uri(frame, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold)
-        cut = " " + PROSE["threshold"].format(value=threshold) if threshold is not None else ""
-        parts.append(f'<div class="score"><strong>{sections.esc(info.title)}</strong>'
-                     f'{sections.figure(uri, f"heatmap of {info.column}")}'
-                     f'<p class="explain">{sections.esc(info.what + cut)} <cite>{sections.esc(info.source)}</cite>'
-                     "</p></div>")
-    parts.append(f"<p><strong>{sections.esc(PROSE['labels'])}</strong></p>")
-    labels = sections.label_frame(frame)
+        uri = figures.score_heatmap_uri(frame, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
+                                        lang=lang)
+        cut = " " + t("scores.threshold", lang, threshold=f"{threshold:g}") if threshold is not None else ""
+        parts.append(f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
+                     f'{sections.figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
+                     f'<p class="explain">{esc(info.what(lang) + cut)} <cite>{esc(info.source(lang))}</cite></p></div>')
+    parts.append(f"<p><strong>{esc(t('scores.labels_title', lang))}</strong></p>")
+    labels = sections.label_frame(frame, lang)
     if "kv_group" in frame and (frame["kv_group"] != frame["head"]).any():  # grouped-query attention
         groups = {f"{r.layer}.{r.head}": int(r.kv_group) for r in frame.itertuples()}
         labels.insert(1, "kv_group", labels["head"].map(groups))  # the label table has its own row order
-    parts.append(sections.table(labels, sortable=False))
+    parts.append(sections.table(labels, sortable=False, lang=lang))
     return "\n".join(parts)
 
 
-def sweep_html(frame: pd.DataFrame) -> str:
+def sweep_html(frame: pd.DataFrame, lang: str) -> str:
     """The delta-loss heatmap, then the heads whose ablation raises the loss most."""
     top = frame.sort_values("delta_loss", ascending=False).head(SWEEP_TOP_ROWS).reset_index(drop=True)
-    return (f'<p class="explain">{sections.esc(PROSE["sweep"])}</p>'
-            + sections.figure(figures.delta_heatmap_uri(frame), "delta loss heatmap")
-            + f"<p>{sections.esc(PROSE['sweep_top'])}</p>" + sections.table(top, sortable=False))
+    return (f'<p class="explain">{esc(t("ablation.text", lang))}</p><p><strong>'
+            f'{esc(t("ablation.sweep_title", lang))}</strong></p>'
+            + sections.figure(figures.delta_heatmap_uri(frame, lang), t("ablation.sweep_alt", lang))
+            + f"<p>{esc(t('ablation.top', lang))}</p>" + sections.table(top, sortable=False, lang=lang))
 
 
-def ablation_html(result) -> str:
+def ablation_html(result, lang: str) -> str:
     """Bars of delta loss with their 95% CIs, then every number of each ablation."""
     results = [result] if isinstance(result, dict) else list(result)
     rows = sections.ablation_rows(results)
     keys = ["heads", "method", "metric", "n_tokens", "loss", "loss_ablated", "delta_loss"]
-    frame = pd.DataFrame([{**{key: r.get(key) for key in keys},
-                           "ci95_low": row["low"], "ci95_high": row["high"]} for r, row in zip(results, rows,
-                                                                                              strict=True)])
-    return (f'<p class="explain">{sections.esc(PROSE["ablation"])}</p>'
-            + sections.figure(figures.ablation_bars_uri(rows), "delta loss bars", PROSE["ci_caption"])
-            + sections.table(frame, sortable=False))
+    frame = pd.DataFrame([{**{key: r.get(key) for key in keys}, "ci95_low": row["low"], "ci95_high": row["high"]}
+                          for r, row in zip(results, rows, strict=True)])
+    return (f'<p class="explain">{esc(t("ablation.text", lang))}</p>'
+            + sections.figure(figures.ablation_bars_uri(rows, lang), t("ablation.bars_alt", lang),
+                              t("ablation.bars_caption", lang))
+            + sections.table(frame, sortable=False, lang=lang))
 
 
-def pruning_html(frame: pd.DataFrame) -> str:
-    return (f'<p class="explain">{sections.esc(PROSE["pruning"])}</p>'
-            + sections.figure(figures.pruning_curve_uri(frame), "pruning curve")
-            + sections.table(frame.reset_index(drop=True), sortable=False))
+def pruning_html(frame: pd.DataFrame, lang: str) -> str:
+    return (f"<p><strong>{esc(t('ablation.pruning_title', lang))}</strong></p>"
+            + sections.figure(figures.pruning_curve_uri(frame, lang), t("ablation.pruning_alt", lang))
+            + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang))
 
 
-def validation_html(frame: pd.DataFrame) -> str:
+def validation_html(frame: pd.DataFrame, lang: str) -> str:
     failed = int((~frame["passed"].astype(bool)).sum())
-    verdict = PROSE["validation_ok"] if failed == 0 else PROSE["validation_failed"].format(n=failed)
-    return f"<p><strong>{sections.esc(verdict)}</strong></p>" + sections.table(frame.reset_index(drop=True),
-                                                                                sortable=False)
+    verdict = t("validation.passed", lang) if failed == 0 else t("validation.failed", lang, n=failed)
+    return (f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong></p>'
+            + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang))
 
 
-def training_html(training) -> str:
+def training_html(training, lang: str) -> str:
     log, heads = training
     step = figures.phase_change_step(log)
-    note = PROSE["phase"].format(step=step) if step is not None else PROSE["no_phase"]
-    return (f'<p class="explain">{sections.esc(PROSE["training"])} {sections.esc(note)}</p>'
-            + sections.figure(figures.training_uri(log, heads), "training dynamics"))
+    rule = t("training.rule", lang, low=f"{figures.PHASE_LOW:g}", high=f"{figures.PHASE_HIGH:g}",
+             share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
+    note = (t("training.change", lang, step=step, rule=rule) if step is not None
+            else t("training.no_change", lang, rule=rule))
+    return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
+            + sections.figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
 
 
-def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str) -> str:
+def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:
     """The report's viewer (report.js) on elements whose ids end in `suffix`, and a static stand-in."""
-    payload = viewer_payload(sample, heads)
+    payload = viewer_payload(sample, heads, lang)
     layer, head = (int(x) for x in payload["default_head"].split("."))
     patterns = np.asarray(sample["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
-    scale = max(1, STATIC_PIXELS // payload["pos"])
-    static = figures.thumbnail_uri(patterns[layer, head], scale=scale)  # [q_pos, k_pos] -> PNG
-    total = sample.get("n_tokens_total")
-    cut = PROSE["viewer_cut"].format(total=total, shown=payload["pos"]) \
-        if isinstance(total, int) and total > payload["pos"] else ""
+    static, _ = figures.pattern_image_uri(patterns[layer, head])  # [q_pos, k_pos] -> PNG, a pixel per weight
+    total, shown = sample.get("n_tokens_total"), payload["pos"]
+    cut = (t("viewer.cut", lang, total=total, shown=shown) if isinstance(total, int) and total > shown
+           else t("viewer.all", lang, shown=shown))
+    if sample.get("repeated"):
+        cut = t("viewer.repeated", lang, shown=shown)
+    caption = PROSE[lang]["viewer_static"].format(head=f"{layer}.{head}")
     s = suffix
-    return f"""<p class="explain">{sections.esc(PROSE["viewer"] + (" " + cut if cut else ""))}</p>
-<div class="static" id="viewer-static{s}">{sections.figure(static, f"pattern of head {layer}.{head}",
-                                                          PROSE["viewer_static"].format(head=f"{layer}.{head}"))}</div>
+    return f"""<p class="explain">{esc(t("viewer.intro", lang, cut=cut))}</p>
+<div class="static" id="viewer-static{s}"><figure><img src="{static}" alt="{esc(caption)}"
+style="width: {STATIC_PIXELS}px; height: {STATIC_PIXELS}px"><figcaption>{esc(caption)}</figcaption></figure></div>
 <div id="viewer-app{s}" hidden>
-<p><label>{sections.esc(PROSE["head"])} <select id="viewer-head{s}"></select></label>
+<p><label>{esc(t("viewer.head_menu", lang))} <select id="viewer-head{s}"></select></label>
 <span id="viewer-status{s}" aria-live="polite"></span></p>
 <div id="viewer-tokens{s}" class="tokens"></div>
 <div id="viewer-grid{s}" style="overflow-x: auto"></div>
 </div>
 <script type="application/json" id="viewer-data{s}">{safe_json(payload)}</script>
-<script>{viewer_script(s)}</script>"""
+<script>{viewer_script(s, lang)}</script>"""
 
 
-def viewer_script(suffix: str) -> str:
-    """report.js inside a function scope, then the viewer of `suffix`; drawn once even if run twice."""
+def viewer_script(suffix: str, lang: str) -> str:
+    """report.js inside a function scope with its messages in `lang`, then the viewer of `suffix`; drawn once
+    even if run twice."""
     script = (resources.files("headlens.reports") / "report.js").read_text(encoding="utf-8")
-    return (f"(function () {{\n{script}\nvar app = document.getElementById({safe_json('viewer-app' + suffix)});\n"
+    return (f"(function () {{\n{script}\nMESSAGES = {safe_json(js_messages(lang))};\n"
+            f"var app = document.getElementById({safe_json('viewer-app' + suffix)});\n"
             "if (!app || app.getAttribute(\"data-drawn\")) { return; }\n"
             f"attentionViewer({safe_json(suffix)});\napp.setAttribute(\"data-drawn\", \"1\");\n"
             f"var still = document.getElementById({safe_json('viewer-static' + suffix)});\n"

@@ -146,7 +146,7 @@ def test_a_single_ablation_dict_and_a_list_both_show_their_ci():
 def test_the_label_table_names_each_heads_key_value_group_under_gqa():
     frame = heads_frame()
     frame["kv_group"] = frame["head"] // N_HEADS  # one key/value head per layer
-    assert "<th scope=\"col\">kv_group</th>" in inline.view(frame).html()
+    assert re.search(r'<th [^>]*(title="kv_group"|>kv_group</th>)', inline.view(frame).html())
     frame["kv_group"] = frame["head"]  # plain multi-head attention: the column would say nothing
     assert "kv_group" not in inline.view(frame).html()
 
@@ -233,3 +233,40 @@ def test_show_refuses_unknown_results_before_anything_else():
 def test_importing_headlens_does_not_import_the_reports():
     code = "import sys, headlens; assert 'headlens.reports' not in sys.modules; assert callable(headlens.show)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Languages: the prose comes from the reports' catalogue
+
+@pytest.mark.parametrize("kind", sorted(RESULTS))
+def test_spanish_views_hold_no_english_sentence(kind):
+    from headlens.reports.i18n import catalogue
+
+    html = inline.view(RESULTS[kind](), lang="es").html()
+    assert 'lang="es"' in html
+    english = {text for text in catalogue("en").values() if len(text.split()) >= 4 and "{" not in text}
+    spanish = set(catalogue("es").values())
+    leftovers = [text for text in english - spanish if sections_text(text) in html]
+    assert leftovers == []
+    assert "Static picture" not in html
+
+
+def sections_text(text: str) -> str:
+    from headlens.reports.sections import esc
+
+    return esc(text)
+
+
+def test_the_spanish_viewer_script_speaks_spanish():
+    from headlens.reports.i18n import js_messages
+
+    html = inline.view(sample(), lang="es").html()
+    code = parse(html).scripts[1]
+    assert json.dumps(js_messages("es")["status"], ensure_ascii=False) in code
+    assert "Imagen fija" in html
+
+
+def test_an_unknown_language_is_refused():
+    from headlens.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="language"):
+        inline.view(sweep_frame(), lang="fr")

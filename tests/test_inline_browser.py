@@ -1,11 +1,11 @@
 """Inline views in a real notebook page: executed in a kernel, saved, read back, exported with nbconvert, opened in
 headless Chromium.
 
-Three attention viewers share the exported page (two samples and one of hostile text): clicking a token in one
-colours its tokens with the clicked row of the embedded pattern and leaves the others alone; nothing requests
-the network except nbconvert's own template (require.js and MathJax from a CDN, the same with or without our
-outputs); hostile text shows literally and runs nothing. Without JavaScript (an untrusted notebook, a
-sanitising viewer) each viewer's static picture shows instead.
+Four attention viewers share the exported page (two samples, one in Spanish and one of hostile text): clicking
+a token in one colours its tokens with the clicked row of the embedded pattern, in its own language, and leaves
+the others alone; nothing requests the network except nbconvert's own template (require.js and MathJax from a
+CDN, the same with or without our outputs); hostile text shows literally and runs nothing. Without JavaScript
+(an untrusted notebook, GitHub's preview) each viewer's static picture shows instead.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ CELLS = [
     "import headlens\nfrom headlens.models import load_model\nloaded = load_model('tiny')",
     "headlens.show_attention(loaded, 'In the beginning God created the heaven and the earth.', repeat=True)",
     "from headlens.reports.inline import attention_sample, view\nview(attention_sample(loaded, 'abcabcabc'))",
+    "headlens.show_attention(loaded, 'Y la tierra estaba desordenada y vacía.', lang='es')",
     f"headlens.show_attention(loaded, {NASTY_TEXT!r})",
 ]
 
@@ -68,6 +69,14 @@ def viewers(html: str) -> list[tuple[str, dict, np.ndarray]]:
     return found
 
 
+def status_start(driver, suffix: str, query: int) -> str:  # noqa: F811
+    """How the viewer's status line starts for a click on token `query`, in the viewer's language."""
+    from headlens.reports.i18n import js_messages
+
+    lang = driver.execute_script(f"return document.getElementById('headlens{suffix}').lang")
+    return js_messages(lang)["status"].split("{query}")[0] + f"{query} "
+
+
 def alphas(driver, suffix: str) -> list[float]:  # noqa: F811
     styles = driver.execute_script(
         f"return [...document.querySelectorAll('#viewer-tokens{suffix} .tok')].map(t => t.style.backgroundColor)")
@@ -78,8 +87,8 @@ def alphas(driver, suffix: str) -> list[float]:  # noqa: F811
 def test_the_export_is_the_saved_notebook_with_every_viewer(exported):
     page, _ = exported
     found = viewers(page.read_text(encoding="utf-8"))
-    assert len(found) == 3
-    assert len({suffix for suffix, _, _ in found}) == 3
+    assert len(found) == 4
+    assert len({suffix for suffix, _, _ in found}) == 4
 
 
 def test_viewers_load_offline_without_errors(driver, exported):  # noqa: F811
@@ -113,9 +122,10 @@ def test_clicking_a_token_changes_that_viewer_only(driver, exported):  # noqa: F
         token.click()
         expected = np.where(np.arange(data["pos"]) <= query, patterns[layer, head, query], 0.0)
         assert np.allclose(alphas(driver, suffix), expected, atol=ALPHA_ATOL)
-        assert f"from token {query} " in driver.find_element("id", f"viewer-status{suffix}").text
+        assert driver.find_element("id", f"viewer-status{suffix}").text.startswith(status_start(driver, suffix, query))
         assert {s: driver.find_element("id", f"viewer-status{s}").text for s in others} == others
     assert no_alert(driver)
+    assert driver.find_element("id", f"viewer-status{found[2][0]}").text.startswith("desde el token")
 
 
 def test_hostile_text_shows_literally_and_runs_nothing(driver, exported):  # noqa: F811

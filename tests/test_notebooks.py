@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -53,11 +54,17 @@ def test_committed_notebooks_have_no_outputs(path):
 
 @pytest.mark.parametrize("stem", stems())
 def test_both_languages_run_the_same_code(stem):
-    """The Spanish notebook is the English one with its prose translated: same code, same asserts."""
+    """The Spanish notebook is the English one with its prose translated: same code, same asserts; only the
+    `LANG = "..."` line that sets the language of headlens.show differs."""
     english, spanish = (read(NOTEBOOKS / f"{stem}.{lang}.ipynb") for lang in LANGUAGES)
     assert [c.cell_type for c in english.cells] == [c.cell_type for c in spanish.cells]
-    assert [c.source for c in english.cells if c.cell_type == "code"] == \
-        [c.source for c in spanish.cells if c.cell_type == "code"]
+
+    def code(nb, lang: str) -> list[str]:
+        sources = [c.source for c in nb.cells if c.cell_type == "code"]
+        assert sum(f'LANG = "{lang}"' in source for source in sources) == 1
+        return [source.replace(f'LANG = "{lang}"', "LANG = ...") for source in sources]
+
+    assert code(english, "en") == code(spanish, "es")
     prose = [(a.source, b.source) for a, b in zip(english.cells, spanish.cells, strict=True)
              if a.cell_type == "markdown"]
     assert prose and all(a != b for a, b in prose)  # every text cell is translated, none copied
@@ -95,15 +102,16 @@ def execute(nb, jupyter_path: str, cwd: Path, monkeypatch) -> None:
                    resources={"metadata": {"path": str(cwd)}}).execute()
 
 
-def inline_kinds(nb) -> list[str]:
-    """The kinds of headlens inline views the executed notebook displayed, in order."""
-    kinds = []
+def inline_views(nb) -> list[tuple[str, str]]:
+    """(kind, language) of each headlens inline view the executed notebook displayed, in order."""
+    views = []
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             html = output.get("data", {}).get("text/html", "")
             if 'class="headlens-inline"' in html:
-                kinds.append(html.split('data-kind="', 1)[1].split('"', 1)[0])
-    return kinds
+                root = re.search(r'<div class="headlens-inline" data-kind="(\w+)" lang="(\w+)"', html)
+                views.append((root.group(1), root.group(2)))
+    return views
 
 
 # What each notebook must have shown inline (headlens.show / show_attention), checked on its outputs.
@@ -123,4 +131,5 @@ def test_notebook_runs_top_to_bottom(path, jupyter_path, tmp_path, monkeypatch):
     execute(nb, jupyter_path, tmp_path, monkeypatch)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert errors == []
-    assert inline_kinds(nb) == SHOWN[path.name.split(".")[0]]
+    stem, lang = path.name.split(".")[:2]
+    assert inline_views(nb) == [(kind, lang) for kind in SHOWN[stem]]
