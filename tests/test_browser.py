@@ -345,5 +345,9 @@ def test_report_reads_without_javascript(embedded_report):
         rows = browser.find_elements("css selector", "#scores table.sortable tbody tr")
         data = embedded_patterns(embedded_report.read_text(encoding="utf-8"))[0]
         assert len(rows) == data["n_layers"] * data["n_heads"]  # one row per head
+        assert all(row.is_displayed() for row in rows)  # the full table, labelled heads first
+        assert not browser.find_element("id", "label-switch").is_displayed()
+        kinds = [row.get_attribute("class") for row in rows]
+        assert kinds == sorted(kinds)  # "labelled" rows before "unlabelled" ones
     finally:
         browser.quit()
