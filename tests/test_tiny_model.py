@@ -28,7 +28,7 @@ from headlens.probes import default_text, repeated_random_tokens, text_windows
 from headlens.scores.icl import copy_losses, second_copy_induction_reducer
 from headlens.scores.induction import prefix_matching_reducer
 from headlens.scores.positional import ArgmaxOffsetReducer, prev_token_reducer
-from headlens.train import PRINTABLE, TrainConfig, load_training_log
+from headlens.training import PRINTABLE, TrainConfig, load_training_log
 
 PREV_TOKEN_ARGMAX_SHARE = 0.9  # Voita et al.: >= 90% of tokens
 INDUCTION_ATTENTION = 0.5  # issue 3: mean second-copy attention on the induction target
