@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -23,6 +24,7 @@ from headlens.training import (
     lr_at,
     recipe,
     sample_batch,
+    stages,
     train_tiny,
 )
 
@@ -233,10 +235,13 @@ def test_cli_trains_the_default_recipe_for_two_steps(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "trained 2 steps" in result.stdout
+    assert "trained 4 steps" in result.stdout  # two stages of 2 steps
     log, _ = load_training_log(out)
-    assert log["step"].tolist() == [0, 2]
-    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert log["step"].tolist() == [0, 2, 4]  # stage 2's log continues stage 1's
+    assert log["lr"].iloc[-1] == pytest.approx(lr_at(1, recipe("gpt2", steps=2)))
+    for folder in (out, out / "stage1"):
+        assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    assert json.loads((out / "train_config.json").read_text())["init_from"] == str(out / "stage1")
 
 
 # Episodes -------------------------------------------------------------------------------------
@@ -261,8 +266,12 @@ def test_needle_episodes_hold_one_needle_twice_inside_consecutive_text():
 
 
 def test_recipes_per_architecture():
-    assert recipe("gpt2") == TrainConfig()
+    first, second = stages("gpt2")
+    assert first == TrainConfig() and first.needle_share == 0  # stage 1: repeats and text only
+    assert recipe("gpt2") == second and second.needle_share > 0 and second.arch == "gpt2"
+    assert [s.steps for s in stages("gpt2", steps=7)] == [7, 7]
     gqa = recipe("llama")
+    assert stages("llama") == (gqa,)
     assert gqa.arch == "llama" and gqa.n_heads == 8 and gqa.kv_heads == 2
     assert recipe("llama", steps=5).steps == 5
     with pytest.raises(ConfigError, match="arch"):

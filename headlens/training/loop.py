@@ -17,7 +17,7 @@ import torch
 
 from headlens.errors import OutputPathError
 from headlens.files import write_atomic
-from headlens.training.config import TrainConfig, recipe
+from headlens.training.config import TrainConfig, stages
 from headlens.training.data import byte_tokenizer, load_corpus, lr_at, sample_batch
 from headlens.training.evaluate import build_probes, evaluate
 
@@ -25,9 +25,9 @@ from headlens.training.evaluate import build_probes, evaluate
 LOG_COLUMNS = ["step", "tokens_seen", "train_loss", "heldout_loss", "icl_score", "best_induction_score",
                "best_prev_token_score", "repeat_loss_first", "repeat_loss_second", "lr", "elapsed_s",
                "best_arena_induction_score", "needles_retrieved", "best_retrieval_score"]
-# Training steps run sdpa attention (half the step time of eager for the Llama recipe on CPU);
-# every evaluation switches to eager, the only kernel that returns patterns.
-TRAIN_ATTENTION, EVAL_ATTENTION = "sdpa", "eager"
+# Every evaluation switches the model to eager attention, the only kernel that returns patterns;
+# training steps run the stage's `train_attention`.
+EVAL_ATTENTION = "eager"
 HEAD_COLUMNS = ["step", "layer", "head", "prev_token_score", "prefix_matching_score", "arena_induction_score",
                 "retrieval_score"]
 
@@ -46,15 +46,20 @@ def model_config(config: TrainConfig, tokenizer):
                          num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
                          num_key_value_heads=config.kv_heads, head_dim=config.d_model // config.n_heads,
                          max_position_embeddings=config.n_ctx, tie_word_embeddings=True, attention_dropout=0.0,
+                         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
                          bos_token_id=bos, eos_token_id=bos, pad_token_id=None)
-    hf._attn_implementation = TRAIN_ATTENTION
+    hf._attn_implementation = config.train_attention
     return hf
 
 
 def build_model(config: TrainConfig, tokenizer) -> torch.nn.Module:
-    """A randomly initialised GPT2LMHeadModel or LlamaForCausalLM, seeded by config.seed."""
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+    """A GPT2LMHeadModel or LlamaForCausalLM: read from `config.init_from` when set, else randomly
+    initialised from config.seed."""
+    from transformers import AutoModelForCausalLM, GPT2LMHeadModel, LlamaForCausalLM
 
+    if config.init_from:
+        return _quietly(lambda: AutoModelForCausalLM.from_pretrained(
+            config.init_from, attn_implementation=config.train_attention)).eval()
     torch.manual_seed(config.seed)
     cls = GPT2LMHeadModel if config.arch == "gpt2" else LlamaForCausalLM
     return cls(model_config(config, tokenizer)).eval()
@@ -64,14 +69,14 @@ def _write_csv(frame, path: Path) -> None:
     write_atomic(path, frame.to_csv(index=False))
 
 
-def _save_quietly(save) -> None:
-    """Run a transformers save without its shard progress bar (the library never prints)."""
+def _quietly(call):
+    """Run a transformers save or load without its progress bars (the library never prints)."""
     from transformers.utils import logging as hf_logging
 
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        save()
+        return call()
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
@@ -95,20 +100,28 @@ def train_tiny(out_dir, steps: int | None = None, seed: int | None = None, progr
                config: TrainConfig | None = None, arch: str | None = None) -> Path:
     """Train a tiny model from scratch; write the model (HF format), checkpoints and the logs to out_dir.
 
-    `config` defaults to the shipped recipe of `arch` ("gpt2": tiny, "llama": tiny-gqa);
-    `steps` and `seed` override its fields. Every `checkpoint_every` steps (and at the end)
-    the weights go to out_dir/checkpoints/step_NNNNN/ and one row to training_log.csv
-    (columns LOG_COLUMNS) plus one row per head to training_heads.csv (HEAD_COLUMNS). The
-    final model, tokenizer and train_config.json land in out_dir itself.
+    Runs `config` alone when given, else the stages of `arch`'s shipped recipe ("gpt2": tiny,
+    "llama": tiny-gqa); `steps` and `seed` override every stage's fields. Stage k of n > 1 runs in
+    out_dir/stage{k} and starts from stage k - 1's model; the last stage runs in out_dir itself and
+    its logs continue the earlier stages' (steps counted from the start of the recipe). Every
+    `checkpoint_every` steps (and at the end) the weights go to checkpoints/step_NNNNN/ and one row
+    to training_log.csv (columns LOG_COLUMNS) plus one row per head to training_heads.csv
+    (HEAD_COLUMNS). The final model, tokenizer and train_config.json land in out_dir itself.
     Deterministic on CPU for a given seed and thread count (`config.threads`).
     """
-    config = config or recipe(arch or "gpt2")
-    config = replace(config, **{k: v for k, v in (("steps", steps), ("seed", seed)) if v is not None})
+    overrides = {k: v for k, v in (("steps", steps), ("seed", seed)) if v is not None}
+    plan = [replace(config, **overrides)] if config else list(stages(arch or "gpt2", **overrides))
     out_dir = _prepare_out_dir(out_dir)
     threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
+    previous, offset = None, 0
     try:
-        _TrainingRun(out_dir, config).run(progress)
+        for index, stage in enumerate(plan, start=1):
+            folder = out_dir if index == len(plan) else _prepare_out_dir(out_dir / f"stage{index}")
+            if previous is not None:
+                stage = replace(stage, init_from=str(previous))
+            torch.set_num_threads(stage.threads)
+            _TrainingRun(folder, stage, offset, previous).run(progress)
+            previous, offset = folder, offset + stage.steps
     finally:
         torch.set_num_threads(threads)
     return out_dir
@@ -117,8 +130,8 @@ def train_tiny(out_dir, steps: int | None = None, seed: int | None = None, progr
 class _TrainingRun:
     """Model, optimizer, data and log of one run; `run` trains and checkpoints."""
 
-    def __init__(self, out_dir: Path, config: TrainConfig):
-        self.out_dir, self.config = out_dir, config
+    def __init__(self, out_dir: Path, config: TrainConfig, offset: int = 0, previous: Path | None = None):
+        self.out_dir, self.config, self.offset = out_dir, config, offset
         self.tokenizer = byte_tokenizer()
         self.model, self.corpus = build_model(config, self.tokenizer), load_corpus()
         self.probes = build_probes(self.tokenizer, config)
@@ -129,6 +142,9 @@ class _TrainingRun:
         self.optim = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                         {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
         self.log_rows, self.head_rows, self.pending = [], [], []
+        if previous is not None:  # the earlier stages' rows, then this stage's from its first step on
+            log, heads = load_training_log(previous)
+            self.log_rows, self.head_rows = log.to_dict("records"), heads.to_dict("records")
         self.start = time.perf_counter()
 
     def run(self, progress: bool) -> None:
@@ -136,7 +152,8 @@ class _TrainingRun:
 
         config, model = self.config, self.model
         (self.out_dir / "train_config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
-        self.checkpoint(0)  # the random model
+        if not self.log_rows:
+            self.checkpoint(0)  # the random model
         bar = tqdm(range(config.steps), desc="train-tiny", unit="step", disable=not progress)
         for step in bar:
             model.train()
@@ -154,7 +171,7 @@ class _TrainingRun:
                 self.checkpoint(step + 1)
         model.eval()
         model.set_attn_implementation(EVAL_ATTENTION)
-        _save_quietly(lambda: model.save_pretrained(self.out_dir))
+        _quietly(lambda: model.save_pretrained(self.out_dir))
         self.tokenizer.save_pretrained(self.out_dir)
 
     def checkpoint(self, step: int) -> None:
@@ -164,14 +181,15 @@ class _TrainingRun:
         config = self.config
         self.model.set_attn_implementation(EVAL_ATTENTION)
         row, heads = evaluate(self.model, self.probes, config)
-        self.model.set_attn_implementation(TRAIN_ATTENTION)
+        self.model.set_attn_implementation(config.train_attention)
         train_loss = sum(self.pending) / len(self.pending) if self.pending else float("nan")
         self.pending.clear()
+        step += self.offset  # counted from the start of the recipe
         self.log_rows.append({"step": step, "tokens_seen": step * config.batch_size * config.n_ctx,
-                              "train_loss": train_loss, **row, "lr": lr_at(max(step - 1, 0), config),
+                              "train_loss": train_loss, **row, "lr": lr_at(max(step - self.offset - 1, 0), config),
                               "elapsed_s": time.perf_counter() - self.start})
         self.head_rows.extend({"step": step, **h} for h in heads)
-        _save_quietly(lambda: self.model.save_pretrained(self.out_dir / "checkpoints" / f"step_{step:05d}"))
+        _quietly(lambda: self.model.save_pretrained(self.out_dir / "checkpoints" / f"step_{step:05d}"))
         _write_csv(pd.DataFrame(self.log_rows, columns=LOG_COLUMNS), self.out_dir / "training_log.csv")
         _write_csv(pd.DataFrame(self.head_rows, columns=HEAD_COLUMNS), self.out_dir / "training_heads.csv")
 
