@@ -46,7 +46,6 @@ def model_config(config: TrainConfig, tokenizer):
                          num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
                          num_key_value_heads=config.kv_heads, head_dim=config.d_model // config.n_heads,
                          max_position_embeddings=config.n_ctx, tie_word_embeddings=True, attention_dropout=0.0,
-                         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
                          bos_token_id=bos, eos_token_id=bos, pad_token_id=None)
     hf._attn_implementation = config.train_attention
     return hf
