@@ -5,7 +5,7 @@ Prints one markdown table for BENCHMARKS.md:
 - tokens/s of one training step (forward + backward + AdamW) of each recipe (`recipe("gpt2")` ->
   tiny, `recipe("llama")` -> tiny-gqa) at 1 and 2 torch threads (same batches, same weights);
 - each shipped run's wall time and tokens/s, read from its training log (evaluation included),
-  and the step of its induction phase change (reports.figures.phase_change_step: the best
+  and the step of its induction phase change (headlens.reports.figures.phase_change_step: the best
   induction score rises from < 0.2 to > 0.5 within a fifth of training).
 """
 
@@ -16,11 +16,11 @@ import statistics
 import time
 
 import torch
+from headlens.reports.figures import phase_change_step
 
 from headlens.models import shipped_path
 from headlens.training import byte_tokenizer, load_corpus, load_training_log, recipe, sample_batch
 from headlens.training.loop import build_model
-from reports.figures import phase_change_step
 
 SHIPPED = {"gpt2": "tiny", "llama": "tiny-gqa"}  # recipe -> shipped model
 
@@ -45,6 +45,13 @@ def time_training_steps(arch: str, threads: int, steps: int) -> float:
     return statistics.median(times[2:])
 
 
+def stage_walls(log) -> list[float]:
+    """Wall seconds of each stage of a run: `elapsed_s` restarts at every stage."""
+    elapsed = log["elapsed_s"].tolist()
+    ends = [i for i in range(len(elapsed) - 1) if elapsed[i + 1] < elapsed[i]] + [len(elapsed) - 1]
+    return [elapsed[i] for i in ends]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
@@ -59,8 +66,10 @@ def main() -> None:
                   f"{config.n_ctx} | {seconds * 1000:.0f} ms, {tokens / seconds:,.0f} tokens/s |")
         log, _ = load_training_log(shipped_path(name))
         last = log.iloc[-1]
-        print(f"| {name} shipped run: {int(last.step)} steps, {int(last.tokens_seen):,} tokens | "
-              f"{last.elapsed_s:.0f} s wall, {last.tokens_seen / last.elapsed_s:,.0f} tokens/s (evaluation included) |")
+        wall = stage_walls(log)
+        print(f"| {name} shipped run: {int(last.step)} steps, {int(last.tokens_seen):,} tokens, "
+              f"{len(wall)} stage(s) | {sum(wall):.0f} s wall ({' + '.join(f'{w:.0f}' for w in wall)}), "
+              f"{last.tokens_seen / sum(wall):,.0f} tokens/s (evaluation included) |")
         print(f"| {name} shipped run: induction phase change (step) | {phase_change_step(log)} |")
 
 
