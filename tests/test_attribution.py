@@ -16,11 +16,12 @@ from headlens.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
-# Agreement with the exact sweep on the shipped tiny model (BENCHMARKS.md, "Ablation: AtP*").
+# Agreement with the exact sweep on the shipped tiny model, retrained with a needle stage
+# (BENCHMARKS.md, "Ablation: AtP*", second table).
 # Spearman over 8 heads moves in steps of ~0.02-0.1 per swapped pair; the computation is
 # deterministic, so the tolerance only absorbs float rounding that could swap a near tie.
-TINY_SPEARMAN = {("loss", "atp"): 0.381, ("loss", "atp*"): 0.190, ("repeat", "atp"): 0.571,
-                 ("repeat", "atp*"): 0.905}
+TINY_SPEARMAN = {("loss", "atp"): 0.429, ("loss", "atp*"): 0.262, ("repeat", "atp"): 0.643,
+                 ("repeat", "atp*"): 0.500}
 SPEARMAN_TOL = 0.1
 
 
