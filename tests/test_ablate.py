@@ -10,7 +10,7 @@ from headlens.ablation.ablate import ablate_heads, ablated_sums, sweep_heads, to
 from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
 from headlens.heads import Head, all_heads
 
-# The bar for agreement with the TransformerLens bridge (a different forward implementation).
+# The bar for agreement with the TransformerLens bridge (a different forward implementation).
 TL_ATOL = 1e-4
 # Same model, same data, different float summation order: losses agree to float32 rounding.
 SAME_PATH_ATOL = 1e-6

@@ -16,7 +16,7 @@ from headlens.ablation.unembed import unembed_losses
 from headlens.errors import ConfigError, InputTextError, OutputPathError
 from headlens.heads import Head, all_heads
 
-# The bar: every delta of the fast sweep within 1e-5 of the naive full-forward loop.
+# The bar: every delta of the fast sweep within 1e-5 of the naive full-forward loop.
 FAST_ATOL = 1e-5
 # Attribution from our gate vs -sum(grad * z) from retain_grad on the same float32 model.
 GRAD_RTOL = 1e-4

@@ -19,8 +19,8 @@ from headlens.ablation.runner import LayerRunner
 from headlens.arch import adapter_for
 from headlens.heads import Head
 
-# Ablations stacked into one forward pass: on 2 CPU cores at 4 x 128 tokens stacking did not pay
-# (layer 9's heads: 1 -> 42.9 s, 2 -> 45.5 s, 4 -> 48.2 s; benchmarks/bench_ablate.py, BENCHMARKS.md).
+# Ablations stacked into one forward pass: on CPU stacking did not pay (benchmarks/bench_ablate.py,
+# BENCHMARKS.md).
 HEADS_PER_PASS = 1
 BATCH_SIZE = 4  # evaluation sequences per forward pass
 
