@@ -65,6 +65,11 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
     if info["windows_capped"]:
         click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
                    "(raise --max-windows to score more)", err=True)
+    reach = info.get("sliding_window")
+    if reach is not None and not reach["probes_inside"]:
+        click.echo(f"headlens: note: layers {','.join(map(str, reach['layers']))} attend within a sliding window of "
+                   f"{reach['window']} tokens; the longest probe sequence has {reach['longest_probe']}, so those "
+                   "heads are scored only on keys inside their window", err=True)
     if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
         click.echo("headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
                    "haystack is the held-out text shipped with headlens (needles_source = default_text)", err=True)

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from headlens import probes
+from headlens.arch import adapter_for
 from headlens.capture import iter_batches, run_capture
 from headlens.errors import ConfigError, InputTextError
 from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens, text_windows
@@ -148,12 +149,30 @@ def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | Non
     frame.insert(frame.columns.get_loc("copying_score") + 1, "ov_copying_score",
                  ov_copying_scores(loaded.model).flatten().tolist())
     info["copying_sign_disagreements"] = sign_disagreements(frame)
+    info["sliding_window"] = window_reach(loaded, info)
     for probe, column in SOURCE_COLUMNS.items():
         frame[column] = sources[probe]
     frame.attrs["probes"] = info
     frame.attrs["sources"] = sources
     frame.attrs["config"] = {f.name: getattr(config, f.name) for f in fields(config)}
     return frame
+
+
+def window_reach(loaded, info: dict) -> dict | None:
+    """Sliding-window attention against the probes: the narrowest window, the layers that have it,
+    and the longest probe sequence run. Keys beyond a layer's window get no attention (the patterns
+    respect it), so a probe longer than the window measures those heads only inside it. None on
+    models without a window."""
+    adapter = adapter_for(loaded.model)
+    windows = {layer: adapter.sliding_window(layer) for layer in range(adapter.n_layers)}
+    windows = {layer: window for layer, window in windows.items() if window is not None}
+    if not windows:
+        return None
+    narrowest = min(windows.values())
+    longest = max(info.get("longest_text_window", 0), 1 + info["seq_len"] * info["repeats"],
+                  info.get("longest_needle_prompt", 0))
+    return {"window": narrowest, "layers": sorted(windows), "longest_probe": longest,
+            "probes_inside": longest <= narrowest}
 
 
 def label_head(scores: dict, config: ClassifyConfig) -> list[str]:
@@ -188,7 +207,6 @@ def stream_heads(model, batches, reducers, progress: bool = False, desc: str = "
 
 
 def _resolve_text(text: str | None) -> str:
-
     if text is not None:
         return probes.check_text(text)
     try:
@@ -199,7 +217,6 @@ def _resolve_text(text: str | None) -> str:
 
 
 def _token_range(loaded, config: ClassifyConfig) -> tuple[int, int]:
-
     return random_token_range(loaded.spec.d_vocab, config.token_low, config.token_high)
 
 
@@ -221,7 +238,8 @@ def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
                 current_token_std=cur.seq_std(), first_token_score=first.result(),
                 first_token_std=first.seq_std(), positional_offset=offset, positional_share=share)
     return {"n_windows": len(windows), "n_windows_available": available, "n_text_tokens": len(text_ids),
-            "n_positions": int(argmax.n_scored[0]), "windows_capped": len(windows) < available}
+            "n_positions": int(argmax.n_scored[0]), "windows_capped": len(windows) < available,
+            "longest_text_window": max(len(window) for window in windows)}
 
 
 def _score_needles(loaded, text_ids, text_source, config, progress, rows, info) -> str:
@@ -243,7 +261,8 @@ def _score_needles(loaded, text_ids, text_source, config, progress, rows, info) 
     result = retrieval_scores(loaded.model, prompts, progress=progress)
     rows["retrieval_score"], rows["retrieval_std"] = result["score"], result["std"]
     info.update(n_needle_tests=result["n_tests"], n_needle_retrieved=result["n_retrieved"],
-                n_needle_tokens=result["n_tokens"], needle_len=needle_len, needle_restate=restate)
+                n_needle_tokens=result["n_tokens"], needle_len=needle_len, needle_restate=restate,
+                longest_needle_prompt=max((len(test.prompt) for test in prompts), default=0))
     return source
 
 

@@ -177,3 +177,21 @@ def test_heads_command_lists_key_value_groups(tmp_path):
     result = CliRunner().invoke(cli, ["heads", "layer:1,0.2", "--model", str(directory)])
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines() == ["0.2,1.0,1.1,1.2,1.3", "kv_group 0.0: 0.2", "kv_group 1.0: 1.0,1.1,1.2,1.3"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, window, layers", [("mistral-window", 7, [0, 1, 2]), ("qwen2-window", 6, [1, 2]),
+                                                  ("llama-gqa", None, None)])
+def test_classify_says_when_probes_reach_past_a_sliding_window(name, window, layers):
+    """The narrowest window and the layers that have it come from the config; every probe here is
+    longer than 7 tokens, so the probes are not inside the window."""
+    from headlens.classify import ClassifyConfig, classify_heads
+
+    loaded = build_family(name)
+    frame = classify_heads(loaded, " ".join([BUILTIN_TEXT] * 4), ClassifyConfig(n_seq=2, max_windows=2))
+    reach = frame.attrs["probes"]["sliding_window"]
+    if window is None:
+        assert reach is None
+        return
+    assert (reach["window"], reach["layers"], reach["probes_inside"]) == (window, layers, False)
+    assert reach["longest_probe"] > window
