@@ -55,7 +55,8 @@ class TargetMassReducer(Reducer):
         if self.mass_fn is not None:
             raw = self.mass_fn(pattern, q_start).double()  # [batch, head, rows]
         else:
-            raw = (pattern * targets[:, None, rows].to(pattern.device)).sum(-1).double()  # [batch, head, rows]
+            on_target = pattern * targets[:, None, rows].to(pattern.device)  # [batch, head, rows, k_pos]
+            raw = on_target.sum(-1, dtype=torch.float64)  # [batch, head, rows]
         mass = raw * scored[:, None]  # [batch, head, rows]: padding and target-less queries -> 0
         self.sums[layer] += mass.sum((0, 2)).cpu()
         self.sq_sums[layer] += (mass**2).sum((0, 2)).cpu()

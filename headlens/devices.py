@@ -1,0 +1,65 @@
+"""Where a model runs and in what precision: device and dtype names, and accelerate's big-model
+placement (`device_map`), resolved once at load time (headlens.models.load_model)."""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.errors import DeviceError
+
+# --dtype names -> torch dtypes. Scores and losses are accumulated in float32 or wider whatever
+# the model's dtype (capture rebuilds patterns in float32; reducers sum in float64).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """A dtype name of DTYPES (or a torch dtype among them) -> torch dtype; None -> float32."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise DeviceError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`cpu`, `cuda`, `cuda:N` or `mps` -> a torch device this machine has; None -> the GPU when
+    one is present (CUDA, then Apple MPS), else the CPU. DeviceError for anything else."""
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"unknown device {device!r}: give cpu, cuda, cuda:N or mps") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DeviceError(f"device {device!r} asked for, but CUDA is not available on this machine")
+        if resolved.index is not None and resolved.index >= count:
+            raise DeviceError(f"device {device!r} is out of range: this machine has {count} CUDA device(s) "
+                              f"(cuda:0-cuda:{count - 1})")
+    elif resolved.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise DeviceError(f"device {device!r} asked for, but Apple MPS is not available on this machine")
+    elif resolved.type != "cpu":
+        raise DeviceError(f"unknown device {device!r}: give cpu, cuda, cuda:N or mps")
+    return resolved
+
+
+def placement_kwargs(device_map, max_memory, offload_folder) -> dict:
+    """from_pretrained keyword arguments for accelerate's big-model placement (empty without a map)."""
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise DeviceError("max_memory and offload_folder need a device_map (e.g. device_map='auto')")
+        return {}
+    if isinstance(device_map, str) and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        raise DeviceError(f"unknown device_map {device_map!r}: give auto, balanced, balanced_low_0 or sequential")
+    placement = {"device_map": device_map}
+    if max_memory is not None:
+        placement["max_memory"] = max_memory
+    if offload_folder is not None:
+        placement["offload_folder"] = str(offload_folder)
+    return placement
