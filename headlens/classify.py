@@ -10,13 +10,15 @@ Labels follow the published definitions; every threshold is a ClassifyConfig fie
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from headlens import probes
-from headlens.capture import iter_batches, run_capture
+from headlens.capture import Batch, iter_batches, pad_batch, run_capture
 from headlens.errors import ConfigError, InputTextError
 from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens, text_windows
 from headlens.scores.copying import CopyingReducer
@@ -101,9 +103,13 @@ def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
     return replace(config, **updates)
 
 
-def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | None = None,
+def classify_heads(loaded, text: str | Iterable[str] | None = None, config: ClassifyConfig | None = None,
                    progress: bool = False) -> pd.DataFrame:
     """Score and label every head of `loaded` (a headlens LoadedModel).
+
+    `text`: one text, or documents (any iterable of str, e.g. a headlens.corpus.Corpus), read
+    one at a time: text windows never span two documents, and the needle haystacks come from
+    the first documents (whole, until n_ctx tokens are reached).
 
     Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
     LABELS), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
@@ -112,11 +118,11 @@ def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | Non
     """
 
     config = config or ClassifyConfig()
-    text = _resolve_text(text)
+    documents = [_resolve_text(text)] if text is None or isinstance(text, str) else text
     spec, bos = loaded.spec, loaded.bos_token_id
-    text_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     rows: dict[str, torch.Tensor] = {}
-    info = _score_text(loaded, text, text_ids, config, progress, rows)
+    text_ids: list[int] = []  # the needle haystack
+    info = _score_text(loaded, documents, config, progress, rows, text_ids)
     info.update(_score_repeats(loaded, config, progress, rows))
     rows["retrieval_score"] = rows["retrieval_std"] = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     info.update(n_needle_tests=0, n_needle_retrieved=0, n_needle_tokens=0)
@@ -183,24 +189,65 @@ def _token_range(loaded, config: ClassifyConfig) -> tuple[int, int]:
     return random_token_range(loaded.spec.d_vocab, config.token_low, config.token_high)
 
 
-def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
-    """Natural-text windows -> positional scores (into `rows`); returns probe facts."""
+def _score_text(loaded, documents: Iterable[str], config, progress, rows, haystack: list[int]) -> dict:
+    """Natural-text windows of every document -> positional scores (into `rows`); the first
+    documents' tokens go into `haystack`; returns probe facts."""
 
-    spec, bos = loaded.spec, loaded.bos_token_id
-    windows = text_windows(loaded.tokenizer, text, spec.n_ctx, bos, min_tokens=3, max_windows=config.max_windows)
-    body = spec.n_ctx - 1
-    available = -(-len(text_ids) // body)
-    n, h = spec.n_layers, spec.n_heads
+    n, h = loaded.spec.n_layers, loaded.spec.n_heads
     prev, cur, first = prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h)
     argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset)
-    stream_heads(loaded.model, iter_batches(windows, config.batch_size, pad_id=bos), [prev, cur, first, argmax],
-                 progress=progress, desc="text")
+    facts = {"n_windows": 0, "n_windows_available": 0, "n_text_tokens": 0, "n_documents": 0}
+    windows = _document_windows(loaded, documents, config, facts, haystack, progress)
+    batches = (Batch(*pad_batch(chunk, pad_id=loaded.bos_token_id), index=i, offset=i * config.batch_size)
+               for i, chunk in enumerate(_chunks(windows, config.batch_size)))
+    stream_heads(loaded.model, batches, [prev, cur, first, argmax])
+    if facts["n_windows"] == 0:
+        raise InputTextError(f"text is too short: {facts['n_text_tokens']} tokens, need at least 3 in one document")
     offset, share = argmax.result()
     rows.update(prev_token_score=prev.result(), prev_token_std=prev.seq_std(), current_token_score=cur.result(),
                 current_token_std=cur.seq_std(), first_token_score=first.result(),
                 first_token_std=first.seq_std(), positional_offset=offset, positional_share=share)
-    return {"n_windows": len(windows), "n_windows_available": available, "n_text_tokens": len(text_ids),
-            "n_positions": int(argmax.n_scored[0]), "windows_capped": len(windows) < available}
+    return {**facts, "n_positions": int(argmax.n_scored[0]),
+            "windows_capped": facts["n_windows"] < facts["n_windows_available"]}
+
+
+def _document_windows(loaded, documents, config, facts: dict, haystack: list[int], progress: bool):
+    """Stream each document's text windows (probes.text_windows) until config.max_windows,
+    counting every document's tokens and windows in `facts`; a progress bar over documents
+    and tokens when asked."""
+    spec, bos = loaded.spec, loaded.bos_token_id
+    body = spec.n_ctx - 1
+    total = len(documents) if hasattr(documents, "__len__") else None
+    bar = tqdm(total=total, desc="text", unit="doc", leave=False) if progress else None
+    for document in documents:
+        ids = loaded.tokenizer(document, add_special_tokens=False)["input_ids"]
+        if facts["n_documents"] == 0 or len(haystack) < spec.n_ctx:
+            haystack.extend(ids)
+        facts["n_documents"] += 1
+        facts["n_text_tokens"] += len(ids)
+        facts["n_windows_available"] += -(-len(ids) // body)
+        left = config.max_windows - facts["n_windows"]
+        if left > 0 and len(ids) >= 3:
+            for window in text_windows(loaded.tokenizer, ids, spec.n_ctx, bos, min_tokens=3, max_windows=left):
+                facts["n_windows"] += 1
+                yield window
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(tokens=facts["n_text_tokens"], windows=facts["n_windows"])
+    if bar is not None:
+        bar.close()
+
+
+def _chunks(items, size: int):
+    """Lists of `size` consecutive items of an iterator (the last may be shorter)."""
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _score_repeats(loaded, config, progress, rows) -> dict:
