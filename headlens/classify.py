@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from headlens import probes
+from headlens import distributed, probes
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
 from headlens.errors import ConfigError, InputTextError
 from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens, text_windows
@@ -200,7 +200,8 @@ def _score_text(loaded, documents: Iterable[str], config, progress, rows, haysta
     windows = _document_windows(loaded, documents, config, facts, haystack, progress)
     batches = (Batch(*pad_batch(chunk, pad_id=loaded.bos_token_id), index=i, offset=i * config.batch_size)
                for i, chunk in enumerate(_chunks(windows, config.batch_size)))
-    stream_heads(loaded.model, batches, [prev, cur, first, argmax])
+    stream_heads(loaded.model, distributed.shard(batches), [prev, cur, first, argmax])
+    distributed.all_reduce_totals([prev, cur, first, argmax])
     if facts["n_windows"] == 0:
         raise InputTextError(f"text is too short: {facts['n_text_tokens']} tokens, need at least 3 in one document")
     offset, share = argmax.result()
@@ -261,8 +262,9 @@ def _score_repeats(loaded, config, progress, rows) -> dict:
     n, h = spec.n_layers, spec.n_heads
     dup, prefix = duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
     copying = CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))
-    stream_heads(loaded.model, iter_batches(tokens, config.batch_size), [dup, prefix, copying],
+    stream_heads(loaded.model, distributed.shard(iter_batches(tokens, config.batch_size)), [dup, prefix, copying],
                  progress=progress, desc="repeats")
+    distributed.all_reduce_totals([dup, prefix, copying])
     rows.update(duplicate_token_score=dup.result(), duplicate_token_std=dup.seq_std(),
                 prefix_matching_score=prefix.result(), prefix_matching_std=prefix.seq_std(),
                 copying_score=copying.result(), copying_std=copying.std())

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from headlens import distributed
 from headlens.ablation.attribution import attribution_deltas
 from headlens.ablation.evalset import bootstrap_ci, build_evalset, check_choice, head_seed
 from headlens.ablation.replace import heads_by_layer, layer_replacement, replacements
@@ -22,6 +23,7 @@ from headlens.ablation.store import SweepStore
 from headlens.ablation.sweep import base_sums, sweep_sums
 from headlens.arch import adapter_for
 from headlens.capture import Batch, forward
+from headlens.errors import HeadlensError
 from headlens.heads import Head, all_heads, parse_heads
 
 
@@ -154,9 +156,12 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | 
     if out is not None:
         manifest = {"model": model_label(loaded), "method": method, "metric": metric, "seed": seed,
                     "data_sha256": evalset.data_hash, "n_layers": spec.n_layers, "n_heads": spec.n_heads}
-        store = SweepStore(out, manifest, resume)
+        store = _open_store(out, manifest, resume)
     rows = {h: r for h, r in (store.done.items() if store else []) if h in heads}
-    todo = [h for h in heads if h not in rows]
+    # many processes: this rank's share of the pending heads, the rest skipped (the groups stacked
+    # in one pass are fixed by `heads` alone, so every rank computes its rows as one process would)
+    todo = list(distributed.shard(h for h in heads if h not in rows))
+    skip = set(heads) - set(todo)
     if todo:
         model = loaded.model
         reps = replacements(model, evalset, method, seed, batch_size=4)
@@ -171,17 +176,37 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | 
             if store is not None:
                 store.append(row)
 
-        bar = _progress_bar(len(todo), progress)
+        bar = _progress_bar(len(todo), progress and distributed.is_main())
         try:
-            sweep_sums(model, evalset, heads, reps, on_head, skip=set(rows), bar=bar)
+            sweep_sums(model, evalset, heads, reps, on_head, skip=skip, bar=bar)
         finally:
             if bar is not None:
                 bar.close()
+    for part in distributed.all_gather({h: rows[h] for h in todo}):
+        rows.update(part)
     frame = pd.DataFrame([rows[h] for h in heads], columns=SWEEP_COLUMNS)
     frame = frame.sort_values(["layer", "head"], ignore_index=True)
-    if store is not None:
+    if store is not None and distributed.is_main():
         store.write_table(frame)
     return frame
+
+
+def _open_store(out, manifest: dict, resume: bool) -> SweepStore:
+    """The sweep store; under torch.distributed rank 0 opens (and checks) it first, every rank
+    then opens it to read the finished rows and append its own (rows.rank<r>.jsonl)."""
+    if distributed.world_size() == 1:
+        return SweepStore(out, manifest, resume)
+    store, error = None, None
+    if distributed.is_main():
+        try:
+            store = SweepStore(out, manifest, resume)
+        except HeadlensError as exc:
+            error = exc
+    distributed.broadcast_error(error)
+    if store is None:
+        store = SweepStore(out, manifest, resume=True, rows_file=f"rows.rank{distributed.rank()}.jsonl")
+    distributed.barrier()  # every rank has read the finished rows before any appends
+    return store
 
 
 def _progress_bar(total: int, progress: bool):

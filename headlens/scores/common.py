@@ -18,6 +18,8 @@ class TargetMassReducer(Reducer):
 
     wants = frozenset({"pattern"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
+    # running sums and counts: added over processes by headlens.distributed.all_reduce_totals
+    totals = ("sums", "sq_sums", "counts", "seq_sums", "seq_sq_sums", "n_seqs", "mul_sums", "mul_n")
 
     def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None):
         self.layers = layers

@@ -83,6 +83,7 @@ class CopyingReducer(Reducer):
 
     wants = frozenset({"pattern", "z"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
+    totals = ("sums", "sq_sums", "counts")  # added over processes (headlens.distributed.all_reduce_totals)
 
     def __init__(self, model, query_fn, layers=None):
         cfg = model.config

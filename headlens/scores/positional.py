@@ -82,6 +82,7 @@ class ArgmaxOffsetReducer:
 
     wants = frozenset({"pattern"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
+    totals = ("counts", "n_scored")  # added over processes (headlens.distributed.all_reduce_totals)
 
     def __init__(self, n_layers: int, n_heads: int, max_offset: int = 8, layers=None):
         self.layers = layers

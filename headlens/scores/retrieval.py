@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from headlens import distributed
 from headlens.arch import adapter_for
 from headlens.capture import Batch, Reducer, capture_hooks, forward, is_bridge, n_heads_of, n_layers_of
 from headlens.capture.run import _attention_implementation
@@ -66,21 +67,22 @@ def retrieval_scores(model, prompts: Sequence, progress: bool = False, cache: bo
     groups: dict[tuple[int, int], list] = {}
     for test in prompts:
         groups.setdefault((len(test.prompt), len(test.needle) - test.restate), []).append(test)
-    iterator = list(groups.values())
-    if progress:
-        iterator = tqdm(iterator, desc="needles", unit="batch", leave=False)
-    per_test, n_tokens = [], 0
+    mine = list(distributed.shard(enumerate(groups.values())))  # this process's groups (all, alone)
+    iterator = tqdm(mine, desc="needles", unit="batch", leave=False) if progress else mine
+    retrieved = []  # ((group, test), asked, hits [layer, head]) of the retrieved tests
     with torch.no_grad():
-        for group in iterator:
+        for index, group in iterator:
             ids = torch.tensor([test.prompt for test in group])  # [test, pos]
             n_steps = len(group[0].needle) - group[0].restate
             steps = decode_cached(model, ids, n_steps) if cache else decode_uncached(model, ids, n_steps)
             hits, correct = count_copy_paste(group, steps, n_layers, n_heads)
-            for test, test_hits, test_correct in zip(group, hits, correct, strict=True):
+            for position, (test, test_hits, test_correct) in enumerate(zip(group, hits, correct, strict=True)):
                 asked = len(test.needle) - test.restate
                 if test_correct / asked > RETRIEVED_RECALL:
-                    per_test.append(test_hits.double() / asked)
-                    n_tokens += asked
+                    retrieved.append(((index, position), asked, test_hits))
+    retrieved = sorted(item for part in distributed.all_gather(retrieved) for item in part)
+    per_test = [hits.double() / asked for _, asked, hits in retrieved]
+    n_tokens = sum(asked for _, asked, _ in retrieved)
     if not per_test:
         nan = torch.full((n_layers, n_heads), float("nan"))
         return {"score": nan, "std": nan, "n_tests": len(prompts), "n_retrieved": 0, "n_tokens": 0}
