@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv browser
+.PHONY: demo test test-fast lint venv browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
+
+# Everything except the `slow` and `browser` tests: the edit-test loop.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests -m "not slow and not browser"
 
 # Debian's chromium + chromium-driver for the browser tests (tests/test_browser.py, marked `browser`);
 # needs root (CI runs as root). Skipped when both are already installed.

@@ -1,30 +1,16 @@
-"""`headlens ablate` and `headlens prune`: thin shells over headlens.ablation.ablate and headlens.ablation.prune.
+"""`headlens ablate` and `headlens prune`: thin shells over headlens.ablation.
 
-Method, metric and format are checked by the library (one-line error, exit 2), not by
-click.Choice, whose usage error spans several lines.
+Method and metric are checked by the library, the format by cli.options (one-line error, exit 2).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 
 import click
+from headlens.cli.options import command_line, format_option, model_argument, model_info, progress_option
 
 FORMATS = ("table", "json")
-
-
-def _check_format(fmt: str) -> None:
-    from headlens.errors import ConfigError
-
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
-
-
-def _model_info(loaded) -> dict:
-    spec = loaded.spec
-    return {"name": str(loaded.name), "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_head": spec.d_head,
-            "d_model": spec.d_model, "n_ctx": spec.n_ctx, "n_params": spec.n_params}
 
 
 def _row_object(model: str, method: str, metric: str, row) -> dict:
@@ -40,20 +26,6 @@ def _write_json_atomic(path, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
-def _command_line(ctx) -> str:
-    """The command as typed, rebuilt from click's parsed parameters (non-default values only)."""
-    words = ["headlens", ctx.info_name]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if value is None or value is False or value == param.default:
-            continue
-        if isinstance(param, click.Argument):
-            words.append(str(value))
-        else:
-            words += [param.opts[0]] if value is True else [param.opts[0], str(value)]
-    return shlex.join(words)
-
-
 def _print_frame(frame, fmt: str, to_objects) -> None:
     if fmt == "json":
         for row in frame.to_dict("records"):
@@ -62,7 +34,7 @@ def _print_frame(frame, fmt: str, to_objects) -> None:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
 
 
-def _run_approx(loaded, heads, method, metric, text, seed, check, fmt):
+def _run_approx(loaded, heads, method, metric, text, seed, check, fmt, progress):
     from headlens.ablation.ablate import agreement, approx_sweep, sweep_heads
 
     approx = approx_sweep(loaded, method=method, metric=metric, text=text, seed=seed)
@@ -70,7 +42,7 @@ def _run_approx(loaded, heads, method, metric, text, seed, check, fmt):
     approx = approx[[(r.layer, r.head) in keep for r in approx.itertuples()]].reset_index(drop=True)
     summary = None
     if check:
-        exact = sweep_heads(loaded, method=method, metric=metric, text=text, seed=seed, progress=True, heads=heads)
+        exact = sweep_heads(loaded, method=method, metric=metric, text=text, seed=seed, progress=progress, heads=heads)
         approx = approx.merge(exact[["layer", "head", "delta_loss"]], on=["layer", "head"])
         summary = agreement(exact, approx)
 
@@ -92,22 +64,23 @@ def _run_approx(loaded, heads, method, metric, text, seed, check, fmt):
 
 
 @click.command("ablate")
-@click.option("--model", "model_name", default="gpt2", show_default=True, help="model name or directory")
+@model_argument("gpt2")
 @click.option("--heads", "spec", required=True, help="L.H,L.H (together) | layer:L (together) | all (one at a time)")
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
 @click.option("--metric", default="text", show_default=True, help="text | repeat")
 @click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
               help="UTF-8 text for the text metric (default: the held-out text shipped with the tiny model)")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the bootstrap, probes and resampling")
-@click.option("--format", "fmt", default="table", show_default=True, help="table | json")
+@format_option(*FORMATS)
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="directory: a sweep appends each finished head there (rows.jsonl, then sweep.csv)")
 @click.option("--resume", is_flag=True, help="continue the sweep found in --out")
 @click.option("--approx", is_flag=True, help="estimate each head's zero-ablation delta by attribution patching")
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
-def ablate_command(model_name, spec, method, metric, text_path, seed, fmt, out, resume, approx, check,
-                   report_path) -> None:
+@progress_option
+def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resume, approx, check,
+                   report_path, progress) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the loss."""
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.evalset import check_choice
@@ -117,25 +90,24 @@ def ablate_command(model_name, spec, method, metric, text_path, seed, fmt, out, 
     from headlens.probes import read_text
 
     check_choice(method, metric)
-    _check_format(fmt)
     if check and not approx:
         raise ConfigError("--check compares --approx with the exact sweep: pass --approx too")
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
     text = read_text(text_path) if text_path else None
-    loaded = load_model(model_name)
+    loaded = load_model(model)
     heads = parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)
     sweep = spec.strip().lower() == "all"
     name = str(loaded.name)
     sweep_df, ablation = None, None
     if approx:
-        sweep_df = _run_approx(loaded, heads, method, metric, text, seed, check, fmt)
+        sweep_df = _run_approx(loaded, heads, method, metric, text, seed, check, fmt, progress)
     elif sweep:
-        sweep_df = sweep_heads(loaded, method=method, metric=metric, text=text, seed=seed, progress=True,
+        sweep_df = sweep_heads(loaded, method=method, metric=metric, text=text, seed=seed, progress=progress,
                                out=out, resume=resume)
         _print_frame(sweep_df, fmt, lambda row: _row_object(name, method, metric, row))
     else:
-        ablation = ablate_heads(loaded, heads, method=method, metric=metric, text=text, seed=seed, progress=True)
+        ablation = ablate_heads(loaded, heads, method=method, metric=metric, text=text, seed=seed, progress=progress)
         if out is not None:
             from pathlib import Path
 
@@ -149,29 +121,29 @@ def ablate_command(model_name, spec, method, metric, text_path, seed, fmt, out, 
     if report_path:
         from headlens.reports import render_report
 
-        command = _command_line(click.get_current_context())
-        render_report(report_path, model_info=_model_info(loaded), sweep=sweep_df, ablation=ablation,
+        command = command_line(click.get_current_context())
+        render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation,
                       command=command)
 
 
 @click.command("prune")
-@click.argument("model_name", default="gpt2")
+@model_argument("gpt2")
 @click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
               help="UTF-8 text (default: the held-out text shipped with the tiny model)")
 @click.option("--step-fraction", default=0.1, show_default=True, type=float, help="share of all heads per step")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--format", "fmt", default="table", show_default=True, help="table | json")
+@format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
-def prune_command(model_name, text_path, step_fraction, seed, fmt, report_path) -> None:
+@progress_option
+def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progress) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve
     from headlens.models import load_model
     from headlens.probes import read_text
 
-    _check_format(fmt)
     text = read_text(text_path) if text_path else None
-    loaded = load_model(model_name)
-    curve = prune_curve(loaded, text=text, step_fraction=step_fraction, seed=seed, progress=True)
+    loaded = load_model(model)
+    curve = prune_curve(loaded, text=text, step_fraction=step_fraction, seed=seed, progress=progress)
     n_ok = heads_within(curve)
     n_total = loaded.spec.n_layers * loaded.spec.n_heads
     if fmt == "json":
@@ -185,8 +157,8 @@ def prune_command(model_name, text_path, step_fraction, seed, fmt, report_path) 
     if report_path:
         from headlens.reports import render_report
 
-        command = _command_line(click.get_current_context())
-        render_report(report_path, model_info=_model_info(loaded), pruning=curve, command=command)
+        command = command_line(click.get_current_context())
+        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command)
 
 
 COMMANDS = [ablate_command, prune_command]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 import click
+from headlens.cli.options import command_line, format_option, model_argument, model_info, progress_option
 
 FORMATS = ("table", "csv", "json")
 # Columns of the table view (every column goes to csv / json).
@@ -14,7 +14,7 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 
 
 @click.command("classify")
-@click.argument("model", default="tiny")
+@model_argument("tiny")
 @click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="UTF-8 text file for the natural-text and needle probes [default: the tiny model's held-out text]")
 @click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
@@ -26,24 +26,20 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
               help="label threshold: positional, first_token, duplicate_token, prefix_matching, copying, retrieval")
 @click.option("--out", "out_dir", type=click.Path(path_type=str), default=None,
               help="folder to write heads.csv and heads.json into (atomically)")
-@click.option("--format", "fmt", default="table", show_default=True, help="stdout format: table, csv or json")
+@format_option(*FORMATS)
 @click.option("--report", "report_path", type=click.Path(path_type=str), default=None,
               help="also write a self-contained HTML report to this file")
-@click.option("--progress/--no-progress", default=None, help="progress bar on stderr [default: when a terminal]")
+@progress_option
 @click.pass_context
 def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
                      report_path, progress):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
-    import sys
     from dataclasses import replace
 
     from headlens.classify import ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
-    from headlens.errors import ConfigError
     from headlens.models import load_model
     from headlens.probes import read_text
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
     config = replace(ClassifyConfig(), **{k: v for k, v in flags.items() if v is not None},
                      **({"needles": False} if no_needles else {}))
@@ -55,8 +51,7 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
 
         check_output_path(report_path)
     loaded = load_model(model)
-    show = sys.stderr.isatty() if progress is None else progress
-    frame = classify_heads(loaded, text=text, config=config, progress=show)
+    frame = classify_heads(loaded, text=text, config=config, progress=progress)
     info = frame.attrs["probes"]
     if info["windows_capped"]:
         click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
@@ -66,32 +61,9 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
     if report_path is not None:
         from headlens.reports import render_report
 
-        render_report(report_path, model_info=_model_info(loaded), heads=frame, command=_command_line(ctx),
+        render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
                       text_label=text_file or "tiny held-out text")
     click.echo(_render(rank_heads(frame), fmt))
-
-
-def _model_info(loaded) -> dict:
-    spec = loaded.spec
-    return {"name": str(loaded.name), "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_head": spec.d_head,
-            "d_model": spec.d_model, "n_ctx": spec.n_ctx, "n_params": spec.n_params}
-
-
-def _command_line(ctx) -> str:
-    """The command as typed, rebuilt from click's parsed parameters (non-default values only)."""
-    words = ["headlens", ctx.info_name]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if value is None or value is False or value == param.default or value == ():
-            continue
-        if isinstance(param, click.Argument):
-            words.append(str(value))
-        elif value is True:
-            words.append(param.opts[0])
-        else:
-            for item in value if isinstance(value, tuple) else (value,):
-                words += [param.opts[0], str(item)]
-    return shlex.join(words)
 
 
 def _check_out_dir(out_dir: str):

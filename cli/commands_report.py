@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 
 import click
+from headlens.cli.options import model_argument, model_info, progress_option
 
 
 def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, prune: bool, out: str,
@@ -57,7 +58,7 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 
 
 @click.command("report")
-@click.argument("model", default="tiny")
+@model_argument("tiny")
 @click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
               help="UTF-8 text to score and show (default: the held-out text shipped with the tiny model)")
 @click.option("--heads", "heads_spec", default=None, help="heads to ablate: L.H,L.H | layer:L | all")
@@ -69,7 +70,7 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
               help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
                    "smaller models, so the file stays small]")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
-@click.option("--progress/--no-progress", default=False, help="progress bars on stderr")
+@progress_option
 def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, progress) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens.reports import render_report
@@ -102,10 +103,8 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
 
         pruning = prune_curve(loaded, text=text, seed=seed, progress=progress)
     n_sample = viewer_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)
-    model_info = {"name": loaded.name, "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_head": spec.d_head,
-                  "d_model": spec.d_model, "n_ctx": spec.n_ctx, "n_params": spec.n_params}
     path = render_report(
-        out, model_info=model_info, heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
+        out, model_info=model_info(loaded), heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
         validation=validation,
         training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
         command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed),

@@ -6,19 +6,20 @@ import json
 import sys
 
 import click
+from headlens.cli.options import format_option, model_argument
 
 EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.main)
 
 
 @click.command("heads")
 @click.argument("spec")
-@click.option("--model", "model_name", default="tiny", show_default=True, help="model name or directory")
-def heads_command(spec: str, model_name: str) -> None:
+@model_argument("tiny")
+def heads_command(spec: str, model: str) -> None:
     """Parse a head SPEC (L.H,L.H | layer:L | all) against MODEL and print the heads."""
     from headlens.heads import format_heads, parse_heads
     from headlens.models import load_model
 
-    loaded = load_model(model_name)
+    loaded = load_model(model)
     click.echo(format_heads(parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)))
 
 
@@ -30,11 +31,11 @@ def _format_table(frame) -> str:
 
 
 @click.command("validate")
-@click.argument("model_name", metavar="MODEL")
+@model_argument(None)
 @click.option("--text", "text_file", default=None, metavar="FILE",
               help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def validate_command(model_name: str, text_file: str | None, fmt: str) -> None:
+@format_option("table", "json")
+def validate_command(model: str, text_file: str | None, fmt: str) -> None:
     """Check the from-scratch attention against HF eager, sdpa and TransformerLens, layer by layer.
 
     Prints the max absolute error per layer, quantity and reference; exits 0 only if every
@@ -46,18 +47,18 @@ def validate_command(model_name: str, text_file: str | None, fmt: str) -> None:
     from headlens.validate import validate_model
 
     text = read_text(text_file) if text_file is not None else None
-    loaded = load_model(model_name)
+    loaded = load_model(model)
     try:
         frame, failure = validate_model(loaded, text), None
     except ValidationFailed as exc:
         frame, failure = exc.frame, exc
     if fmt == "json":
-        payload = {"model": model_name, "text_source": frame.attrs.get("text_source"),
+        payload = {"model": model, "text_source": frame.attrs.get("text_source"),
                    "n_tokens": frame.attrs.get("n_tokens"), "passed": failure is None,
                    "rows": frame.to_dict(orient="records")}
         click.echo(json.dumps(payload, indent=2))
     else:
-        click.echo(f"model {model_name}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}")
+        click.echo(f"model {model}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}")
         click.echo(_format_table(frame))
     if failure is not None:
         click.echo(f"headlens: validation failed: {failure}", err=True)

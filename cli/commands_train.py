@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from headlens.cli.options import progress_option
 
 
 @click.command("train-tiny")
@@ -10,7 +11,7 @@ import click
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="tiny-run", show_default=True,
               help="run folder: model, checkpoints/, training_log.csv, training_heads.csv")
 @click.option("--seed", type=int, default=None, help="seed of weights, data order and probes (default: 0)")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="tqdm progress bar on stderr")
+@progress_option
 def train_tiny_command(steps: int | None, out_dir: str, seed: int | None, progress: bool) -> None:
     """Train a small GPT-2 (byte-level, KJV text + repeated random segments) on CPU.
 

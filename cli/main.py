@@ -1,4 +1,6 @@
-"""`headlens` entry point. Every HeadlensError becomes one line on stderr and exit status 2, here.
+"""`headlens` entry point. Bad input becomes one line on stderr and exit status 2, here: every
+HeadlensError, every click usage error (unknown option, missing value), and every OSError
+(an output path that cannot be written, a file that cannot be read).
 
 Heavy imports (torch, transformers) stay inside command bodies so `headlens --help` is instant.
 """
@@ -21,12 +23,17 @@ class HeadlensGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except HeadlensError as exc:
-            click.echo(f"headlens: error: {exc}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
-        except (UnicodeDecodeError, PermissionError, IsADirectoryError) as exc:
-            click.echo(f"headlens: error: {exc}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
+        except click.UsageError as exc:
+            where = f" (see headlens {exc.ctx.info_name} --help)" if exc.ctx is not None and exc.ctx.parent else ""
+            _fail(f"{exc.format_message()}{where}")
+        except (HeadlensError, UnicodeDecodeError, OSError) as exc:
+            _fail(str(exc))
+
+
+def _fail(message: str) -> None:
+    """One line on stderr, exit status 2."""
+    click.echo(f"headlens: error: {' '.join(message.split())}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 @click.group(cls=HeadlensGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,14 +6,26 @@ import os
 import tempfile
 from pathlib import Path
 
+from headlens.errors import OutputPathError
+
 
 def write_atomic(path: str | Path, text: str) -> None:
     """Write `text` to a temp file in the same folder, fsync, then os.replace.
 
     The old file (if any) survives any failure and the temp file is removed; the new file gets
-    the usual umask-based mode (mkstemp alone would leave it 0600). OSError propagates.
+    the usual umask-based mode (mkstemp alone would leave it 0600). An OSError (unwritable folder,
+    full disk, a folder in the way) becomes OutputPathError naming the path.
     """
     path = Path(path)
+    try:
+        _write(path, text)
+    except OutputPathError:
+        raise
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from click.testing import CliRunner
 from headlens.cli.main import cli
 
 from headlens import __version__
+from headlens.models import load_model
 from headlens.validate import BUILTIN_TEXT
 
 
@@ -149,3 +152,34 @@ def test_validate_text_too_short_for_a_window(runner, small_model_dir, tmp_path)
     path = tmp_path / "one.txt"
     path.write_text("a", encoding="utf-8")
     assert_one_line_error(runner.invoke(cli, ["validate", str(small_model_dir), "--text", str(path)]), "too short")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["ablate", "tiny", "--heads", "0.0", "--format", "xml"], "unknown format 'xml'"),
+    (["prune", "tiny", "--format", "csv"], "unknown format 'csv'"),
+    (["classify", "tiny", "--format", "yaml"], "unknown format 'yaml'"),
+    (["validate", "tiny", "--format", "csv"], "unknown format 'csv'"),
+    (["ablate", "tiny", "--bogus"], "No such option '--bogus'"),
+    (["ablate", "tiny"], "Missing option '--heads'"),
+    (["validate"], "no model given"),
+    (["heads", "0.0", "tiny", "--model", "gpt2"], "two models given"),
+    (["no-such-command"], "No such command"),
+])
+def test_every_usage_error_is_one_line(args, needle):
+    """Bad options, values and commands: one line on stderr, exit 2, on every command alike."""
+    proc = subprocess.run([sys.executable, "-m", "headlens.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("headlens: error:"), proc.stderr
+
+
+def test_model_is_positional_with_a_model_alias():
+    """`heads SPEC MODEL` and `heads SPEC --model MODEL` parse the same heads against the same model."""
+    runner = CliRunner()
+    positional = runner.invoke(cli, ["heads", "all", "tiny"])
+    alias = runner.invoke(cli, ["heads", "all", "--model", "tiny"])
+    assert positional.exit_code == 0 and alias.exit_code == 0
+    spec = load_model("tiny").spec
+    expected = ",".join(f"{layer}.{head}" for layer in range(spec.n_layers) for head in range(spec.n_heads))
+    assert positional.output == alias.output == expected + "\n"
