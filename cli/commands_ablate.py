@@ -8,7 +8,14 @@ from __future__ import annotations
 import json
 
 import click
-from headlens.cli.options import command_line, format_option, model_argument, model_info, progress_option
+from headlens.cli.options import (
+    command_line,
+    format_option,
+    model_argument,
+    model_info,
+    placement_options,
+    progress_option,
+)
 
 FORMATS = ("table", "json")
 
@@ -79,9 +86,11 @@ def _run_approx(loaded, heads, method, metric, text, seed, check, fmt, progress)
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @progress_option
+@placement_options
 def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resume, approx, check,
-                   report_path, progress) -> None:
+                   report_path, progress, placement) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the loss."""
+    from headlens import distributed
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.evalset import check_choice
     from headlens.errors import ConfigError
@@ -95,7 +104,7 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
     text = read_text(text_path) if text_path else None
-    loaded = load_model(model)
+    loaded = load_model(model, **placement)
     heads = parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)
     sweep = spec.strip().lower() == "all"
     name = str(loaded.name)
@@ -108,7 +117,7 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
         _print_frame(sweep_df, fmt, lambda row: _row_object(name, method, metric, row))
     else:
         ablation = ablate_heads(loaded, heads, method=method, metric=metric, text=text, seed=seed, progress=progress)
-        if out is not None:
+        if out is not None and distributed.is_main():
             from pathlib import Path
 
             Path(out).mkdir(parents=True, exist_ok=True)
@@ -118,7 +127,7 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
         else:
             for key, value in ablation.items():
                 click.echo(f"{key:>13}  {value}")
-    if report_path:
+    if report_path and distributed.is_main():
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
@@ -135,14 +144,16 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @progress_option
-def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progress) -> None:
+@placement_options
+def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progress, placement) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
+    from headlens import distributed
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve
     from headlens.models import load_model
     from headlens.probes import read_text
 
     text = read_text(text_path) if text_path else None
-    loaded = load_model(model)
+    loaded = load_model(model, **placement)
     curve = prune_curve(loaded, text=text, step_fraction=step_fraction, seed=seed, progress=progress)
     n_ok = heads_within(curve)
     n_total = loaded.spec.n_layers * loaded.spec.n_heads
@@ -154,7 +165,7 @@ def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progr
         click.echo(curve.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         click.echo(f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
                    f"(unpruned loss {curve['loss'].iloc[0]:.4f})")
-    if report_path:
+    if report_path and distributed.is_main():
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 
 import click
-from headlens.cli.options import command_line, format_option, model_argument, model_info, progress_option
+from headlens.cli.options import (
+    command_line,
+    format_option,
+    model_argument,
+    model_info,
+    placement_options,
+    progress_option,
+)
 
 FORMATS = ("table", "csv", "json")
 # Columns of the table view (every column goes to csv / json).
@@ -15,8 +22,9 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 
 @click.command("classify")
 @model_argument("tiny")
-@click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="UTF-8 text file for the natural-text and needle probes [default: the tiny model's held-out text]")
+@click.option("--text", "text_file", type=click.Path(path_type=str), default=None,
+              help="UTF-8 text file, folder of .txt files, or .jsonl with a text field, for the natural-text and "
+                   "needle probes [default: the tiny model's held-out text]")
 @click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
 @click.option("--seq-len", type=int, default=None, help="period T of the random segment [default: 25]")
@@ -30,28 +38,32 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 @click.option("--report", "report_path", type=click.Path(path_type=str), default=None,
               help="also write a self-contained HTML report to this file")
 @progress_option
+@placement_options
 @click.pass_context
 def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
-                     report_path, progress):
+                     report_path, progress, placement):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
     from dataclasses import replace
 
+    from headlens import distributed
     from headlens.classify import ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
+    from headlens.corpus import Corpus
     from headlens.models import load_model
-    from headlens.probes import read_text
 
     flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
     config = replace(ClassifyConfig(), **{k: v for k, v in flags.items() if v is not None},
                      **({"needles": False} if no_needles else {}))
     config = config_with_thresholds(config, thresholds)
-    text = read_text(text_file) if text_file is not None else None
+    text = Corpus(text_file) if text_file is not None else None
     out = _check_out_dir(out_dir) if out_dir is not None else None
     if report_path is not None:
         from headlens.reports.render import check_output_path
 
         check_output_path(report_path)
-    loaded = load_model(model)
-    frame = classify_heads(loaded, text=text, config=config, progress=progress)
+    loaded = load_model(model, **placement)
+    frame = classify_heads(loaded, text=text, config=config, progress=progress and distributed.is_main())
+    if not distributed.is_main():
+        return  # rank 0 alone prints and writes
     info = frame.attrs["probes"]
     if info["windows_capped"]:
         click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "

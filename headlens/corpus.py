@@ -51,16 +51,16 @@ class Corpus:
             yield from _jsonl_documents(self.path, check)
             return
         for file in self.files:
-            text = _read_document(file, check)
+            text = _read_document(file, check, skip_empty=self.kind == "folder")
             if text is not None:
                 yield text
 
 
-def _read_document(file: Path, check: bool) -> str | None:
+def _read_document(file: Path, check: bool, skip_empty: bool) -> str | None:
     """One text file: checked (probes.check_text) on the first pass; an empty file in a folder
     is skipped (None), a lone empty file is an error."""
     raw = file.read_bytes()
-    if not raw.strip():
+    if skip_empty and not raw.strip():
         return None
     return check_text(raw, str(file)) if check else raw.decode("utf-8")
 
