@@ -3,6 +3,8 @@ placement (`device_map`), resolved once at load time (headlens.models.load_model
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from headlens.errors import DeviceError
@@ -63,3 +65,24 @@ def placement_kwargs(device_map, max_memory, offload_folder) -> dict:
     if offload_folder is not None:
         placement["offload_folder"] = str(offload_folder)
     return placement
+
+
+def is_offloaded(module: torch.nn.Module) -> bool:
+    """True when accelerate keeps `module`'s own weights off-device (CPU or disk offload of a
+    `device_map` model): they are on the meta device except while the module runs."""
+    hook = getattr(module, "_hf_hook", None)
+    return hook is not None and bool(getattr(hook, "offload", False))
+
+
+@contextlib.contextmanager
+def onloaded(module: torch.nn.Module):
+    """Within the block, `module`'s own weights are real tensors on its execution device, also
+    when accelerate offloaded them (accelerate.utils.align_module_device); copy what must outlive
+    the block. A module that is not offloaded is left as it is."""
+    if not is_offloaded(module):
+        yield
+        return
+    from accelerate.utils import align_module_device
+
+    with align_module_device(module):
+        yield

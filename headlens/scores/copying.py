@@ -25,6 +25,7 @@ import math
 import torch
 
 from headlens.capture import Batch, Reducer
+from headlens.devices import is_offloaded, onloaded
 
 # Below this std(l) relative to |u| * rms(W_U) the head writes nothing the unembedding reads
 # (e.g. into a subspace orthogonal to it): its copying score is 0, not noise divided by noise.
@@ -40,7 +41,11 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
     Accumulated in float64 over chunks of rows, so no float64 copy of [d_vocab, d_model] is made;
     `w_u` is the model's own weight (rows are gathered and promoted on use).
     """
-    w_u = model.lm_head.weight.detach()  # [d_vocab, d_model]
+    with onloaded(model.lm_head):
+        w_u = model.lm_head.weight.detach()  # [d_vocab, d_model]
+        w_u = w_u.clone() if is_offloaded(model.lm_head) else w_u  # offloaded: kept for the whole run
+    with onloaded(model.transformer.ln_f):
+        gamma = model.transformer.ln_f.weight.detach().float().clone()  # [d_model]
     d_vocab, d_model = w_u.shape
     total = torch.zeros(d_model, dtype=torch.float64)  # [d_model]
     gram = torch.zeros(d_model, d_model, dtype=torch.float64)  # [d_model, d_model]
@@ -51,7 +56,7 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
     mean = total / d_vocab  # [d_model]
     cov = gram / d_vocab - torch.outer(mean, mean)  # [d_model, d_model]
     return {"w_u": w_u, "mean": mean.float(), "cov": cov.float(), "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
-            "gamma": model.transformer.ln_f.weight.detach().float()}
+            "gamma": gamma}
 
 
 def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> torch.Tensor:
@@ -91,8 +96,7 @@ class CopyingReducer(Reducer):
         self.n_heads, self.d_head = cfg.n_head, cfg.n_embd // cfg.n_head
         self.stats = unembedding_stats(model)
         # W_O per head: c_proj (Conv1D, x @ W) rows are head-major
-        self.w_o = [blk.attn.c_proj.weight.detach().view(self.n_heads, self.d_head, -1)
-                    for blk in model.transformer.h]  # [head, d_head, d_model] per layer (a view, no copy)
+        self.z_modules = [blk.attn.c_proj for blk in model.transformer.h]  # W_O read per use (may be offloaded)
         self.query_fn = query_fn
         self.sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
         self.sq_sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
@@ -145,7 +149,9 @@ class CopyingReducer(Reducer):
         mean and variance of the direct-path logits from z alone (d_head^2, not d_model^2, per query).
         Only the small A m and A C A^T are kept across batches (A C A^T costs a d_model^2 product);
         A itself, as large as the layer's W_O, is rebuilt per call (elementwise)."""
-        w_o = self.w_o[layer].float()  # [head, d_head, d_model]
+        with onloaded(self.z_modules[layer]):
+            weight = self.z_modules[layer].weight.detach()  # [head * d_head, d_model]
+            w_o = weight.view(self.n_heads, self.d_head, -1).to(torch.float32, copy=True)  # [head, d_head, d_model]
         a = (w_o - w_o.mean(-1, keepdim=True)) * self.stats["gamma"]  # [head, d_head, d_model]
         if layer not in self._maps:
             self._maps[layer] = (a @ self.stats["mean"], a @ self.stats["cov"] @ a.transpose(1, 2))
