@@ -15,12 +15,24 @@ EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.mai
 @click.argument("spec")
 @model_argument("tiny")
 def heads_command(spec: str, model: str) -> None:
-    """Parse a head SPEC (L.H,L.H | layer:L | all) against MODEL and print the heads."""
+    """Parse a head SPEC (L.H,L.H | layer:L | all) against MODEL and print the heads.
+
+    On a model whose query heads share key/value heads (grouped- or multi-query attention), one
+    more line per key/value head names the query heads of the SPEC that read it.
+    """
     from headlens.heads import format_heads, parse_heads
     from headlens.models import load_model
 
     loaded = load_model(model)
-    click.echo(format_heads(parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)))
+    model_spec = loaded.spec
+    heads = parse_heads(spec, model_spec.n_layers, model_spec.n_heads)
+    click.echo(format_heads(heads))
+    if (model_spec.n_kv_heads or model_spec.n_heads) < model_spec.n_heads:
+        groups: dict[tuple[int, int], list] = {}
+        for head in heads:
+            groups.setdefault((head.layer, model_spec.kv_group(head.head)), []).append(head)
+        for (layer, group), members in groups.items():
+            click.echo(f"kv_group {layer}.{group}: {format_heads(members)}")
 
 
 def _format_table(frame) -> str:

@@ -112,7 +112,8 @@ def classify_heads(loaded, text: str | Iterable[str] | None = None, config: Clas
     the first documents (whole, until n_ctx tokens are reached).
 
     Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
-    LABELS), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
+    LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
+    grouped-query group), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
     `n_needle_tests`, `n_needle_tokens`, and `<score>_std` spreads across sequences / tests).
     `df.attrs["probes"]` says what was run (windows used of windows available, repeats, ...).
     """
@@ -275,6 +276,7 @@ def _score_repeats(loaded, config, progress, rows) -> dict:
 def _to_frame(rows: dict, info: dict, spec) -> pd.DataFrame:
     layer, head = torch.meshgrid(torch.arange(spec.n_layers), torch.arange(spec.n_heads), indexing="ij")
     data = {"layer": layer.flatten().tolist(), "head": head.flatten().tolist()}
+    data["kv_group"] = [spec.kv_group(h) for h in data["head"]]  # the key/value head each query head reads
     for column in SCORE_COLUMNS:
         values = rows[column].flatten()
         data[column] = values.tolist() if column != "positional_offset" else values.long().tolist()

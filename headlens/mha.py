@@ -10,13 +10,26 @@ The four moves (Vaswani et al. 2017, "Attention Is All You Need", section 3.2):
 3) z = pattern @ V per head, then concatenate the heads;
 4) project the concatenation with W_O (`c_proj`) back to d_model.
 
-`headlens.validate` feeds each layer's true input through this module and compares the result
+`CausalSelfAttention` is GPT-2's attention. `GroupedQueryAttention` is the same four moves as
+today's decoders run them (Llama, Mistral, Qwen, GPT-NeoX), with module names copied from
+Llama's checkpoint keys (`q_proj`, `k_proj`, `v_proj`, `o_proj`) and three additions inside move 1:
+- grouped-query attention (Ainslie et al. 2023): n_kv_heads key/value heads, each shared by
+  n_heads / n_kv_heads consecutive query heads (multi-query, Shazeer 2019: one for all), and
+  d_head free of d_model / n_heads;
+- an optional RMSNorm over each head's query and key (Qwen3);
+- rotary positions (Su et al. 2021, "RoFormer"): each pair of dimensions (i, i + r/2) of the
+  first r = rotary_dim dimensions of q and k is rotated by position x frequency (GPT-NeoX's
+  `rotary_pct` < 1 leaves the rest unrotated), so q . k depends on the relative position;
+and, in move 2, an optional sliding window (Mistral): keys window or more positions back are masked.
+
+`headlens.validate` feeds each layer's true input through these modules and compares the result
 with Hugging Face eager attention, torch's scaled_dot_product_attention and TransformerLens.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -138,3 +151,107 @@ def pattern_rows(q: torch.Tensor, k: torch.Tensor, attention_mask: torch.Tensor,
     pattern.sub_(pattern.amax(-1, keepdim=True)).exp_()  # softmax, in place: shift, exp, normalise
     pattern.div_(pattern.sum(-1, keepdim=True))  # [batch, head, rows, k_pos]
     return pattern.nan_to_num_(0.0)  # rows with no visible key -> zeros
+
+
+@dataclass
+class AttentionWeights:
+    """One decoder layer's attention, as `nn.Linear` keeps it ([out, in]); read by the adapters."""
+
+    w_q: torch.Tensor  # [n_heads * d_head, d_model], rows head-major
+    w_k: torch.Tensor  # [n_kv_heads * d_head, d_model]
+    w_v: torch.Tensor  # [n_kv_heads * d_head, d_model]
+    w_o: torch.Tensor  # [d_model, n_heads * d_head]
+    b_q: torch.Tensor | None  # [n_heads * d_head] or None (likewise b_k, b_v; b_o [d_model])
+    b_k: torch.Tensor | None
+    b_v: torch.Tensor | None
+    b_o: torch.Tensor | None
+    n_heads: int  # query heads
+    n_kv_heads: int  # key/value heads (n_heads: plain multi-head attention)
+    scale: float  # Q K^T is multiplied by this before the softmax
+    inv_freq: torch.Tensor | None = None  # [rotary_dim / 2] rotary frequencies; None: no rotary
+    rotary_scale: float = 1.0  # multiplies cos and sin (1 for plain RoPE; some rope variants rescale)
+    q_norm: torch.Tensor | None = None  # [d_head] gain of the per-head RMSNorm on q (Qwen3), or None
+    k_norm: torch.Tensor | None = None  # [d_head] the same for k
+    norm_eps: float = 1e-6  # epsilon of those RMSNorms
+    window: int | None = None  # sliding window: keys >= window positions back are masked; None: full
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None).to(weight.dtype).to(weight.device)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer
+
+
+def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * gain over the last dimension, computed in float32 (Zhang & Sennrich 2019)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., d]
+    return gain * x32.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Rotary positions on x [batch, head, pos, d_head]: dimensions i and i + r/2 (i < r/2, r =
+    2 len(inv_freq)) are rotated by the angle pos * inv_freq[i] (the half-split pairing of GPT-NeoX
+    and Hugging Face's Llama); dimensions r.. pass unchanged."""
+    r = 2 * inv_freq.shape[0]
+    positions = torch.arange(x.shape[2], device=x.device, dtype=torch.float32)  # [pos]
+    angles = positions[:, None] * inv_freq.float()[None]  # [pos, r / 2]
+    angles = torch.cat([angles, angles], dim=-1)  # [pos, r]
+    cos, sin = (angles.cos() * scale).to(x.dtype), (angles.sin() * scale).to(x.dtype)  # [pos, r]
+    x_rot, x_pass = x[..., :r], x[..., r:]  # [batch, head, pos, r], [batch, head, pos, d_head - r]
+    halves = torch.cat([-x_rot[..., r // 2:], x_rot[..., : r // 2]], dim=-1)  # [batch, head, pos, r]
+    return torch.cat([x_rot * cos + halves * sin, x_pass], dim=-1)  # [batch, head, pos, d_head]
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal attention with grouped key/value heads, rotary positions and optional q/k norms."""
+
+    def __init__(self, weights: AttentionWeights):
+        super().__init__()
+        if weights.n_heads % weights.n_kv_heads:
+            raise ConfigError(f"n_heads {weights.n_heads} is not a multiple of n_kv_heads {weights.n_kv_heads}")
+        self.n_heads, self.n_kv_heads = weights.n_heads, weights.n_kv_heads
+        self.d_head = weights.w_q.shape[0] // weights.n_heads
+        self.scale, self.window = weights.scale, weights.window
+        self.q_proj, self.k_proj = _linear(weights.w_q, weights.b_q), _linear(weights.w_k, weights.b_k)
+        self.v_proj, self.o_proj = _linear(weights.w_v, weights.b_v), _linear(weights.w_o, weights.b_o)
+        self.inv_freq, self.rotary_scale = weights.inv_freq, weights.rotary_scale
+        self.q_norm, self.k_norm, self.norm_eps = weights.q_norm, weights.k_norm, weights.norm_eps
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> AttentionOutput:
+        """x: [batch, pos, d_model], the layer's input (after its input norm); attention_mask as in
+        CausalSelfAttention."""
+        batch, pos, _ = x.shape
+        # 1) project to Q, K, V and split into heads; q/k norm; rotary positions
+        q = self.q_proj(x).view(batch, pos, self.n_heads, self.d_head)  # [batch, q_pos, head, d_head]
+        k = self.k_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)  # [batch, k_pos, kv_head, d_head]
+        v = self.v_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)  # [batch, k_pos, kv_head, d_head]
+        if self.q_norm is not None:
+            q, k = rms_norm(q, self.q_norm, self.norm_eps), rms_norm(k, self.k_norm, self.norm_eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head | kv_head, pos, d_head]
+        if self.inv_freq is not None:
+            q, k = rotate(q, self.inv_freq, self.rotary_scale), rotate(k, self.inv_freq, self.rotary_scale)
+        group = self.n_heads // self.n_kv_heads  # each key/value head serves `group` consecutive query heads
+        k = k.repeat_interleave(group, dim=1)  # [batch, head, k_pos, d_head]
+        v = v.repeat_interleave(group, dim=1)  # [batch, head, k_pos, d_head]
+
+        # 2) per head: softmax(Q K^T * scale) where the key is visible (causal, in the window, not padding)
+        attn_scores = (q @ k.transpose(-2, -1)) * self.scale  # [batch, head, q_pos, k_pos]
+        visible = torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril()  # [q_pos, k_pos]
+        if self.window is not None:
+            visible &= ~torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril(-self.window)
+        visible = visible[None, None]  # [1, 1, q_pos, k_pos]
+        if attention_mask is not None:
+            visible = visible & attention_mask.bool()[:, None, None, :]  # [batch, 1, q_pos, k_pos]
+        attn_scores = attn_scores.masked_fill(~visible, float("-inf"))  # [batch, head, q_pos, k_pos]
+        pattern = torch.softmax(attn_scores, dim=-1).nan_to_num(0.0)  # [batch, head, q_pos, k_pos]
+
+        # 3) weight the values, per head, and concatenate the heads
+        z = (pattern @ v).transpose(1, 2)  # [batch, pos, head, d_head]
+        merged = z.reshape(batch, pos, self.n_heads * self.d_head)  # [batch, pos, head * d_head]
+
+        # 4) the output projection W_O (and its shared bias b_O)
+        return AttentionOutput(pattern=pattern, z=z, attn_out=self.o_proj(merged))  # attn_out [batch, pos, d_model]

@@ -1,15 +1,20 @@
 """Validate the from-scratch attention (headlens.mha) against the library, layer by layer.
 
 The shape of minGPT's one test: same weights, same input, compare outputs. For each layer the
-*true* input of its attention (the output of `ln_1`, captured by a hook during a real forward
-pass) is fed through `CausalSelfAttention.from_gpt2(...)`, and the per-head pattern, z and the
+*true* input of its attention (the output of its input norm, GPT-2 `ln_1`, Llama
+`input_layernorm`, captured by a hook during a real forward pass) is fed through our attention
+(`CausalSelfAttention.from_gpt2` for GPT-2; `GroupedQueryAttention` on the weights the
+architecture adapter reads for the rotary families), and the per-head pattern, z and the
 attention output are compared with three references:
 - `hf_eager`: what the Hugging Face model computed in that same forward pass (pattern and z via
   headlens.capture's hooks, attn_out via a hook on the attention module);
-- `sdpa`: torch.nn.functional.scaled_dot_product_attention on Q, K, V from the model's own
-  `c_attn`, then the model's own `c_proj` (z and attn_out; sdpa never builds a pattern);
+- `sdpa`: torch.nn.functional.scaled_dot_product_attention on the Q, K, V the model's own
+  attention computed in that pass (after rotary and q/k norms; `enable_gqa=True` where key/value
+  heads are shared), then the model's own output projection (z and attn_out; sdpa never builds a
+  pattern);
 - `transformer_lens`: a TransformerBridge around a separate copy of the model
-  (`blocks.{L}.attn.hook_pattern`, `hook_z`, `blocks.{L}.hook_attn_out`, via headlens.capture).
+  (`blocks.{L}.attn.hook_pattern`, `hook_z`, `blocks.{L}.hook_attn_out`, via headlens.capture),
+  for the families TransformerLens's bridge boots (TL_FAMILIES).
 Only real (non-padding) query positions are compared.
 """
 
@@ -20,10 +25,11 @@ import contextlib
 import pandas as pd
 import torch
 
+from headlens.arch import adapter_for, get_module
 from headlens.capture import Batch, CollectPatterns, pad_batch, run_capture
 from headlens.devices import DTYPES
 from headlens.errors import ConfigError, InputTextError, ValidationFailed
-from headlens.mha import CausalSelfAttention, gpt2_attention_scale
+from headlens.mha import CausalSelfAttention, GroupedQueryAttention
 from headlens.models import LoadedModel, boot_bridge
 from headlens.probes import default_text, text_windows
 
@@ -45,6 +51,8 @@ BUILTIN_TEXT = (
 WINDOW_TOKENS = 128  # tokens per validation sequence (BOS included), capped at the model's n_ctx
 MAX_WINDOWS = 4  # sequences per validation batch: windows of unequal length exercise padding
 COLUMNS = ["layer", "quantity", "reference", "max_abs_error", "tolerance", "passed"]
+# Families whose TransformerLens 4 bridge boots offline from a config and a local model (each tried).
+TL_FAMILIES = frozenset({"gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"})
 
 
 def validation_text(text: str | None = None) -> tuple[str, str]:
@@ -69,7 +77,9 @@ def validation_batch(loaded: LoadedModel, text: str) -> Batch:
 
 @contextlib.contextmanager
 def _layer_io_hooks(model, store: dict):
-    """Record each block's ln_1 output (the attention input) and attention output."""
+    """Record each layer's attention input (its input norm's output), the q, k, v its attention
+    used and its attention output."""
+    adapter = adapter_for(model)
     handles = []
 
     def keep(layer, key, index=None):
@@ -79,10 +89,19 @@ def _layer_io_hooks(model, store: dict):
 
         return hook
 
+    def keep_qkv(layer):
+        def fn(q, k, v):  # q [batch, head, pos, d_head]; k, v [batch, kv_head, pos, d_head]
+            store.setdefault(layer, {})["qkv"] = (q.clone(), k.clone(), v.clone())
+
+        return fn
+
     try:
-        for layer, block in enumerate(model.transformer.h):
-            handles.append(block.ln_1.register_forward_hook(keep(layer, "x")))  # [batch, pos, d_model]
-            handles.append(block.attn.register_forward_hook(keep(layer, "attn_out", 0)))  # [batch, pos, d_model]
+        for layer in range(adapter.n_layers):
+            norm = get_module(adapter.layer(layer), adapter.sites.input_norm)
+            handles.append(norm.register_forward_hook(keep(layer, "x")))  # [batch, pos, d_model]
+            attn = adapter.attn(layer)
+            handles.append(attn.register_forward_hook(keep(layer, "attn_out", 0)))  # [batch, pos, d_model]
+            handles += adapter.hook_qkv(layer, keep_qkv(layer))
         yield
     finally:
         for handle in handles:
@@ -119,17 +138,28 @@ def _capture_bridge(loaded: LoadedModel, batch: Batch) -> dict:
     return store
 
 
-def _sdpa_reference(attn, x: torch.Tensor, mask: torch.Tensor, scale: float) -> dict:
-    """z and attn_out from torch's fused attention on the model's own projections."""
-    batch, pos, d_model = x.shape
-    n_heads = attn.num_heads
-    q, k, v = attn.c_attn(x).split(d_model, dim=-1)  # 3 x [batch, pos, d_model]
-    q, k, v = (t.view(batch, pos, n_heads, -1).transpose(1, 2) for t in (q, k, v))  # [batch, head, pos, d_head]
-    visible = torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril()  # [q_pos, k_pos]
+def _sdpa_reference(adapter, layer: int, qkv: tuple, mask: torch.Tensor) -> dict:
+    """z and attn_out from torch's fused attention on the layer's own q, k, v, then its own W_O."""
+    q, k, v = qkv  # q [batch, head, pos, d_head]; k, v [batch, kv_head, pos, d_head]
+    batch, _, pos, _ = q.shape
+    visible = torch.ones(pos, pos, dtype=torch.bool, device=q.device).tril()  # [q_pos, k_pos]
+    window = adapter.sliding_window(layer)
+    if window is not None:
+        visible &= ~torch.ones(pos, pos, dtype=torch.bool, device=q.device).tril(-window)
     visible = visible[None, None] & mask[:, None, None, :]  # [batch, 1, q_pos, k_pos]
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible,
+                                                           scale=adapter.attention_scale(layer),
+                                                           enable_gqa=k.shape[1] < q.shape[1])
     z = out.transpose(1, 2)  # [batch, head, pos, d_head] -> [batch, pos, head, d_head]
-    return {"z": z, "attn_out": attn.c_proj(z.reshape(batch, pos, d_model))}  # attn_out [batch, pos, d_model]
+    return {"z": z, "attn_out": adapter.z_module(layer)(z.reshape(batch, pos, -1))}  # attn_out [batch, pos, d_model]
+
+
+def our_attention(model, layer: int) -> torch.nn.Module:
+    """headlens.mha's attention holding `layer`'s weights."""
+    adapter = adapter_for(model)
+    if adapter.family == "gpt2":
+        return CausalSelfAttention.from_gpt2(adapter.attn(layer), model.config, layer)
+    return GroupedQueryAttention(adapter.attention_weights(layer)).eval()
 
 
 def validation_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:
@@ -162,20 +192,22 @@ def compare_attention(loaded: LoadedModel, batch: Batch) -> pd.DataFrame:
     """Run the comparison on one right-padded batch; one row per layer x quantity x reference."""
     model = loaded.model
     mask = batch.mask.to(next(model.parameters()).device)  # [batch, pos]
-    references = {"hf_eager": _capture_hf(model, batch), "transformer_lens": _capture_bridge(loaded, batch)}
+    adapter = adapter_for(model)
+    references = {"hf_eager": _capture_hf(model, batch)}
+    if adapter.family in TL_FAMILIES:
+        references["transformer_lens"] = _capture_bridge(loaded, batch)
     rows = []
     with torch.no_grad():
         for layer in range(loaded.spec.n_layers):
-            attn, x = model.transformer.h[layer].attn, references["hf_eager"][layer]["x"]  # x [batch, pos, d_model]
-            ours = CausalSelfAttention.from_gpt2(attn, model.config, layer)(x, attention_mask=mask)._asdict()
-            scale = getattr(attn, "scaling", None) or gpt2_attention_scale(model.config, layer)
+            hf = references["hf_eager"][layer]
+            ours = our_attention(model, layer)(hf["x"], attention_mask=mask)._asdict()  # x [batch, pos, d_model]
             refs = {**{name: found[layer] for name, found in references.items()},
-                    "sdpa": _sdpa_reference(attn, x, mask, scale)}
+                    "sdpa": _sdpa_reference(adapter, layer, hf["qkv"], mask)}
             for reference, values in refs.items():
                 for quantity in ("pattern", "z", "attn_out"):
                     if quantity in values:
                         error, size = _max_error(ours[quantity], values[quantity], quantity, mask)
-                        tol = validation_tolerance(x.dtype, size)
+                        tol = validation_tolerance(hf["x"].dtype, size)
                         rows.append((layer, quantity, reference, error, tol, error <= tol))
     frame = pd.DataFrame(rows, columns=COLUMNS)
     return frame.sort_values(["layer", "quantity", "reference"], ignore_index=True)

@@ -153,3 +153,94 @@ def test_indivisible_heads_are_refused():
 
     with pytest.raises(ConfigError, match="not divisible"):
         CausalSelfAttention(d_model=10, n_heads=3)
+
+
+# GroupedQueryAttention: rotary positions, shared key/value heads, q/k norms ---------------
+
+
+def _gqa_weights(n_heads=4, n_kv_heads=1, d_model=32, d_head=8, seed=0, **extra):
+    from headlens.mha import AttentionWeights
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * 0.3
+
+    return AttentionWeights(w_q=rand(n_heads * d_head, d_model), w_k=rand(n_kv_heads * d_head, d_model),
+                            w_v=rand(n_kv_heads * d_head, d_model), w_o=rand(d_model, n_heads * d_head),
+                            b_q=rand(n_heads * d_head), b_k=rand(n_kv_heads * d_head), b_v=rand(n_kv_heads * d_head),
+                            b_o=rand(d_model), n_heads=n_heads, n_kv_heads=n_kv_heads, scale=d_head**-0.5, **extra)
+
+
+def test_plain_grouped_attention_equals_gpt2_attention(small_model):
+    """One key/value head per query head, no rotary: the four moves of CausalSelfAttention."""
+    from headlens.mha import AttentionWeights, GroupedQueryAttention
+
+    gpt2 = CausalSelfAttention.from_gpt2(small_model.model.transformer.h[0].attn, small_model.model.config, 0)
+    w_q, w_k, w_v = gpt2.c_attn.weight.split(64)  # 3 x [d_model, d_model]
+    b_q, b_k, b_v = gpt2.c_attn.bias.split(64)
+    weights = AttentionWeights(w_q, w_k, w_v, gpt2.c_proj.weight, b_q, b_k, b_v, gpt2.c_proj.bias, n_heads=4,
+                               n_kv_heads=4, scale=gpt2.scale)
+    x = torch.randn(2, 9, 64)  # [batch, pos, d_model]
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    ours, ref = GroupedQueryAttention(weights)(x, mask), gpt2(x, mask)
+    for got, want in zip(ours, ref, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_shared_key_value_heads_equal_copied_ones():
+    """GQA by definition: 4 query heads over 1 key/value head == 4 heads whose K, V weights are copies."""
+    from dataclasses import replace
+
+    from headlens.mha import GroupedQueryAttention
+
+    mqa = _gqa_weights(n_kv_heads=1, inv_freq=1.0 / 100 ** (torch.arange(0, 8, 2) / 8))
+    tiled = replace(mqa, n_kv_heads=4, w_k=mqa.w_k.repeat(4, 1), w_v=mqa.w_v.repeat(4, 1), b_k=mqa.b_k.repeat(4),
+                    b_v=mqa.b_v.repeat(4))
+    x = torch.randn(2, 11, 32)  # [batch, pos, d_model]
+    ours, ref = GroupedQueryAttention(mqa)(x), GroupedQueryAttention(tiled)(x)
+    assert ours.pattern.shape == (2, 4, 11, 11) and ours.z.shape == (2, 11, 4, 8)
+    for got, want in zip(ours, ref, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("rotary_dim", [8, 4])
+def test_rotary_scores_depend_on_relative_position_only(rotary_dim):
+    """Su et al. 2021: <R(m) q, R(n) k> depends on m - n; with partial rotary the other dims pass unchanged."""
+    from headlens.mha import rotate
+
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)  # [rotary_dim / 2]
+    q, k = torch.randn(8), torch.randn(8)  # [d_head]
+    q_rot = rotate(q.expand(1, 1, 12, 8), inv_freq)[0, 0]  # [pos, d_head]: q placed at every position
+    k_rot = rotate(k.expand(1, 1, 12, 8), inv_freq)[0, 0]  # [pos, d_head]
+    scores = q_rot @ k_rot.T  # [q_pos, k_pos]
+    for offset in range(-5, 6):
+        diagonal = scores.diagonal(offset)
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal), atol=1e-5, rtol=0)
+    torch.testing.assert_close(q_rot[:, rotary_dim:], q[rotary_dim:].expand(12, -1))
+    assert not torch.allclose(scores.diagonal(0)[0], scores.diagonal(-3)[0])  # positions matter
+
+
+def test_sliding_window_and_qk_norm():
+    from dataclasses import replace
+
+    from headlens.mha import GroupedQueryAttention
+
+    weights = _gqa_weights(n_kv_heads=2, window=3, q_norm=torch.rand(8) + 0.5, k_norm=torch.rand(8) + 0.5)
+    x = torch.randn(1, 10, 32)  # [batch, pos, d_model]
+    out = GroupedQueryAttention(weights)(x)
+    q, k = torch.meshgrid(torch.arange(10), torch.arange(10), indexing="ij")
+    assert out.pattern[..., (q - k) >= 3].abs().max() == 0 and out.pattern[..., (q - k) < 0].abs().max() == 0
+    torch.testing.assert_close(out.pattern.sum(-1), torch.ones(1, 4, 10))
+    # the norm makes the scores blind to the scale of W_Q (RMSNorm of a scaled vector is the same)
+    scaled = GroupedQueryAttention(replace(weights, w_q=weights.w_q * 7, b_q=weights.b_q * 7))(x)
+    torch.testing.assert_close(scaled.pattern, out.pattern, atol=1e-5, rtol=0)
+
+
+def test_query_heads_must_be_a_multiple_of_key_value_heads():
+    from headlens.errors import ConfigError
+    from headlens.mha import GroupedQueryAttention
+
+    with pytest.raises(ConfigError, match="not a multiple"):
+        GroupedQueryAttention(_gqa_weights(n_heads=4, n_kv_heads=3))

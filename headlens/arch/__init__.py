@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from headlens.arch.base import Adapter, LayerContext, Sites, get_module
 from headlens.arch.gpt2 import GPT2Adapter
+from headlens.arch.llama import LlamaAdapter
+from headlens.arch.mistral import MistralAdapter
+from headlens.arch.neox import NeoXAdapter
+from headlens.arch.qwen import Qwen2Adapter, Qwen3Adapter
 from headlens.errors import UnsupportedModelError
 
 # model_type -> adapter class. Adding a family is adding a module and a line here.
 ADAPTERS: dict[str, type[Adapter]] = {
     "gpt2": GPT2Adapter,
+    "gpt_neox": NeoXAdapter,
+    "llama": LlamaAdapter,
+    "mistral": MistralAdapter,
+    "qwen2": Qwen2Adapter,
+    "qwen3": Qwen3Adapter,
 }
 SUPPORTED_TYPES = tuple(ADAPTERS)
 

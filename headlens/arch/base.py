@@ -10,13 +10,16 @@ Every stage of headlens that touches a head reads it through an `Adapter` and no
   transform (rotary, q/k norm), q [batch, head, pos, d_head], k and v [batch, kv_head, pos, d_head]
   (the lean capture path rebuilds patterns from them);
 - `context(ids, mask)` + `attention` + `finish_block`: one decoder layer run on a given residual
-  stream (the exact suffix sweep), `final_norm` + `unembed` for the logits.
+  stream (the exact suffix sweep), `final_norm` (`final_norm_centres`: LayerNorm or RMSNorm) +
+  `unembed` for the logits;
+- `attention_weights(L)`: the layer's attention weights for the from-scratch attention (headlens.mha);
+- `sliding_window(L)`: how far back a layer's queries see (None: full causal attention).
 Heads are always query heads (`L.H`, H < n_heads); `kv_group(H)` is the key/value head H reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -50,10 +53,11 @@ class LayerContext:
     position_ids: torch.Tensor  # [1, pos]
     attn_mask: torch.Tensor | None  # additive or bool causal + padding mask from transformers, or None
     extra: dict  # family-specific keyword arguments of the attention module (rotary cos/sin, ...)
+    layer_masks: dict = field(default_factory=dict)  # layer -> its own mask where it differs (sliding window)
 
-    def attn_kwargs(self, copies: int = 1) -> dict:
-        """Keyword arguments of the attention module for `copies` stacked copies of the batch."""
-        mask = self.attn_mask
+    def attn_kwargs(self, copies: int = 1, layer: int | None = None) -> dict:
+        """Keyword arguments of the attention module of `layer` for `copies` stacked copies of the batch."""
+        mask = self.layer_masks.get(layer, self.attn_mask)
         if mask is not None and copies > 1:
             mask = mask.repeat(copies, *([1] * (mask.dim() - 1)))  # [copies * batch, 1, q_pos, k_pos]
         return {"attention_mask": mask, **self.extra}
@@ -136,6 +140,11 @@ class Adapter:
     def unembed(self) -> nn.Module:
         return get_module(self.model, self.sites.unembed)
 
+    @property
+    def final_norm_centres(self) -> bool:
+        """True if the final norm subtracts the mean (LayerNorm), False for RMSNorm (no centring)."""
+        return isinstance(self.final_norm(), nn.LayerNorm)
+
     # The z site, wired once ---------------------------------------------------------------
     def hook_z(self, layer: int, fn: ZFn):
         """Forward pre-hook on the output projection of `layer`: fn(z) sees z [batch, pos, head,
@@ -167,6 +176,10 @@ class Adapter:
         d_head] and k, v [batch, kv_head, pos, d_head], as the attention uses them."""
         raise NotImplementedError  # each family knows where its projections are
 
+    def attention_weights(self, layer: int):
+        """`headlens.mha.AttentionWeights` of `layer`, for the from-scratch GroupedQueryAttention."""
+        raise NotImplementedError  # families with rotary positions (headlens.arch.rotary) provide it
+
     def sliding_window(self, layer: int) -> int | None:
         """Keys further back than this many positions are masked (None: full causal)."""
         return None
@@ -187,7 +200,7 @@ class Adapter:
         handle = self.hook_z(layer, lambda z: seen.append(z))
         try:
             out = get_module(block, self.sites.attn)(get_module(block, self.sites.input_norm)(resid),
-                                                     **ctx.attn_kwargs(copies))[0]
+                                                     **ctx.attn_kwargs(copies, layer))[0]
         finally:
             handle.remove()
         return seen[0], out
@@ -196,8 +209,8 @@ class Adapter:
         """Residual leaving `layer` from the residual entering it and its attention output."""
         block = self.layer(layer)
         mlp, norm = get_module(block, self.sites.mlp), get_module(block, self.sites.post_norm)
-        if self.parallel_residual:
-            return resid + attn_out + mlp(norm(resid))  # [batch, pos, d_model]
+        if self.parallel_residual:  # summed in GPT-NeoX's order, so the sums round alike
+            return mlp(norm(resid)) + attn_out + resid  # [batch, pos, d_model]
         mid = resid + attn_out
         return mid + mlp(norm(mid))  # [batch, pos, d_model]
 

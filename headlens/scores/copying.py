@@ -9,13 +9,17 @@ made signed so anti-induction (copy-suppressing) heads come out negative:
   for each scored query q of head h, with attended key j* = argmax_k A[q, k] (k >= 1: the BOS
   column is excluded, as in the positional score), t* = token[j*], o = z_h[q] W_O^h:
     u = (o - mean(o)) * gamma_f     the direct path through the final LayerNorm (its 1/sigma
-                                    scale is positive and common to all logits, so dropped)
+                                    scale is positive and common to all logits, so dropped);
+                                    an RMSNorm (Llama, Mistral, Qwen) does not centre: u = o * gamma_f
     l = u W_U^T                     direct-path logits, [d_vocab]
     s = (l[t*] - mean(l)) / std(l)  the attended token's standard score among the vocabulary
     copying(q) = erf(s / sqrt(2))   in [-1, 1]: the Gaussian rank of t*'s logit, mapped to
                                     -1 (most suppressed) .. 0 (unrelated) .. +1 (most raised)
 copying_score = mean over scored queries. mean(l) and std(l) come in closed form from the
 unembedding's mean row m and covariance C (d_model x d_model), never a [pos, d_vocab] tensor.
+W_O, the final norm and the unembedding come from the architecture adapter (headlens.arch); with
+grouped-query attention each query head's z already carries the key/value head it shares, so the
+score is per query head through that head's own slice of W_O.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import math
 
 import torch
 
+from headlens.arch import adapter_for
 from headlens.capture import Batch, Reducer
 from headlens.devices import is_offloaded, onloaded
 
@@ -36,16 +41,19 @@ FOLD_QUERIES = 64
 
 
 def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
-    """Mean row, covariance and rms of the unembedding, and ln_f's gain, of a HF GPT-2.
+    """Mean row, covariance and rms of the unembedding, and the final norm's gain and kind.
 
     Accumulated in float64 over chunks of rows, so no float64 copy of [d_vocab, d_model] is made;
-    `w_u` is the model's own weight (rows are gathered and promoted on use).
+    `w_u` is the model's own weight (rows are gathered and promoted on use). `centre`: the final
+    norm subtracts the mean (LayerNorm) or not (RMSNorm).
     """
-    with onloaded(model.lm_head):
-        w_u = model.lm_head.weight.detach()  # [d_vocab, d_model]
-        w_u = w_u.clone() if is_offloaded(model.lm_head) else w_u  # offloaded: kept for the whole run
-    with onloaded(model.transformer.ln_f):
-        gamma = model.transformer.ln_f.weight.detach().float().clone()  # [d_model]
+    adapter = adapter_for(model)
+    unembed, final_norm = adapter.unembed(), adapter.final_norm()
+    with onloaded(unembed):
+        w_u = unembed.weight.detach()  # [d_vocab, d_model]
+        w_u = w_u.clone() if is_offloaded(unembed) else w_u  # offloaded: kept for the whole run
+    with onloaded(final_norm):
+        gamma = final_norm.weight.detach().float().clone()  # [d_model]
     d_vocab, d_model = w_u.shape
     total = torch.zeros(d_model, dtype=torch.float64)  # [d_model]
     gram = torch.zeros(d_model, d_model, dtype=torch.float64)  # [d_model, d_model]
@@ -56,7 +64,7 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
     mean = total / d_vocab  # [d_model]
     cov = gram / d_vocab - torch.outer(mean, mean)  # [d_model, d_model]
     return {"w_u": w_u, "mean": mean.float(), "cov": cov.float(), "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
-            "gamma": gamma}
+            "gamma": gamma, "centre": adapter.final_norm_centres}
 
 
 def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> torch.Tensor:
@@ -65,7 +73,9 @@ def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> t
     Computed in the dtype of `stats` (float32 in classify: a z-score needs no more)."""
     dtype = stats["cov"].dtype
     out = out.to(dtype)
-    u = (out - out.mean(-1, keepdim=True)) * stats["gamma"]  # [n, d_model]
+    if stats.get("centre", True):  # a LayerNorm unless the stats say otherwise
+        out = out - out.mean(-1, keepdim=True)  # [n, d_model]
+    u = out * stats["gamma"]  # [n, d_model]
     target = (u * stats["w_u"][tokens].to(dtype)).sum(-1)  # [n] l[t*]
     mean = u @ stats["mean"]  # [n] mean(l)
     var = ((u @ stats["cov"]) * u).sum(-1).clamp(min=0)  # [n] var(l): [n, d_model] @ [d_model, d_model]
@@ -91,16 +101,16 @@ class CopyingReducer(Reducer):
     totals = ("sums", "sq_sums", "counts")  # added over processes (headlens.distributed.all_reduce_totals)
 
     def __init__(self, model, query_fn, layers=None):
-        cfg = model.config
+        adapter = adapter_for(model)
+        n_layers = adapter.n_layers
         self.layers = layers
-        self.n_heads, self.d_head = cfg.n_head, cfg.n_embd // cfg.n_head
+        self.n_heads, self.d_head = adapter.n_heads, adapter.d_head
         self.stats = unembedding_stats(model)
-        # W_O per head: c_proj (Conv1D, x @ W) rows are head-major
-        self.z_modules = [blk.attn.c_proj for blk in model.transformer.h]  # W_O read per use (may be offloaded)
+        self.adapter = adapter  # W_O per head: adapter.w_o(layer), read when a layer is first folded
         self.query_fn = query_fn
-        self.sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
-        self.sq_sums = torch.zeros(cfg.n_layer, cfg.n_head, dtype=torch.float64)  # [layer, head]
-        self.counts = torch.zeros(cfg.n_layer, dtype=torch.long)  # [layer]
+        self.sums = torch.zeros(n_layers, self.n_heads, dtype=torch.float64)  # [layer, head]
+        self.sq_sums = torch.zeros(n_layers, self.n_heads, dtype=torch.float64)  # [layer, head]
+        self.counts = torch.zeros(n_layers, dtype=torch.long)  # [layer]
         self._pending: dict[int, dict] = {}  # layer -> attended keys so far and z, until both are whole
         self._maps: dict[int, tuple] = {}
         self._scored: tuple | None = None
@@ -135,7 +145,7 @@ class CopyingReducer(Reducer):
             part = slice(start, start + FOLD_QUERIES)
             tokens = batch.input_ids[b_idx[part, None], keys[part]]  # [n, head]
             zq = z[b_idx[part], q_idx[part]].cpu().float()  # [n, head, d_head]
-            u = torch.bmm(zq.transpose(0, 1), a).transpose(0, 1)  # [n, head, d_model]: centred, ln_f-scaled outputs
+            u = torch.bmm(zq.transpose(0, 1), a).transpose(0, 1)  # [n, head, d_model]: (centred,) norm-scaled outputs
             target = (u * self.stats["w_u"][tokens].float()).sum(-1)  # [n, head] l[t*]
             mean = torch.einsum("nhd,hd->nh", zq, m_vec)  # [n, head] mean(l)
             var = (torch.einsum("nhd,hde->nhe", zq, m_cov) * zq).sum(-1).clamp(min=0)  # [n, head] z (A C A^T) z^T
@@ -145,14 +155,16 @@ class CopyingReducer(Reducer):
         self.counts[layer] += len(b_idx)
 
     def _layer_maps(self, layer: int):
-        """Per head A = centre(W_O) * gamma_f [d_head, d_model], A m [d_head] and A C A^T [d_head, d_head]:
-        mean and variance of the direct-path logits from z alone (d_head^2, not d_model^2, per query).
-        Only the small A m and A C A^T are kept across batches (A C A^T costs a d_model^2 product);
-        A itself, as large as the layer's W_O, is rebuilt per call (elementwise)."""
-        with onloaded(self.z_modules[layer]):
-            weight = self.z_modules[layer].weight.detach()  # [head * d_head, d_model]
-            w_o = weight.view(self.n_heads, self.d_head, -1).to(torch.float32, copy=True)  # [head, d_head, d_model]
-        a = (w_o - w_o.mean(-1, keepdim=True)) * self.stats["gamma"]  # [head, d_head, d_model]
+        """Per head A = centre(W_O) * gamma_f [d_head, d_model] (no centring under an RMSNorm), A m [d_head]
+        and A C A^T [d_head, d_head]: mean and variance of the direct-path logits from z alone
+        (d_head^2, not d_model^2, per query). Only the small A m and A C A^T are kept across batches
+        (A C A^T costs a d_model^2 product); A itself, as large as the layer's W_O, is rebuilt per
+        call (elementwise). W_O of a layer accelerate offloaded is loaded for the read and copied."""
+        with onloaded(self.adapter.z_module(layer)):
+            w_o = self.adapter.w_o(layer).detach().to(torch.float32, copy=True)  # [head, d_head, d_model]
+        if self.stats["centre"]:
+            w_o = w_o - w_o.mean(-1, keepdim=True)  # [head, d_head, d_model]
+        a = w_o * self.stats["gamma"]  # [head, d_head, d_model]
         if layer not in self._maps:
             self._maps[layer] = (a @ self.stats["mean"], a @ self.stats["cov"] @ a.transpose(1, 2))
         return (a, *self._maps[layer])
