@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from families import FAMILY_NAMES, build_family
 from planted import PLANTED_TEXT, build_planted
 from strong import sample_text
 
 from headlens import probes
+from headlens.arch import adapter_for
 from headlens.probes import random_token_range
 from headlens.scores.retrieval import count_copy_paste, decode_cached, decode_uncached, retrieval_scores
 
@@ -34,7 +36,8 @@ def _assert_same_steps(model, prompts):
     groups: dict[int, list] = {}
     for test in prompts:
         groups.setdefault(len(test.prompt), []).append(test)
-    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    adapter = adapter_for(model)
+    n_layers, n_heads = adapter.n_layers, adapter.n_heads
     with torch.no_grad():
         for group in groups.values():
             ids = torch.tensor([test.prompt for test in group])  # [test, pos]
@@ -91,3 +94,12 @@ def test_cached_decoding_equals_uncached_on_a_gpt2_small_shaped_model(gpt2_shape
     # the uncached reference (12 full forwards per group) to seconds
     prompts = _prompts(gpt2_shaped_model, sample_text(3000), n_ctx=256)
     _assert_same_steps(gpt2_shaped_model.model, prompts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_cached_decoding_equals_uncached_on_every_family(name, one_thread):
+    """GQA/MQA, rotary (full and partial), q/k norms, and sliding windows shorter than the
+    prompts (Mistral, Qwen2): the cache keeps every key, the model's own mask applies the window."""
+    loaded = build_family(name)
+    _assert_same_steps(loaded.model, _prompts(loaded, sample_text(1500)))

@@ -137,7 +137,7 @@ def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
     from transformers import DynamicCache
 
     adapter = adapter_for(model)
-    kv = DynamicCache(config=model.config)
+    kv = DynamicCache()  # full-length layers: a sliding-window model masks, the cache keeps every key
     keys: dict[int, torch.Tensor] = {}
     with _attention_implementation(model, "sdpa"), _last_row_hooks(adapter, keys):
         w = _logits(model, input_ids=ids, cache=kv, use_cache=True).argmax(-1).cpu()  # [test]
