@@ -9,6 +9,8 @@ with and without the key/value cache.
              against cache=False (one whole forward per generated token, the former decoder);
              per-head hits checked identical
 The former whole classify is estimated as whole - needles(cached) + needles(uncached).
+Wall and CPU seconds are both reported (CPU: user + system of the command, or of this process
+for the needle probe), since on a shared machine the wall time mostly measures the neighbours.
 
     .venv/bin/python benchmarks/bench_scale_classify.py [--threads 2]
 """
@@ -16,6 +18,7 @@ The former whole classify is estimated as whole - needles(cached) + needles(unca
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import sys
 import tempfile
@@ -25,12 +28,18 @@ from pathlib import Path
 import torch
 
 
-def _cli_seconds(model_dir: Path, *extra: str) -> float:
+def _cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cli_seconds(model_dir: Path, *extra: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of one `headlens classify DIR ...` command."""
     headlens = Path(sys.executable).parent / "headlens"
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_children()
     subprocess.run([str(headlens), "classify", str(model_dir), "--no-progress", "--format", "csv", *extra],
                    check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _cpu_children() - cpu
 
 
 def _needle_seconds(loaded) -> dict:
@@ -46,9 +55,9 @@ def _needle_seconds(loaded) -> dict:
     out = {"n_tests": len(prompts)}
     results = {}
     for cache in (True, False):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         results[cache] = retrieval_scores(loaded.model, prompts, cache=cache)
-        out["cached" if cache else "uncached"] = time.perf_counter() - start
+        out["cached" if cache else "uncached"] = (time.perf_counter() - start, time.process_time() - cpu)
     same = torch.equal(results[True]["score"].nan_to_num(-1), results[False]["score"].nan_to_num(-1))
     out["identical"] = same and results[True]["n_retrieved"] == results[False]["n_retrieved"]
     return out
@@ -66,12 +75,16 @@ def main() -> None:
         whole = _cli_seconds(model_dir)
         no_needles = _cli_seconds(model_dir, "--no-needles")
         needles = _needle_seconds(load_model(str(model_dir)))
-    print(f"headlens classify DIR (GPT-2-small shape, {args.threads} threads): {whole:.1f} s")
-    print(f"headlens classify DIR --no-needles: {no_needles:.1f} s")
-    print(f"needle probe alone ({needles['n_tests']} tests): cached {needles['cached']:.1f} s, "
-          f"uncached {needles['uncached']:.1f} s, x{needles['uncached'] / needles['cached']:.1f}; "
+    cached, uncached = needles["cached"], needles["uncached"]
+    print("| run | wall s | CPU s |\n|---|---|---|")
+    print(f"| `headlens classify DIR` (cached needles) | {whole[0]:.1f} | {whole[1]:.1f} |")
+    print(f"| `headlens classify DIR --no-needles` | {no_needles[0]:.1f} | {no_needles[1]:.1f} |")
+    print(f"| needle probe alone, cached ({needles['n_tests']} tests) | {cached[0]:.1f} | {cached[1]:.1f} |")
+    print(f"| needle probe alone, uncached | {uncached[0]:.1f} | {uncached[1]:.1f} |")
+    print(f"| former whole classify (estimated) | {whole[0] - cached[0] + uncached[0]:.1f} | "
+          f"{whole[1] - cached[1] + uncached[1]:.1f} |")
+    print(f"needles uncached / cached: x{uncached[0] / cached[0]:.1f} wall, x{uncached[1] / cached[1]:.1f} CPU; "
           f"identical scores: {needles['identical']}")
-    print(f"former whole classify (estimated): {whole - needles['cached'] + needles['uncached']:.1f} s")
 
 
 if __name__ == "__main__":
