@@ -6,6 +6,7 @@ import json
 
 import click
 from headlens.cli.options import (
+    batch_size_option,
     command_line,
     format_option,
     model_argument,
@@ -39,15 +40,17 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
               help="also write a self-contained HTML report to this file")
 @progress_option
 @placement_options
+@batch_size_option
 @click.pass_context
 def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
-                     report_path, progress, placement):
+                     report_path, progress, placement, batch_size):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
     from dataclasses import replace
 
     from headlens import distributed
     from headlens.classify import ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
     from headlens.corpus import Corpus
+    from headlens.devices import with_largest_batch
     from headlens.models import load_model
 
     flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
@@ -61,7 +64,15 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
 
         check_output_path(report_path)
     loaded = load_model(model, **placement)
-    frame = classify_heads(loaded, text=text, config=config, progress=progress and distributed.is_main())
+    show = progress and distributed.is_main()
+    if batch_size == "auto":
+        frame, chosen = with_largest_batch(lambda size: classify_heads(
+            loaded, text=text, config=replace(config, batch_size=size), progress=show))
+        if distributed.is_main():
+            click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
+    else:
+        config = replace(config, batch_size=batch_size) if batch_size is not None else config
+        frame = classify_heads(loaded, text=text, config=config, progress=show)
     if not distributed.is_main():
         return  # rank 0 alone prints and writes
     info = frame.attrs["probes"]

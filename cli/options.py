@@ -105,10 +105,11 @@ def placement_options(func):
         distributed.init()
         placement = {"device": distributed.local_device(device), "dtype": dtype, "device_map": device_map,
                      "max_memory": parse_max_memory(max_memory), "offload_folder": offload_folder}
+        kwargs["placement"] = placement
         if distributed.is_main():
-            return func(*args, placement=placement, **kwargs)
+            return func(*args, **kwargs)
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # rank 0 alone prints
-            return func(*args, placement=placement, **kwargs)
+            return func(*args, **kwargs)
 
     options = [
         click.option("--device", default=None, metavar="DEVICE",
@@ -125,6 +126,24 @@ def placement_options(func):
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def batch_size_option(func):
+    """`--batch-size N|auto` for commands that batch their probes; the command receives `batch_size`
+    (int, "auto", or None for its default)."""
+    return click.option("--batch-size", default=None, metavar="N|auto",
+                        callback=lambda ctx, param, value: parse_batch_size(value),
+                        help="sequences per forward pass; auto: the largest that fits, halving on "
+                             "out-of-memory (the choice is reported) [default: 8]")(func)
+
+
+def parse_batch_size(value: str | None) -> int | str | None:
+    """`--batch-size`: a positive integer, `auto`, or None (the command's default)."""
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"--batch-size {value!r} is invalid: give a positive integer or auto")
+    return int(value)
 
 
 def parse_max_memory(value: str | None) -> dict | None:

@@ -86,3 +86,24 @@ def onloaded(module: torch.nn.Module):
 
     with align_module_device(module):
         yield
+
+
+# --batch-size auto starts here and halves on each out-of-memory error.
+AUTO_BATCH_START = 64
+
+
+def with_largest_batch(run, start: int = AUTO_BATCH_START):
+    """`run(batch_size)` with the largest batch size that fits: start at `start`, halve on an
+    out-of-memory error and run again from scratch (accelerate's find_executable_batch_size, told
+    to halve rather than take its default 0.9 steps).
+    Returns (result, the batch size that ran). `run` must be repeatable (no half-consumed input)."""
+    from accelerate.utils import find_executable_batch_size
+
+    tried: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=start, reduce_batch_size_fn=lambda: tried[-1] // 2)
+    def attempt(batch_size: int):
+        tried.append(batch_size)
+        return run(batch_size)
+
+    return attempt(), tried[-1]

@@ -89,3 +89,46 @@ def test_empty_folder_is_one_line(runner, small_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), "--text", str(tmp_path / "empty"), *FAST]),
                     "holds no .txt files")
+
+
+def test_largest_batch_halves_on_out_of_memory():
+    from headlens.devices import with_largest_batch
+
+    tried = []
+
+    def run(size):
+        tried.append(size)
+        if size > 8:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return size * 10
+
+    assert with_largest_batch(run, start=64) == (80, 8)
+    assert tried == [64, 32, 16, 8]
+
+
+def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch):
+    """A forward pass of more than 4 sequences 'runs out of memory': auto settles on 4."""
+    import headlens.classify
+
+    real = headlens.classify.run_capture
+
+    def capped(model, batches, reducers, **kwargs):
+        def checked():
+            for batch in batches:
+                if batch.input_ids.shape[0] > 4:
+                    raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 GB")
+                yield batch
+        real(model, checked(), reducers, **kwargs)
+
+    monkeypatch.setattr(headlens.classify, "run_capture", capped)
+    args = ["classify", str(small_model_dir), "--n-seq", "8", "--no-needles", "--format", "json", "--no-progress"]
+    auto = runner.invoke(cli, [*args, "--batch-size", "auto"])
+    assert auto.exit_code == 0, auto.output
+    assert "--batch-size auto chose 4" in auto.stderr
+    fixed = runner.invoke(cli, [*args, "--batch-size", "4"])
+    assert json.loads(fixed.stdout) == json.loads(auto.stdout)
+
+
+def test_bad_batch_size_is_one_line(runner, small_model_dir):
+    _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), "--batch-size", "0", *FAST]),
+                    "--batch-size '0' is invalid")
