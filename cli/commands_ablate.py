@@ -11,6 +11,7 @@ import click
 from headlens.cli.options import (
     command_line,
     format_option,
+    lang_option,
     model_argument,
     model_info,
     placement_options,
@@ -85,10 +86,11 @@ def _run_approx(loaded, heads, method, metric, text, seed, check, fmt, progress)
 @click.option("--approx", is_flag=True, help="estimate each head's zero-ablation delta by attribution patching")
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
+@lang_option
 @progress_option
 @placement_options
 def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resume, approx, check,
-                   report_path, progress, placement) -> None:
+                   report_path, lang, progress, placement) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the loss."""
     from headlens import distributed
     from headlens.ablation.ablate import ablate_heads, sweep_heads
@@ -132,7 +134,7 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
 
         command = command_line(click.get_current_context())
         render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation,
-                      command=command)
+                      command=command, lang=lang)
 
 
 @click.command("prune")
@@ -143,9 +145,10 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
 @click.option("--seed", default=0, show_default=True, type=int)
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
+@lang_option
 @progress_option
 @placement_options
-def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progress, placement) -> None:
+def prune_command(model, text_path, step_fraction, seed, fmt, report_path, lang, progress, placement) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
     from headlens import distributed
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve
@@ -169,7 +172,7 @@ def prune_command(model, text_path, step_fraction, seed, fmt, report_path, progr
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command)
+        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command, lang=lang)
 
 
 COMMANDS = [ablate_command, prune_command]

@@ -9,6 +9,7 @@ from headlens.cli.options import (
     batch_size_option,
     command_line,
     format_option,
+    lang_option,
     model_argument,
     model_info,
     placement_options,
@@ -38,17 +39,18 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 @format_option(*FORMATS)
 @click.option("--report", "report_path", type=click.Path(path_type=str), default=None,
               help="also write a self-contained HTML report to this file")
+@lang_option
 @progress_option
 @placement_options
 @batch_size_option
 @click.pass_context
 def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
-                     report_path, progress, placement, batch_size):
+                     report_path, lang, progress, placement, batch_size):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
     from dataclasses import replace
 
     from headlens import distributed
-    from headlens.classify import ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
+    from headlens.classify import SOURCE_DEFAULT, ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
     from headlens.corpus import Corpus
     from headlens.devices import with_largest_batch
     from headlens.models import load_model
@@ -62,7 +64,7 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
     if report_path is not None:
         from headlens.reports.render import check_output_path
 
-        check_output_path(report_path)
+        check_output_path(report_path, lang)
     loaded = load_model(model, **placement)
     show = progress and distributed.is_main()
     if batch_size == "auto":
@@ -79,13 +81,17 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
     if info["windows_capped"]:
         click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
                    "(raise --max-windows to score more)", err=True)
+    if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
+        click.echo("headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
+                   "haystack is the held-out text shipped with headlens (needles_source = default_text)", err=True)
     if out is not None:
         _write_outputs(out, frame)
     if report_path is not None:
         from headlens.reports import render_report
+        from headlens.reports.i18n import t
 
         render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
-                      text_label=text_file or "tiny held-out text")
+                      text_label=text_file or t("text_label.default", lang), lang=lang)
     click.echo(_render(rank_heads(frame), fmt))
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import shlex
 
 import click
-from headlens.cli.options import model_argument, model_info, placement_options, progress_option
+from headlens.cli.options import lang_option, model_argument, model_info, placement_options, progress_option
 
 
 def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, prune: bool, out: str,
-                      viewer_tokens: int | None, seed: int) -> str:
+                      viewer_tokens: int | None, seed: int, lang: str = "en") -> str:
     """The exact command line that rebuilds the page."""
     words = ["headlens", "report", model]
     if text_path:
@@ -27,6 +27,8 @@ def reproduce_command(model: str, text_path: str | None, heads: str | None, swee
         words += ["--viewer-tokens", str(viewer_tokens)]
     if seed:
         words += ["--seed", str(seed)]
+    if lang != "en":
+        words += ["--lang", lang]
     return shlex.join(words + ["--out", out])
 
 
@@ -70,11 +72,14 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
               help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
                    "smaller models, so the file stays small]")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
+@lang_option
 @progress_option
 @placement_options
-def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, progress, placement) -> None:
+def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang, progress,
+                   placement) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens.reports import render_report
+    from headlens.reports.i18n import t
     from headlens.reports.render import check_output_path
     from headlens.reports.viewer import default_viewer_tokens
 
@@ -86,7 +91,7 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
     from headlens.samples import sample_patterns
     from headlens.validate import validate_model
 
-    check_output_path(out)  # fail before minutes of work, not after
+    check_output_path(out, lang)  # fail before minutes of work, not after
     text = read_text(text_path) if text_path else None
     loaded = load_model(model, **placement)
     spec = loaded.spec
@@ -111,8 +116,8 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
         out, model_info=model_info(loaded), heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
         validation=validation,
         training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
-        command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed),
-        text_label=text_path or "held-out text shipped with the tiny model (headlens.probes.default_text)")
+        command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang),
+        text_label=text_path or t("text_label.default", lang), lang=lang)
     click.echo(f"wrote {path}")
 
 

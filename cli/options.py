@@ -64,6 +64,18 @@ def progress_option(func):
                         help="progress bars on stderr [default: when stderr is a terminal]")(func)
 
 
+def lang_option(func):
+    """`--lang en|es`: the language of the HTML report's prose (headlens.reports.i18n.LANGS)."""
+
+    def check(ctx, param, value):
+        from headlens.reports.i18n import check_lang
+
+        return check_lang(value)
+
+    return click.option("--lang", default="en", show_default=True, callback=check, metavar="en|es",
+                        help="language of the HTML report")(func)
+
+
 def model_info(loaded) -> dict:
     """The shape facts a report and an output file describe a model by."""
     spec = loaded.spec

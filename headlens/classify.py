@@ -1,10 +1,12 @@
 """Scores -> labelled DataFrame: what does each head do?
 
 Three probes, one streaming pass each (never a full activation cache):
-1. natural text windows (`--text`, else the held-out text shipped with the tiny model):
-   prev/current/first-token scores and the Voita argmax offset;
+1. natural text windows (`--text` of any length >= 2 tokens, else the held-out text shipped with
+   the tiny model): prev/current/first-token scores and the Voita argmax offset;
 2. repeated random tokens (Olsson et al. 2022): duplicate-token, prefix matching, copying;
-3. needle-in-a-haystack tests (Wu et al. 2024, adapted): retrieval, by greedy decoding.
+3. needle-in-a-haystack tests (Wu et al. 2024, adapted): retrieval, by greedy decoding. The haystack
+   is the given text when it is long enough, else the shipped held-out text.
+Where each probe's input came from is recorded (`attrs["sources"]` and the `*_source` columns).
 Labels follow the published definitions; every threshold is a ClassifyConfig field.
 """
 
@@ -39,6 +41,13 @@ LABELS = ("previous_token", "current_token", "positional", "first_token", "dupli
 THRESHOLDS = {"positional": "positional_min", "first_token": "first_token_min",
               "duplicate_token": "duplicate_token_min", "prefix_matching": "prefix_matching_min",
               "copying": "copying_min", "retrieval": "retrieval_min"}
+# Where a probe's input came from (values of attrs["sources"] and of the SOURCE_COLUMNS).
+SOURCE_GIVEN = "given_text"  # the text passed to classify_heads (--text)
+SOURCE_DEFAULT = "default_text"  # the held-out text shipped with headlens (headlens.probes.default_text)
+SOURCE_RANDOM = "random_tokens"  # seeded random token ids (probes.repeated_random_tokens)
+SOURCE_OFF = "not_run"  # the probe was switched off (needles=False)
+# Probe -> the frame column naming its input's source (same value on every row, so CSV and JSON carry it).
+SOURCE_COLUMNS = {"text": "text_source", "repeats": "repeats_source", "needles": "needles_source"}
 SCORE_COLUMNS = ["prev_token_score", "current_token_score", "first_token_score", "positional_offset",
                  "positional_share", "duplicate_token_score", "prefix_matching_score", "copying_score",
                  "retrieval_score"]
@@ -114,13 +123,19 @@ def classify_heads(loaded, text: str | Iterable[str] | None = None, config: Clas
     Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
     LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
     grouped-query group), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
-    `n_needle_tests`, `n_needle_tokens`, and `<score>_std` spreads across sequences / tests).
-    `df.attrs["probes"]` says what was run (windows used of windows available, repeats, ...).
+    `n_needle_tests` run, `n_needle_retrieved`, `n_needle_tokens`, and `<score>_std` spreads across
+    sequences / tests), then the SOURCE_COLUMNS. `df.attrs["probes"]` says what was run (windows
+    used of windows available, repeats, ...); `df.attrs["sources"]` maps each probe ("text",
+    "repeats", "needles") to where its input came from (SOURCE_GIVEN, SOURCE_DEFAULT, ...).
+    Any text of at least MIN_TEXT_TOKENS tokens is scored as given; the needle probe takes its
+    haystack from the shipped held-out text when the given text is too short for one.
     """
 
     config = config or ClassifyConfig()
+    given = text is not None
     documents = [_resolve_text(text)] if text is None or isinstance(text, str) else text
-    spec, bos = loaded.spec, loaded.bos_token_id
+    spec = loaded.spec
+    sources = {"text": SOURCE_GIVEN if given else SOURCE_DEFAULT, "repeats": SOURCE_RANDOM, "needles": SOURCE_OFF}
     rows: dict[str, torch.Tensor] = {}
     text_ids: list[int] = []  # the needle haystack
     info = _score_text(loaded, documents, config, progress, rows, text_ids)
@@ -128,17 +143,13 @@ def classify_heads(loaded, text: str | Iterable[str] | None = None, config: Clas
     rows["retrieval_score"] = rows["retrieval_std"] = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     info.update(n_needle_tests=0, n_needle_retrieved=0, n_needle_tokens=0)
     if config.needles:
-        needle_len = min(config.needle_len, max(2, spec.n_ctx // 8))
-        restate = min(config.needle_restate, needle_len - 1)
-        prompts = probes.needle_prompts(text_ids, spec.n_ctx, bos, _token_range(loaded, config),
-                                        needle_len=needle_len, restate=restate, seed=config.seed)
-        result = retrieval_scores(loaded.model, prompts, progress=progress)
-        rows["retrieval_score"], rows["retrieval_std"] = result["score"], result["std"]
-        info.update(n_needle_tests=result["n_tests"], n_needle_retrieved=result["n_retrieved"],
-                    n_needle_tokens=result["n_tokens"], needle_len=needle_len, needle_restate=restate)
+        sources["needles"] = _score_needles(loaded, text_ids, sources["text"], config, progress, rows, info)
     frame = _to_frame(rows, info, spec)
     frame.insert(2, "labels", [label_head(row, config) for row in frame.to_dict("records")])
+    for probe, column in SOURCE_COLUMNS.items():
+        frame[column] = sources[probe]
     frame.attrs["probes"] = info
+    frame.attrs["sources"] = sources
     frame.attrs["config"] = {f.name: getattr(config, f.name) for f in fields(config)}
     return frame
 
@@ -204,7 +215,8 @@ def _score_text(loaded, documents: Iterable[str], config, progress, rows, haysta
     stream_heads(loaded.model, distributed.shard(batches), [prev, cur, first, argmax])
     distributed.all_reduce_totals([prev, cur, first, argmax])
     if facts["n_windows"] == 0:
-        raise InputTextError(f"text is too short: {facts['n_text_tokens']} tokens, need at least 3 in one document")
+        raise InputTextError(f"text is too short: {facts['n_text_tokens']} tokens, need at least "
+                             f"{probes.MIN_TEXT_TOKENS} in one document")
     offset, share = argmax.result()
     rows.update(prev_token_score=prev.result(), prev_token_std=prev.seq_std(), current_token_score=cur.result(),
                 current_token_std=cur.seq_std(), first_token_score=first.result(),
@@ -229,8 +241,9 @@ def _document_windows(loaded, documents, config, facts: dict, haystack: list[int
         facts["n_text_tokens"] += len(ids)
         facts["n_windows_available"] += -(-len(ids) // body)
         left = config.max_windows - facts["n_windows"]
-        if left > 0 and len(ids) >= 3:
-            for window in text_windows(loaded.tokenizer, ids, spec.n_ctx, bos, min_tokens=3, max_windows=left):
+        if left > 0 and len(ids) >= probes.MIN_TEXT_TOKENS:
+            for window in text_windows(loaded.tokenizer, ids, spec.n_ctx, bos, min_tokens=probes.MIN_TEXT_TOKENS,
+                                       max_windows=left):
                 facts["n_windows"] += 1
                 yield window
         if bar is not None:
@@ -250,6 +263,33 @@ def _chunks(items, size: int):
             chunk = []
     if chunk:
         yield chunk
+
+
+def _score_needles(loaded, text_ids, text_source, config, progress, rows, info) -> str:
+    """Needle-in-a-haystack tests -> retrieval scores (into `rows`, facts into `info`); returns the
+    haystack's source. A text too short for the shortest haystack hands over to the shipped held-out
+    text (only its haystack: the natural-text scores keep the given text)."""
+    spec, bos = loaded.spec, loaded.bos_token_id
+    needle_len = min(config.needle_len, max(2, spec.n_ctx // 8))
+    restate = min(config.needle_restate, needle_len - 1)
+
+    def prompts_from(ids):
+        return probes.needle_prompts(ids, spec.n_ctx, bos, _token_range(loaded, config), needle_len=needle_len,
+                                     restate=restate, seed=config.seed)
+
+    source = text_source
+    if len(text_ids) < probes.needle_haystack_min(spec.n_ctx, bos, needle_len, restate) and source != SOURCE_DEFAULT:
+        source, text_ids = SOURCE_DEFAULT, _default_ids(loaded)
+    prompts = prompts_from(text_ids)
+    result = retrieval_scores(loaded.model, prompts, progress=progress)
+    rows["retrieval_score"], rows["retrieval_std"] = result["score"], result["std"]
+    info.update(n_needle_tests=result["n_tests"], n_needle_retrieved=result["n_retrieved"],
+                n_needle_tokens=result["n_tokens"], needle_len=needle_len, needle_restate=restate)
+    return source
+
+
+def _default_ids(loaded) -> list[int]:
+    return loaded.tokenizer(_resolve_text(None), add_special_tokens=False)["input_ids"]
 
 
 def _score_repeats(loaded, config, progress, rows) -> dict:
@@ -282,7 +322,8 @@ def _to_frame(rows: dict, info: dict, spec) -> pd.DataFrame:
         data[column] = values.tolist() if column != "positional_offset" else values.long().tolist()
     data["n_positions"] = info["n_positions"]
     data["n_repeat_positions"] = info["n_repeat_positions"]
-    data["n_needle_tests"] = info["n_needle_retrieved"]
+    data["n_needle_tests"] = info["n_needle_tests"]
+    data["n_needle_retrieved"] = info["n_needle_retrieved"]
     data["n_needle_tokens"] = info["n_needle_tokens"]
     for name in ("prev_token", "current_token", "first_token", "duplicate_token", "prefix_matching", "copying",
                  "retrieval"):

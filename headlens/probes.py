@@ -33,6 +33,8 @@ def repeated_random_tokens(n_seq: int, seq_len: int, repeats: int, low: int, hig
 # Share of NUL / control bytes above which a file is taken for binary, not text.
 _BINARY_CONTROL_SHARE = 0.01
 DEFAULT_TEXT_NAME = "heldout.txt"  # held-out evaluation text shipped beside the tiny model
+# Shortest text the natural-text probe scores: one query with one earlier text token to look at.
+MIN_TEXT_TOKENS = 2
 
 
 def read_text(path) -> str:
@@ -94,7 +96,7 @@ def text_windows(tokenizer, text: str | Sequence[int], window: int, bos_id: int 
         if max_windows is not None and len(windows) >= max_windows:
             break
     if not windows:
-        raise InputTextError(f"text is too short: {len(ids)} tokens, need at least {min_tokens}")
+        raise InputTextError(f"text is too short: {len(ids)} token(s), need at least {min_tokens}")
     return windows
 
 
@@ -145,6 +147,25 @@ def fit_repeats(seq_len: int, repeats: int, n_ctx: int) -> int:
 
 # Needle in a haystack ------------------------------------------------------------------------
 
+NEEDLE_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the needle sits in the haystack (Wu et al. use 10 depths)
+NEEDLE_LENGTHS = (0.25, 0.5, 1.0)  # total test lengths, as shares of the context
+MIN_HAYSTACK = 8  # haystack tokens a test needs at least
+
+
+def _haystack_lengths(n_ctx: int, bos_id: int | None, needle_len: int, restate: int,
+                      lengths: Sequence[float]) -> list[tuple[int, int]]:
+    """(context, haystack length) of each test length that leaves at least MIN_HAYSTACK haystack tokens."""
+    fixed = needle_len + restate + (needle_len - restate) + (1 if bos_id is not None else 0)
+    sizes = [(int(round(share * n_ctx)), int(round(share * n_ctx)) - fixed) for share in lengths]
+    return [(context, hay) for context, hay in sizes if hay >= MIN_HAYSTACK]
+
+
+def needle_haystack_min(n_ctx: int, bos_id: int | None, needle_len: int = 16, restate: int = 4,
+                        lengths: Sequence[float] = NEEDLE_LENGTHS) -> int:
+    """Text tokens the shortest needle test needs (needle_prompts refuses a shorter haystack text)."""
+    sizes = _haystack_lengths(n_ctx, bos_id, needle_len, restate, lengths)
+    return min((hay for _, hay in sizes), default=MIN_HAYSTACK)
+
 
 class NeedlePrompt(NamedTuple):
     """One needle-in-a-haystack test (Wu et al. 2024, adapted; see needle_prompts)."""
@@ -158,8 +179,8 @@ class NeedlePrompt(NamedTuple):
 
 
 def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, token_range: tuple[int, int],
-                   needle_len: int = 16, restate: int = 4, depths: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
-                   lengths: Sequence[float] = (0.25, 0.5, 1.0), seed: int = 0) -> list[NeedlePrompt]:
+                   needle_len: int = 16, restate: int = 4, depths: Sequence[float] = NEEDLE_DEPTHS,
+                   lengths: Sequence[float] = NEEDLE_LENGTHS, seed: int = 0) -> list[NeedlePrompt]:
     """Needle-in-a-haystack prompts for retrieval heads, adapted from Wu et al. 2024 (arXiv 2404.15574).
 
     Wu et al. insert a needle sentence into 1K-50K-token haystacks at 10 depths and ask a chat
@@ -176,12 +197,9 @@ def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, 
     if not 1 <= restate < needle_len:
         raise ConfigError(f"needle restate {restate} is out of range: need 1 <= restate < needle_len ({needle_len})")
     gen = torch.Generator().manual_seed(seed)
-    fixed = needle_len + restate + (needle_len - restate) + (1 if bos_id is not None else 0)
     prompts = []
-    for share in lengths:
-        context = int(round(share * n_ctx))
-        hay_len = context - fixed
-        if hay_len < 8 or hay_len > len(haystack_ids):
+    for context, hay_len in _haystack_lengths(n_ctx, bos_id, needle_len, restate, lengths):
+        if hay_len > len(haystack_ids):
             continue
         for depth in depths:
             needle = torch.randint(token_range[0], token_range[1], (needle_len,), generator=gen).tolist()
@@ -192,6 +210,7 @@ def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, 
             prompt = head + needle + hay[cut:] + needle[:restate]
             prompts.append(NeedlePrompt(prompt, len(head), needle, restate, context, float(depth)))
     if not prompts:
+        need = needle_haystack_min(n_ctx, bos_id, needle_len, restate, lengths)
         raise InputTextError(f"text is too short for the needle-in-a-haystack probe: {len(haystack_ids)} tokens, "
-                             f"need at least {int(round(min(lengths) * n_ctx)) - fixed} for the shortest haystack")
+                             f"need at least {need} for the shortest haystack")
     return prompts

@@ -1,66 +1,53 @@
 """What each score measures, its colour scale, its threshold and where its definition comes from.
 
-Plain-language text shown next to every heatmap. Definitions and thresholds follow
+Plain-language text shown next to every heatmap (from the message catalogue, headlens.reports.i18n).
+Definitions and thresholds follow
 REFERENCES.md; the thresholds here are the published ones and are replaced by the classifier's
 own (`heads.attrs["thresholds"]`, or `headlens.classify.ClassifyConfig` defaults) when known.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
+
+from headlens.reports.i18n import DEFAULT_LANG, t
 
 from headlens.classify import ClassifyConfig
 
 
 @dataclass(frozen=True)
 class ScoreInfo:
-    """How one score column of the classifier's frame is drawn and explained."""
+    """How one score column of the classifier's frame is drawn; its prose lives in the catalogue
+    (i18n keys "score.<column>.title" / ".what" / ".source")."""
 
     column: str  # column of the heads frame
-    title: str  # heading on the page
-    what: str  # one or two plain sentences: what a high value means
-    source: str  # the paper / code the definition comes from
     threshold: float | None  # the labelling cut-off drawn on the heatmap (None: no label)
     vmin: float = 0.0  # colour scale, fixed per score so every report reads the same
     vmax: float = 1.0
 
+    def title(self, lang: str = DEFAULT_LANG) -> str:
+        """Heading on the page."""
+        return t(f"score.{self.column}.title", lang)
+
+    def what(self, lang: str = DEFAULT_LANG) -> str:
+        """One or two plain sentences: what a high value means."""
+        return t(f"score.{self.column}.what", lang)
+
+    def source(self, lang: str = DEFAULT_LANG) -> str:
+        """The paper / code the definition comes from."""
+        return t(f"score.{self.column}.source", lang)
+
 
 SCORES: tuple[ScoreInfo, ...] = (
-    ScoreInfo("prev_token_score", "Previous-token score",
-              "Mean attention from each token to the token just before it. A head near 1 reads the previous "
-              "token, the first half of an induction circuit.",
-              "Olsson et al. 2022, In-context Learning and Induction Heads (arXiv 2209.11895); TransformerLens "
-              "head detector.", None),
-    ScoreInfo("current_token_score", "Current-token score",
-              "Mean attention from each token to itself (relative offset 0).",
-              "Voita et al. 2019, Analyzing Multi-Head Self-Attention (arXiv 1905.09418), positional heads.", None),
-    ScoreInfo("first_token_score", "First-token (attention sink) score",
-              "Mean attention every query puts on position 0. Heads with a sink park their attention there when "
-              "nothing else is relevant.",
-              "Gu et al. 2024, When Attention Sink Emerges (arXiv 2410.10781): alpha_1 > 0.3; Xiao et al. 2023 "
-              "(arXiv 2309.17453).", 0.3),
-    ScoreInfo("positional_share", "Positional share",
-              "Share of tokens whose strongest attention (position 0 excluded) falls at the head's dominant "
-              "relative offset. At 0.9 or more the head is positional: it looks at a fixed distance.",
-              "Voita et al. 2019 (arXiv 1905.09418): positional if the same relative position wins for at least "
-              "90% of tokens.", 0.9),
-    ScoreInfo("duplicate_token_score", "Duplicate-token score",
-              "Mean attention from a token to earlier copies of the same token.",
-              "TransformerLens detect_head 'duplicate_token_head'; IOI circuit, Wang et al. 2022.", None),
-    ScoreInfo("prefix_matching_score", "Induction (prefix-matching) score",
-              "On random tokens repeated several times, mean attention from a token to the token that followed "
-              "its earlier occurrence ([A][B] ... [A] attends to [B]). Induction heads score high.",
-              "Olsson et al. 2022 (arXiv 2209.11895): 25 random tokens repeated 4 times, BOS prepended.", None),
-    ScoreInfo("copying_score", "Copying score",
-              "Whether what the head writes raises the logit of the token it attends to (positive: copies, "
-              "negative: suppresses, as anti-induction heads do).",
-              "Olsson et al. 2022 (arXiv 2209.11895), copying via the direct path to the unembedding.", None,
-              vmin=-1.0, vmax=1.0),
-    ScoreInfo("retrieval_score", "Retrieval score",
-              "Share of needle tokens the head copy-pastes: while the model reproduces a needle hidden in a "
-              "haystack, the head's strongest attention lands on the very token being written.",
-              "Wu et al. 2024, Retrieval Head Mechanistically Explains Long-Context Factuality (arXiv 2404.15574): "
-              "retrieval head if the score > 0.1; protocol shrunk for short contexts.", 0.1),
+    ScoreInfo("prev_token_score", None),  # Olsson et al. 2022; TransformerLens head detector
+    ScoreInfo("current_token_score", None),  # Voita et al. 2019
+    ScoreInfo("first_token_score", 0.3),  # Gu et al. 2024: alpha_1 > 0.3
+    ScoreInfo("positional_share", 0.9),  # Voita et al. 2019: 90% of tokens
+    ScoreInfo("duplicate_token_score", None),  # TransformerLens detect_head
+    ScoreInfo("prefix_matching_score", None),  # Olsson et al. 2022
+    ScoreInfo("copying_score", None, vmin=-1.0, vmax=1.0),  # Olsson et al. 2022: signed
+    ScoreInfo("retrieval_score", 0.1),  # Wu et al. 2024: > 0.1
 )
 
 # ClassifyConfig field holding each score's labelling threshold (headlens.classify.label_head).
@@ -81,13 +68,7 @@ def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
     found = {info.column: info.threshold for info in SCORES}
     config = attrs.get("config")
     if not isinstance(config, dict):
-        try:
-            from dataclasses import asdict
-
-
-            config = asdict(ClassifyConfig())
-        except ImportError:
-            config = {}
+        config = asdict(ClassifyConfig())
     for column, name in CONFIG_FIELDS.items():
         if isinstance(config.get(name), (int, float)):
             found[column] = float(config[name])
@@ -97,19 +78,24 @@ def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
     return found
 
 
-ABLATION_TEXT = (
-    "Zero ablation sets a head's output z (the input of the attention output projection) to zero and "
-    "measures the change in next-token loss on the text: delta loss > 0 means the model needs the head. "
-    "Olsson et al. 2022; Michel et al. 2019 (arXiv 1905.10650) for pruning. Later heads can compensate "
-    "for an ablated one (self-repair, McDougall et al. 2023), so single-head deltas understate roles; "
-    "the pruning curve shows the joint effect."
-)
-VALIDATION_TEXT = (
-    "Our from-scratch multi-head attention recomputes each layer's pattern, z and attention output from "
-    "the raw weights and is compared with the library (Hugging Face eager attention, sdpa, TransformerLens)."
-)
-TRAINING_TEXT = (
-    "The embedded model was trained here. Induction heads form abruptly, together with a bump in the loss "
-    "and a jump in in-context learning (ICL score = loss late in the context minus loss early in it; "
-    "more negative is better): the phase change of Olsson et al. 2022 (arXiv 2209.11895)."
-)
+
+
+# The scores that back each label, the first one ranking heads within the role (headlens.classify.label_head).
+ROLE_EVIDENCE: dict[str, tuple[str, ...]] = {
+    "previous_token": ("positional_share", "prev_token_score"),
+    "current_token": ("positional_share", "current_token_score"),
+    "positional": ("positional_share", "positional_offset"),
+    "first_token": ("first_token_score",),
+    "duplicate_token": ("duplicate_token_score",),
+    "induction": ("prefix_matching_score", "copying_score"),
+    "anti_induction": ("prefix_matching_score", "copying_score"),
+    "retrieval": ("retrieval_score",),
+}
+
+
+def role_strength(row: dict, role: str) -> float:
+    """The score ranking a head within `role` (-inf when the frame lacks it or it is NaN)."""
+    value = row.get(ROLE_EVIDENCE[role][0])
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return float("-inf")
+    return float(value)

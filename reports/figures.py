@@ -11,6 +11,7 @@ import io
 
 import numpy as np
 import pandas as pd
+from headlens.reports.i18n import DEFAULT_LANG, t
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -41,7 +42,8 @@ def pivot_heads(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.pivot_table(index="layer", columns="head", values=column, aggfunc="first", dropna=False)
 
 
-def _heatmap(grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: str) -> tuple[Figure, object]:
+def _heatmap(grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: str,
+             lang: str) -> tuple[Figure, object]:
     import seaborn as sns
 
     n_layers, n_heads = grid.shape
@@ -50,16 +52,16 @@ def _heatmap(grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: 
     annotate = grid.size <= MAX_ANNOTATED_CELLS
     sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annotate, fmt=".2f",
                 annot_kws={"fontsize": 7}, linewidths=0.5, linecolor="white", cbar_kws={"label": label})
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
+    ax.set_xlabel(t("fig.head", lang))
+    ax.set_ylabel(t("fig.layer", lang))
     return fig, ax
 
 
 def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: float,
-                      threshold: float | None) -> str:
+                      threshold: float | None, lang: str = DEFAULT_LANG) -> str:
     """Layer x head heatmap of one score; cells at or above `threshold` are outlined in black."""
     grid = pivot_heads(frame, column)
-    fig, ax = _heatmap(grid, cmap="viridis", vmin=vmin, vmax=vmax, label=column)
+    fig, ax = _heatmap(grid, cmap="viridis", vmin=vmin, vmax=vmax, label=column, lang=lang)
     if threshold is not None:
         values = grid.to_numpy(dtype=float)  # [layer, head]
         for row, col in zip(*np.nonzero(np.nan_to_num(values, nan=-np.inf) >= threshold), strict=True):
@@ -67,19 +69,19 @@ def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: fl
         colorbar = ax.collections[0].colorbar
         if vmin <= threshold <= vmax:
             colorbar.ax.axhline(threshold, color="red", linewidth=2)
-        ax.set_title(f"outlined: >= {threshold:g} (red line on the colour bar)", fontsize=8)
+        ax.set_title(t("fig.outlined", lang, threshold=f"{threshold:g}"), fontsize=8)
     return figure_uri(fig)
 
 
-def delta_heatmap_uri(sweep: pd.DataFrame) -> str:
+def delta_heatmap_uri(sweep: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     """Layer x head heatmap of delta loss, diverging around 0 (red: the model needs the head)."""
     grid = pivot_heads(sweep, "delta_loss")
     bound = float(np.nanmax(np.abs(grid.to_numpy(dtype=float)))) or 1.0
-    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label="delta loss (nats/token)")
+    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label=t("fig.delta_loss", lang), lang=lang)
     return figure_uri(fig)
 
 
-def ablation_bars_uri(rows: list[dict]) -> str:
+def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG) -> str:
     """Bar chart of delta loss with 95% confidence intervals; rows have label, delta, low, high."""
     fig = Figure(figsize=(max(3.5, 0.6 * len(rows) + 1.5), 2.8))
     ax = fig.add_subplot()
@@ -90,37 +92,37 @@ def ablation_bars_uri(rows: list[dict]) -> str:
     ax.bar(range(len(rows)), deltas, yerr=np.nan_to_num(errors), capsize=4, color="#c0504d")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), [row["label"] for row in rows], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("delta loss (nats/token)")
+    ax.set_ylabel(t("fig.delta_loss", lang))
     return figure_uri(fig)
 
 
-def pruning_curve_uri(pruning: pd.DataFrame) -> str:
+def pruning_curve_uri(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     """Loss against the fraction of heads removed (Michel et al. 2019 iterative pruning)."""
     fig = Figure(figsize=(4.5, 2.8))
     ax = fig.add_subplot()
     ax.plot(pruning["fraction_removed"], pruning["loss"], marker="o")
-    ax.set_xlabel("fraction of heads removed")
-    ax.set_ylabel("loss (nats/token)")
+    ax.set_xlabel(t("fig.fraction_removed", lang))
+    ax.set_ylabel(t("fig.loss", lang))
     ax.grid(alpha=0.3)
     return figure_uri(fig)
 
 
-def training_uri(log: pd.DataFrame, heads: pd.DataFrame | None) -> str:
+def training_uri(log: pd.DataFrame, heads: pd.DataFrame | None, lang: str = DEFAULT_LANG) -> str:
     """Loss curves and induction / ICL scores per checkpoint, the phase change marked."""
     fig = Figure(figsize=(13, 3.6))
     loss_ax, score_ax, head_ax = fig.subplots(1, 3)
     for column in ("train_loss", "heldout_loss", "repeat_loss_first", "repeat_loss_second"):
         if column in log:
             loss_ax.plot(log["step"], log[column], label=column)
-    loss_ax.set(xlabel="step", ylabel="loss (nats/token)", title="loss")
+    loss_ax.set(xlabel=t("fig.step", lang), ylabel=t("fig.loss", lang), title=t("fig.loss_title", lang))
     for column in ("best_induction_score", "best_prev_token_score", "icl_score"):
         if column in log:
             score_ax.plot(log["step"], log[column], label=column)
-    score_ax.set(xlabel="step", title="best head scores, ICL score")
+    score_ax.set(xlabel=t("fig.step", lang), title=t("fig.scores_title", lang))
     if heads is not None and len(heads) and "prefix_matching_score" in heads:
         for (layer, head), rows in heads.groupby(["layer", "head"]):
             head_ax.plot(rows["step"], rows["prefix_matching_score"], linewidth=1, label=f"{layer}.{head}")
-    head_ax.set(xlabel="step", title="prefix-matching score per head")
+    head_ax.set(xlabel=t("fig.step", lang), title=t("fig.heads_title", lang))
     change = phase_change_step(log)
     for ax in (loss_ax, score_ax, head_ax):
         if change is not None:
@@ -148,11 +150,29 @@ def phase_change_step(log: pd.DataFrame) -> int | None:
     return None
 
 
-def thumbnail_uri(pattern: np.ndarray, scale: int = 1) -> str:
-    """A small image of one head's pattern [q_pos, k_pos] (dark = no attention), each weight a scale x scale block."""
+# Thumbnails: weights outside the first column in viridis, scaled per head to their THUMB_QUANTILE
+# quantile (the few larger weights show at the brightest colour, so one outlier cannot darken the rest); the first
+# column (the first token, where attention sinks park) in white -> red on a fixed 0..1 scale; the
+# causal mask (key after query) in light grey, so "masked" never reads as "zero attention".
+THUMB_CMAP, SINK_CMAP, MASKED_RGB = "viridis", "Reds", (0.88, 0.88, 0.88)
+THUMB_QUANTILE = 0.99
+
+
+def pattern_image_uri(pattern: np.ndarray) -> tuple[str, float]:
+    """One head's pattern [q_pos, k_pos] as a PNG data URI, one pixel per weight (the page scales it up
+    with `image-rendering: pixelated`), and the weight the brightest colour stands for."""
     import matplotlib.image
 
-    big = np.kron(np.clip(pattern, 0, 1), np.ones((scale, scale)))  # [q_pos * scale, k_pos * scale]
+    n = pattern.shape[-1]
+    weights = np.clip(np.asarray(pattern, dtype=np.float64), 0.0, 1.0)  # [q_pos, k_pos]
+    causal = np.tril(np.ones((n, n), dtype=bool))  # [q_pos, k_pos]
+    rest = weights[:, 1:][causal[:, 1:]]  # weights outside the first column
+    vmax = float(np.quantile(rest, THUMB_QUANTILE)) if rest.size else 0.0
+    if vmax <= 0:  # almost every weight is 0: scale to the largest instead (1 for an all-zero pattern)
+        vmax = float(rest.max()) if rest.size and rest.max() > 0 else 1.0
+    rgb = matplotlib.colormaps[THUMB_CMAP](np.clip(weights / vmax, 0.0, 1.0))[..., :3]  # [q_pos, k_pos, 3]
+    rgb[:, 0] = matplotlib.colormaps[SINK_CMAP](weights[:, 0])[..., :3]  # [q_pos, 3]
+    rgb[~causal] = MASKED_RGB
     buffer = io.BytesIO()
-    matplotlib.image.imsave(buffer, big, cmap="magma", vmin=0.0, vmax=1.0, format="png")
-    return png_uri(buffer.getvalue())
+    matplotlib.image.imsave(buffer, rgb, format="png")
+    return png_uri(buffer.getvalue()), vmax

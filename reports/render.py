@@ -15,8 +15,9 @@ from importlib import resources
 from pathlib import Path
 
 import pandas as pd
-from headlens.reports import sections
+from headlens.reports import findings, sections, thumbnails
 from headlens.reports import viewer as viewer_mod
+from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 
 from headlens import __version__, files
 from headlens.errors import HeadlensError, OutputPathError
@@ -47,87 +48,100 @@ def _is_empty(value) -> bool:
     return False
 
 
-def check_output_path(path) -> Path:
-    """Resolve the output path; OutputPathError if it is a directory or its folder cannot be made/written."""
+def check_output_path(path, lang: str = DEFAULT_LANG) -> Path:
+    """Resolve the output path; OutputPathError (in `lang`) if it is a directory or its folder cannot be
+    made/written."""
     path = Path(path)
     if path.is_dir():
-        raise OutputPathError(f"output path {path} is a directory: give a file name such as {path / 'report.html'}")
+        raise OutputPathError(t("error.is_directory", lang, path=path, example=path / "report.html"))
     parent = path.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputPathError(f"cannot create the folder of {path}: {exc.strerror or exc}") from None
+        raise OutputPathError(t("error.cannot_create_folder", lang, path=path, reason=exc.strerror or exc)) from None
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"cannot write {path}: folder {parent} is not writable")
+        raise OutputPathError(t("error.folder_not_writable", lang, path=path, folder=parent))
     return path
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, lang: str = DEFAULT_LANG) -> None:
     """headlens.files.write_atomic, with a failure reported as OutputPathError."""
     try:
         files.write_atomic(path, text)
     except OSError as exc:
-        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise OutputPathError(t("error.cannot_write", lang, path=path, reason=exc.strerror or exc)) from None
 
 
 def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=None, pruning=None,
-                  validation=None, training=None, viewer=None, command=None, text_label=None) -> Path:
+                  validation=None, training=None, viewer=None, command=None, text_label=None,
+                  lang: str = DEFAULT_LANG) -> Path:
     """Write one self-contained HTML report to `path` and return it.
 
     Inputs are the library's results (schemas in notes/contracts): `heads` from classify_heads,
     `sweep` from sweep_heads, `ablation` an ablate_heads dict (or a list of them), `pruning` from
     prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
     load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]).
-    Raises OutputPathError for a directory or unwritable path, EmptyReportError when every result is
-    missing or empty.
+    `lang` ("en" or "es", headlens.reports.i18n.LANGS) is the language of every piece of prose,
+    error messages included. Raises ConfigError for an unknown language, OutputPathError for a
+    directory or unwritable path, EmptyReportError when every result is missing or empty.
     """
-    path = check_output_path(path)
+    lang = check_lang(lang)
+    path = check_output_path(path, lang)
     results = {"heads": heads, "sweep": sweep, "ablation": ablation, "pruning": pruning,
                "validation": validation, "training": training, "viewer": viewer}
     present = {name: value for name, value in results.items() if not _is_empty(value)}
     if not present:
-        raise EmptyReportError(f"nothing to report for {path}: every result (heads, sweep, ablation, pruning, "
-                               "validation, training, viewer) is missing or empty")
-    page = build_page(model_info=model_info, command=command, text_label=text_label, **{
+        raise EmptyReportError(t("error.nothing_to_report", lang, path=path))
+    page = build_page(model_info=model_info, command=command, text_label=text_label, lang=lang, **{
         name: present.get(name) for name in results})
-    write_atomic(path, page)
+    write_atomic(path, page, lang)
     return path
 
 
 def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruning, validation, training,
-               viewer) -> str:
-    """The whole HTML document as a string, sections in reading order."""
+               viewer, lang: str = DEFAULT_LANG) -> str:
+    """The whole HTML document as a string: what the heads do first, then the details in reading order."""
     excerpt = (viewer or {}).get("text")
     if isinstance(excerpt, str) and len(excerpt) > TEXT_EXCERPT_CHARS:
         excerpt = excerpt[:TEXT_EXCERPT_CHARS] + " [...]"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = [sections.summary_section(model_info, version=__version__, date=date, command=command,
-                                     text_label=text_label, text_excerpt=excerpt)]
-    nav = [("summary", "Summary")]
+    body, nav = [], []
+
+    def add(anchor: str, html: str) -> None:
+        if html:
+            body.append(html)
+            nav.append((anchor, t(f"nav.{anchor.replace('-', '_')}", lang)))
+
     if heads is not None:
-        body.append(sections.scores_section(heads))
-        nav.append(("scores", "Scores"))
+        add("findings", findings.findings_section(heads, sweep, ablation, lang))
+    add("summary", sections.summary_section(model_info, version=__version__, date=date, command=command,
+                                            text_label=text_label, text_excerpt=excerpt, lang=lang))
+    if heads is not None:
+        add("kv-groups", findings.kv_groups_section(heads, lang))
+        add("scores", sections.scores_section(heads, lang))
     if viewer is not None:
-        body.append(sections.thumbnails_section(heads, viewer))
-        body.append(viewer_mod.viewer_section(viewer, heads))
-        nav += [("thumbnails", "Patterns"), ("viewer", "Viewer")]
+        add("thumbnails", thumbnails.thumbnails_section(heads, viewer, lang))
+        add("viewer", viewer_mod.viewer_section(viewer, heads, lang))
     if sweep is not None or ablation is not None or pruning is not None:
-        body.append(sections.ablation_section(sweep, ablation, pruning))
-        nav.append(("ablation", "Ablation"))
+        add("ablation", sections.ablation_section(sweep, ablation, pruning, lang))
     if validation is not None:
-        body.append(sections.validation_section(validation))
-        nav.append(("validation", "Validation"))
+        add("validation", sections.validation_section(validation, lang))
     if training is not None:
-        body.append(sections.training_section(training))
-        nav.append(("training", "Training"))
+        add("training", sections.training_section(training, lang))
+    return page_html(title=t("page.title", lang, name=model_info.get("name", "model")), nav=nav, body=body,
+                     lang=lang)
+
+
+def page_html(*, title: str, nav: list[tuple[str, str]], body: list[str], lang: str) -> str:
+    """The document around the sections: CSP pinned to the one inline script, style, messages for the script."""
     script = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     csp = (f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{digest}'; "
            "form-action 'none'; base-uri 'none'")
-    title = sections.esc(f"headlens report: {model_info.get('name', 'model')}")
-    links = " ".join(f'<a href="#{anchor}">{label}</a>' for anchor, label in nav)
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+    title = sections.esc(title)
+    links = " ".join(f'<a href="#{anchor}">{sections.esc(label)}</a>' for anchor, label in nav)
+    return (f'<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{title}</title>\n'
             f"<style>\n{_asset('report.css')}</style>\n</head>\n<body>\n<h1>{title}</h1>\n<nav>{links}</nav>\n"
-            + "".join(body) + f"<script>{script}</script>\n</body>\n</html>\n")
+            + "".join(body) + viewer_mod.messages_block(lang) + f"\n<script>{script}</script>\n</body>\n</html>\n")

@@ -1,13 +1,43 @@
-// headlens report: sortable tables and the attention viewer. Plain JavaScript, no network.
-// User text only ever reaches the page through textContent, never innerHTML.
+// headlens report: sortable tables, the label table's switch and the attention viewer. Plain
+// JavaScript, no network. User text only ever reaches the page through textContent, never innerHTML.
+// Messages come in the report's language from the JSON block #report-messages (the message catalogue).
 "use strict";
+
+var MESSAGES = (function () {
+  var el = document.getElementById("report-messages");
+  return el ? JSON.parse(el.textContent) : {};
+})();
+
+// Message `key` with {name} placeholders filled from `values`.
+function msg(key, values) {
+  var text = MESSAGES[key] !== undefined ? MESSAGES[key] : key;
+  return text.replace(/\{(\w+)\}/g, function (all, name) {
+    return values && values[name] !== undefined ? String(values[name]) : all;
+  });
+}
+
+(function labelSwitch() {
+  // "labelled only / all heads": hides the rows of heads without a role. Without JavaScript the
+  // fieldset stays hidden and the whole (labelled-first) table shows.
+  var fieldset = document.getElementById("label-switch");
+  var tableEl = document.getElementById("label-table");
+  if (!fieldset || !tableEl) { return; }
+  var radios = fieldset.querySelectorAll("input[name=label-view]");
+  function apply() {
+    var only = fieldset.querySelector("input[name=label-view]:checked").value === "labelled";
+    tableEl.querySelectorAll("tbody tr.unlabelled").forEach(function (row) { row.hidden = only; });
+  }
+  radios.forEach(function (radio) { radio.addEventListener("change", apply); });
+  if (tableEl.querySelectorAll("tbody tr.labelled").length > 0) { fieldset.hidden = false; }
+  apply();
+})();
 
 (function sortableTables() {
   document.querySelectorAll("table.sortable").forEach(function (tableEl) {
     var headers = tableEl.querySelectorAll("thead th");
     headers.forEach(function (th, column) {
       th.tabIndex = 0;
-      th.title = "sort by this column";
+      th.title = msg("sort_title") + (th.title ? " (" + th.title + ")" : "");
       var ascending = true;
       function sortRows() {
         var body = tableEl.tBodies[0];
@@ -88,11 +118,12 @@
   var headRow = grid.insertRow();
   headRow.appendChild(document.createElement("th"));
   for (var hh = 0; hh < H; hh++) {
-    var th = document.createElement("th"); th.textContent = "head " + hh; headRow.appendChild(th);
+    var th = document.createElement("th"); th.textContent = msg("grid_head", { head: hh }); headRow.appendChild(th);
   }
   for (var ll = 0; ll < L; ll++) {
     var row = grid.insertRow();
-    var rowHead = document.createElement("th"); rowHead.textContent = "layer " + ll; row.appendChild(rowHead);
+    var rowHead = document.createElement("th"); rowHead.textContent = msg("grid_layer", { layer: ll });
+    row.appendChild(rowHead);
     canvases.push([]);
     for (var hc = 0; hc < H; hc++) {
       var cell = row.insertCell();
@@ -130,14 +161,14 @@
       if (w > bestW) { bestW = w; best = k; }
       span.style.backgroundColor = "rgba(40, 110, 255, " + w.toFixed(3) + ")";
       span.style.color = w > 0.55 ? "#fff" : "";
-      span.title = "weight " + w.toFixed(3);
+      span.title = msg("weight", { weight: w.toFixed(3) });
       span.classList.toggle("query", k === state.query);
     });
     for (var a = 0; a < L; a++) { for (var b = 0; b < H; b++) { drawStrip(canvases[a][b], a, b); } }
     headSelect.value = state.layer + "." + state.head;
-    statusEl.textContent = "from token " + state.query + " \u201c" + shown(data.tokens[state.query]) +
-      "\u201d, head " + state.layer + "." + state.head + ": strongest attention to token " + best +
-      " \u201c" + shown(data.tokens[best]) + "\u201d (" + bestW.toFixed(2) + ")";
+    statusEl.textContent = msg("status", {
+      query: state.query, query_token: shown(data.tokens[state.query]), head: state.layer + "." + state.head,
+      best: best, best_token: shown(data.tokens[best]), weight: bestW.toFixed(2) });
   }
 
   app.hidden = false;

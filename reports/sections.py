@@ -1,7 +1,8 @@
 """HTML of each report section, from the library's DataFrames. Every piece of text is escaped here.
 
 Each function returns an HTML fragment (a `<section>`), readable without JavaScript: figures are
-PNG data URIs and tables are plain tables (sortable when the page script runs).
+PNG data URIs and tables are plain tables (sortable when the page script runs). Every piece of
+prose comes from the message catalogue (headlens.reports.i18n) in the report's language `lang`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import math
 import numpy as np
 import pandas as pd
 from headlens.reports import explain, figures
+from headlens.reports.i18n import DEFAULT_LANG, column_heading, t
 
-# Thumbnails show at most this many tokens of the sample (the viewer shows them all), drawn about
-# THUMB_PIXELS wide (an integer number of pixels per token).
-THUMB_MAX_TOKENS = 128
-THUMB_PIXELS = 256
+from headlens.classify import LABELS
 
 
 def esc(value) -> str:
@@ -33,13 +32,13 @@ def figure(uri: str, alt: str, caption: str = "") -> str:
     return f'<figure><img src="{uri}" alt="{esc(alt)}">{cap}</figure>'
 
 
-def format_cell(value) -> tuple[str, str]:
+def format_cell(value, lang: str = DEFAULT_LANG) -> tuple[str, str]:
     """(shown text, sort key) of one table cell."""
     if isinstance(value, (list, tuple, np.ndarray)):
         text = ", ".join(str(v) for v in value)
         return text, text
     if isinstance(value, (bool, np.bool_)):
-        return ("yes" if value else "NO"), str(int(value))
+        return t("cell.yes" if value else "cell.no", lang), str(int(value))
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "", "-inf"
@@ -49,18 +48,21 @@ def format_cell(value) -> tuple[str, str]:
     return str(value), str(value)
 
 
-def table(frame: pd.DataFrame, *, sortable: bool = True, row_class=None) -> str:
-    """A plain HTML table; `data-sort` holds a numeric key where the cell is a number."""
-    head = "".join(f'<th scope="col">{esc(column)}</th>' for column in frame.columns)
+def table(frame: pd.DataFrame, *, sortable: bool = True, row_class=None, lang: str = DEFAULT_LANG,
+          table_id: str | None = None) -> str:
+    """A plain HTML table; `data-sort` holds a numeric key where the cell is a number. Headings come
+    from the catalogue where it has the column ("col.<name>"), the column's name in `title`."""
+    head = "".join(f'<th scope="col" data-column="{esc(column)}" title="{esc(column)}">'
+                   f"{esc(column_heading(column, lang))}</th>" for column in frame.columns)
     rows = []
     for values in frame.itertuples(index=False, name=None):  # keeps each column's dtype (iterrows does not)
         cells = []
         for value in values:
-            text, key = format_cell(value)
+            text, key = format_cell(value, lang)
             cells.append(f'<td data-sort="{esc(key)}">{esc(text)}</td>')
         css = row_class(dict(zip(frame.columns, values, strict=True))) if row_class else ""
         rows.append(f"<tr{f' class={chr(34)}{esc(css)}{chr(34)}' if css else ''}>{''.join(cells)}</tr>")
-    cls = ' class="sortable"' if sortable else ""
+    cls = (' class="sortable"' if sortable else "") + (f' id="{esc(table_id)}"' if table_id else "")
     return (f'<div class="table-wrap"><table{cls}><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -71,57 +73,95 @@ def details(summary: str, body: str) -> str:
 
 
 def summary_section(model_info: dict, *, version: str, date: str, command: str | None,
-                    text_label: str | None, text_excerpt: str | None) -> str:
+                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG) -> str:
     """Model, shape, parameter count, text used, version, date and the command that rebuilds the page."""
     info = model_info
-    shape = f"{info.get('n_layers', '?')} layers x {info.get('n_heads', '?')} heads x d_head {info.get('d_head', '?')}"
+    unknown = "?"
     params = info.get("n_params")
+    missing = t("summary.not_recorded", lang)
     items = [
-        ("model", info.get("name", "?")),
-        ("shape", shape),
-        ("d_model / context", f"{info.get('d_model', '?')} / {info.get('n_ctx', '?')} tokens"),
-        ("parameters", f"{params:,}" if isinstance(params, int) else (params or "?")),
-        ("text used", text_label or "not recorded"),
-        ("headlens version", version),
-        ("date", date),
+        (t("summary.model", lang), info.get("name", unknown)),
+        (t("summary.shape", lang), shape_text(info, lang)),
+        (t("summary.context", lang), t("summary.context_value", lang, d_model=info.get("d_model", unknown),
+                                       n_ctx=info.get("n_ctx", unknown))),
+        (t("summary.parameters", lang), f"{params:,}" if isinstance(params, int) else (params or unknown)),
+        (t("summary.text_used", lang), text_label or missing),
+        (t("summary.version", lang), version),
+        (t("summary.date", lang), date),
     ]
     rows = "".join(f"<tr><th scope=\"row\">{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in items)
     body = f'<table class="summary">{rows}</table>'
-    body += f"<p>Reproduce this page with:</p><pre class=\"command\">{esc(command or 'not recorded')}</pre>"
+    body += f"<p>{esc(t('summary.reproduce', lang))}</p><pre class=\"command\">{esc(command or missing)}</pre>"
     if text_excerpt:
-        body += f"<p>Sample text (as read, start):</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
-    return section("summary", "Summary", body)
+        body += f"<p>{esc(t('summary.sample', lang))}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
+    return section("summary", t("summary.title", lang), body)
 
 
-def scores_section(heads: pd.DataFrame) -> str:
-    """One heatmap per score with its explanation and threshold, then the label table."""
+def shape_text(info: dict, lang: str) -> str:
+    """"12 layers x 12 heads x d_head 64", naming the key/value heads when fewer than the query heads (GQA)."""
+    shape = {name: info.get(name, "?") for name in ("n_layers", "n_heads", "d_head")}
+    n_kv = info.get("n_kv_heads")
+    if isinstance(n_kv, int) and isinstance(shape["n_heads"], int) and n_kv < shape["n_heads"]:
+        return t("summary.shape_value_gqa", lang, n_kv_heads=n_kv, **shape)
+    return t("summary.shape_value", lang, **shape)
+
+
+def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+    """One heatmap per score with its explanation and threshold, then the label table (labelled heads
+    first, with a "labelled only / all heads" switch the page script shows)."""
     thresholds = explain.score_thresholds(heads.attrs)
-    parts = ['<p>Each heatmap is layer (rows) x head (columns), on a fixed colour scale per score. '
-             'Cells at or above the labelling threshold are outlined.</p>']
+    parts = [f"<p>{esc(t('scores.intro', lang))}</p>"]
     for info in explain.SCORES:
         if info.column not in heads or heads[info.column].isna().all():
             continue
         threshold = thresholds.get(info.column)
-        uri = figures.score_heatmap_uri(heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold)
-        cut = f" Threshold: {threshold:g}." if threshold is not None else ""
+        uri = figures.score_heatmap_uri(heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
+                                        lang=lang)
+        cut = " " + t("scores.threshold", lang, threshold=f"{threshold:g}") if threshold is not None else ""
         parts.append(
-            f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title)}</h3>'
-            f'{figure(uri, f"heatmap of {info.column}")}'
-            f'<p class="explain">{esc(info.what)}{esc(cut)} <cite>{esc(info.source)}</cite></p></div>')
-    parts.append("<h3>Labels</h3><p>Click a column heading to sort (needs JavaScript).</p>")
-    parts.append(table(label_frame(heads)))
+            f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
+            f'{figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
+            f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>')
+    frame = label_frame(heads)
+    n_labelled = int((frame["labels"] != t("cell.none", lang)).sum())
+    parts.append(f"<h3>{esc(t('scores.labels_title', lang))}</h3><p>{esc(t('scores.labels_intro', lang))}</p>")
+    parts.append(label_switch(n_labelled, len(frame), lang))
+    none = t("cell.none", lang)
+    parts.append(table(frame, lang=lang, table_id="label-table",
+                       row_class=lambda row: "unlabelled" if row["labels"] == none else "labelled"))
     settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
     if settings:
         frame = pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
-        parts.append(details("classifier settings and probes run", table(frame, sortable=False)))
-    return section("scores", "Head scores and labels", "\n".join(parts))
+        parts.append(details(t("scores.settings", lang), table(frame, sortable=False, lang=lang)))
+    return section("scores", t("scores.title", lang), "\n".join(parts))
 
 
-def label_frame(heads: pd.DataFrame) -> pd.DataFrame:
-    """The label table: head, labels, then every score column present (evidence columns left out)."""
+def label_switch(n_labelled: int, n_all: int, lang: str) -> str:
+    """The "labelled only / all heads" radio pair; hidden until the page script wires it (without
+    JavaScript the whole table shows)."""
+    def option(value: str, text: str, checked: bool) -> str:
+        return (f'<label><input type="radio" name="label-view" value="{value}"{" checked" if checked else ""}> '
+                f"{esc(text)}</label>")
+
+    return (f'<fieldset id="label-switch" class="switch" hidden><legend>{esc(t("scores.switch_legend", lang))}'
+            f"</legend>{option('labelled', t('scores.switch_labelled', lang, n=n_labelled), n_labelled > 0)} "
+            f"{option('all', t('scores.switch_all', lang, n=n_all), n_labelled == 0)}</fieldset>")
+
+
+def label_frame(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> pd.DataFrame:
+    """The label table: head, labels, then every score column present (evidence columns left out).
+    Labelled heads first, by role (LABELS order of a head's first label), strongest first within a
+    role, then the heads without a role in (layer, head) order."""
     frame = heads.sort_values(["layer", "head"]).reset_index(drop=True)
+    labels = [label_list(v) for v in frame["labels"]] if "labels" in frame else [[] for _ in range(len(frame))]
+    records = frame.to_dict("records")
+    keys = [(0, LABELS.index(names[0]) if names[0] in LABELS else len(LABELS),
+             -explain.role_strength(row, names[0]) if names[0] in LABELS else 0.0) if names else (1, 0, 0.0)
+            for names, row in zip(labels, records, strict=True)]
+    order = sorted(range(len(frame)), key=lambda i: (*keys[i], i))  # i: (layer, head) order breaks ties
+    frame = frame.iloc[order].reset_index(drop=True)
     out = pd.DataFrame({"head": [f"{layer}.{head}" for layer, head in zip(frame["layer"], frame["head"], strict=True)]})
-    out["labels"] = frame["labels"].map(lambda v: ", ".join(label_list(v)) or "-") if "labels" in frame else "-"
+    out["labels"] = [", ".join(labels[i]) or t("cell.none", lang) for i in order]
     extra = ["positional_offset"] + [info.column for info in explain.SCORES]
     for column in extra:
         if column in frame:
@@ -140,48 +180,34 @@ def labelled_heads(heads: pd.DataFrame | None) -> list[tuple[int, int, list[str]
 def label_list(value) -> list[str]:
     """Labels as a list: classify_heads gives a list; a frame read back from CSV/JSON may hold "a,b" or NaN."""
     if isinstance(value, str):
-        return [part.strip() for part in value.strip("[]").replace("'", "").split(",") if part.strip()]
+        return [part.strip() for part in value.strip("[]").replace("'", "").replace(";", ",").split(",")
+                if part.strip()]
     if isinstance(value, (list, tuple, np.ndarray)):
         return [str(v) for v in value]
     return []
 
 
-def thumbnails_section(heads: pd.DataFrame | None, viewer: dict) -> str:
-    """Pattern thumbnails of every labelled head on the sample's first tokens."""
-    patterns = np.asarray(viewer["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
-    n = min(patterns.shape[-1], THUMB_MAX_TOKENS)
-    chosen = labelled_heads(heads)
-    if not chosen:
-        body = "<p>No head carries a label, so there are no thumbnails; the viewer below shows every head.</p>"
-        return section("thumbnails", "Attention patterns of labelled heads", body)
-    cells = []
-    for layer, head, labels in chosen:
-        uri = figures.thumbnail_uri(patterns[layer, head, :n, :n], scale=max(1, THUMB_PIXELS // n))  # [q_pos, k_pos]
-        cells.append(figure(uri, f"pattern of head {layer}.{head}", f"{layer}.{head}: {', '.join(labels)}"))
-    words = "".join(f"<span>{esc(t)}</span>" for t in viewer["tokens"][:n])
-    body = (f"<p>Rows: query token, columns: key token (first {n} tokens of the sample; bright = strong "
-            f"attention, lower triangle only: the model is causal).</p><p class=\"thumb-tokens\">{words}</p>"
-            f'<div class="thumbs">{"".join(cells)}</div>')
-    return section("thumbnails", "Attention patterns of labelled heads", body)
-
-
-def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None) -> str:
+def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None,
+                     lang: str = DEFAULT_LANG) -> str:
     """Sweep heatmap, bars of the chosen heads with CIs, pruning curve: whichever were computed."""
-    parts = [f'<p class="explain">{esc(explain.ABLATION_TEXT)}</p>']
+    parts = [f'<p class="explain">{esc(t("ablation.text", lang))}</p>']
     if sweep is not None:
-        parts.append("<h3>Every head alone</h3>" + figure(figures.delta_heatmap_uri(sweep), "delta loss heatmap"))
+        parts.append(f"<h3>{esc(t('ablation.sweep_title', lang))}</h3>"
+                     + figure(figures.delta_heatmap_uri(sweep, lang), t("ablation.sweep_alt", lang)))
         top = sweep.sort_values("delta_loss", ascending=False).head(10)
-        parts.append("<p>The ten heads the model needs most:</p>" + table(top.reset_index(drop=True)))
+        parts.append(f"<p>{esc(t('ablation.top', lang))}</p>" + table(top.reset_index(drop=True), lang=lang))
     rows = ablation_rows(ablation)
     if rows:
-        parts.append("<h3>Chosen heads</h3>" + figure(figures.ablation_bars_uri(rows), "delta loss bars",
-                                                     "error bars: 95% confidence interval"))
+        parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>"
+                     + figure(figures.ablation_bars_uri(rows, lang), t("ablation.bars_alt", lang),
+                              t("ablation.bars_caption", lang)))
         parts.append(table(pd.DataFrame(rows).rename(columns={"label": "heads", "delta": "delta_loss",
-                                                              "low": "ci95_low", "high": "ci95_high"})))
+                                                              "low": "ci95_low", "high": "ci95_high"}), lang=lang))
     if pruning is not None:
-        parts.append("<h3>Pruning curve</h3>" + figure(figures.pruning_curve_uri(pruning), "pruning curve"))
-        parts.append(details("pruning steps (table)", table(pruning.reset_index(drop=True))))
-    return section("ablation", "Ablation", "\n".join(parts))
+        parts.append(f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
+                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang)))
+        parts.append(details(t("ablation.pruning_table", lang), table(pruning.reset_index(drop=True), lang=lang)))
+    return section("ablation", t("ablation.title", lang), "\n".join(parts))
 
 
 def ablation_rows(ablation) -> list[dict]:
@@ -198,28 +224,29 @@ def ablation_rows(ablation) -> list[dict]:
     return rows
 
 
-def validation_section(validation: pd.DataFrame) -> str:
+def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     """The MHA validation table, failures highlighted."""
     failed = int((~validation["passed"].astype(bool)).sum()) if "passed" in validation else 0
-    verdict = "every comparison passed" if failed == 0 else f"{failed} comparison(s) FAILED"
+    verdict = t("validation.passed", lang) if failed == 0 else t("validation.failed", lang, n=failed)
     source = validation.attrs.get("text_source")
     if source:
-        verdict += f" (text: {source}, {validation.attrs.get('n_tokens', '?')} tokens)"
-    body = (f'<p class="explain">{esc(explain.VALIDATION_TEXT)}</p><p><strong>{esc(verdict)}</strong>.</p>'
-            + table(validation.reset_index(drop=True),
+        verdict = t("validation.text_source", lang, verdict=verdict, source=source,
+                    n_tokens=validation.attrs.get("n_tokens", "?"))
+    body = (f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong>.</p>'
+            + table(validation.reset_index(drop=True), lang=lang,
                     row_class=lambda row: "" if bool(row.get("passed", True)) else "failed"))
-    return section("validation", "Validation of the attention maths", body)
+    return section("validation", t("validation.title", lang), body)
 
 
-def training_section(training) -> str:
+def training_section(training, lang: str = DEFAULT_LANG) -> str:
     """Loss and score curves of the embedded model's training run, the phase change marked."""
     log, heads = training
     change = figures.phase_change_step(log)
-    rule = (f"from below {figures.PHASE_LOW:g} to above {figures.PHASE_HIGH:g} within "
-            f"{figures.PHASE_WINDOW_SHARE:.0%} of the run")
-    note = (f"The dashed line marks step {change}: the best induction score rose {rule} (the phase change)."
-            if change is not None else f"The best induction score never rose {rule}: no phase change is marked.")
-    body = (f'<p class="explain">{esc(explain.TRAINING_TEXT)} {esc(note)}</p>'
-            + figure(figures.training_uri(log, heads), "training dynamics")
-            + details(f"training log ({len(log)} checkpoints)", table(log.reset_index(drop=True))))
-    return section("training", "Training dynamics of the embedded model", body)
+    rule = t("training.rule", lang, low=f"{figures.PHASE_LOW:g}", high=f"{figures.PHASE_HIGH:g}",
+             share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
+    note = (t("training.change", lang, step=change, rule=rule) if change is not None
+            else t("training.no_change", lang, rule=rule))
+    body = (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
+            + figure(figures.training_uri(log, heads, lang), t("training.alt", lang))
+            + details(t("training.log", lang, n=len(log)), table(log.reset_index(drop=True), lang=lang)))
+    return section("training", t("training.title", lang), body)

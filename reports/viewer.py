@@ -12,6 +12,7 @@ import json
 import math
 
 import numpy as np
+from headlens.reports.i18n import DEFAULT_LANG, js_messages, t
 from headlens.reports.sections import esc, labelled_heads, section
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 64 tokens (~0.8 MB of base64),
@@ -36,11 +37,11 @@ def safe_json(data) -> str:
     return "".join(_JSON_ESCAPES.get(ch, ch) for ch in text)
 
 
-def viewer_payload(viewer: dict, heads=None) -> dict:
+def viewer_payload(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> dict:
     """The viewer's data: tokens, shape, quantised patterns (base64 of uint8 [layer, head, q, k]), labels."""
     patterns = np.asarray(viewer["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
     if patterns.ndim != 4 or patterns.shape[-1] != patterns.shape[-2] or patterns.shape[-1] != len(viewer["tokens"]):
-        raise ValueError(f"viewer patterns {patterns.shape} do not match {len(viewer['tokens'])} tokens")
+        raise ValueError(t("error.viewer_shape", lang, shape=tuple(patterns.shape), n_tokens=len(viewer["tokens"])))
     quantised = np.rint(np.clip(patterns, 0.0, 1.0) * 255).astype(np.uint8)  # [layer, head, pos, pos]
     labels = {f"{layer}.{head}": ", ".join(names) for layer, head, names in labelled_heads(heads)}
     first = next(iter(labels), "0.0")
@@ -55,27 +56,27 @@ def viewer_payload(viewer: dict, heads=None) -> dict:
     }
 
 
-def viewer_section(viewer: dict, heads=None) -> str:
+def messages_block(lang: str = DEFAULT_LANG) -> str:
+    """The page script's messages in the report's language, as a JSON data block (report.js reads it)."""
+    return f'<script type="application/json" id="report-messages">{safe_json(js_messages(lang))}</script>'
+
+
+def viewer_section(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> str:
     """Tokens to click, a layer x head grid of attention rows, and one chosen head's weights on the tokens."""
-    payload = viewer_payload(viewer, heads)
+    payload = viewer_payload(viewer, heads, lang)
     total = viewer.get("n_tokens_total")
     shown = payload["pos"]
-    cut = (f"The sample has {total} tokens; the viewer shows the first {shown} to keep this file small."
-           if isinstance(total, int) and total > shown else f"The viewer shows all {shown} tokens of the sample.")
+    cut = (t("viewer.cut", lang, total=total, shown=shown) if isinstance(total, int) and total > shown
+           else t("viewer.all", lang, shown=shown))
     if viewer.get("repeated"):
-        cut = (f"The sample is the start of the text, then the same tokens again ({shown} tokens in all, capped to "
-               "keep this file small): on the second copy, induction heads look at the token that followed the "
-               "current one the first time.")
-    body = f"""<p>Click a token: every head's attention <em>from</em> that token over the sequence appears in the
-grid (one strip per head, layer by row, each strip scaled to its own maximum, brighter = more attention), and
-the chosen head's weights colour the tokens (hover a token for its weight). Click a grid cell or use the menu
-to choose a head. {esc(cut)} Weights are stored to 1/255.</p>
-<noscript><p class="note">The viewer needs JavaScript; the thumbnails above show the same patterns.</p></noscript>
+        cut = t("viewer.repeated", lang, shown=shown)
+    body = f"""<p>{esc(t("viewer.intro", lang, cut=cut))}</p>
+<noscript><p class="note">{esc(t("viewer.noscript", lang))}</p></noscript>
 <div id="viewer-app" hidden>
-<p class="controls"><label>head <select id="viewer-head"></select></label>
+<p class="controls"><label>{esc(t("viewer.head_menu", lang))} <select id="viewer-head"></select></label>
 <span id="viewer-status" aria-live="polite"></span></p>
 <div id="viewer-tokens" class="tokens"></div>
 <div id="viewer-grid"></div>
 </div>
 <script type="application/json" id="viewer-data">{safe_json(payload)}</script>"""
-    return section("viewer", "Attention viewer", body)
+    return section("viewer", t("viewer.title", lang), body)

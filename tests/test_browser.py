@@ -18,6 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from headlens.reports.i18n import t
+
+from headlens.classify import LABELS
 
 pytestmark = pytest.mark.browser
 
@@ -113,16 +116,21 @@ def no_alert(driver) -> bool:
     return False
 
 
-@pytest.fixture(scope="module")
-def embedded_report(tmp_path_factory):
-    """`headlens report tiny` (the embedded model) through the CLI, as `make demo` runs it."""
+@pytest.fixture(scope="module", params=["en", "es"])
+def embedded_report(request, tmp_path_factory):
+    """`headlens report tiny` (the embedded model) through the CLI, as `make demo` runs it, in English
+    and in Spanish (every browser test runs on both)."""
     from click.testing import CliRunner
     from headlens.cli.main import cli
 
-    out = tmp_path_factory.mktemp("browser") / "report.html"
-    result = CliRunner().invoke(cli, ["report", "tiny", "--heads", "0.0", "--out", str(out)])
+    out = tmp_path_factory.mktemp(f"browser-{request.param}") / "report.html"
+    result = CliRunner().invoke(cli, ["report", "tiny", "--heads", "0.0", "--lang", request.param, "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out
+
+
+def page_lang(driver) -> str:
+    return driver.find_element("tag name", "html").get_attribute("lang")
 
 
 # The detectors themselves: a page that does request the network and logs an error is caught.
@@ -191,7 +199,8 @@ def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
     expected = np.where(np.arange(data["pos"]) <= query, patterns[layer, head, query], 0.0)
     assert np.allclose(alphas, expected, atol=ALPHA_ATOL)
     assert driver.find_element("id", "viewer-status").text != status_before
-    assert f"from token {query} " in driver.find_element("id", "viewer-status").text
+    status_start = t("js.status", page_lang(driver)).split("{query}")[0]  # "from token " / "desde el token "
+    assert f"{status_start}{query} " in driver.find_element("id", "viewer-status").text
     assert driver.execute_script("return arguments[0].toDataURL()", strip) != strip_before
     assert page_events(driver)["errors"] == []
 
@@ -199,7 +208,8 @@ def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
 def test_label_table_sorts_on_click(driver, embedded_report):
     open_page(driver, embedded_report)
     table = driver.find_element("css selector", "#scores table.sortable")
-    column = [th.text for th in table.find_elements("css selector", "thead th")].index("first_token_score")
+    column = [th.get_attribute("data-column") for th in table.find_elements("css selector", "thead th")].index(
+        "first_token_score")
     header = table.find_elements("css selector", "thead th")[column]
     driver.execute_script("arguments[0].scrollIntoView()", header)
     header.click()
@@ -207,6 +217,80 @@ def test_label_table_sorts_on_click(driver, embedded_report):
         "return [...arguments[0].tBodies[0].rows].map(r => parseFloat(r.cells[arguments[1]].dataset.sort))",
         table, column)
     assert values == sorted(values) and len(values) > 1
+
+
+# The label table: labelled heads first, a switch to hide the others
+
+def visible_rows(driver) -> list[list[str]]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#label-table tbody tr')].filter(r => r.offsetParent !== null)"
+        ".map(r => [r.cells[0].textContent, r.cells[1].textContent, r.className])")
+
+
+def all_rows(driver) -> list[list[str]]:
+    return driver.execute_script("return [...document.querySelectorAll('#label-table tbody tr')]"
+                                 ".map(r => [r.cells[0].textContent, r.cells[1].textContent, r.className])")
+
+
+def test_labelled_heads_come_first_and_the_switch_hides_roleless_rows(driver, embedded_report):
+    open_page(driver, embedded_report)
+    rows = all_rows(driver)
+    kinds = [cls for _, _, cls in rows]
+    n_labelled = kinds.count("labelled")
+    assert n_labelled > 0 and kinds == ["labelled"] * n_labelled + ["unlabelled"] * (len(rows) - n_labelled)
+    roles = [LABELS.index(labels.split(", ")[0]) for _, labels, cls in rows if cls == "labelled"]
+    assert roles == sorted(roles)  # grouped by role (LABELS order)
+    switch = driver.find_element("id", "label-switch")
+    assert switch.is_displayed()
+    assert visible_rows(driver) == rows[:n_labelled]  # labelled only, by default
+    everything = switch.find_element("css selector", "input[value=all]")
+    driver.execute_script("arguments[0].scrollIntoView()", everything)
+    everything.click()
+    assert visible_rows(driver) == rows
+    switch.find_element("css selector", "input[value=labelled]").click()
+    assert visible_rows(driver) == rows[:n_labelled]
+    assert page_events(driver)["errors"] == []
+
+
+def test_clicking_a_pattern_enlarges_it(driver, embedded_report):
+    open_page(driver, embedded_report)
+    image = driver.find_element("css selector", "#thumbnails .thumb img")
+    driver.execute_script("arguments[0].scrollIntoView()", image)
+    before = image.size["width"]
+    assert before >= 200  # large enough to see a diagonal
+    image.click()
+    assert image.size["width"] > 1.5 * before
+    image.click()
+    assert image.size["width"] == before
+
+
+@pytest.fixture(scope="module")
+def planted_report(tmp_path_factory):
+    """The planted model (tests/planted.py, seed 0) classified and reported: its labelled heads are known
+    by construction."""
+    from headlens.reports import render_report
+    from planted import PLANTED_TEXT, build_planted
+
+    from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.samples import sample_patterns
+
+    planted = build_planted(0)
+    heads = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    out = tmp_path_factory.mktemp("planted") / "planted.html"
+    render_report(out, model_info={"name": "planted-0"}, heads=heads,
+                  viewer=sample_patterns(planted.loaded, PLANTED_TEXT, 32, repeat=True))
+    return out, {f"{layer}.{head}" for layer, head in planted.positions.values()}
+
+
+def test_summary_lists_every_planted_head_and_no_other(driver, planted_report):
+    path, planted = planted_report
+    open_page(driver, path)
+    findings = driver.find_element("id", "findings")
+    assert driver.execute_script("return document.querySelector('section').id") == "findings"  # at the top
+    listed = {re.match(r"(\d+\.\d+) ", item.text).group(1)
+              for item in findings.find_elements("css selector", "li[data-head]")}
+    assert listed == planted
+    assert {head for head, _, _ in visible_rows(driver)} == planted  # the switch's "labelled only" view
 
 
 # Escaping: user text shows literally, runs nothing, injects nothing
@@ -230,8 +314,9 @@ def test_hostile_text_is_shown_literally_and_never_runs(driver, nasty_report):
     events = open_page(driver, nasty_report)
     assert no_alert(driver)
     assert events["errors"] == [] and leaving_requests(events["urls"], nasty_report) == []
-    # Only our two script elements (the JSON data and the page script), no image without a data: URI.
-    assert len(driver.find_elements("css selector", "script")) == 2
+    # Only our three script elements (the viewer's data, the messages, the page script), no image without a
+    # data: URI.
+    assert len(driver.find_elements("css selector", "script")) == 3
     assert driver.find_elements("css selector", 'img:not([src^="data:"])') == []
     assert driver.execute_script("return document.querySelectorAll('[onerror]').length") == 0
     summary = driver.find_element("id", "summary").text
@@ -260,5 +345,9 @@ def test_report_reads_without_javascript(embedded_report):
         rows = browser.find_elements("css selector", "#scores table.sortable tbody tr")
         data = embedded_patterns(embedded_report.read_text(encoding="utf-8"))[0]
         assert len(rows) == data["n_layers"] * data["n_heads"]  # one row per head
+        assert all(row.is_displayed() for row in rows)  # the full table, labelled heads first
+        assert not browser.find_element("id", "label-switch").is_displayed()
+        kinds = [row.get_attribute("class") for row in rows]
+        assert kinds == sorted(kinds)  # "labelled" rows before "unlabelled" ones
     finally:
         browser.quit()

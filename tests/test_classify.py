@@ -10,9 +10,11 @@ from click.testing import CliRunner
 from headlens.cli.main import cli
 from planted import PLANTED_TEXT
 
+from headlens import probes
 from headlens.classify import (
     LABELS,
     SCORE_COLUMNS,
+    SOURCE_COLUMNS,
     ClassifyConfig,
     classify_heads,
     config_with_thresholds,
@@ -78,6 +80,34 @@ def test_frame_is_long_form_sorted_with_every_column(small_frame, small_model):
         assert column in small_frame.columns
     assert all(set(labels) <= set(LABELS) for labels in small_frame["labels"])
     assert small_frame.attrs["probes"]["n_positions"] == small_frame["n_positions"].iloc[0] > 0
+
+
+def test_needle_counts_are_tests_run_and_tests_retrieved(small_frame, small_model):
+    spec = small_model.spec
+    ids = small_model.tokenizer(PLANTED_TEXT, add_special_tokens=False)["input_ids"]
+    expected = probes.needle_prompts(ids, spec.n_ctx, small_model.bos_token_id,
+                                     probes.random_token_range(spec.d_vocab), needle_len=min(16, spec.n_ctx // 8))
+    assert (small_frame["n_needle_tests"] == len(expected)).all()  # every test run, retrieved or not
+    assert (small_frame["n_needle_retrieved"] <= small_frame["n_needle_tests"]).all()
+    assert small_frame.attrs["probes"]["n_needle_retrieved"] == small_frame["n_needle_retrieved"].iloc[0]
+
+
+def test_sources_name_the_given_text_when_it_is_long_enough(small_frame):
+    assert small_frame.attrs["sources"] == {"text": "given_text", "repeats": "random_tokens", "needles": "given_text"}
+    for probe, column in SOURCE_COLUMNS.items():
+        assert (small_frame[column] == small_frame.attrs["sources"][probe]).all()
+
+
+def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text(small_model):
+    text = "Hello world"
+    assert len(small_model.tokenizer(text, add_special_tokens=False)["input_ids"]) == 2
+    frame = classify_heads(small_model, text=text, config=FAST)
+    assert frame.attrs["probes"]["n_text_tokens"] == 2 and frame.attrs["probes"]["n_windows"] == 1
+    assert frame["n_positions"].iloc[0] > 0 and frame["prev_token_score"].notna().all()
+    assert frame.attrs["sources"] == {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
+    assert (frame["needles_source"] == "default_text").all() and (frame["n_needle_tests"] > 0).all()
+    off = classify_heads(small_model, text=text, config=ClassifyConfig(n_seq=2, max_windows=2, needles=False))
+    assert off.attrs["sources"]["needles"] == "not_run" and (off["n_needle_tests"] == 0).all()
 
 
 def test_classify_is_deterministic_under_a_seed(small_model, small_frame):
@@ -188,6 +218,26 @@ def test_cli_report_writes_html_with_the_heads(small_model_dir, text_file, tmp_p
     html = report.read_text(encoding="utf-8")
     assert html.lstrip().lower().startswith("<!doctype html") and "prefix_matching" in html
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_cli_report_in_spanish(small_model_dir, text_file, tmp_path):
+    report = tmp_path / "informe.html"
+    result = _run([str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2",
+                   "--no-needles", "--report", str(report), "--lang", "es", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    html = report.read_text(encoding="utf-8")
+    assert '<html lang="es">' in html and "Puntuaciones y etiquetas de las cabezas" in html
+
+
+def test_cli_short_text_notes_where_the_haystack_came_from(small_model_dir, tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("Hello world", encoding="utf-8")
+    result = _run([str(small_model_dir), "--text", str(path), "--n-seq", "2", "--format", "csv", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "needles_source = default_text" in result.stderr
+    header, first = result.stdout.splitlines()[:2]
+    row = dict(zip(header.split(","), first.split(","), strict=True))
+    assert (row["text_source"], row["needles_source"]) == ("given_text", "default_text")
 
 
 def test_cli_report_to_a_directory_fails_before_work(small_model_dir, text_file, tmp_path):

@@ -23,6 +23,11 @@ def test_reproduce_command_round_trips_through_the_shell():
                                     "--sweep", "--seed", "3", "--out", "out/r.html"]
 
 
+def test_reproduce_command_names_a_language_other_than_english():
+    command = reproduce_command("tiny", None, None, False, False, "r.html", None, 0, "es")
+    assert shlex.split(command) == ["headlens", "report", "tiny", "--lang", "es", "--out", "r.html"]
+
+
 @pytest.fixture(scope="module")
 def small_report(small_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "sub" / "report.html"  # a missing folder is created
@@ -95,6 +100,26 @@ def test_bad_head_spec_fails_before_the_work(small_model_dir, tmp_path):
     out.write_text("old report")
     assert_one_line_error(run(str(small_model_dir), "--heads", "7.0", "--out", str(out)), "7.0")
     assert out.read_text() == "old report"
+
+
+def test_unknown_language(tmp_path):
+    assert_one_line_error(run("tiny", "--lang", "fr", "--out", str(tmp_path / "r.html")),
+                          "unknown report language 'fr': choose one of en, es")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_errors_in_the_chosen_language(tmp_path):
+    assert_one_line_error(run("tiny", "--lang", "es", "--out", str(tmp_path)), "es una carpeta")
+
+
+@pytest.mark.slow
+def test_spanish_report_end_to_end(small_model_dir, tmp_path):
+    out = tmp_path / "es.html"
+    result = run(str(small_model_dir), "--heads", "0.1", "--lang", "es", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    html = out.read_text(encoding="utf-8")
+    assert '<html lang="es">' in html and "Qué hacen las cabezas" in html and "Cabezas elegidas" in html
+    assert "--lang es" in re.search(r'<pre class="command">(.*?)</pre>', html).group(1)
 
 
 def test_unknown_model(tmp_path):

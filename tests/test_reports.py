@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import re
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
-from headlens.reports import EmptyReportError, explain, figures, render_report, sections
+from headlens.reports import EmptyReportError, explain, figures, findings, render_report, sections, thumbnails
 from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
 
@@ -85,6 +87,9 @@ def test_summary_escapes_and_lists_facts():
     assert "<script>" not in html and "<img" not in html
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 4
     assert "2 layers x 3 heads x d_head 16" in html and "123,456" in html and "9.9" in html
+    gqa = sections.summary_section({**MODEL_INFO, "n_kv_heads": 1}, version="9.9", date="today", command=None,
+                                   text_label=None, text_excerpt=None)
+    assert "2 layers x 3 query heads sharing 1 key/value heads x d_head 16" in gqa
 
 
 # Scores and labels
@@ -97,7 +102,7 @@ def test_scores_section_one_heatmap_per_present_score_with_source():
     for info in present:
         assert f'id="score-{info.column}"' in html
     assert "Threshold: 0.3" in html and "arXiv 2410.10781" in html  # first-token sink threshold, Gu et al.
-    assert html.count("<tr>") == 1 + N_LAYERS * N_HEADS  # header + one row per head
+    assert html.count("<tr>") == 1 and len(re.findall(r'<tr class="(un)?labelled">', html)) == N_LAYERS * N_HEADS
     assert "previous_token" in html and 'class="sortable"' in html
 
 
@@ -144,9 +149,9 @@ def test_labels_read_back_from_csv_are_understood():
 
 
 def test_thumbnails_one_per_labelled_head():
-    html = sections.thumbnails_section(heads_frame(), viewer_dict())
-    assert img_count(html) == 1 and "0.1: previous_token" in html
-    assert img_count(sections.thumbnails_section(heads_frame().assign(labels=[[]] * 6), viewer_dict())) == 0
+    html = thumbnails.thumbnails_section(heads_frame(), viewer_dict())
+    assert img_count(html) == 1 and "0.1: previous_token (scale 0 to " in html
+    assert img_count(thumbnails.thumbnails_section(heads_frame().assign(labels=[[]] * 6), viewer_dict())) == 0
 
 
 def test_safe_json_cannot_end_a_script_and_round_trips():
@@ -172,6 +177,90 @@ def test_viewer_section_says_it_was_cut_and_rejects_mismatched_shapes():
     bad["tokens"] = bad["tokens"][:3]
     with pytest.raises(ValueError, match="do not match"):
         viewer_payload(bad)
+
+
+def test_pattern_image_scales_per_head_and_draws_the_first_column_apart():
+    from PIL import Image
+
+    pos = 6
+    sink = np.zeros((pos, pos))  # [q_pos, k_pos]: every query on the first token
+    sink[:, 0] = 1.0
+    prev = np.eye(pos, k=-1) * 0.5  # [q_pos, k_pos]: half the weight on the previous token
+    prev[:, 0] += 0.5
+    prev[0, 0] = 1.0
+    images = {}
+    for name, pattern in (("sink", sink), ("prev", prev)):
+        uri, vmax = figures.pattern_image_uri(pattern)
+        images[name] = np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB"))
+        assert images[name].shape == (pos, pos, 3)  # one pixel per weight; the page scales it up
+    top = np.rint(np.array(matplotlib.colormaps["viridis"](1.0)[:3]) * 255)
+    bottom = np.rint(np.array(matplotlib.colormaps["viridis"](0.0)[:3]) * 255)
+    red = np.rint(np.array(matplotlib.colormaps["Reds"](1.0)[:3]) * 255)
+    assert np.abs(images["sink"][:, 0] - red).max() <= 1  # the sink column: the red map's top, every row
+    assert np.abs(images["prev"][3, 2] - top).max() <= 1  # 0.5 is this head's scale top: brightest viridis
+    assert np.abs(images["prev"][3, 1] - bottom).max() <= 1  # no weight: darkest viridis
+    assert np.abs(images["prev"][1, 4] - np.rint(np.array(figures.MASKED_RGB) * 255)).max() <= 1  # masked: grey
+
+
+def test_short_samples_get_token_ticks_and_long_ones_do_not():
+    html = thumbnails.thumbnails_section(heads_frame(), viewer_dict())
+    assert html.count('class="xticks"') == 1 and "<span> cat</span>" in html
+    long_tokens = [f"t{i}" for i in range(thumbnails.TICK_MAX_TOKENS + 1)]
+    assert 'class="xticks"' not in thumbnails.thumbnails_section(heads_frame(), viewer_dict(long_tokens))
+    assert 'class="zoom-toggle"' in html  # click to enlarge without a script
+
+
+def test_label_table_puts_labelled_heads_first_by_role_then_score():
+    heads = heads_frame()
+    heads["labels"] = [[], ["first_token"], ["previous_token", "positional"], [], ["first_token"], []]
+    heads["first_token_score"] = [0.1, 0.4, 0.2, 0.1, 0.9, 0.1]
+    frame = sections.label_frame(heads)
+    # previous_token comes before first_token in LABELS; within first_token the stronger head first.
+    assert list(frame["head"]) == ["0.2", "1.1", "0.1", "0.0", "1.0", "1.2"]
+    html = sections.scores_section(heads)
+    assert 'id="label-switch"' in html and "labelled only (3)" in html and "all heads (6)" in html
+    assert html.count('<tr class="unlabelled">') == 3
+
+
+# Findings, probe sources, key/value groups
+
+def test_findings_list_each_role_its_heads_scores_and_ablation():
+    heads = heads_frame()
+    heads["labels"] = [[], ["first_token"], ["previous_token"], [], ["first_token"], []]
+    heads["first_token_score"] = [0.1, 0.4, 0.2, 0.1, 0.9, 0.1]
+    html = findings.findings_section(heads, sweep=sweep_frame())
+    assert set(re.findall(r'data-head="([\d.]+)"', html)) == {"0.1", "0.2", "1.1"}
+    assert "3 of 6 heads carry a role; 3 carry none" in html
+    first = html[html.index('id="role-first_token"'):]
+    assert first.index("1.1") < first.index("0.1")  # strongest first: 0.9 before 0.4
+    assert "first_token: first-token 0.90" in html
+    delta = float(sweep_frame().query("layer == 1 and head == 1")["delta_loss"].iloc[0])
+    assert f"ablation raises the loss on the text by {delta:.2f} nats/token" in html
+    none = findings.findings_section(heads.assign(labels=[[]] * 6))
+    assert "No head of this model reached a labelling threshold" in none and "data-head" not in none
+
+
+def test_findings_say_where_each_probe_input_came_from():
+    heads = heads_frame()
+    heads.attrs["sources"] = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
+    html = findings.findings_section(heads)
+    assert "the text you gave is too short for a haystack" in html and "random tokens (seeded)" in html
+    read_back = heads_frame().assign(text_source="default_text", repeats_source="random_tokens",
+                                     needles_source="not_run")  # a frame read back from heads.csv
+    assert findings.probe_sources(read_back) == {"text": "default_text", "repeats": "random_tokens",
+                                                 "needles": "not_run"}
+
+
+def test_kv_groups_show_shared_heads_and_whether_roles_agree():
+    heads = pd.DataFrame([{"layer": layer, "head": head, "kv_group": head // 2,
+                           "labels": {(0, 0): ["induction"], (0, 1): ["induction"], (1, 0): ["induction"]}.get(
+                               (layer, head), [])}
+                          for layer in range(2) for head in range(4)])
+    html = findings.kv_groups_section(heads)
+    assert "4 groups of query heads; all heads took the same role(s) in 1, different roles in 1" in html
+    assert "0.0, 0.1" in html and "1.0: induction; 1.1: -" in html
+    one_per_group = heads.assign(kv_group=heads["head"])  # multi-head attention: nothing to show
+    assert findings.kv_groups_section(one_per_group) == "" and findings.kv_groups_section(heads_frame()) == ""
 
 
 # Ablation, validation, training
@@ -223,8 +312,9 @@ def test_render_report_is_self_contained(tmp_path):
                          validation=validation_frame(), training=training_pair(), viewer=viewer_dict(),
                          command="headlens report x", text_label="t.txt")
     html = path.read_text(encoding="utf-8")
-    for section_id in ("summary", "scores", "thumbnails", "viewer", "ablation", "validation", "training"):
+    for section_id in ("findings", "summary", "scores", "thumbnails", "viewer", "ablation", "validation", "training"):
         assert f'<section id="{section_id}">' in html
+    assert html.index('<section id="findings">') < html.index('<section id="summary">')  # findings lead
     assert not re.search(r"(src|href)=\"(https?:)?//|@import|url\(", html)  # nothing to fetch
     assert "default-src 'none'" in html
     assert html.count("<script>") == 1  # the one inline script (the JSON block has a type)
@@ -276,7 +366,7 @@ def test_unwritable_folder_raises(tmp_path, monkeypatch):
 def test_failed_render_leaves_existing_report_intact(tmp_path, monkeypatch):
     path = tmp_path / "r.html"
     path.write_text("old report")
-    monkeypatch.setattr(sections, "validation_section", lambda frame: 1 / 0)
+    monkeypatch.setattr(sections, "validation_section", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         render_report(path, model_info=MODEL_INFO, validation=validation_frame())
     assert path.read_text() == "old report"
@@ -375,3 +465,24 @@ def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
     size = path.stat().st_size
     assert size < SIZE_CAP_BYTES, f"{size / 1e6:.2f} MB"
     assert img_count(path.read_text()) >= spec.n_layers * spec.n_heads
+
+
+@pytest.mark.slow
+def test_grouped_query_report_shows_its_groups_and_gpt2_shows_none(small_model, tmp_path):
+    """Ground truth from the config: 8 query heads over 2 key/value heads, so heads 0-3 and 4-7 share K, V."""
+    from families import build_family
+    from planted import PLANTED_TEXT
+
+    from headlens.classify import ClassifyConfig, classify_heads
+
+    config = ClassifyConfig(n_seq=2, max_windows=2, needles=False)
+    gqa = classify_heads(build_family("llama-gqa"), text=PLANTED_TEXT, config=config)
+    html = render_report(tmp_path / "gqa.html", model_info=MODEL_INFO, heads=gqa).read_text(encoding="utf-8")
+    kv = html[html.index('<section id="kv-groups">'):]
+    kv = kv[: kv.index("</section>")]
+    for layer in range(3):
+        for first in (0, 4):
+            assert ">" + ", ".join(f"{layer}.{head}" for head in range(first, first + 4)) + "<" in kv
+    assert "6 groups of query heads" in kv
+    mha = classify_heads(small_model, text=PLANTED_TEXT, config=config)
+    assert 'id="kv-groups"' not in render_report(tmp_path / "mha.html", model_info=MODEL_INFO, heads=mha).read_text()

@@ -1,0 +1,64 @@
+"""The report's one message catalogue: every piece of prose, in English and Spanish.
+
+Messages live in `messages_<lang>.json` beside this module (flat keys such as "findings.title",
+values with `{name}` placeholders filled by `str.format`). Both catalogues hold the same keys with
+the same placeholders (tests/test_reports.py checks it). Scientific names stay recognisable in
+Spanish: the English term follows the Spanish one ("cabezas de inducción (induction heads)").
+
+    from headlens.reports.i18n import t
+    t("viewer.cut", "es", total=300, shown=64)
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+from headlens.errors import ConfigError
+
+LANGS = ("en", "es")  # languages a report can be written in; the first is the default
+DEFAULT_LANG = LANGS[0]
+
+
+def check_lang(lang: str) -> str:
+    """`lang` if it is one of LANGS, else ConfigError naming the choices."""
+    if lang not in LANGS:
+        raise ConfigError(f"unknown report language {lang!r}: choose one of {', '.join(LANGS)}")
+    return lang
+
+
+@lru_cache(maxsize=len(LANGS))
+def catalogue(lang: str) -> dict[str, str]:
+    """Every message of one language: {key: text with {placeholders}}."""
+    check_lang(lang)
+    path = resources.files("headlens.reports") / f"messages_{lang}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def t(key: str, lang: str = DEFAULT_LANG, **values) -> str:
+    """The message `key` in `lang`, placeholders filled from `values`. KeyError for an unknown key."""
+    text = catalogue(lang)[key]
+    return text.format(**values) if values else text
+
+
+def has(key: str, lang: str = DEFAULT_LANG) -> bool:
+    """Whether the catalogue has `key` (optional messages such as column headings)."""
+    return key in catalogue(lang)
+
+
+def number(value: float, lang: str = DEFAULT_LANG, digits: int = 2) -> str:
+    """A decimal number as that language writes it (Spanish: decimal comma)."""
+    text = f"{value:.{digits}f}"
+    return text.replace(".", ",") if lang == "es" else text
+
+
+def column_heading(column: str, lang: str = DEFAULT_LANG) -> str:
+    """A table column's heading: its catalogue entry ("col.<name>") or the column's own name."""
+    key = f"col.{column}"
+    return t(key, lang) if has(key, lang) else str(column)
+
+
+def js_messages(lang: str = DEFAULT_LANG) -> dict[str, str]:
+    """The messages the page script shows (keys "js.*"), embedded as JSON for report.js."""
+    return {key[3:]: text for key, text in catalogue(lang).items() if key.startswith("js.")}

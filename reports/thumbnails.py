@@ -1,0 +1,57 @@
+"""Attention-pattern thumbnails of the labelled heads, readable at a glance.
+
+Each pattern is a PNG of one pixel per weight that the page scales up with `image-rendering:
+pixelated` (sharp blocks, small files); viridis scaled per head, the first column apart in white to
+red on a fixed 0..1 scale so an attention sink shows as a solid stripe (figures.pattern_image_uri).
+Short samples get their tokens as axis ticks. A click enlarges a pattern and a second click shrinks
+it: a checkbox and CSS alone, so it works from file://, without JavaScript and under the page's CSP.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from headlens.reports import figures
+from headlens.reports.i18n import DEFAULT_LANG, number, t
+from headlens.reports.sections import esc, labelled_heads, section
+
+# Thumbnails show at most this many tokens of the sample (the viewer's sample is already capped).
+THUMB_MAX_TOKENS = 256
+# Samples of at most this many tokens get every token as a tick on both axes (longer ones would crowd).
+TICK_MAX_TOKENS = 24
+# Characters of a token shown as a tick.
+TICK_CHARS = 8
+
+
+def tick_text(token: str) -> str:
+    """A token as a tick: newlines and tabs made visible, long tokens cut."""
+    text = str(token).replace("\n", "\u21b5").replace("\t", "\u2192")
+    return text if len(text) <= TICK_CHARS else text[: TICK_CHARS - 1] + "\u2026"
+
+
+def thumbnail(pattern: np.ndarray, head: str, labels: list[str], tokens: list[str] | None, lang: str) -> str:
+    """One head's pattern [q_pos, k_pos] as a clickable figure, with token ticks when `tokens` is given."""
+    uri, vmax = figures.pattern_image_uri(pattern)
+    ticks = ""
+    if tokens:
+        spans = "".join(f"<span>{esc(tick_text(token))}</span>" for token in tokens)
+        ticks = "".join(f'<span class="{axis}" aria-hidden="true">{spans}</span>' for axis in ("xticks", "yticks"))
+    caption = t("thumbs.caption", lang, head=head, labels=", ".join(labels), vmax=number(vmax, lang))
+    return (f'<figure class="thumb" data-head="{esc(head)}"><label class="zoom"><input type="checkbox" '
+            f'class="zoom-toggle"><span class="pattern">{ticks}<img src="{uri}" '
+            f'alt="{esc(t("thumbs.alt", lang, head=head))}"></span></label>'
+            f"<figcaption>{esc(caption)}</figcaption></figure>")
+
+
+def thumbnails_section(heads, viewer: dict, lang: str = DEFAULT_LANG) -> str:
+    """Pattern thumbnails of every labelled head on the sample's first tokens."""
+    patterns = np.asarray(viewer["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
+    n = min(patterns.shape[-1], THUMB_MAX_TOKENS)
+    chosen = labelled_heads(heads)
+    if not chosen:
+        return section("thumbnails", t("thumbs.title", lang), f"<p>{esc(t('thumbs.none', lang))}</p>")
+    tokens = [str(token) for token in viewer["tokens"][:n]] if n <= TICK_MAX_TOKENS else None
+    cells = [thumbnail(patterns[layer, head, :n, :n], f"{layer}.{head}", labels, tokens, lang)  # [q_pos, k_pos]
+             for layer, head, labels in chosen]
+    body = (f"<p>{esc(t('thumbs.intro', lang, n=n))}</p><p class=\"explain\">{esc(t('thumbs.scale', lang))}</p>"
+            f'<div class="thumbs">{"".join(cells)}</div>')
+    return section("thumbnails", t("thumbs.title", lang), body)
