@@ -17,12 +17,12 @@ from dataclasses import dataclass, fields
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from headlens import distributed, probes
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
+from headlens.corpus import chunks, document_windows
 from headlens.errors import ConfigError, InputTextError
-from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens, text_windows
+from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -209,9 +209,10 @@ def _score_text(loaded, documents: Iterable[str], config, progress, rows, haysta
     prev, cur, first = prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h)
     argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset)
     facts = {"n_windows": 0, "n_windows_available": 0, "n_text_tokens": 0, "n_documents": 0}
-    windows = _document_windows(loaded, documents, config, facts, haystack, progress)
+    windows = document_windows(loaded.tokenizer, documents, loaded.spec.n_ctx, loaded.bos_token_id,
+                               config.max_windows, facts, haystack, progress)
     batches = (Batch(*pad_batch(chunk, pad_id=loaded.bos_token_id), index=i, offset=i * config.batch_size)
-               for i, chunk in enumerate(_chunks(windows, config.batch_size)))
+               for i, chunk in enumerate(chunks(windows, config.batch_size)))
     stream_heads(loaded.model, distributed.shard(batches), [prev, cur, first, argmax])
     distributed.all_reduce_totals([prev, cur, first, argmax])
     if facts["n_windows"] == 0:
@@ -223,46 +224,6 @@ def _score_text(loaded, documents: Iterable[str], config, progress, rows, haysta
                 first_token_std=first.seq_std(), positional_offset=offset, positional_share=share)
     return {**facts, "n_positions": int(argmax.n_scored[0]),
             "windows_capped": facts["n_windows"] < facts["n_windows_available"]}
-
-
-def _document_windows(loaded, documents, config, facts: dict, haystack: list[int], progress: bool):
-    """Stream each document's text windows (probes.text_windows) until config.max_windows,
-    counting every document's tokens and windows in `facts`; a progress bar over documents
-    and tokens when asked."""
-    spec, bos = loaded.spec, loaded.bos_token_id
-    body = spec.n_ctx - 1
-    total = len(documents) if hasattr(documents, "__len__") else None
-    bar = tqdm(total=total, desc="text", unit="doc", leave=False) if progress else None
-    for document in documents:
-        ids = loaded.tokenizer(document, add_special_tokens=False)["input_ids"]
-        if facts["n_documents"] == 0 or len(haystack) < spec.n_ctx:
-            haystack.extend(ids)
-        facts["n_documents"] += 1
-        facts["n_text_tokens"] += len(ids)
-        facts["n_windows_available"] += -(-len(ids) // body)
-        left = config.max_windows - facts["n_windows"]
-        if left > 0 and len(ids) >= probes.MIN_TEXT_TOKENS:
-            for window in text_windows(loaded.tokenizer, ids, spec.n_ctx, bos, min_tokens=probes.MIN_TEXT_TOKENS,
-                                       max_windows=left):
-                facts["n_windows"] += 1
-                yield window
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(tokens=facts["n_text_tokens"], windows=facts["n_windows"])
-    if bar is not None:
-        bar.close()
-
-
-def _chunks(items, size: int):
-    """Lists of `size` consecutive items of an iterator (the last may be shorter)."""
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def _score_needles(loaded, text_ids, text_source, config, progress, rows, info) -> str:

@@ -4,17 +4,20 @@ read one document at a time.
 `Corpus(path)` checks the whole corpus first, streaming (every file UTF-8 and not binary, every
 JSON line an object with a string `text`), so a bad line fails in one clear line before any
 model work, and counts the documents for a progress bar. Iterating then yields the documents
-one by one; no more than one document is held at a time.
+one by one; no more than one document is held at a time. `document_windows` cuts the stream into
+the model-sized token windows classify scores, document by document.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from headlens.errors import InputTextError
-from headlens.probes import check_text
+from headlens.probes import MIN_TEXT_TOKENS, check_text, text_windows
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TEXT_FIELD = "text"  # the field of each JSON line that holds the document
@@ -85,3 +88,45 @@ def _jsonl_documents(path: Path, check: bool) -> Iterator[str]:
             if not text.strip():
                 continue
             yield check_text(text, where) if check else text
+
+
+def document_windows(tokenizer, documents: Iterable[str], n_ctx: int, bos: int | None, max_windows: int,
+                     facts: dict, haystack: list[int], progress: bool = False) -> Iterator[list[int]]:
+    """Stream each document's text windows (probes.text_windows: BOS + up to n_ctx - 1 tokens, never
+    spanning two documents) until `max_windows`, counting every document's tokens and windows in
+    `facts` (n_documents, n_text_tokens, n_windows_available, n_windows); the first documents'
+    tokens, whole, until n_ctx are reached, go into `haystack`. A progress bar over documents and
+    tokens when asked."""
+    body = n_ctx - 1
+    total = len(documents) if hasattr(documents, "__len__") else None
+    bar = tqdm(total=total, desc="text", unit="doc", leave=False) if progress else None
+    for document in documents:
+        ids = tokenizer(document, add_special_tokens=False)["input_ids"]
+        if facts["n_documents"] == 0 or len(haystack) < n_ctx:
+            haystack.extend(ids)
+        facts["n_documents"] += 1
+        facts["n_text_tokens"] += len(ids)
+        facts["n_windows_available"] += -(-len(ids) // body)
+        left = max_windows - facts["n_windows"]
+        if left > 0 and len(ids) >= MIN_TEXT_TOKENS:
+            for window in text_windows(tokenizer, ids, n_ctx, bos, min_tokens=MIN_TEXT_TOKENS,
+                                       max_windows=left):
+                facts["n_windows"] += 1
+                yield window
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(tokens=facts["n_text_tokens"], windows=facts["n_windows"])
+    if bar is not None:
+        bar.close()
+
+
+def chunks(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of `size` consecutive items of an iterator (the last may be shorter)."""
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -12,8 +12,9 @@ from strong import sample_text
 from headlens.classify import ClassifyConfig, classify_heads
 from headlens.corpus import Corpus
 from headlens.errors import InputTextError
+from headlens.probes import MIN_TEXT_TOKENS
 
-DOCS = [sample_text(150, seed=1), sample_text(700, seed=2), "a b", sample_text(400, seed=3)]
+DOCS = [sample_text(150, seed=1), sample_text(700, seed=2), "a", sample_text(400, seed=3)]
 CONFIG = ClassifyConfig(n_seq=2, max_windows=32)
 
 
@@ -54,8 +55,8 @@ def test_a_folder_and_a_jsonl_score_like_the_documents_fed_one_by_one(small_mode
     ids = [small_model.tokenizer(doc, add_special_tokens=False)["input_ids"] for doc in DOCS]
     body = small_model.spec.n_ctx - 1
     assert probes["n_text_tokens"] == sum(len(i) for i in ids)
-    # windows never span two documents: each document is cut on its own ("a b" has < 3 tokens)
-    assert probes["n_windows"] == sum(-(-len(i) // body) for i in ids if len(i) >= 3)
+    # windows never span two documents: each document is cut on its own ("a" is too short to score)
+    assert probes["n_windows"] == sum(-(-len(i) // body) for i in ids if len(i) >= MIN_TEXT_TOKENS)
 
 
 def test_documents_are_not_one_concatenated_text(small_model, one_thread):
