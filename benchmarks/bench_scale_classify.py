@@ -13,6 +13,8 @@ Wall and CPU seconds are both reported (CPU: user + system of the command, or of
 for the needle probe), since on a shared machine the wall time mostly measures the neighbours.
 
     .venv/bin/python benchmarks/bench_scale_classify.py [--threads 2]
+    .venv/bin/python benchmarks/bench_scale_classify.py --needles-only --max-length 256   (quick: the
+        needle probe alone, on the tests whose prompts fit in 256 tokens)
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _cli_seconds(model_dir: Path, *extra: str) -> tuple[float, float]:
     return time.perf_counter() - start, _cpu_children() - cpu
 
 
-def _needle_seconds(loaded) -> dict:
+def _needle_seconds(loaded, max_length: int | None = None) -> dict:
     from headlens import probes
     from headlens.classify import ClassifyConfig
     from headlens.probes import random_token_range
@@ -52,6 +54,7 @@ def _needle_seconds(loaded) -> dict:
     ids = loaded.tokenizer(probes.default_text(), add_special_tokens=False)["input_ids"]
     prompts = probes.needle_prompts(ids, spec.n_ctx, loaded.bos_token_id, random_token_range(spec.d_vocab),
                                     needle_len=config.needle_len, restate=config.needle_restate, seed=config.seed)
+    prompts = [p for p in prompts if max_length is None or p.context <= max_length]
     out = {"n_tests": len(prompts)}
     results = {}
     for cache in (True, False):
@@ -66,9 +69,19 @@ def _needle_seconds(loaded) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--needles-only", action="store_true", help="skip the two CLI runs")
+    parser.add_argument("--max-length", type=int, default=None, help="only needle tests of at most this context")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from headlens.models import build_model, load_model, save_model
+
+    if args.needles_only:
+        needles = _needle_seconds(build_model(None, seed=0, name="gpt2-shaped-random"), args.max_length)
+        (cw, cc), (uw, uc) = needles["cached"], needles["uncached"]
+        print(f"needle probe, {needles['n_tests']} tests (context <= {args.max_length}): cached {cw:.1f} s wall / "
+              f"{cc:.1f} s CPU, uncached {uw:.1f} s / {uc:.1f} s: x{uw / cw:.1f} wall, x{uc / cc:.1f} CPU; "
+              f"identical scores: {needles['identical']}")
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = save_model(build_model(None, seed=0, name="gpt2-shaped-random"), Path(tmp) / "gpt2-shaped")
