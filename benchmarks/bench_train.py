@@ -1,12 +1,12 @@
-"""Training speed of the tiny-model recipe and forward time of the shipped model.
+"""Training speed of both tiny-model recipes, and what their shipped runs took.
 
-Run by hand: `.venv/bin/python benchmarks/bench_train.py [--steps 20] [--repeats 20]`.
+Run by hand: `.venv/bin/python benchmarks/bench_train.py [--steps 20]`.
 Prints one markdown table for BENCHMARKS.md:
-- tokens/s of one training step (forward + backward + AdamW) of the default TrainConfig, at 1 and
-  2 torch threads side by side (same batches, same weights);
-- one forward pass of the shipped model (`load_model("tiny")`) on a full 256-token context,
-  batch 1, in eager attention (what headlens captures from) and sdpa;
-- the shipped run's wall time and tokens/s, read from its training log.
+- tokens/s of one training step (forward + backward + AdamW) of each recipe (`recipe("gpt2")` ->
+  tiny, `recipe("llama")` -> tiny-gqa) at 1 and 2 torch threads (same batches, same weights);
+- each shipped run's wall time and tokens/s, read from its training log (evaluation included),
+  and the step of its induction phase change (headlens.reports.figures.phase_change_step: the best
+  induction score rises from < 0.2 to > 0.5 within a fifth of training).
 """
 
 from __future__ import annotations
@@ -16,17 +16,21 @@ import statistics
 import time
 
 import torch
+from headlens.reports.figures import phase_change_step
+
+from headlens.models import shipped_path
+from headlens.training import byte_tokenizer, load_corpus, load_training_log, recipe, sample_batch
+from headlens.training.loop import build_model
+
+SHIPPED = {"gpt2": "tiny", "llama": "tiny-gqa"}  # recipe -> shipped model
 
 
-def time_training_steps(threads: int, steps: int) -> float:
-    """Median seconds per training step of the default recipe at `threads` threads."""
-    from headlens.models import build_model
-    from headlens.train import TrainConfig, _gpt2_config, byte_tokenizer, load_corpus, sample_batch
-
+def time_training_steps(arch: str, threads: int, steps: int) -> float:
+    """Median seconds per training step of an architecture's recipe at `threads` threads."""
     torch.set_num_threads(threads)
-    config = TrainConfig()
+    config = recipe(arch)
     tokenizer = byte_tokenizer()
-    model = build_model(_gpt2_config(config, tokenizer), seed=0, tokenizer=tokenizer).model.train()
+    model = build_model(config, tokenizer).train()
     optim = torch.optim.AdamW(model.parameters(), lr=config.lr)
     corpus, gen = load_corpus(), torch.Generator().manual_seed(0)
     times = []
@@ -41,47 +45,32 @@ def time_training_steps(threads: int, steps: int) -> float:
     return statistics.median(times[2:])
 
 
-def time_forward(attn: str, repeats: int) -> float:
-    """Median seconds of one no-grad forward of the shipped model on [1, n_ctx] tokens."""
-    from headlens.models import load_model
-
-    loaded = load_model("tiny")
-    loaded.model.config._attn_implementation = attn
-    ids = torch.randint(0, 256, (1, loaded.spec.n_ctx))  # [batch, pos]
-    times = []
-    with torch.no_grad():
-        for _ in range(repeats + 2):
-            start = time.perf_counter()
-            loaded.model(input_ids=ids)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times[2:])
+def stage_walls(log) -> list[float]:
+    """Wall seconds of each stage of a run: `elapsed_s` restarts at every stage."""
+    elapsed = log["elapsed_s"].tolist()
+    ends = [i for i in range(len(elapsed) - 1) if elapsed[i + 1] < elapsed[i]] + [len(elapsed) - 1]
+    return [elapsed[i] for i in ends]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    from headlens.models import shipped_path
-    from headlens.train import TrainConfig, load_training_log
-
-    config = TrainConfig()
-    tokens = config.batch_size * config.n_ctx
     print("| measurement | value |\n| --- | --- |")
-    step = {threads: time_training_steps(threads, args.steps) for threads in (1, 2)}
-    for threads, seconds in step.items():
-        print(f"| training step, {threads} thread(s), batch {config.batch_size} x {config.n_ctx} | "
-              f"{seconds * 1000:.0f} ms, {tokens / seconds:,.0f} tokens/s |")
-    print(f"| ratio 1 thread / 2 threads (step time) | {step[1] / step[2]:.2f} |")
-    torch.set_num_threads(2)
-    fwd = {attn: time_forward(attn, args.repeats) for attn in ("eager", "sdpa")}
-    for attn, seconds in fwd.items():
-        print(f"| forward of the shipped model, 1 x {config.n_ctx} tokens, {attn} | {seconds * 1000:.2f} ms |")
-    print(f"| ratio eager / sdpa (forward) | {fwd['eager'] / fwd['sdpa']:.2f} |")
-    log, _ = load_training_log(shipped_path("tiny"))
-    last = log.iloc[-1]
-    print(f"| shipped run: {int(last.step)} steps, {int(last.tokens_seen):,} tokens | {last.elapsed_s:.0f} s wall, "
-          f"{last.tokens_seen / last.elapsed_s:,.0f} tokens/s (evaluation included) |")
+    for arch, name in SHIPPED.items():
+        config = recipe(arch)
+        tokens = config.batch_size * config.n_ctx
+        for threads in (1, 2):
+            seconds = time_training_steps(arch, threads, args.steps)
+            print(f"| {name} recipe ({arch}): training step, {threads} thread(s), batch {config.batch_size} x "
+                  f"{config.n_ctx} | {seconds * 1000:.0f} ms, {tokens / seconds:,.0f} tokens/s |")
+        log, _ = load_training_log(shipped_path(name))
+        last = log.iloc[-1]
+        wall = stage_walls(log)
+        print(f"| {name} shipped run: {int(last.step)} steps, {int(last.tokens_seen):,} tokens, "
+              f"{len(wall)} stage(s) | {sum(wall):.0f} s wall ({' + '.join(f'{w:.0f}' for w in wall)}), "
+              f"{last.tokens_seen / sum(wall):,.0f} tokens/s (evaluation included) |")
+        print(f"| {name} shipped run: induction phase change (step) | {phase_change_step(log)} |")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def reproduce_command(model: str, text_path: str | None, heads: str | None, swee
 
 def training_logs(loaded):
     """(log_df, heads_df) when the model folder holds a training log (the shipped tiny model does)."""
-    from headlens.train import load_training_log
+    from headlens.training import load_training_log
 
     folder = loaded.path
     if folder is None or not (folder / "training_log.csv").is_file() or not (folder / "training_heads.csv").is_file():

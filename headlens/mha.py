@@ -125,31 +125,53 @@ class CausalSelfAttention(nn.Module):
         return AttentionOutput(pattern=pattern, z=z, attn_out=attn_out)
 
 
+def visible_keys(attention_mask: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Which key each query may attend to: [batch, 1, q_pos, k_pos] bool, True where k <= q, the key
+    is a real token (attention_mask [batch, pos], True on real tokens) and, with a sliding window,
+    k > q - window (transformers' `sliding_window_overlay`)."""
+    pos = attention_mask.shape[1]
+    visible = torch.ones(pos, pos, dtype=torch.bool, device=attention_mask.device).tril()  # [q_pos, k_pos]
+    if window is not None:
+        visible &= ~torch.ones(pos, pos, dtype=torch.bool, device=attention_mask.device).tril(-window)
+    return visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, q_pos, k_pos]
+
+
 def pattern_rows(q: torch.Tensor, k: torch.Tensor, attention_mask: torch.Tensor, scale: float,
-                 q_start: int, q_stop: int, window: int | None = None) -> torch.Tensor:
+                 q_start: int, q_stop: int, window: int | None = None,
+                 visible: torch.Tensor | None = None) -> torch.Tensor:
     """Rows q_start..q_stop-1 of the pattern from a layer's own queries and keys.
 
-    Step 2 of the lesson on a block of queries, softmax in place: the one buffer made is the
-    block's own [batch, head, q_stop - q_start, k_pos]. Keys stay full width so a row's key
-    index is the key's position. q: [batch, head, pos, d_head]; k: [batch, kv_head, pos, d_head]
-    (grouped-query attention: each key/value head serves head // kv_head consecutive query
-    heads); attention_mask: [batch, pos] bool, True on real tokens; `window`: sliding-window
-    attention, keys more than window - 1 positions back are masked.
+    Step 2 of the lesson on a block of queries: scores, mask and softmax on the block's own
+    [batch, head, q_stop - q_start, k_pos]. Keys stay full width so a row's key index is the key's
+    position. q: [batch, head, pos, d_head]; k: [batch, kv_head, pos, d_head] (grouped-query
+    attention: each key/value head serves head // kv_head consecutive query heads; a caller
+    looping over blocks passes k already expanded to every query head); attention_mask: [batch,
+    pos] bool, True on real tokens; `window`: sliding-window attention, keys window or more
+    positions back are masked; `visible`: visible_keys(attention_mask, window), computed once by
+    a caller looping over blocks (each block then costs a handful of tensor operations).
     """
     pos = k.shape[2]
-    rows = q_stop - q_start
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)  # [batch, head, k_pos, d_head]
-    q = q[:, :, q_start:q_stop]  # [batch, head, rows, d_head]
-    pattern = (q @ k.transpose(-2, -1)).mul_(scale)  # [batch, head, rows, k_pos], scores for now
-    visible = torch.ones(rows, pos, dtype=torch.bool, device=q.device).tril(q_start)  # [rows, k_pos]
-    if window is not None:
-        visible &= ~torch.ones(rows, pos, dtype=torch.bool, device=q.device).tril(q_start - window)
-    visible = visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, rows, k_pos]
-    pattern.masked_fill_(~visible, float("-inf"))
-    pattern.sub_(pattern.amax(-1, keepdim=True)).exp_()  # softmax, in place: shift, exp, normalise
-    pattern.div_(pattern.sum(-1, keepdim=True))  # [batch, head, rows, k_pos]
+    # Keys no row of the block can see (after its last query; before its first query's window)
+    # get weight 0 without being scored: causal attention halves the work, a window cuts it more.
+    lo = 0 if window is None else max(0, q_start - window + 1)
+    hi = min(pos, q_stop)
+    if visible is None:
+        visible = torch.ones(q_stop - q_start, hi - lo, dtype=torch.bool, device=q.device).tril(q_start - lo)
+        if window is not None:
+            visible &= ~torch.ones(q_stop - q_start, hi - lo, dtype=torch.bool,
+                                   device=q.device).tril(q_start - lo - window)
+        visible = visible[None, None] & attention_mask.bool()[:, None, None, lo:hi]  # [batch, 1, rows, hi - lo]
+    else:
+        visible = visible[:, :, q_start:q_stop, lo:hi]  # [batch, 1, rows, hi - lo] (a view)
+    scores = (q[:, :, q_start:q_stop] @ k[:, :, lo:hi].transpose(-2, -1)).mul_(scale)  # [batch, head, rows, hi - lo]
+    scores.masked_fill_(~visible, float("-inf"))
+    pattern = scores.new_empty(*scores.shape[:-1], pos)  # [batch, head, rows, k_pos]
+    pattern[..., :lo].zero_()
+    pattern[..., hi:].zero_()
+    torch.softmax(scores, dim=-1, out=pattern[..., lo:hi])
     return pattern.nan_to_num_(0.0)  # rows with no visible key -> zeros
 
 

@@ -24,7 +24,7 @@ from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
 
 # Short names for models that ship inside the package (headlens/data/<name>).
-SHIPPED_MODELS = {"tiny": "tiny"}
+SHIPPED_MODELS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa"}
 # Files a hub snapshot needs; weights are safetensors only (never pickles from the network).
 _HUB_PATTERNS = ["config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt",
                  "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]

@@ -60,19 +60,21 @@ function msg(key, values) {
   });
 })();
 
-(function attentionViewer() {
-  var dataEl = document.getElementById("viewer-data");
+// The viewer whose elements have the ids viewer-data, viewer-app, ... followed by `suffix`: a report holds
+// one (suffix ""); a notebook page may hold several, each with its own suffix (headlens.reports.inline).
+function attentionViewer(suffix) {
+  var dataEl = document.getElementById("viewer-data" + suffix);
   if (!dataEl) { return; }
   var data = JSON.parse(dataEl.textContent);
   var raw = atob(data.patterns_b64);
   var weights = new Uint8Array(raw.length);
   for (var i = 0; i < raw.length; i++) { weights[i] = raw.charCodeAt(i); }
   var P = data.pos, H = data.n_heads, L = data.n_layers;
-  var app = document.getElementById("viewer-app");
-  var tokensEl = document.getElementById("viewer-tokens");
-  var gridEl = document.getElementById("viewer-grid");
-  var headSelect = document.getElementById("viewer-head");
-  var statusEl = document.getElementById("viewer-status");
+  var app = document.getElementById("viewer-app" + suffix);
+  var tokensEl = document.getElementById("viewer-tokens" + suffix);
+  var gridEl = document.getElementById("viewer-grid" + suffix);
+  var headSelect = document.getElementById("viewer-head" + suffix);
+  var statusEl = document.getElementById("viewer-status" + suffix);
   var state = { query: P - 1, layer: 0, head: 0 };
   var parts = String(data.default_head).split(".");
   state.layer = parseInt(parts[0], 10) || 0;
@@ -173,4 +175,5 @@ function msg(key, values) {
 
   app.hidden = false;
   draw();
-})();
+}
+attentionViewer("");

@@ -1,8 +1,10 @@
-"""The tiny-model recipe: tokenizer, batches, schedule, ICL measures, a micro run, errors."""
+"""The tiny-model recipes: tokenizer, batches, schedule, ICL measures, micro runs of both architectures, errors."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -13,14 +15,16 @@ from safetensors.torch import load_file
 from headlens.capture import iter_batches, run_capture
 from headlens.errors import ConfigError, OutputPathError
 from headlens.scores.icl import copy_losses, icl_positions, icl_score, second_copy_induction_reducer
-from headlens.train import (
+from headlens.training import (
     HEAD_COLUMNS,
     LOG_COLUMNS,
     TrainConfig,
     byte_tokenizer,
     load_training_log,
     lr_at,
+    recipe,
     sample_batch,
+    stages,
     train_tiny,
 )
 
@@ -28,8 +32,10 @@ from headlens.train import (
 CONTRACT_LOG_COLUMNS = ["step", "tokens_seen", "train_loss", "heldout_loss", "icl_score", "best_induction_score",
                         "best_prev_token_score", "repeat_loss_first", "repeat_loss_second"]
 # A micro recipe: 2 layers x 2 heads, 64-token context, batch 4; 6 steps, checkpoint every 3.
-MICRO = TrainConfig(steps=6, n_layers=2, n_heads=2, d_model=32, n_ctx=64, batch_size=4, segment_max=16,
-                    checkpoint_every=3, eval_windows=4, probe_seqs=4, probe_seq_len=20)
+MICRO = TrainConfig(steps=6, n_layers=2, n_heads=2, d_model=32, d_mlp=128, n_ctx=64, batch_size=4, segment_max=16,
+                    needle_max=12, checkpoint_every=3, eval_windows=4, probe_seqs=4, probe_seq_len=20)
+# The same micro shape as a Llama with grouped-query attention: 4 query heads over 2 key/value heads.
+MICRO_LLAMA = replace(MICRO, arch="llama", n_heads=4, n_kv_heads=2)
 # float64 sums of float32 losses: exact arithmetic on these constructed values up to rounding.
 FLOAT_TOL = 1e-9
 
@@ -40,6 +46,13 @@ def micro_runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("micro")
     return {name: train_tiny(base / name, seed=seed, config=MICRO)
             for name, seed in (("a", 0), ("b", 0), ("c", 1))}
+
+
+@pytest.fixture(scope="module")
+def llama_runs(tmp_path_factory):
+    """Two micro Llama runs with seed 0 (a few seconds)."""
+    base = tmp_path_factory.mktemp("micro-llama")
+    return [train_tiny(base / name, config=MICRO_LLAMA) for name in "ab"]
 
 
 # Tokenizer and batches --------------------------------------------------------------------
@@ -57,7 +70,7 @@ def test_byte_tokenizer_ids_are_utf8_bytes(tmp_path):
 
 
 def test_sample_batch_bos_and_repeated_segments():
-    config = TrainConfig(batch_size=64, repeat_share=1.0, printable_share=1.0)
+    config = TrainConfig(batch_size=64, repeat_share=1.0, needle_share=0.0, printable_share=1.0)
     corpus = torch.full((10_000,), ord("a"), dtype=torch.uint8)  # a corpus with one byte
     ids = sample_batch(corpus, config, torch.Generator().manual_seed(0))  # [batch, n_ctx]
     assert ids.shape == (64, config.n_ctx) and (ids[:, 0] == 256).all()
@@ -70,7 +83,7 @@ def test_sample_batch_bos_and_repeated_segments():
 
 
 def test_sample_batch_text_only_copies_the_corpus():
-    config = TrainConfig(batch_size=8, repeat_share=0.0)
+    config = TrainConfig(batch_size=8, repeat_share=0.0, needle_share=0.0)
     corpus = torch.arange(5000) % 251  # every window is identified by its first byte
     ids = sample_batch(corpus.to(torch.uint8), config, torch.Generator().manual_seed(3))
     for row in ids[:, 1:]:
@@ -182,7 +195,9 @@ def test_logged_scores_match_a_fresh_measurement(micro_runs):
 # Errors ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field, value", [("steps", 0), ("seed", -1), ("d_model", 30), ("repeat_share", 1.5),
-                                          ("segment_min", 1), ("probe_seq_len", 200), ("segment_max", 500)])
+                                          ("segment_min", 1), ("probe_seq_len", 200), ("segment_max", 500),
+                                          ("arch", "mamba"), ("n_kv_heads", 3), ("needle_share", 0.9),
+                                          ("needle_max", 100)])
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ConfigError, match=field):
         TrainConfig(**{field: value})
@@ -220,7 +235,76 @@ def test_cli_trains_the_default_recipe_for_two_steps(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "trained 2 steps" in result.stdout
+    assert "trained 4 steps" in result.stdout  # two stages of 2 steps
     log, _ = load_training_log(out)
-    assert log["step"].tolist() == [0, 2]
-    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert log["step"].tolist() == [0, 2, 4]  # stage 2's log continues stage 1's
+    assert log["lr"].iloc[-1] == pytest.approx(lr_at(1, recipe("gpt2", steps=2)))
+    for folder in (out, out / "stage1"):
+        assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    assert json.loads((out / "train_config.json").read_text())["init_from"] == str(out / "stage1")
+
+
+# Episodes -------------------------------------------------------------------------------------
+
+def test_needle_episodes_hold_one_needle_twice_inside_consecutive_text():
+    config = TrainConfig(batch_size=32, repeat_share=0.0, needle_share=1.0)
+    corpus = (torch.arange(20_000) % 20 + 160).to(torch.uint8)  # non-printable bytes: needles stand out
+    ids = sample_batch(corpus, config, torch.Generator().manual_seed(1))  # [batch, n_ctx]
+    for row in ids[:, 1:].tolist():
+        marks = [i for i, b in enumerate(row) if 32 <= b < 127]
+        runs = [[marks[0]]]
+        for i in marks[1:]:
+            (runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i]))
+        first, second = ([row[i] for i in run] for run in runs[:2])
+        assert len(runs) in (1, 2)
+        assert config.needle_min <= len(first) <= config.needle_max
+        if len(runs) == 2:  # the second copy may run past the context
+            assert second == first[: len(second)]
+            assert runs[1][0] - runs[0][-1] - 1 >= 4  # text between the copies
+        text = [b for i, b in enumerate(row) if not 32 <= b < 127]  # the text without the needles
+        assert all((b - a) % 20 == 1 for a, b in zip(text, text[1:], strict=False))  # consecutive corpus bytes
+
+
+def test_recipes_per_architecture():
+    first, second = stages("gpt2")
+    assert first == TrainConfig() and first.needle_share == 0  # stage 1: repeats and text only
+    assert recipe("gpt2") == second and second.needle_share > 0 and second.arch == "gpt2"
+    assert [s.steps for s in stages("gpt2", steps=7)] == [7, 7]
+    gqa = recipe("llama")
+    assert stages("llama") == (gqa,)
+    assert gqa.arch == "llama" and gqa.n_heads == 8 and gqa.kv_heads == 2
+    assert recipe("llama", steps=5).steps == 5
+    with pytest.raises(ConfigError, match="arch"):
+        recipe("mamba")
+
+
+# The Llama micro run --------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_llama_micro_run_is_grouped_and_deterministic(llama_runs):
+    from transformers import AutoModelForCausalLM
+
+    a, b = (load_file(folder / "model.safetensors") for folder in llama_runs)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # same seed: bit-identical
+    model = AutoModelForCausalLM.from_pretrained(str(llama_runs[0]))
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.config.num_attention_heads == 4 and model.config.num_key_value_heads == 2
+    assert a["model.layers.0.self_attn.k_proj.weight"].shape == (2 * 8, 32)  # 2 key/value heads of d_head 8
+    log, heads = load_training_log(llama_runs[0])
+    assert log["step"].tolist() == [0, 3, 6] and len(heads) == 3 * 2 * 4
+
+
+@pytest.mark.slow
+def test_cli_trains_the_llama_recipe_deterministically(tmp_path):
+    from headlens.cli.main import cli
+
+    weights = []
+    for name in "ab":
+        out = tmp_path / name
+        result = CliRunner().invoke(cli, ["train-tiny", "--arch", "llama", "--steps", "3", "--out", str(out),
+                                          "--no-progress"])
+        assert result.exit_code == 0, result.output
+        weights.append(load_file(out / "model.safetensors"))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert weights[0]["model.layers.0.self_attn.k_proj.weight"].shape[0] * 4 == \
+        weights[0]["model.layers.0.self_attn.q_proj.weight"].shape[0]  # 8 query heads over 2 key/value heads

@@ -1,0 +1,270 @@
+"""Results shown inline in Jupyter and VS Code notebooks: HTML fragments with no network and no `<script src>`.
+
+`view(result)` wraps a library result in an object that renders itself as the last expression of a cell
+(IPython calls its `_repr_html_`); `show(result)` displays it at once. Recognised results: the classify_heads
+frame (score heatmaps + label table), a sweep_heads frame (delta-loss heatmap), an ablate_heads dict or a list
+of them (bars with 95% CIs), a prune_curve frame, a validate_model frame, load_training_log's (log, heads) pair
+and a sample_patterns dict (the report's interactive attention viewer). Return types of the library are
+untouched: the views only read them. Prose comes from the reports' message catalogue (headlens.reports.i18n) in
+the language asked for (`lang="en"` or `"es"`); only the viewer's static caption is this module's own.
+
+Self-contained, as the report is: figures are PNG data URIs, the style and the script are inline. The viewer
+runs report.js's `attentionViewer(suffix)` on elements whose ids end in a suffix drawn afresh at every render,
+so several viewers in one page never clash. Where scripts do not run (an untrusted notebook in JupyterLab,
+GitHub's notebook preview) a static picture of the default head's pattern stands in; the script
+hides it once the interactive viewer is drawn.
+"""
+
+from __future__ import annotations
+
+import secrets
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+from headlens.reports import explain, figures, sections
+from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
+from headlens.reports.viewer import default_viewer_tokens, safe_json, viewer_payload
+
+# The inline views' own sentences (the rest is the reports' message catalogue, headlens.reports.i18n).
+PROSE = {
+    "en": {"viewer_static": "Static picture of head {head}'s pattern (rows: query token, columns: key token). "
+                            "The interactive viewer needs JavaScript: in Jupyter, run the cell again or trust "
+                            "the notebook."},
+    "es": {"viewer_static": "Imagen fija del patrón de la cabeza {head} (filas: token de consulta, columnas: token "
+                            "de clave). El visor interactivo necesita JavaScript: en Jupyter, vuelve a ejecutar la "
+                            "celda o marca el cuaderno como de confianza."},
+}
+
+# Rows of the sweep's "needed most" table.
+SWEEP_TOP_ROWS = 10
+# The viewer's static stand-in is drawn this many pixels wide (one pixel per weight, scaled up).
+STATIC_PIXELS = 256
+
+# Scoped to .headlens-inline so that nothing else on the notebook page changes.
+STYLE = """
+.headlens-inline { font-family: system-ui, sans-serif; line-height: 1.4; }
+.headlens-inline figure { display: inline-block; margin: 0.3em 1em 0.3em 0; vertical-align: top; }
+.headlens-inline figcaption { font-size: 0.85em; color: #444; }
+.headlens-inline .score { display: inline-block; max-width: 540px; margin-right: 1em; vertical-align: top; }
+.headlens-inline .explain { font-size: 0.9em; max-width: 60em; }
+.headlens-inline table { border-collapse: collapse; font-size: 0.85em; }
+.headlens-inline th, .headlens-inline td { border: 1px solid #ddd; padding: 2px 6px; text-align: left; }
+.headlens-inline .tokens { font-family: ui-monospace, monospace; line-height: 2; margin: 0.5em 0; }
+.headlens-inline .tok { display: inline-block; line-height: 1.3; white-space: pre; border: 1px solid #ccc;
+  border-radius: 3px; padding: 1px 2px; margin: 1px; cursor: pointer; }
+.headlens-inline .tok.query { outline: 2px solid #d00; }
+.headlens-inline .viewer-grid canvas { display: block; cursor: pointer; border: 1px solid #ccc; }
+.headlens-inline .viewer-grid canvas.chosen { border: 1px solid #d00; outline: 2px solid #d00; }
+.headlens-inline .viewer-grid th { font-weight: normal; font-size: 0.8em; border: none; }
+.headlens-inline .viewer-grid td { border: none; padding: 1px; }
+.headlens-inline .static img { image-rendering: pixelated; border: 1px solid #ccc; }
+"""
+
+
+class InlineView:
+    """A library result that renders itself in a notebook (`_repr_html_`); `html()` gives the fragment."""
+
+    def __init__(self, result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG):
+        self.kind = kind_of(result)
+        self.result = result
+        self.heads = heads  # a classify_heads frame: the viewer's menu names each labelled head
+        self.lang = check_lang(lang)  # language of the prose (headlens.reports.i18n.LANGS)
+
+    def html(self) -> str:
+        """The HTML fragment; element ids get a fresh suffix at every call."""
+        return render_html(self.result, heads=self.heads, lang=self.lang)
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def __repr__(self) -> str:
+        return f"<headlens {self.kind} view: display it in a notebook, or call .html()>"
+
+
+def view(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> InlineView:
+    """`result` as an InlineView; TypeError when it is no result headlens knows how to draw."""
+    return InlineView(result, heads=heads, lang=lang)
+
+
+def show(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> None:
+    """Display `result` in the running notebook (IPython.display); RuntimeError outside IPython."""
+    inline = view(result, heads=heads, lang=lang)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:
+        raise RuntimeError("show() displays in a Jupyter or VS Code notebook (IPython); elsewhere write a page "
+                           "with `headlens report` or take the fragment from headlens.reports.inline.view(result)"
+                           ".html()")
+    display(inline)
+
+
+def attention_sample(loaded, text: str, max_tokens: int | None = None, repeat: bool = False) -> dict:
+    """sample_patterns on `text`, `max_tokens` defaulting to the report's viewer length for this model."""
+    from headlens.samples import sample_patterns
+
+    spec = loaded.spec
+    n = max_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)
+    return sample_patterns(loaded, text, n, repeat=repeat)
+
+
+# What each result looks like
+
+def _is_ablation(value) -> bool:
+    return isinstance(value, dict) and "delta_loss" in value and "heads" in value
+
+
+def kind_of(result) -> str:
+    """heads | sweep | ablation | pruning | validation | training | attention; TypeError otherwise."""
+    if isinstance(result, dict) and "tokens" in result and "patterns" in result:
+        return "attention"
+    if _is_ablation(result) or (isinstance(result, list) and result and all(_is_ablation(r) for r in result)):
+        return "ablation"
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], pd.DataFrame) \
+            and "step" in result[0]:
+        return "training"
+    if isinstance(result, pd.DataFrame):
+        columns = set(result.columns)
+        if "fraction_removed" in columns and "loss" in columns:
+            return "pruning"
+        if {"quantity", "reference", "passed"} <= columns:
+            return "validation"
+        if {"layer", "head"} <= columns and ("labels" in columns or columns & {s.column for s in explain.SCORES}):
+            return "heads"
+        if {"layer", "head", "delta_loss"} <= columns:
+            return "sweep"
+    raise TypeError(f"headlens cannot display a {type(result).__name__} of this shape: it shows the results of "
+                    "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model, load_training_log "
+                    "and sample_patterns")
+
+
+def render_html(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> str:
+    """The self-contained fragment of one result (see the module docstring), its prose in `lang`."""
+    kind = kind_of(result)
+    lang = check_lang(lang)
+    suffix = "-hl" + secrets.token_hex(6)
+    body = {
+        "heads": lambda: heads_html(result, lang),
+        "sweep": lambda: sweep_html(result, lang),
+        "ablation": lambda: ablation_html(result, lang),
+        "pruning": lambda: pruning_html(result, lang),
+        "validation": lambda: validation_html(result, lang),
+        "training": lambda: training_html(result, lang),
+        "attention": lambda: attention_html(result, heads, suffix, lang),
+    }[kind]()
+    return (f'<div class="headlens-inline" data-kind="{kind}" lang="{lang}" id="headlens{suffix}">'
+            f"<style>{STYLE}</style>{body}</div>")
+
+
+def esc(text: str) -> str:
+    return sections.esc(text)
+
+
+def heads_html(frame: pd.DataFrame, lang: str) -> str:
+    """One heatmap per score present (explain.SCORES), with its threshold, then the label table."""
+    thresholds = explain.score_thresholds(frame.attrs)
+    parts = [f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
+    for info in explain.SCORES:
+        if info.column not in frame or frame[info.column].isna().all():
+            continue
+        threshold = thresholds.get(info.column)
+        uri = figures.score_heatmap_uri(frame, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
+                                        lang=lang)
+        cut = " " + t("scores.threshold", lang, threshold=f"{threshold:g}") if threshold is not None else ""
+        parts.append(f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
+                     f'{sections.figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
+                     f'<p class="explain">{esc(info.what(lang) + cut)} <cite>{esc(info.source(lang))}</cite></p></div>')
+    parts.append(f"<p><strong>{esc(t('scores.labels_title', lang))}</strong></p>")
+    labels = sections.label_frame(frame, lang)
+    if "kv_group" in frame and (frame["kv_group"] != frame["head"]).any():  # grouped-query attention
+        groups = {f"{r.layer}.{r.head}": int(r.kv_group) for r in frame.itertuples()}
+        labels.insert(1, "kv_group", labels["head"].map(groups))  # the label table has its own row order
+    parts.append(sections.table(labels, sortable=False, lang=lang))
+    return "\n".join(parts)
+
+
+def sweep_html(frame: pd.DataFrame, lang: str) -> str:
+    """The delta-loss heatmap, then the heads whose ablation raises the loss most."""
+    top = frame.sort_values("delta_loss", ascending=False).head(SWEEP_TOP_ROWS).reset_index(drop=True)
+    return (f'<p class="explain">{esc(t("ablation.text", lang))}</p><p><strong>'
+            f'{esc(t("ablation.sweep_title", lang))}</strong></p>'
+            + sections.figure(figures.delta_heatmap_uri(frame, lang), t("ablation.sweep_alt", lang))
+            + f"<p>{esc(t('ablation.top', lang))}</p>" + sections.table(top, sortable=False, lang=lang))
+
+
+def ablation_html(result, lang: str) -> str:
+    """Bars of delta loss with their 95% CIs, then every number of each ablation."""
+    results = [result] if isinstance(result, dict) else list(result)
+    rows = sections.ablation_rows(results)
+    keys = ["heads", "method", "metric", "n_tokens", "loss", "loss_ablated", "delta_loss"]
+    frame = pd.DataFrame([{**{key: r.get(key) for key in keys}, "ci95_low": row["low"], "ci95_high": row["high"]}
+                          for r, row in zip(results, rows, strict=True)])
+    return (f'<p class="explain">{esc(t("ablation.text", lang))}</p>'
+            + sections.figure(figures.ablation_bars_uri(rows, lang), t("ablation.bars_alt", lang),
+                              t("ablation.bars_caption", lang))
+            + sections.table(frame, sortable=False, lang=lang))
+
+
+def pruning_html(frame: pd.DataFrame, lang: str) -> str:
+    return (f"<p><strong>{esc(t('ablation.pruning_title', lang))}</strong></p>"
+            + sections.figure(figures.pruning_curve_uri(frame, lang), t("ablation.pruning_alt", lang))
+            + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang))
+
+
+def validation_html(frame: pd.DataFrame, lang: str) -> str:
+    failed = int((~frame["passed"].astype(bool)).sum())
+    verdict = t("validation.passed", lang) if failed == 0 else t("validation.failed", lang, n=failed)
+    return (f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong></p>'
+            + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang))
+
+
+def training_html(training, lang: str) -> str:
+    log, heads = training
+    step = figures.phase_change_step(log)
+    rule = t("training.rule", lang, low=f"{figures.PHASE_LOW:g}", high=f"{figures.PHASE_HIGH:g}",
+             share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
+    note = (t("training.change", lang, step=step, rule=rule) if step is not None
+            else t("training.no_change", lang, rule=rule))
+    return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
+            + sections.figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
+
+
+def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:
+    """The report's viewer (report.js) on elements whose ids end in `suffix`, and a static stand-in."""
+    payload = viewer_payload(sample, heads, lang)
+    layer, head = (int(x) for x in payload["default_head"].split("."))
+    patterns = np.asarray(sample["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
+    static, _ = figures.pattern_image_uri(patterns[layer, head])  # [q_pos, k_pos] -> PNG, a pixel per weight
+    total, shown = sample.get("n_tokens_total"), payload["pos"]
+    cut = (t("viewer.cut", lang, total=total, shown=shown) if isinstance(total, int) and total > shown
+           else t("viewer.all", lang, shown=shown))
+    if sample.get("repeated"):
+        cut = t("viewer.repeated", lang, shown=shown)
+    caption = PROSE[lang]["viewer_static"].format(head=f"{layer}.{head}")
+    s = suffix
+    return f"""<p class="explain">{esc(t("viewer.intro", lang, cut=cut))}</p>
+<div class="static" id="viewer-static{s}"><figure><img src="{static}" alt="{esc(caption)}"
+style="width: {STATIC_PIXELS}px; height: {STATIC_PIXELS}px"><figcaption>{esc(caption)}</figcaption></figure></div>
+<div id="viewer-app{s}" hidden>
+<p><label>{esc(t("viewer.head_menu", lang))} <select id="viewer-head{s}"></select></label>
+<span id="viewer-status{s}" aria-live="polite"></span></p>
+<div id="viewer-tokens{s}" class="tokens"></div>
+<div id="viewer-grid{s}" style="overflow-x: auto"></div>
+</div>
+<script type="application/json" id="viewer-data{s}">{safe_json(payload)}</script>
+<script>{viewer_script(s, lang)}</script>"""
+
+
+def viewer_script(suffix: str, lang: str) -> str:
+    """report.js inside a function scope with its messages in `lang`, then the viewer of `suffix`; drawn once
+    even if run twice."""
+    script = (resources.files("headlens.reports") / "report.js").read_text(encoding="utf-8")
+    return (f"(function () {{\n{script}\nMESSAGES = {safe_json(js_messages(lang))};\n"
+            f"var app = document.getElementById({safe_json('viewer-app' + suffix)});\n"
+            "if (!app || app.getAttribute(\"data-drawn\")) { return; }\n"
+            f"attentionViewer({safe_json(suffix)});\napp.setAttribute(\"data-drawn\", \"1\");\n"
+            f"var still = document.getElementById({safe_json('viewer-static' + suffix)});\n"
+            "if (still && !app.hidden) { still.hidden = true; }\n})();")
