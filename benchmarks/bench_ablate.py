@@ -57,7 +57,7 @@ def _setup():
     ids[:, 0] = loaded.bos_token_id
     mask = torch.ones_like(ids, dtype=torch.bool)  # [n_seq, pos]
     counted = torch.ones((N_SEQ, SEQ_LEN - 1), dtype=torch.bool)  # [n_seq, pos-1]
-    return loaded, EvalSet(ids, mask, counted, None, None, "text", "bench")
+    return loaded, EvalSet(ids, mask, counted, "loss", "bench", f"{N_SEQ} x {SEQ_LEN} random tokens")
 
 
 def matmul_rate(repeats: int = 5) -> dict:
@@ -151,7 +151,8 @@ def section_attribution() -> dict:
 
 
 def section_tiny() -> dict:
-    from headlens.ablation.ablate import agreement, approx_sweep, sweep_heads
+    from headlens.ablation.ablate import sweep_heads
+    from headlens.ablation.approx import agreement, approx_sweep
     from headlens.models import load_model, shipped_path
 
     if not (shipped_path("tiny") / "config.json").is_file():
@@ -163,7 +164,7 @@ def section_tiny() -> dict:
         exact = sweep_heads(loaded, metric=metric)
         t_exact = time.perf_counter() - start
         start = time.perf_counter()
-        approx = approx_sweep(loaded, metric=metric)
+        approx = approx_sweep(loaded, metric=metric, approx="atp")
         t_approx = time.perf_counter() - start
         out[metric] = {"exact_s": t_exact, "approx_s": t_approx, **agreement(exact, approx),
                        "n_tokens": int(exact.n_tokens.iloc[0])}

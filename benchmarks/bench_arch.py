@@ -114,7 +114,7 @@ def _sweep_setup():
     ids = _ids(N_SEQ, SEQ_LEN, 0)
     mask = torch.ones_like(ids, dtype=torch.bool)  # [n_seq, pos]
     counted = torch.ones((N_SEQ, SEQ_LEN - 1), dtype=torch.bool)  # [n_seq, pos-1]
-    return loaded, EvalSet(ids, mask, counted, None, None, "text", "bench")
+    return loaded, EvalSet(ids, mask, counted, "loss", "bench", "random tokens")
 
 
 def run_exact(layers: list[int]) -> dict:

@@ -21,11 +21,19 @@ from headlens.cli.options import (
 FORMATS = ("table", "json")
 
 
-def _row_object(model: str, method: str, metric: str, row) -> dict:
-    """One sweep row as the JSON object of a single-head ablation."""
-    return {"model": model, "heads": [f"{row['layer']}.{row['head']}"], "method": method, "metric": metric,
-            "n_tokens": int(row["n_tokens"]), "loss": row["loss"], "loss_ablated": row["loss_ablated"],
-            "delta_loss": row["delta_loss"], "ci95": [row["ci95_low"], row["ci95_high"]]}
+GENERIC_KEYS = ["n", "clean", "ablated", "delta"]
+LOSS_KEYS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
+ABOUT_KEYS = ["data", "reference", "resampled"]
+
+
+def _row_object(model: str, method: str, metric: str, row, about: dict) -> dict:
+    """One sweep row as the JSON object of a single-head ablation (NaN CI bounds: null)."""
+    ci = None if row["ci95_low"] != row["ci95_low"] else [row["ci95_low"], row["ci95_high"]]
+    obj = {"model": model, "heads": [f"{row['layer']}.{row['head']}"], "method": method, "metric": metric,
+           **{key: row[key] for key in GENERIC_KEYS}, "ci95": ci}
+    obj.update({key: row[key] for key in LOSS_KEYS if key in row})
+    obj.update(about)
+    return obj
 
 
 def _write_json_atomic(path, obj) -> None:
@@ -42,83 +50,120 @@ def _print_frame(frame, fmt: str, to_objects) -> None:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
 
 
-def _run_approx(loaded, heads, method, metric, text, seed, check, fmt, progress):
-    from headlens.ablation.ablate import agreement, approx_sweep, sweep_heads
+def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
+    from headlens.ablation.ablate import sweep_heads
+    from headlens.ablation.approx import agreement, approx_sweep, spot_check
 
-    approx = approx_sweep(loaded, method=method, metric=metric, text=text, seed=seed)
+    approx = approx_sweep(loaded, approx=kind, graddrop=graddrop, **options)
     keep = {(h.layer, h.head) for h in heads}
     approx = approx[[(r.layer, r.head) in keep for r in approx.itertuples()]].reset_index(drop=True)
-    summary = None
     if check:
-        exact = sweep_heads(loaded, method=method, metric=metric, text=text, seed=seed, progress=progress, heads=heads)
-        approx = approx.merge(exact[["layer", "head", "delta_loss"]], on=["layer", "head"])
-        summary = agreement(exact, approx)
+        exact = sweep_heads(loaded, progress=progress, heads=heads, **options)
+        approx = approx.merge(exact[["layer", "head", "delta"]], on=["layer", "head"])
+        summary = {"kind": "check", "n_seq": "all", **agreement(exact, approx)}
+    else:
+        summary = {"kind": "spot check", **spot_check(loaded, approx=kind, **options)}
+    name = str(loaded.name)
 
     def to_obj(row):
-        obj = {"model": str(loaded.name), "heads": [f"{row['layer']}.{row['head']}"], "method": method,
-               "metric": metric, "n_tokens": int(row["n_tokens"]), "delta_loss_approx": row["delta_loss_approx"]}
-        if "delta_loss" in row:
-            obj["delta_loss"] = row["delta_loss"]
+        obj = {"model": name, "heads": [f"{row['layer']}.{row['head']}"], "method": options["method"],
+               "metric": options["metric"], "approx": kind, "n": int(row["n"]), "delta_approx": row["delta_approx"]}
+        obj.update({key: row[key] for key in ("delta_loss_approx", "graddrop", "delta") if key in row})
         return obj
 
     _print_frame(approx, fmt, to_obj)
-    if summary is not None:
-        if fmt == "json":
-            click.echo(json.dumps({"check": summary}))
-        else:
-            click.echo(f"agreement with the exact sweep over {summary['n_heads']} heads: "
-                       f"pearson {summary['pearson']:.4f}, spearman {summary['spearman']:.4f}")
+    if fmt == "json":
+        click.echo(json.dumps({"check" if check else "trust": summary}))
+    else:
+        click.echo(_trust_line(kind, summary))
     return approx
+
+
+def _trust_line(kind: str, summary: dict) -> str:
+    where = ("the exact sweep" if summary["kind"] == "check" else
+             f"exact ablations of {summary['n_heads']} random heads on {summary['n_seq']} evaluation sequences")
+    return (f"{kind} vs {where}: spearman {summary['spearman']:.3f}, pearson {summary['pearson']:.3f}, "
+            f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f} (trust the estimate only as far as this)")
+
+
+def _print_ablation(ablation: dict) -> None:
+    for key, value in ablation.items():
+        if key == "control":
+            deltas = sorted(value["deltas"])
+            click.echo(f"{'control':>13}  {value['k']} random sets with the same heads per layer (seed "
+                       f"{value['seed']}): delta {deltas[0]:.5f} .. {deltas[-1]:.5f}, chosen set rank "
+                       f"{value['rank']} of {value['k'] + 1}, p = {value['p_value']:.3f}")
+        else:
+            click.echo(f"{key:>13}  {value}")
 
 
 @click.command("ablate")
 @model_argument("gpt2")
-@click.option("--heads", "spec", required=True, help="L.H,L.H (together) | layer:L (together) | all (one at a time)")
+@click.option("--heads", "spec", required=True,
+              help="L.H,L.H | layer:L (together) | all (one at a time) | a role: induction, retrieval, "
+                   "previous_token, duplicate_token, first_token, label:NAME (together)")
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
-@click.option("--metric", default="text", show_default=True, help="text | repeat")
+@click.option("--metric", default="loss", show_default=True, help="loss (= text) | repeat | logit-diff | prob | needle")
 @click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
-              help="UTF-8 text for the text metric (default: the held-out text shipped with the tiny model)")
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the bootstrap, probes and resampling")
+              help="UTF-8 text for loss and needle (>= 2 tokens; default: the tiny model's held-out text)")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
+              help='JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)')
+@click.option("--reference", "reference_path", type=click.Path(dir_okay=False), default=None,
+              help="UTF-8 text that mean / resample ablation draw z from [default: the evaluation set itself]")
+@click.option("--bos/--no-bos", default=True, show_default=True, help="prepend BOS to each text window")
+@click.option("--labels", "labels_path", type=click.Path(dir_okay=False), default=None,
+              help="heads.json from `headlens classify --out` for role heads [default: classify the model]")
+@click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
+@click.option("--seed", default=0, show_default=True, type=int, help="seed of bootstrap, probes, resampling, control")
 @format_option(*FORMATS)
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="directory: a sweep appends each finished head there (rows.jsonl, then sweep.csv)")
 @click.option("--resume", is_flag=True, help="continue the sweep found in --out")
-@click.option("--approx", is_flag=True, help="estimate each head's zero-ablation delta by attribution patching")
+@click.option("--approx", default=None, is_flag=False, flag_value="atp", metavar="[atp|atp*]",
+              help="estimate every single-head delta from gradients: atp (attribution patching) or atp* (AtP*)")
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
+@click.option("--graddrop", is_flag=True, help="with --approx: add AtP*'s GradDrop score (unsigned)")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
 @placement_options
-def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resume, approx, check,
-                   report_path, lang, progress, placement) -> None:
-    """What does MODEL lose without these heads? Ablate them at z and measure the loss."""
+def ablate_command(model, spec, method, metric, text_path, prompts_path, reference_path, bos, labels_path, control,
+                   seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress, placement) -> None:
+    """What does MODEL lose without these heads? Ablate them at z and measure the metric."""
     from headlens import distributed
     from headlens.ablation.ablate import ablate_heads, sweep_heads
-    from headlens.ablation.evalset import check_choice
+    from headlens.ablation.metrics import check_choice
+    from headlens.ablation.prompts import read_prompts
+    from headlens.ablation.roles import parse_control, read_labels, resolve_heads
     from headlens.errors import ConfigError
-    from headlens.heads import parse_heads
     from headlens.models import load_model
     from headlens.probes import read_text
 
-    check_choice(method, metric)
-    if check and not approx:
-        raise ConfigError("--check compares --approx with the exact sweep: pass --approx too")
+    metric = check_choice(method, metric)
+    k = parse_control(control)
+    if (check or graddrop) and not approx:
+        raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
-    text = read_text(text_path) if text_path else None
+    options = {"method": method, "metric": metric, "seed": seed, "bos": bos,
+               "text": read_text(text_path) if text_path else None,
+               "prompts": read_prompts(prompts_path) if prompts_path else None,
+               "reference": read_text(reference_path) if reference_path else None}
+    labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
-    heads = parse_heads(spec, loaded.spec.n_layers, loaded.spec.n_heads)
-    sweep = spec.strip().lower() == "all"
-    name = str(loaded.name)
+    heads, chosen_by = resolve_heads(loaded, spec, labels)
+    if chosen_by:
+        click.echo(f"{chosen_by}: {', '.join(str(h) for h in heads)}", err=True)
     sweep_df, ablation = None, None
     if approx:
-        sweep_df = _run_approx(loaded, heads, method, metric, text, seed, check, fmt, progress)
-    elif sweep:
-        sweep_df = sweep_heads(loaded, method=method, metric=metric, text=text, seed=seed, progress=progress,
-                               out=out, resume=resume)
-        _print_frame(sweep_df, fmt, lambda row: _row_object(name, method, metric, row))
+        sweep_df = _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
+    elif spec.strip().lower() == "all":
+        sweep_df = sweep_heads(loaded, progress=progress, out=out, resume=resume, **options)
+        _print_frame(sweep_df, fmt, lambda row: _row_object(str(loaded.name), method, metric, row, sweep_df.attrs))
+        if fmt != "json":
+            click.echo("; ".join(f"{key}: {sweep_df.attrs[key]}" for key in ABOUT_KEYS))
     else:
-        ablation = ablate_heads(loaded, heads, method=method, metric=metric, text=text, seed=seed, progress=progress)
+        ablation = ablate_heads(loaded, heads, progress=progress, control=k, labels=labels, **options)
         if out is not None and distributed.is_main():
             from pathlib import Path
 
@@ -127,14 +172,14 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
         if fmt == "json":
             click.echo(json.dumps(ablation))
         else:
-            for key, value in ablation.items():
-                click.echo(f"{key:>13}  {value}")
+            _print_ablation(ablation)
     if report_path and distributed.is_main():
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation,
-                      command=command, lang=lang)
+        shown = sweep_df if sweep_df is not None and "delta_loss" in sweep_df else None
+        render_report(report_path, model_info=model_info(loaded), sweep=shown, ablation=ablation, command=command,
+                      lang=lang)
 
 
 @click.command("prune")
@@ -142,37 +187,59 @@ def ablate_command(model, spec, method, metric, text_path, seed, fmt, out, resum
 @click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
               help="UTF-8 text (default: the held-out text shipped with the tiny model)")
 @click.option("--step-fraction", default=0.1, show_default=True, type=float, help="share of all heads per step")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--labels", "labels_path", type=click.Path(dir_okay=False), default=None,
+              help="heads.json from `headlens classify --out` [default: classify the model]")
+@click.option("--roles/--no-roles", default=True, show_default=True,
+              help="mark labelled heads and test whether they are removed later (Voita et al. 2019)")
+@click.option("--seed", default=0, show_default=True, type=int, help="seed of the removal-order permutation test")
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
 @placement_options
-def prune_command(model, text_path, step_fraction, seed, fmt, report_path, lang, progress, placement) -> None:
+def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang,
+                  progress, placement) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
     from headlens import distributed
-    from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve
+    from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
+    from headlens.ablation.roles import model_labels, read_labels
     from headlens.models import load_model
     from headlens.probes import read_text
 
     text = read_text(text_path) if text_path else None
+    labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
-    curve = prune_curve(loaded, text=text, step_fraction=step_fraction, seed=seed, progress=progress)
+    labels = model_labels(loaded, labels) if roles else None
+    curve = prune_curve(loaded, text=text, step_fraction=step_fraction, progress=progress, labels=labels)
+    order = removal_by_role(curve, labels, seed=seed) if roles else None
     n_ok = heads_within(curve)
     n_total = loaded.spec.n_layers * loaded.spec.n_heads
     if fmt == "json":
         for row in curve.to_dict("records"):
             click.echo(json.dumps(row))
-        click.echo(json.dumps({"heads_within_tolerance": n_ok, "n_heads": n_total, "tolerance": PRUNE_TOLERANCE}))
+        click.echo(json.dumps({"heads_within_tolerance": n_ok, "n_heads": n_total, "tolerance": PRUNE_TOLERANCE,
+                               "removal_by_role": order}))
     else:
         click.echo(curve.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         click.echo(f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
                    f"(unpruned loss {curve['loss'].iloc[0]:.4f})")
+        if order is not None:
+            click.echo(_order_line(order))
     if report_path and distributed.is_main():
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
         render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command, lang=lang)
+
+
+def _order_line(order: dict) -> str:
+    if order["p_value"] is None:
+        return (f"removal order by role: {order['n_labelled']} labelled, {order['n_unlabelled']} unlabelled heads "
+                "(no comparison: one group is empty)")
+    return (f"removal order by role: mean removal rank {order['mean_rank_labelled']:.2f} for the "
+            f"{order['n_labelled']} labelled heads vs {order['mean_rank_unlabelled']:.2f} for the "
+            f"{order['n_unlabelled']} unlabelled (1 = removed first); permutation p = {order['p_value']:.4f} "
+            "for 'labelled heads are removed later'")
 
 
 COMMANDS = [ablate_command, prune_command]

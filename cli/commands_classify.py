@@ -19,7 +19,8 @@ from headlens.cli.options import (
 FORMATS = ("table", "csv", "json")
 # Columns of the table view (every column goes to csv / json).
 TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "first_token_score",
-                 "duplicate_token_score", "prefix_matching_score", "copying_score", "retrieval_score"]
+                 "duplicate_token_score", "prefix_matching_score", "copying_score", "ov_copying_score",
+                 "retrieval_score"]
 
 
 @click.command("classify")

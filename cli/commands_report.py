@@ -12,7 +12,7 @@ from headlens.cli.options import lang_option, model_argument, model_info, placem
 
 
 def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, prune: bool, out: str,
-                      viewer_tokens: int | None, seed: int, lang: str = "en") -> str:
+                      viewer_tokens: int | None, seed: int, lang: str = "en", controls: int = 20) -> str:
     """The exact command line that rebuilds the page."""
     words = ["headlens", "report", model]
     if text_path:
@@ -29,6 +29,8 @@ def reproduce_command(model: str, text_path: str | None, heads: str | None, swee
         words += ["--seed", str(seed)]
     if lang != "en":
         words += ["--lang", lang]
+    if controls != 20:
+        words += ["--controls", str(controls)]
     return shlex.join(words + ["--out", out])
 
 
@@ -72,11 +74,14 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
               help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
                    "smaller models, so the file stays small]")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
+@click.option("--controls", default=20, show_default=True, type=click.IntRange(0, 1000),
+              help="induction heads on repeat and retrieval heads on needle, each against this many random head "
+                   "sets of the same per-layer counts (0: skip)")
 @lang_option
 @progress_option
 @placement_options
-def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang, progress,
-                   placement) -> None:
+def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang,
+                   progress, placement) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens.reports import render_report
     from headlens.reports.i18n import t
@@ -104,6 +109,13 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
 
         sweep_frame = sweep_heads(loaded, text=text, seed=seed, progress=progress)
     ablation = chosen_ablations(loaded, chosen, text, seed, progress, sweep_frame) if chosen else None
+    if controls:
+        from headlens.ablation.ablate import role_experiments
+        from headlens.heads import Head
+
+        labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in heads.itertuples()}
+        roles = role_experiments(loaded, control=controls, seed=seed, labels=labels, progress=progress)
+        ablation = (ablation or []) + roles or None
     pruning = None
     if prune:
         from headlens.ablation.prune import prune_curve
@@ -116,7 +128,7 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
         out, model_info=model_info(loaded), heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
         validation=validation,
         training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
-        command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang),
+        command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang, controls),
         text_label=text_path or t("text_label.default", lang), lang=lang)
     click.echo(f"wrote {path}")
 

@@ -26,6 +26,7 @@ from headlens.probes import fit_repeats, random_token_range, repeated_random_tok
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
+from headlens.scores.ov_copying import ov_copying_scores, sign_disagreements
 from headlens.scores.positional import (
     ArgmaxOffsetReducer,
     current_token_reducer,
@@ -124,9 +125,12 @@ def classify_heads(loaded, text: str | Iterable[str] | None = None, config: Clas
     LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
     grouped-query group), the SCORE_COLUMNS, then evidence (`n_positions`, `n_repeat_positions`,
     `n_needle_tests` run, `n_needle_retrieved`, `n_needle_tokens`, and `<score>_std` spreads across
-    sequences / tests), then the SOURCE_COLUMNS. `df.attrs["probes"]` says what was run (windows
+    sequences / tests; `ov_copying_score`, from the weights, right after `copying_score`, from the
+    data), then the SOURCE_COLUMNS. `df.attrs["probes"]` says what was run (windows
     used of windows available, repeats, ...); `df.attrs["sources"]` maps each probe ("text",
-    "repeats", "needles") to where its input came from (SOURCE_GIVEN, SOURCE_DEFAULT, ...).
+    "repeats", "needles") to where its input came from (SOURCE_GIVEN, SOURCE_DEFAULT, ...);
+    `df.attrs["probes"]["copying_sign_disagreements"]` lists the heads whose two copying scores
+    differ in sign.
     Any text of at least MIN_TEXT_TOKENS tokens is scored as given; the needle probe takes its
     haystack from the shipped held-out text when the given text is too short for one.
     """
@@ -146,6 +150,10 @@ def classify_heads(loaded, text: str | Iterable[str] | None = None, config: Clas
         sources["needles"] = _score_needles(loaded, text_ids, sources["text"], config, progress, rows, info)
     frame = _to_frame(rows, info, spec)
     frame.insert(2, "labels", [label_head(row, config) for row in frame.to_dict("records")])
+    # Weight-based copying beside the data-based score (Elhage et al. 2021; headlens.scores.ov_copying).
+    frame.insert(frame.columns.get_loc("copying_score") + 1, "ov_copying_score",
+                 ov_copying_scores(loaded.model).flatten().tolist())
+    info["copying_sign_disagreements"] = sign_disagreements(frame)
     for probe, column in SOURCE_COLUMNS.items():
         frame[column] = sources[probe]
     frame.attrs["probes"] = info

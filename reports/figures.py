@@ -22,7 +22,7 @@ FIGURE_DPI = 80
 MAX_ANNOTATED_CELLS = 400
 # A rise of the best prefix-matching score (range 0..1) between two checkpoints that counts as a phase
 # change: REFERENCES records 0.04 -> 0.63 within ~125 steps; a run with no induction head drifts by ~0.001.
-PHASE_LOW, PHASE_HIGH, PHASE_WINDOW_SHARE = 0.2, 0.5, 0.2  # issue 3: < 0.2 -> > 0.5 within 1/5 of training
+PHASE_LOW, PHASE_HIGH, PHASE_WINDOW_SHARE = 0.2, 0.5, 0.2  # < 0.2 -> > 0.5 within 1/5 of training
 
 
 def png_uri(png: bytes) -> str:
@@ -136,7 +136,7 @@ def training_uri(log: pd.DataFrame, heads: pd.DataFrame | None, lang: str = DEFA
 
 def phase_change_step(log: pd.DataFrame) -> int | None:
     """The first checkpoint whose best induction score exceeds PHASE_HIGH after one below PHASE_LOW at
-    most PHASE_WINDOW_SHARE of the run earlier (issue 3's reading of Olsson et al. 2022: induction heads
+    most PHASE_WINDOW_SHARE of the run earlier (our reading of Olsson et al. 2022: induction heads
     form abruptly); None when no such rise exists."""
     if "best_induction_score" not in log or len(log) < 2:
         return None

@@ -203,6 +203,7 @@ def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame
                               t("ablation.bars_caption", lang)))
         parts.append(table(pd.DataFrame(rows).rename(columns={"label": "heads", "delta": "delta_loss",
                                                               "low": "ci95_low", "high": "ci95_high"}), lang=lang))
+    parts.append(control_block(ablation, lang))
     if pruning is not None:
         parts.append(f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
                      + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang)))
@@ -218,10 +219,33 @@ def ablation_rows(ablation) -> list[dict]:
     rows = []
     for result in results:
         low, high = (result.get("ci95") or [float("nan"), float("nan")])[:2]
-        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": float(result["delta_loss"]),
+        delta = result["delta_loss"] if "delta_loss" in result else result["delta"]  # other metrics: delta
+        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": float(delta),
                      "low": float(low), "high": float(high), "method": result.get("method", "?"),
                      "n_tokens": result.get("n_tokens", "?")})
     return rows
+
+
+def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
+    """Heads chosen by role against random head sets of the same per-layer counts (Wu et al. 2024's
+    control): one row per ablate_heads result that carries a `control`; empty without any."""
+    results = [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
+    rows = []
+    for result in results:
+        control = result.get("control")
+        if not control:
+            continue
+        deltas = sorted(control["deltas"])
+        rows.append({"heads": result.get("chosen_by", ",".join(map(str, result["heads"]))),
+                     "chosen": ",".join(map(str, result["heads"])), "metric": result["metric"],
+                     "method": result["method"], "delta": result["delta"],
+                     "random sets": control["k"], "random median": deltas[len(deltas) // 2],
+                     "random min": deltas[0], "random max": deltas[-1],
+                     "rank": f"{control['rank']} of {control['k'] + 1}", "p_value": control["p_value"]})
+    if not rows:
+        return ""
+    return (f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>"
+            + table(pd.DataFrame(rows), lang=lang))
 
 
 def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:

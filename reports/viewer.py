@@ -16,7 +16,7 @@ from headlens.reports.i18n import DEFAULT_LANG, js_messages, t
 from headlens.reports.sections import esc, labelled_heads, section
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 64 tokens (~0.8 MB of base64),
-# which keeps its whole report under the 5 MB; smaller models get longer samples for the same bytes.
+# which keeps its whole report under the 5 MB size cap; smaller models get longer samples for the same bytes.
 VIEWER_WEIGHT_BUDGET = 12 * 12 * 64 * 64
 # Longest default sample: beyond this the token row gets hard to read.
 VIEWER_MAX_TOKENS = 256

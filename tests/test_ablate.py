@@ -10,7 +10,7 @@ from headlens.ablation.ablate import ablate_heads, ablated_sums, sweep_heads, to
 from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
 from headlens.heads import Head, all_heads
 
-# The issue's bar for agreement with the TransformerLens bridge (a different forward implementation).
+# The bar for agreement with the TransformerLens bridge (a different forward implementation).
 TL_ATOL = 1e-4
 # Same model, same data, different float summation order: losses agree to float32 rounding.
 SAME_PATH_ATOL = 1e-6
@@ -73,10 +73,21 @@ def test_zero_ablation_matches_bridge_on_gpt2_shaped_model(gpt2_shaped_model):
     assert torch.allclose(ours, theirs, atol=TL_ATOL, rtol=0)
 
 
-def test_no_head_gives_delta_exactly_zero(small_model):
-    result = ablate_heads(small_model, [], metric="repeat")
-    assert result["delta_loss"] == 0.0 and result["ci95"] == [0.0, 0.0]
-    assert result["loss"] == result["loss_ablated"]
+def test_no_head_gives_delta_zero_and_hugging_faces_loss(small_model):
+    """Ablating no head runs the ablated pass too (no shortcut): its loss must equal both the
+    clean pass and Hugging Face's own loss on the same windows (an independent computation)."""
+    from strong import sample_text
+
+    text = sample_text(300)
+    result = ablate_heads(small_model, [], method="mean", text=text)
+    assert result["delta"] == 0.0 and result["loss"] == result["loss_ablated"]
+    evalset = text_evalset(small_model, text)
+    labels = evalset.input_ids.masked_fill(~evalset.mask, -100)
+    with torch.no_grad():
+        hf = small_model.model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(),
+                               labels=labels).loss
+    assert evalset.input_ids.shape[0] > 1  # several windows, the last one padded
+    assert abs(result["loss_ablated"] - float(hf)) < 1e-5
 
 
 def test_every_head_of_a_layer_equals_zeroing_the_layer_z(strong_model):
@@ -101,8 +112,8 @@ def test_every_head_of_a_layer_equals_zeroing_the_layer_z(strong_model):
 
 def test_result_keys_and_ci(strong_model):
     result = ablate_heads(strong_model, "0.1,1.2", metric="repeat", seed=5)
-    assert list(result) == ["model", "heads", "method", "metric", "n_tokens", "loss", "loss_ablated",
-                            "delta_loss", "ci95"]
+    assert list(result)[:9] == ["model", "heads", "method", "metric", "n", "clean", "ablated", "delta", "ci95"]
+    assert {"n_tokens", "loss", "loss_ablated", "delta_loss", "data", "reference", "resampled"} <= set(result)
     low, high = result["ci95"]
     assert low <= result["delta_loss"] <= high
     assert result["n_tokens"] == 16 * 24  # 16 sequences x (25 - 1) counted second-copy predictions
@@ -110,31 +121,37 @@ def test_result_keys_and_ci(strong_model):
     assert again == result  # deterministic under a seed
 
 
-def test_mean_replacement_is_the_reference_mean_of_captured_z(strong_model):
-    """Peer: z captured by headlens.capture's own hooks over the reference set, averaged per position."""
+def test_mean_replacement_is_the_mean_of_captured_z_over_every_position(strong_model):
+    """Peer: z captured by headlens.capture's own hooks over the evaluation set, averaged over
+    every real position (the default reference is the evaluation set itself)."""
     from headlens.ablation.replace import replacements
     from headlens.capture import CollectPatterns, iter_batches, run_capture
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=3)
     reps = replacements(strong_model.model, evalset, "mean", seed=0, batch_size=2)
     collect = CollectPatterns(wants=("z",))
-    run_capture(strong_model.model, iter_batches(evalset.reference_ids, 2), [collect])
+    run_capture(strong_model.model, iter_batches(evalset.input_ids, 2), [collect])
     for layer in range(strong_model.spec.n_layers):
-        z = torch.cat(collect.zs[layer])  # [n_ref, pos, head, d_head]
-        assert torch.allclose(reps[layer][0], z.mean(0), atol=SAME_PATH_ATOL)
+        z = torch.cat(collect.zs[layer])  # [n_seq, pos, head, d_head]
+        assert reps[layer].shape == (1, 1, 4, 16)
+        assert torch.allclose(reps[layer][0, 0], z.mean((0, 1)), atol=SAME_PATH_ATOL)
 
 
-def test_resample_replacement_comes_from_reference_sequences(strong_model):
+def test_resample_draws_z_from_other_sequences(strong_model):
     from headlens.ablation.replace import replacements
     from headlens.capture import CollectPatterns, iter_batches, run_capture
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=5)
     reps = replacements(strong_model.model, evalset, "resample", seed=7, batch_size=2)
     collect = CollectPatterns(wants=("z",))
-    run_capture(strong_model.model, iter_batches(evalset.reference_ids, 2), [collect])
-    z = torch.cat(collect.zs[0])  # [n_ref, pos, head, d_head]
-    for row in reps[0]:
-        assert min(float((row - ref).abs().max()) for ref in z) < SAME_PATH_ATOL
+    run_capture(strong_model.model, iter_batches(evalset.input_ids, 2), [collect])
+    z = torch.cat(collect.zs[0])  # [n_seq, pos, head, d_head]
+    for seq in range(5):
+        for pos in (0, 7, 30):
+            got = reps[0][seq, pos]  # [head, d_head]
+            sources = [(s, p) for s in range(5) for p in range(z.shape[1])
+                       if float((z[s, p] - got).abs().max()) < SAME_PATH_ATOL]
+            assert sources and all(s != seq for s, _ in sources)  # another sequence's z
     again = replacements(strong_model.model, evalset, "resample", seed=7, batch_size=2)
     assert torch.equal(again[0], reps[0])  # seeded
 

@@ -143,7 +143,7 @@ def test_zero_ablation_equals_an_independent_hook_on_the_output_projection(famil
     model, spec = family.model, family.spec
     evalset = repeat_evalset(family, seed=2, n_seq=3, seq_len=8)
     heads = [all_heads(spec.n_layers, spec.n_heads)[i] for i in (1, spec.n_heads + spec.n_heads - 1)]
-    ours = ablated_sums(model, evalset, heads, [None] * spec.n_layers)  # [n_seq]
+    ours = ablated_sums(model, evalset, heads, [None] * spec.n_layers)  # [n_units]
     d_head = spec.d_head
 
     def zero_slice(head):
@@ -163,7 +163,9 @@ def test_zero_ablation_equals_an_independent_hook_on_the_output_projection(famil
             handle.remove()
     logp = torch.log_softmax(logits[:, :-1], -1)  # [n_seq, pos-1, d_vocab]
     losses = -logp.gather(-1, evalset.input_ids[:, 1:, None])[..., 0]  # [n_seq, pos-1]
-    expected = (losses * evalset.counted).sum(-1)  # [n_seq]
+    scored = evalset.counted  # [n_seq, pos-1]; ablated_sums sums per bootstrap unit (token blocks here)
+    expected = torch.zeros(evalset.n_units, dtype=torch.float64).index_add(0, evalset.units[scored],
+                                                                            losses[scored].double())  # [n_units]
     assert (ours - expected).abs().max() <= ATOL * evalset.counted.sum(-1).max()
     base = ablated_sums(model, evalset, [], [None] * spec.n_layers)
     assert (ours - base).abs().max() > 1e-3  # the ablation did something
@@ -196,7 +198,7 @@ def test_stacked_sweep_on_a_padded_batch_equals_the_naive_loop(family):
 
     model, spec = family.model, family.spec
     ids, mask = padded_batch(seed=5)
-    evalset = EvalSet(ids, mask, mask[:, 1:] & mask[:, :-1], None, None, "text", "padded")
+    evalset = EvalSet(ids, mask, mask[:, 1:] & mask[:, :-1], "loss", "padded", "right-padded random tokens")
     reps = [None] * spec.n_layers
     heads = all_heads(spec.n_layers, spec.n_heads)
     base_naive, base_fast = ablated_sums(model, evalset, [], reps), base_sums(model, evalset, batch_size=2)

@@ -138,17 +138,18 @@ def test_prune_curve_ends_match_hugging_face(family):
     text = " ".join([BUILTIN_TEXT] * 6)
     curve = prune_curve(family, text=text, step_fraction=0.5)
     assert curve.n_removed.iloc[-1] == family.spec.n_layers * family.spec.n_heads
-    evalset = text_evalset(family, text)
-    labels = evalset.input_ids.masked_fill(~evalset.mask, -100)
+    windows = text_evalset(family, text)  # prune_curve scores the even windows (odd ones rank the heads)
+    ids, mask = windows.input_ids[0::2], windows.mask[0::2]
+    labels = ids.masked_fill(~mask, -100)
     model = family.model
     with torch.no_grad():
-        hf = model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(), labels=labels).loss
+        hf = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
     assert abs(curve.loss.iloc[0] - float(hf)) < SAME_LOSS_ATOL
     handles = [o_proj(model, layer).register_forward_pre_hook(lambda m, a: (torch.zeros_like(a[0]),))
                for layer in range(len(decoder_layers(model)))]
     try:
         with torch.no_grad():
-            zeroed = model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(), labels=labels).loss
+            zeroed = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
     finally:
         for handle in handles:
             handle.remove()

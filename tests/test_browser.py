@@ -1,6 +1,6 @@
 """The report in a real browser: headless Chromium (Debian's package) driven by Selenium.
 
-Opened from a file:// path with the issue's flags; console and network events come from the
+Opened from a file:// path with the flags a user's browser has; console and network events come from the
 Chrome DevTools Protocol performance log. CI installs chromium and chromium-driver (.ci/run);
 elsewhere the tests skip when no browser is installed, but never under CI=true.
 """

@@ -14,7 +14,9 @@ import torch
 from click.testing import CliRunner
 from headlens.cli.main import cli
 
-KEYS = ["model", "heads", "method", "metric", "n_tokens", "loss", "loss_ablated", "delta_loss", "ci95"]
+KEYS = ["model", "heads", "method", "metric", "n", "clean", "ablated", "delta", "ci95"]  # every metric
+LOSS_KEYS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]  # loss metrics, besides
+ABOUT = ["data", "reference", "resampled"]  # what was measured, in words
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
@@ -41,7 +43,7 @@ def test_set_json(small_model_dir):
                  "--format", "json")
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
-    assert list(obj) == KEYS and obj["heads"] == ["0.1", "1.2"] and obj["method"] == "zero"
+    assert list(obj) == KEYS + LOSS_KEYS + ABOUT and obj["heads"] == ["0.1", "1.2"] and obj["method"] == "zero"
     assert obj["ci95"][0] <= obj["delta_loss"] <= obj["ci95"][1]
 
 
@@ -59,7 +61,7 @@ def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     objs = [json.loads(line) for line in result.stdout.splitlines()]
     assert [o["heads"] for o in objs] == [[f"{layer}.{head}"] for layer in range(2) for head in range(4)]
-    assert all(list(o) == KEYS for o in objs)
+    assert all(list(o) == KEYS + LOSS_KEYS + ABOUT for o in objs)
     assert report.is_file() and "<html" in report.read_text(encoding="utf-8").lower()
 
 
@@ -68,12 +70,45 @@ def test_approx_check_reports_agreement(small_model_dir):
                  "--approx", "--check")
     assert result.exit_code == 0, result.output
     assert "pearson" in result.stdout and "spearman" in result.stdout and "delta_loss_approx" in result.stdout
+    assert "atp vs the exact sweep" in result.stdout
+    star = run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat", "--approx", "atp*",
+               "--format", "json")
+    assert star.exit_code == 0, star.output
+    lines = [json.loads(line) for line in star.stdout.splitlines()]
+    assert all(o["approx"] == "atp*" for o in lines[:-1]) and len(lines) == 9
+    trust = lines[-1]["trust"]
+    assert trust["kind"] == "spot check" and {"spearman", "top10_overlap", "n_heads", "n_seq"} <= set(trust)
+
+
+def test_prompts_metric_role_and_control(small_model_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "the river and the", "target": " city", "foil": " king"}\n'
+                       '{"prompt": "light from the old", "target": " house", "foil": " world"}\n', encoding="utf-8")
+    result = run("ablate", str(small_model_dir), "--heads", "1.0", "--metric", "logit-diff", "--prompts",
+                 str(prompts), "--format", "json")
+    assert result.exit_code == 0, result.output
+    obj = json.loads(result.stdout)
+    assert list(obj) == KEYS + ABOUT and obj["metric"] == "logit-diff" and obj["n"] == 2
+    labels = tmp_path / "heads.json"
+    labels.write_text(json.dumps([{"layer": layer, "head": head, "labels": ["induction"] if (layer, head) in
+                                   [(1, 1), (1, 3)] else []} for layer in range(2) for head in range(4)]))
+    result = run("ablate", str(small_model_dir), "--heads", "induction", "--labels", str(labels), "--metric",
+                 "repeat", "--control", "random:3", "--seed", "2", "--format", "json")
+    assert result.exit_code == 0, result.output
+    obj = json.loads(result.stdout)
+    assert obj["heads"] == ["1.1", "1.3"] and "1.1, 1.3" in result.stderr
+    assert len(obj["control"]["deltas"]) == 3 and {"rank", "p_value"} <= set(obj["control"])
+    assert all(len(s) == 2 and all(h.startswith("1.") for h in s) for s in obj["control"]["sets"])
 
 
 def test_prune_command(small_model_dir, text_file):
-    result = run("prune", str(small_model_dir), "--text", text_file, "--step-fraction", "0.25")
+    labels = text_file + ".heads.json"
+    with open(labels, "w") as handle:
+        json.dump([{"layer": layer, "head": head, "labels": ["induction"] if head == 0 else []}
+                   for layer in range(2) for head in range(4)], handle)
+    result = run("prune", str(small_model_dir), "--text", text_file, "--step-fraction", "0.25", "--labels", labels)
     assert result.exit_code == 0, result.output
-    assert "heads can go within +5% loss" in result.stdout
+    assert "heads can go within +5% loss" in result.stdout and "removal order by role" in result.stdout
     assert result.stdout.count("\n") >= 6  # header + 5 steps (0, 2, 4, 6, 8 heads) + summary
 
 
@@ -122,6 +157,11 @@ def _one_line_error(result):
     (["--heads", "0.1", "--format", "xml"], "unknown format"),
     (["--heads", "all", "--check"], "--approx"),
     (["--heads", "all", "--resume"], "--out"),
+    (["--heads", "0.1", "--metric", "prob"], "--prompts"),
+    (["--heads", "0.1", "--control", "random:x"], "random:K"),
+    (["--heads", "label:bogus"], "unknown label"),
+    (["--heads", "all", "--approx", "ig"], "unknown --approx"),
+    (["--heads", "all", "--approx", "--metric", "needle"], "no gradient"),
 ])
 def test_bad_input_is_one_line_exit_2(small_model_dir, extra, message):
     assert message in _one_line_error(run("ablate", "--model", str(small_model_dir), *extra))
@@ -129,9 +169,14 @@ def test_bad_input_is_one_line_exit_2(small_model_dir, extra, message):
 
 def test_short_text_and_missing_weights(small_model_dir, tmp_path, monkeypatch):
     short = tmp_path / "short.txt"
-    short.write_text("only a few words here", encoding="utf-8")
+    short.write_text("the", encoding="utf-8")
     line = _one_line_error(run("ablate", "--model", str(small_model_dir), "--heads", "0.1", "--text", str(short)))
-    assert "shorter than one window" in line
+    assert "at least 2" in line
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a", "target": " the"}\n{"prompt": "b", "target": " the river"}\n')
+    line = _one_line_error(run("ablate", str(small_model_dir), "--heads", "0.1", "--metric", "prob", "--prompts",
+                               str(prompts)))
+    assert "line 2" in line and "2 tokens" in line
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
     assert "gpt2" in _one_line_error(run("ablate", "--heads", "0.1"))  # --model defaults to gpt2

@@ -124,3 +124,18 @@ def test_spanish_report_end_to_end(small_model_dir, tmp_path):
 
 def test_unknown_model(tmp_path):
     assert_one_line_error(run(str(tmp_path / "no-such-model"), "--out", str(tmp_path / "r.html")))
+
+
+@pytest.mark.slow
+def test_report_sets_role_heads_against_random_controls(tmp_path):
+    """On the shipped model the report ablates its induction heads on `repeat` and its retrieval heads
+    on `needle`, each against random head sets; with --controls 0 it skips them."""
+    out = tmp_path / "r.html"
+    result = run("tiny", "--controls", "4", "--no-progress", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    html = out.read_text(encoding="utf-8")
+    assert "heads labelled induction" in html and "heads labelled retrieval" in html
+    assert "--controls 4" in re.search(r'<pre class="command">(.*?)</pre>', html).group(1)
+    skipped = tmp_path / "none.html"
+    assert run("tiny", "--controls", "0", "--no-progress", "--out", str(skipped)).exit_code == 0
+    assert "heads labelled induction" not in skipped.read_text(encoding="utf-8")

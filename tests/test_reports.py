@@ -23,7 +23,7 @@ N_LAYERS, N_HEADS, POS = 2, 3, 5
 MODEL_INFO = {"name": "hand-made", "n_layers": N_LAYERS, "n_heads": N_HEADS, "d_head": 16, "d_model": 48,
               "n_ctx": 64, "n_params": 123456}
 NASTY = '<script>alert(1)</script> "><img src=x onerror=alert(1)> </script> {{ x }} ${y} & \u2028'
-# 5 MB: the issue's cap for GPT-2 small with default settings.
+# 5 MB: the size cap for GPT-2 small with default settings.
 SIZE_CAP_BYTES = 5 * 1024 * 1024
 
 
@@ -429,7 +429,7 @@ def test_repeated_sample_is_the_start_twice(small_model):
 def test_default_viewer_tokens_fit_the_budget():
     from headlens.reports.viewer import VIEWER_WEIGHT_BUDGET, default_viewer_tokens
 
-    assert default_viewer_tokens(12, 12, 1024) == 64  # GPT-2 small: the issue's capped sample
+    assert default_viewer_tokens(12, 12, 1024) == 64  # GPT-2 small: the capped sample
     n = default_viewer_tokens(3, 4, 256)
     assert 3 * 4 * n * n <= VIEWER_WEIGHT_BUDGET < 3 * 4 * (n + 1) ** 2
     assert default_viewer_tokens(1, 1, 50) == 50  # never beyond the context

@@ -4,6 +4,10 @@ Zeroing a slice of the attention module's *output* mixes heads (nnsight #525, AC
 a head's own output is z = the input of the output projection (GPT-2 `attn.c_proj`, Llama
 `o_proj`, GPT-NeoX `dense`; TransformerLens `hook_z`), reached through the architecture
 adapter's `hook_z`. The shared output bias b_O stays.
+
+Every result reports the metric's `clean` and `ablated` means over `n` scored positions, their
+change `delta` and a paired bootstrap `ci95` (headlens.ablation.evalset); loss metrics also keep
+`n_tokens`, `loss`, `loss_ablated`, `delta_loss`.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.attribution import attribution_deltas
-from headlens.ablation.evalset import bootstrap_ci, build_evalset, check_choice, head_seed
+from headlens.ablation.datasets import build_evalset
+from headlens.ablation.evalset import bootstrap_ci, head_seed
+from headlens.ablation.metrics import KIND, check_choice, is_loss
 from headlens.ablation.replace import heads_by_layer, layer_replacement, replacements
+from headlens.ablation.roles import control_sets, control_summary, model_labels, resolve_heads
+from headlens.ablation.runner import scored_values
 from headlens.ablation.store import SweepStore
 from headlens.ablation.sweep import base_sums, sweep_sums
 from headlens.arch import adapter_for
-from headlens.capture import Batch, forward
 from headlens.errors import HeadlensError
-from headlens.heads import Head, all_heads, parse_heads
+from headlens.heads import Head, all_heads
 
 
 @contextlib.contextmanager
@@ -69,20 +75,16 @@ def token_losses(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tens
     return loss.masked_fill(~valid, float("nan"))
 
 
-# Measuring an ablation ----------------------------------------------------------------------
-
-SWEEP_COLUMNS = ["layer", "head", "n_tokens", "loss", "loss_ablated", "delta_loss", "ci95_low", "ci95_high"]
-
-
 def model_label(loaded) -> str:
     return str(loaded.name)
 
 
 def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 4) -> torch.Tensor:
-    """Per-sequence loss sums [n_seq] with `heads` ablated together, by hooks on the full
-    forward pass (the plain way: the reference the fast sweep is checked against)."""
-
-    out = []
+    """Per-unit sums of the metric [n_units] with `heads` ablated together, by hooks on the
+    full forward pass of the base model (the plain way: the reference the fast sweep is checked against)."""
+    adapter = adapter_for(model)
+    device = next(model.parameters()).device
+    total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
     n_seq = evalset.input_ids.shape[0]
     with torch.no_grad():
         for start in range(0, n_seq, batch_size):
@@ -91,67 +93,105 @@ def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 
             for head in heads:
                 rep = layer_replacement(reps[head.layer], rows)
                 if rep is not None:
-                    replacement[head] = rep[:, :, head.head]  # [batch | 1, pos, d_head]
-            batch = Batch(evalset.input_ids[rows], evalset.mask[rows])
+                    replacement[head] = rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
+            ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
             with ablation_hooks(model, heads, replacement):
-                logits = forward(model, batch)  # [batch, pos, d_vocab]
-            losses = token_losses(logits, batch.input_ids.to(logits.device), batch.mask.to(logits.device))
-            keep = evalset.counted[rows].to(losses.device)
-            out.append(torch.where(keep, losses, torch.zeros_like(losses)).sum(-1).cpu())  # [batch]
-    return torch.cat(out)
+                hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model], final norm applied
+            seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored pairs
+            values = scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos)  # [n_scored]
+            units = evalset.units[rows].to(device)[seq, pos]  # [n_scored]
+            total += torch.zeros_like(total).index_add_(0, units.cpu(), values.double().cpu())
+    return total
 
 
-def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, seed: int) -> dict:
-    """loss, loss_ablated, delta_loss (token-weighted means) and the paired bootstrap CI."""
+def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, seed: int, metric: str) -> dict:
+    """`n`, `clean`, `ablated`, `delta` (means over scored positions) and the paired bootstrap
+    `ci95` (None with fewer than 2 units); loss metrics add `n_tokens`, `loss`, `loss_ablated`,
+    `delta_loss` (the same numbers under their loss names)."""
+    n = int(counts.sum())
+    clean = float(base.double().sum() / n)
+    after = float(ablated.double().sum() / n)
+    out = {"n": n, "clean": clean, "ablated": after, "delta": after - clean,
+           "ci95": bootstrap_ci(base, ablated, counts, seed)}
+    if KIND[metric] == "loss":
+        out.update(n_tokens=n, loss=clean, loss_ablated=after, delta_loss=after - clean)
+    return out
 
-    n_tokens = int(counts.sum())
-    loss = float(base.double().sum() / n_tokens)
-    loss_ablated = float(ablated.double().sum() / n_tokens)
-    low, high = bootstrap_ci(base, ablated, counts, seed)
-    return {"n_tokens": n_tokens, "loss": loss, "loss_ablated": loss_ablated,
-            "delta_loss": loss_ablated - loss, "ci95": [low, high]}
+
+def describe(evalset, method: str) -> dict:
+    """What was measured, where replacements came from and what the bootstrap resampled, in words."""
+    reference = "none (zero ablation)" if method == "zero" else (
+        f"mean of z over every position of {evalset.reference_label}" if method == "mean"
+        else f"z resampled (seeded) from other positions / sequences of {evalset.reference_label}")
+    return {"data": evalset.description, "reference": reference, "resampled": evalset.unit_label}
 
 
-def ablate_heads(loaded, heads, method: str = "zero", metric: str = "text", text: str | None = None,
-                 seed: int = 0, progress: bool = False) -> dict:
-    """Ablate a set of heads together; how much does the metric's loss rise?
+# Ablating a set of heads, and every head alone ---------------------------------------------------
 
-    heads: list of Head or a spec string ("3.4,5.1", "layer:3"). Returns a dict with `model`,
-    `heads` (["L.H"]), `method`, `metric`, `n_tokens`, `loss`, `loss_ablated`, `delta_loss`
-    and `ci95` ([low, high], paired bootstrap over sequences, seeded). See headlens.ablation.evalset
-    for the metrics and the evaluation/reference split.
+BATCH = 4  # sequences per forward pass
+
+
+def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text: str | None = None,
+                 seed: int = 0, progress: bool = False, prompts: list[dict] | None = None,
+                 reference: str | None = None, bos: bool = True, control: int = 0,
+                 labels: dict | None = None) -> dict:
+    """Ablate a set of heads together; how does the metric change?
+
+    heads: list of Head, a spec string ("3.4,5.1", "layer:3") or a role (headlens.ablation.roles).
+    metric, text, prompts, reference, bos: the evaluation set (headlens.ablation.datasets).
+    Returns `model`, `heads` (["L.H"]), `method`, `metric`, `n`, `clean`, `ablated`, `delta`,
+    `ci95` ([low, high] paired bootstrap, seeded; None below 2 units), the loss keys for loss
+    metrics, then `data`, `reference`, `resampled` (in words), `chosen_by` for a role, and with
+    `control` = K > 0 the K random same-layer-count sets (headlens.ablation.roles.control_summary).
+    `progress` shows a bar over the forward passes.
     """
-
-    check_choice(method, metric)
-    spec = loaded.spec
-    if isinstance(heads, str):
-        heads = parse_heads(heads, spec.n_layers, spec.n_heads)
-    heads = sorted(Head(*h) for h in heads)
-    evalset = build_evalset(loaded, metric, text, seed)
+    metric = check_choice(method, metric)
+    heads, chosen_by = resolve_heads(loaded, heads, labels)
+    evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
     model = loaded.model
-    reps = replacements(model, evalset, method, seed, batch_size=4)
-    counts = evalset.counted.sum(1)  # [n_seq]
-    base = ablated_sums(model, evalset, [], reps)
-    ablated = ablated_sums(model, evalset, heads, reps) if heads else base.clone()
-    result = {"model": model_label(loaded), "heads": [str(h) for h in heads], "method": method, "metric": metric}
-    result.update(summarize(base, ablated, counts, seed))
+    sets = control_sets(heads, loaded.spec.n_heads, control, seed) if control else []
+    bar = tqdm(total=2 + len(sets), desc="ablate", unit="pass", leave=False) if progress else None
+    reps = replacements(model, evalset, method, seed, batch_size=BATCH)
+    counts = evalset.unit_counts()  # [n_units]
+
+    def run(head_set: list[Head]) -> torch.Tensor:
+        sums = ablated_sums(model, evalset, head_set, reps)  # [n_units]
+        if bar is not None:
+            bar.update(1)
+        return sums
+
+    try:
+        base = run([])
+        result = {"model": model_label(loaded), "heads": [str(h) for h in heads], "method": method,
+                  "metric": metric}
+        result.update(summarize(base, run(heads), counts, seed, metric))
+        result.update(describe(evalset, method))
+        if chosen_by:
+            result["chosen_by"] = chosen_by
+        if sets:
+            deltas = [float((run(s) - base).sum() / counts.sum()) for s in sets]
+            result["control"] = control_summary(result["delta"], deltas, sets, seed)
+    finally:
+        if bar is not None:
+            bar.close()
     return result
 
 
-def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | None = None, seed: int = 0,
-                progress: bool = False, out=None, resume: bool = False, heads=None):
+def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
+                progress: bool = False, out=None, resume: bool = False, heads=None,
+                prompts: list[dict] | None = None, reference: str | None = None, bos: bool = True):
     """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep.
 
-    Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, `n_tokens`,
-    `loss`, `loss_ablated`, `delta_loss`, `ci95_low`, `ci95_high`. With `out` (a directory)
-    each finished row is appended durably; `resume=True` continues a sweep found there.
+    Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
+    `ablated`, `delta`, `ci95_low`, `ci95_high` (NaN below 2 bootstrap units), and for loss
+    metrics `n_tokens`, `loss`, `loss_ablated`, `delta_loss`. `frame.attrs` holds `data`,
+    `reference`, `resampled`. With `out` (a directory) each finished row is appended durably;
+    `resume=True` continues a sweep found there (headlens.ablation.store).
     """
-
-
-    check_choice(method, metric)
+    metric = check_choice(method, metric)
     spec = loaded.spec
     heads = sorted(Head(*h) for h in heads) if heads is not None else all_heads(spec.n_layers, spec.n_heads)
-    evalset = build_evalset(loaded, metric, text, seed)
+    evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
     store = None
     if out is not None:
         manifest = {"model": model_label(loaded), "method": method, "metric": metric, "seed": seed,
@@ -163,29 +203,14 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "text", text: str | 
     todo = list(distributed.shard(h for h in heads if h not in rows))
     skip = set(heads) - set(todo)
     if todo:
-        model = loaded.model
-        reps = replacements(model, evalset, method, seed, batch_size=4)
-        counts = evalset.counted.sum(1)  # [n_seq]
-        base = base_sums(model, evalset)
-
-        def on_head(head: Head, sums: torch.Tensor) -> None:
-            summary = summarize(base, sums, counts, head_seed(seed, *head))
-            low, high = summary.pop("ci95")
-            row = {"layer": head.layer, "head": head.head, **summary, "ci95_low": low, "ci95_high": high}
-            rows[head] = row
-            if store is not None:
-                store.append(row)
-
-        bar = _progress_bar(len(todo), progress and distributed.is_main())
-        try:
-            sweep_sums(model, evalset, heads, reps, on_head, skip=skip, bar=bar)
-        finally:
-            if bar is not None:
-                bar.close()
+        _sweep_rows(loaded.model, evalset, method, seed, heads, rows, store, progress and distributed.is_main(),
+                    skip)
     for part in distributed.all_gather({h: rows[h] for h in todo}):
         rows.update(part)
-    frame = pd.DataFrame([rows[h] for h in heads], columns=SWEEP_COLUMNS)
+    columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
+    frame = pd.DataFrame([rows[h] for h in heads], columns=columns)
     frame = frame.sort_values(["layer", "head"], ignore_index=True)
+    frame.attrs.update(describe(evalset, method))
     if store is not None and distributed.is_main():
         store.write_table(frame)
     return frame
@@ -209,31 +234,47 @@ def _open_store(out, manifest: dict, resume: bool) -> SweepStore:
     return store
 
 
-def _progress_bar(total: int, progress: bool):
-    if not progress:
-        return None
-
-    return tqdm(total=total, desc="ablate", unit="head", leave=False)
+SWEEP_COLUMNS = ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", "ci95_high"]
+LOSS_COLUMNS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 
 
-def approx_sweep(loaded, method: str = "zero", metric: str = "text", text: str | None = None, seed: int = 0):
-    """Every single-head ablation delta estimated by attribution patching (one forward and one
-    backward per batch; headlens.ablation.attribution). DataFrame: `layer`, `head`, `n_tokens`,
-    `delta_loss_approx`, sorted by (layer, head)."""
+def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip) -> None:
+    """Fill `rows` (head -> row dict) for the heads not in `skip` (done, or another rank's),
+    appending each to `store`."""
+    reps = replacements(model, evalset, method, seed, batch_size=BATCH)
+    counts = evalset.unit_counts()  # [n_units]
+    base = base_sums(model, evalset)  # [n_units]
+
+    def on_head(head: Head, sums: torch.Tensor) -> None:
+        summary = summarize(base, sums, counts, head_seed(seed, *head), evalset.metric)
+        low, high = summary.pop("ci95") or (float("nan"), float("nan"))
+        row = {"layer": head.layer, "head": head.head, **summary, "ci95_low": low, "ci95_high": high}
+        rows[head] = row
+        if store is not None:
+            store.append(row)
+
+    bar = tqdm(total=len(set(heads) - skip), desc="ablate", unit="head", leave=False) if progress else None
+    try:
+        sweep_sums(model, evalset, heads, reps, on_head, skip=skip, bar=bar)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
-    check_choice(method, metric)
-    evalset = build_evalset(loaded, metric, text, seed)
-    reps = replacements(loaded.model, evalset, method, seed, batch_size=4)
-    deltas = attribution_deltas(loaded.model, evalset, reps)  # [layer, head]
-    rows = [{"layer": layer, "head": head, "n_tokens": evalset.n_tokens,
-             "delta_loss_approx": float(deltas[layer, head])}
-            for layer in range(deltas.shape[0]) for head in range(deltas.shape[1])]
-    return pd.DataFrame(rows)
+ROLE_EXPERIMENTS = (("induction", "repeat"), ("retrieval", "needle"))  # role -> the task it should carry
 
 
-def agreement(exact, approx) -> dict:
-    """Pearson and Spearman correlation of exact `delta_loss` and `delta_loss_approx` per head."""
-    merged = exact.merge(approx[["layer", "head", "delta_loss_approx"]], on=["layer", "head"])
-    x, y = merged["delta_loss"], merged["delta_loss_approx"]
-    return {"pearson": float(x.corr(y)), "spearman": float(x.rank().corr(y.rank())), "n_heads": len(merged)}
+def role_experiments(loaded, control: int = 20, seed: int = 0, labels: dict | None = None,
+                     progress: bool = False) -> list[dict]:
+    """Induction heads on `repeat` and retrieval heads on `needle` (Wu et al. 2024), each against
+    `control` random sets of the same per-layer counts: ablate_heads results, one per role that
+    some head carries (labels from `labels` or from classifying the model once)."""
+    source = "the labels given" if labels is not None else "classifying the model (default probes)"
+    labels = model_labels(loaded, labels)
+    results = []
+    for role, metric in ROLE_EXPERIMENTS:
+        if any(role in names for names in labels.values()):
+            result = ablate_heads(loaded, role, metric=metric, seed=seed, progress=progress, control=control,
+                                  labels=labels)
+            results.append({**result, "chosen_by": f"heads labelled {role} by {source}"})
+    return results

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from headlens.ablation.replace import Replacement, layer_replacement
-from headlens.ablation.unembed import unembed_losses
+from headlens.ablation.runner import scored_values
 from headlens.arch import adapter_for
 
 GRAD_BATCH_SIZE = 4  # sequences per forward + backward pass
@@ -42,23 +42,23 @@ def z_edit_hooks(model, edit: Callable[[int, torch.Tensor], torch.Tensor]):
             param.requires_grad_(True)
 
 
-def _counted_sums(model, evalset, rows: slice) -> torch.Tensor:
-    """Per-sequence sums of counted losses of one batch, with grad: [batch].
+def scored_with_grad(model, evalset, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """The metric's value at every scored position of one batch, with grad: [n_scored], and
+    the sequence (within the batch) of each: [n_scored].
 
-    The trunk runs whole (it applies the final norm); only counted positions go through the
+    The trunk runs whole (it applies the final norm); only scored positions go through the
     unembedding, a vocabulary chunk at a time (headlens.ablation.unembed: one logits copy for
     backward instead of autograd's logits, log_softmax and their gradients)."""
     adapter = adapter_for(model)
     device = next(model.parameters()).device
     ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
     hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model]
-    seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # counted (sequence, position) pairs
-    losses = unembed_losses(hidden[seq, pos], adapter.unembed(), ids[seq, pos + 1])  # [n_counted]
-    return torch.zeros(ids.shape[0], dtype=losses.dtype, device=device).index_add(0, seq, losses)  # [batch]
+    seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored (sequence, position) pairs
+    return scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos), seq
 
 
 def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int = GRAD_BATCH_SIZE) -> torch.Tensor:
-    """Linear estimate of every single-head ablation delta of the mean loss: [n_layers, n_heads].
+    """Linear estimate of every single-head ablation delta of the metric's mean: [n_layers, n_heads].
 
     Attribution patching (Nanda 2023; Syed et al. 2023, arXiv 2310.10348): with
     z_h' = z_h + a_h (r_h - z_h), dLoss/da_h at a = 0 is sum(grad_z_h * (r_h - z_h)), the
@@ -79,8 +79,8 @@ def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int 
             return z + alphas[layer].to(z.device)[None, None, :, None] * (new - z)  # [batch, pos, head, d_head]
 
         with torch.enable_grad(), z_edit_hooks(model, edit):
-            loss_sum = _counted_sums(model, evalset, rows).sum()
-            grads = torch.autograd.grad(loss_sum, alphas)
+            total_value = scored_with_grad(model, evalset, rows)[0].sum()
+            grads = torch.autograd.grad(total_value, alphas)
         total += torch.stack(grads).double().cpu()
     return (total / evalset.n_tokens).float()
 
@@ -106,7 +106,9 @@ def head_importance(model, evalset, keep: torch.Tensor, batch_size: int = GRAD_B
             return z * gates[layer].to(z.device)[:, None, :, None]  # [batch, pos, head, d_head]
 
         with torch.enable_grad(), z_edit_hooks(model, edit):
-            per_seq = _counted_sums(model, evalset, rows) / counts[rows].to(torch.float32)  # [batch]
+            values, seq = scored_with_grad(model, evalset, rows)  # [n_scored], [n_scored]
+            sums = torch.zeros(rows.stop - rows.start, dtype=values.dtype, device=values.device)  # [batch]
+            per_seq = sums.index_add(0, seq, values) / counts[rows].to(sums.device, sums.dtype)  # [batch]
             grads = torch.autograd.grad(per_seq.sum(), gates)  # each [batch, head]
         total += torch.stack([g.abs().sum(0) for g in grads]).double().cpu()
     return (total / n_seq).float()

@@ -1,16 +1,22 @@
-"""What an ablation is measured on: an evaluation set, a separate reference set, and the CI.
+"""What an ablation is measured on: scored positions, the units the bootstrap resamples, the CI.
 
-Two metrics (both mean next-token cross-entropy, in nats per counted token):
-- `text`: windows of the model's context cut from natural text, BOS prepended explicitly
-  (probes.text_windows); every next-token prediction inside a window counts.
-- `repeat`: random tokens repeated twice with BOS prepended (Olsson et al. 2022); only the
-  second copy counts, without its first token, which no induction head can predict
-  (TransformerLens `evals.induction_loss`: `loss[:, seq_len + 1:]`).
+An `EvalSet` holds right-padded token sequences and which next-token predictions count
+(`counted`: position t scores the prediction of token t + 1, the metric's target; prompts carry
+their target as the last token). Sets of each kind:
+- `text_evalset`: natural text cut into consecutive windows of at most the model's context
+  (BOS prepended unless `bos=False`); every window is evaluated, a short text is one short
+  window; at least 2 tokens of text are needed (one prediction);
+- `repeat_evalset`: random tokens repeated twice, BOS first (Olsson et al. 2022); only the second
+  copy counts, without its first token (TransformerLens `evals.induction_loss`: `loss[:, seq_len + 1:]`);
+- prompts and needles: headlens.ablation.prompts.
+Mean and resample ablation draw z from a reference set: by default the evaluation set itself
+(every position), or a separate text (headlens.ablation.datasets).
 
-The reference set (mean and resample ablation draw z from it) is kept separate from the
-evaluation set (Wang et al. 2022): for `text`, windows alternate — even windows evaluate, odd
-windows are the reference; for `repeat`, the reference is a second draw of random tokens with
-another seed. The evaluation set is the same for every method, so `loss` is comparable.
+Confidence intervals: a paired percentile bootstrap of the change (Efron & Tibshirani 1993). With
+at least MIN_SEQUENCES sequences the bootstrap resamples whole sequences; with fewer (one long
+window, a short text) it resamples blocks of consecutive scored tokens inside the sequences
+(non-overlapping block bootstrap, Kunsch 1989), which keeps short-range dependence within a
+block. `unit_label` says which.
 """
 
 from __future__ import annotations
@@ -20,116 +26,144 @@ from dataclasses import dataclass
 
 import torch
 
+from headlens.ablation.metrics import KIND
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
 from headlens.probes import check_text, default_text, random_token_range, repeated_random_tokens, text_windows
 
-METHODS = ("zero", "mean", "resample")
-METRICS = ("text", "repeat")
-N_BOOTSTRAP = 1000  # bootstrap resamples of the sequences for every CI
-MAX_TEXT_WINDOWS = 32  # windows read from the text (16 evaluate, 16 reference); n_tokens reports the count
-REPEAT_N_SEQ = 16  # repeated-random-token sequences in the evaluation set (and as many for reference)
+N_BOOTSTRAP = 1000  # bootstrap resamples for every CI
+MAX_TEXT_WINDOWS = 32  # windows evaluated at most; `description` states the cap when it applies
+MIN_SEQUENCES = 10  # fewer sequences than this: the bootstrap resamples token blocks instead
+MAX_BLOCK = 32  # tokens per bootstrap block (fewer when the text has under 20 blocks' worth)
+REPEAT_N_SEQ = 16  # repeated-random-token sequences in the evaluation set
 REPEAT_SEQ_LEN = 25  # tokens per copy (Olsson et al.: 25 random tokens)
 
 
 @dataclass
 class EvalSet:
-    """Token sequences with the next-token predictions that count, plus the reference set."""
+    """Token sequences, the predictions that count, the bootstrap units and the reference set."""
 
     input_ids: torch.Tensor  # [n_seq, pos] right-padded token ids
     mask: torch.Tensor  # [n_seq, pos] bool, True on real tokens
     counted: torch.Tensor  # [n_seq, pos - 1] bool, True where the prediction of token t + 1 counts
-    reference_ids: torch.Tensor | None  # [n_ref, pos_ref] the reference set (mean / resample)
-    reference_mask: torch.Tensor | None  # [n_ref, pos_ref] bool
-    metric: str
-    data_hash: str  # sha256 of what was measured (text, or the repeat probe's settings)
+    metric: str  # canonical metric name (headlens.ablation.metrics.METRICS)
+    data_hash: str  # sha256 of what was measured
+    description: str  # what the set is, in words (stated in the output)
+    units: torch.Tensor | None = None  # [n_seq, pos - 1] long bootstrap unit of each counted position, -1 elsewhere
+    unit_label: str = ""  # what the bootstrap resamples, in words
+    foils: torch.Tensor | None = None  # [n_seq, pos - 1] long foil token where counted (logit-diff), else None
+    reference_ids: torch.Tensor | None = None  # [n_ref, pos_ref] separate reference set; None: this set
+    reference_mask: torch.Tensor | None = None  # [n_ref, pos_ref] bool
+    reference_label: str = "the evaluation set"  # where mean / resampled z come from, in words
+
+    def __post_init__(self):
+        if self.units is None:
+            self.units, self.unit_label = assign_units(self.counted, self.metric)
 
     @property
     def n_tokens(self) -> int:
         return int(self.counted.sum())
 
+    @property
+    def n_units(self) -> int:
+        return int(self.units.max()) + 1 if self.n_tokens else 0
 
-def check_choice(method: str, metric: str) -> None:
-    """ConfigError for an unknown method or metric."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown ablation method {method!r}: choose one of {', '.join(METHODS)}")
-    if metric not in METRICS:
-        raise ConfigError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
+    @property
+    def kind(self) -> str:
+        return KIND[self.metric]
+
+    def subset(self, rows: slice) -> EvalSet:
+        """The sequences `rows` as their own set (bootstrap units recomputed, reference kept)."""
+        return EvalSet(self.input_ids[rows], self.mask[rows], self.counted[rows], self.metric, self.data_hash,
+                       self.description, foils=None if self.foils is None else self.foils[rows],
+                       reference_ids=self.reference_ids, reference_mask=self.reference_mask,
+                       reference_label=self.reference_label)
+
+    def unit_counts(self) -> torch.Tensor:
+        """Scored positions per bootstrap unit: [n_units]."""
+        return torch.bincount(self.units[self.counted], minlength=self.n_units)
 
 
-def _pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def assign_units(counted: torch.Tensor, metric: str) -> tuple[torch.Tensor, str]:
+    """Bootstrap unit of every counted position: [n_seq, pos - 1] long (-1 where not counted),
+    and what the units are. Sequences when there are MIN_SEQUENCES of them, else blocks of
+    B = min(MAX_BLOCK, max(1, n_tokens // 20)) consecutive counted tokens of a sequence."""
+    n_seq = counted.shape[0]
+    units = torch.full(counted.shape, -1, dtype=torch.long)  # [n_seq, pos-1]
+    noun = "prompts" if metric in ("logit-diff", "prob") or int(counted.sum(1).max()) <= 1 else "sequences"
+    if n_seq >= MIN_SEQUENCES or noun == "prompts":
+        rows = torch.arange(n_seq)[:, None].expand_as(counted)  # [n_seq, pos-1]
+        units[counted] = rows[counted]
+        return units, f"{n_seq} {noun}"
+    block = min(MAX_BLOCK, max(1, int(counted.sum()) // 20))
+    next_unit = 0
+    for seq in range(n_seq):
+        cols = torch.nonzero(counted[seq])[:, 0]  # [n_counted_seq]
+        ids = torch.arange(len(cols)) // block + next_unit  # [n_counted_seq]
+        units[seq, cols] = ids
+        next_unit = int(ids.max()) + 1 if len(ids) else next_unit
+    return units, f"{next_unit} blocks of up to {block} consecutive tokens ({n_seq} sequence{'s' * (n_seq > 1)})"
 
+
+def pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     return pad_batch(seqs, pad_id)
 
 
-def text_evalset(loaded, text: str | None, window: int | None = None,
-                 max_windows: int = MAX_TEXT_WINDOWS) -> EvalSet:
-    """Windows of `window` tokens (default: the model's context) from `text` (default: the
-    shipped held-out text); even windows evaluate, odd windows are the reference set.
-    InputTextError when the text is shorter than one window."""
-
+def text_evalset(loaded, text: str | None, window: int | None = None, max_windows: int = MAX_TEXT_WINDOWS,
+                 bos: bool = True, metric: str = "loss") -> EvalSet:
+    """Consecutive windows of at most `window` tokens (default: the model's context) of `text`
+    (default: the shipped held-out text), BOS first unless `bos=False`; every window is evaluated
+    (at most `max_windows`, stated in `description`). InputTextError below 2 text tokens."""
     text = default_text() if text is None else check_text(text)
     window = window or loaded.spec.n_ctx
-    bos = loaded.bos_token_id
-    windows = text_windows(loaded.tokenizer, text, window, bos, max_windows=max_windows)
-    if len(windows[0]) < window:
-        raise InputTextError(
-            f"text is shorter than one window: {len(windows[0]) - 1} tokens, need {window - 1} "
-            f"(window = the model's context of {window} tokens with BOS)")
-    evaluate, reference = windows[0::2], windows[1::2]
-    ids, mask = _pad(evaluate, bos)
-    ref_ids, ref_mask = _pad(reference, bos) if reference else (None, None)
+    bos_id = loaded.bos_token_id if bos else None
+    n_text = len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+    if n_text < 2:
+        raise InputTextError(f"text is {n_text} token{'s' * (n_text != 1)} long: an ablation needs at least 2 "
+                             "(one next-token prediction)")
+    windows = text_windows(loaded.tokenizer, text, window, bos_id, min_tokens=1 if bos else 2)
+    available = len(windows)
+    windows = windows[:max_windows]
+    ids, mask = pad(windows, loaded.bos_token_id)
     counted = mask[:, 1:] & mask[:, :-1]  # [n_seq, pos-1]
-    digest = hashlib.sha256(f"text|{window}|{max_windows}|".encode() + text.encode("utf-8")).hexdigest()
-    return EvalSet(ids, mask, counted, ref_ids, ref_mask, "text", digest)
-
-
-def repeat_id_range(d_vocab: int) -> tuple[int, int]:
-    """Ids to draw random tokens from, valid for the vocabulary: probes.random_token_range, the
-    classifier's band (printable ASCII for byte vocabularies; GPT-2: [1005, 10051), close to
-    TransformerLens's 1000-10000), which skips the most common and the rarest tokens (Olsson)."""
-
-    return random_token_range(d_vocab)
+    capped = f" (capped: the text has {available})" if available > len(windows) else ""
+    description = (f"{len(windows)} window{'s' * (len(windows) > 1)} of <= {window} tokens of text{capped}, "
+                   f"{'BOS first' if bos else 'no BOS'}")
+    digest = hashlib.sha256(f"text|{window}|{max_windows}|{bos}|".encode() + text.encode("utf-8")).hexdigest()
+    return EvalSet(ids, mask, counted, metric, digest, description)
 
 
 def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: int = REPEAT_SEQ_LEN) -> EvalSet:
-    """Random tokens repeated twice, BOS first; the loss on the second copy counts.
-    The reference set is another draw (seed + 1), never the evaluation tokens."""
-
+    """Random tokens repeated twice, BOS first; the loss on the second copy counts."""
     if 1 + 2 * seq_len > loaded.spec.n_ctx:
         raise ConfigError(f"repeat probe of 2 x {seq_len} tokens exceeds the context of {loaded.spec.n_ctx}")
-    low, high = repeat_id_range(loaded.spec.d_vocab)
+    low, high = random_token_range(loaded.spec.d_vocab)
     bos = loaded.bos_token_id
     ids = repeated_random_tokens(n_seq, seq_len, 2, low, high, bos, seed=seed)  # [n_seq, 1 + 2 * seq_len]
-    ref = repeated_random_tokens(n_seq, seq_len, 2, low, high, bos, seed=seed + 1)  # [n_seq, 1 + 2 * seq_len]
     mask = torch.ones_like(ids, dtype=torch.bool)  # [n_seq, pos]
     counted = torch.zeros((n_seq, ids.shape[1] - 1), dtype=torch.bool)  # [n_seq, pos-1]
     counted[:, seq_len + 1:] = True  # predictions of the second copy's tokens 2..seq_len
     digest = hashlib.sha256(f"repeat|{seed}|{n_seq}|{seq_len}|{low}|{high}|{bos}".encode()).hexdigest()
-    return EvalSet(ids, mask, counted, ref, torch.ones_like(ref, dtype=torch.bool), "repeat", digest)
-
-
-def build_evalset(loaded, metric: str, text: str | None, seed: int) -> EvalSet:
-    """The evaluation set of a metric (see the module docstring)."""
-    if metric == "text":
-        return text_evalset(loaded, text)
-    return repeat_evalset(loaded, seed=seed)
+    description = f"{n_seq} sequences of {seq_len} random tokens in [{low}, {high}) repeated twice, BOS first"
+    return EvalSet(ids, mask, counted, "repeat", digest, description)
 
 
 def bootstrap_ci(base_sum: torch.Tensor, ablated_sum: torch.Tensor, counts: torch.Tensor,
-                 seed: int, n_boot: int = N_BOOTSTRAP) -> tuple[float, float]:
-    """Paired 95% percentile CI of the delta of token-weighted mean losses, resampling sequences.
+                 seed: int, n_boot: int = N_BOOTSTRAP) -> list[float] | None:
+    """Paired 95% percentile CI of the change of the mean, resampling bootstrap units.
 
-    base_sum, ablated_sum, counts: [n_seq] per-sequence loss sums and counted tokens; the same
-    resampled sequences serve base and ablated (paired bootstrap, Efron & Tibshirani 1993).
+    base_sum, ablated_sum, counts: [n_units] per-unit sums of the metric's values and scored
+    positions; the same resampled units serve base and ablated (paired). None with < 2 units.
     """
-    gen = torch.Generator().manual_seed(seed)
     n = counts.shape[0]
-    idx = torch.randint(0, n, (n_boot, n), generator=gen)  # [n_boot, n_seq]
+    if n < 2:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (n_boot, n), generator=gen)  # [n_boot, n_units]
     tokens = counts.double()[idx].sum(1)  # [n_boot]
     delta = (ablated_sum.double()[idx].sum(1) - base_sum.double()[idx].sum(1)) / tokens  # [n_boot]
     low, high = torch.quantile(delta, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return float(low), float(high)
+    return [float(low), float(high)]
 
 
 def head_seed(seed: int, layer: int, head: int) -> int:

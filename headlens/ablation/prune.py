@@ -4,8 +4,12 @@ Michel et al. 2019, "Are Sixteen Heads Really Better than One?" (arXiv 1905.1065
 importance |dL/d xi_h| through a gate on each head, normalised per layer (L2); heads pruned
 iteratively in steps of 10% of all heads, by increasing importance, with importance recomputed
 after each step; they removed 20% (WMT) / 40% (BERT) of heads without noticeable loss.
-Here importance is measured on the reference windows and the loss on the evaluation windows
-of the text (headlens.ablation.evalset: even windows evaluate, odd windows are the reference).
+Here the text's windows alternate: importance is measured on the odd windows and the loss on
+the even ones, so the heads are not chosen on the data that scores them.
+
+Against roles (Voita et al. 2019: the specialised heads are the last to be pruned):
+`removal_by_role` compares the mean removal rank of labelled and unlabelled heads, with a
+one-sided permutation p-value for "labelled heads are removed later".
 """
 
 from __future__ import annotations
@@ -23,59 +27,93 @@ from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, format_heads
 
 PRUNE_TOLERANCE = 0.05  # "how many heads can go within +5% loss"
+N_PERMUTATIONS = 10_000  # label shuffles of the removal-order test
 
 
-def _reference_as_eval(evalset):
+def _split(evalset: EvalSet, part: int) -> EvalSet:
+    """Every other window (part 0: even, 1: odd) as its own loss set, one bootstrap unit per window."""
+    rows = slice(part, None, 2)
+    ids, mask, counted = evalset.input_ids[rows], evalset.mask[rows], evalset.counted[rows]
+    units = torch.where(counted, torch.arange(ids.shape[0])[:, None], torch.tensor(-1))  # [n_seq, pos-1]
+    return EvalSet(ids, mask, counted, "loss", evalset.data_hash, f"windows {part}, {part + 2}, ... of the text",
+                   units=units, unit_label=f"{ids.shape[0]} windows")
 
-    if evalset.reference_ids is None:
-        raise InputTextError("the text gives a single window: pruning needs a second window to measure "
-                             "importance on (give a longer --text)")
-    ref_mask = evalset.reference_mask
-    counted = ref_mask[:, 1:] & ref_mask[:, :-1]  # [n_ref, pos-1]
-    return EvalSet(evalset.reference_ids, ref_mask, counted, None, None, "text", evalset.data_hash)
 
-
-def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, seed: int = 0,
-                progress: bool = False):
+def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, progress: bool = False,
+                labels: dict | None = None):
     """The pruning curve: columns `step`, `n_removed`, `fraction_removed`, `heads_removed`
-    ("L.H,..." removed so far), `loss` (exact mean next-token loss with them zero-ablated).
+    ("L.H,..." removed so far), `step_heads` (removed at this step, least important first),
+    `loss` (exact mean next-token loss with the removed heads zero-ablated) and, with `labels`
+    (Head -> list of labels), `step_labelled` ("L.H:label;..." of this step's labelled heads).
 
     Step 0 removes nothing; each step zero-ablates round(step_fraction * n_heads) (at least 1)
-    least important remaining heads, until every head is gone. `seed` is recorded
-    for the API's symmetry: text windows and gradients are deterministic.
+    least important remaining heads, until every head is gone. Deterministic (no sampling).
     """
-
-
     if not 0 < step_fraction <= 1:
         raise ConfigError(f"step_fraction {step_fraction} is out of range: give a value in (0, 1]")
-    spec = loaded.spec
-    model = loaded.model
-    evalset = text_evalset(loaded, text)
-    importance_set = _reference_as_eval(evalset)
+    spec, model = loaded.spec, loaded.model
+    windows = text_evalset(loaded, text)
+    if windows.input_ids.shape[0] < 2:
+        raise InputTextError("the text gives a single window: pruning needs a second window to measure "
+                             "importance on (give a longer --text)")
+    evalset, importance_set = _split(windows, 0), _split(windows, 1)
     n_total = spec.n_layers * spec.n_heads
     per_step = max(1, round(step_fraction * n_total))
     keep = torch.ones(spec.n_layers, spec.n_heads, dtype=torch.bool)  # [layer, head]
-    zero = [None] * spec.n_layers
     removed: list[Head] = []
     rows = []
-    bar = _bar(math.ceil(n_total / per_step) + 1, progress)
-    for step in range(math.ceil(n_total / per_step) + 1):
-        if step > 0:
-            scores = normalize_by_layer(head_importance(model, importance_set, keep), keep)  # [layer, head]
-            scores = scores.masked_fill(~keep, math.inf).flatten()  # [layer * head]
-            order = torch.argsort(scores, stable=True)[: min(per_step, int(keep.sum()))]
-            for flat in order.tolist():
-                keep[flat // spec.n_heads, flat % spec.n_heads] = False
-                removed.append(Head(flat // spec.n_heads, flat % spec.n_heads))
-        sums = ablated_sums(model, evalset, sorted(removed), zero)  # [n_seq]
-        rows.append({"step": step, "n_removed": len(removed), "fraction_removed": len(removed) / n_total,
-                     "heads_removed": format_heads(sorted(removed)),
-                     "loss": float(sums.double().sum() / evalset.n_tokens)})
+    n_steps = math.ceil(n_total / per_step) + 1
+    bar = tqdm(total=n_steps, desc="prune", unit="step", leave=False) if progress else None
+    for step in range(n_steps):
+        now = _next_heads(model, importance_set, keep, per_step) if step > 0 else []
+        removed += now
+        sums = ablated_sums(model, evalset, sorted(removed), [None] * spec.n_layers)  # [n_units]
+        row = {"step": step, "n_removed": len(removed), "fraction_removed": len(removed) / n_total,
+               "heads_removed": format_heads(sorted(removed)), "step_heads": format_heads(now),
+               "loss": float(sums.double().sum() / evalset.n_tokens)}
+        if labels is not None:
+            row["step_labelled"] = ";".join(f"{h}:{'+'.join(labels[h])}" for h in now if labels.get(h))
+        rows.append(row)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     return pd.DataFrame(rows)
+
+
+def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int) -> list[Head]:
+    """The `per_step` least important kept heads (Michel et al.), marked removed in `keep`."""
+    n_heads = keep.shape[1]
+    scores = normalize_by_layer(head_importance(model, importance_set, keep), keep)  # [layer, head]
+    scores = scores.masked_fill(~keep, math.inf).flatten()  # [layer * head]
+    order = torch.argsort(scores, stable=True)[: min(per_step, int(keep.sum()))]
+    heads = []
+    for flat in order.tolist():
+        keep[flat // n_heads, flat % n_heads] = False
+        heads.append(Head(flat // n_heads, flat % n_heads))
+    return heads
+
+
+def removal_by_role(curve, labels: dict, seed: int = 0, n_perm: int = N_PERMUTATIONS) -> dict:
+    """Are labelled heads removed later? Removal rank = 1 for the first head removed; returns
+    `n_labelled`, `n_unlabelled`, `mean_rank_labelled`, `mean_rank_unlabelled` and `p_value`,
+    the share of random relabellings (same group sizes, seeded) whose labelled mean rank is at
+    least the observed one (one-sided; (1 + count) / (1 + n_perm), Phipson & Smyth 2010)."""
+    order = [Head(*map(int, h.split("."))) for s in curve["step_heads"] for h in filter(None, s.split(","))]
+    flags = torch.tensor([bool(labels.get(h)) for h in order])  # [n_heads] labelled, in removal order
+    ranks = torch.arange(1, len(order) + 1, dtype=torch.float64)  # [n_heads]
+    n_lab = int(flags.sum())
+    out = {"n_labelled": n_lab, "n_unlabelled": len(order) - n_lab, "mean_rank_labelled": None,
+           "mean_rank_unlabelled": None, "p_value": None}
+    if n_lab == 0 or n_lab == len(order):
+        return out
+    observed = float(ranks[flags].mean())
+    gen = torch.Generator().manual_seed(seed)
+    perms = torch.argsort(torch.rand(n_perm, len(order), generator=gen), dim=1)[:, :n_lab]  # [n_perm, n_lab]
+    shuffled = ranks[perms].mean(1)  # [n_perm]
+    out.update(mean_rank_labelled=observed, mean_rank_unlabelled=float(ranks[~flags].mean()),
+               p_value=float((1 + (shuffled >= observed - 1e-12).sum()) / (1 + n_perm)))
+    return out
 
 
 def heads_within(curve, tolerance: float = PRUNE_TOLERANCE) -> int:
@@ -87,10 +125,3 @@ def heads_within(curve, tolerance: float = PRUNE_TOLERANCE) -> int:
             break
         n = row.n_removed
     return int(n)
-
-
-def _bar(total: int, progress: bool):
-    if not progress:
-        return None
-
-    return tqdm(total=total, desc="prune", unit="step", leave=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from headlens.ablation.unembed import unembed_losses
+from headlens.ablation.metrics import position_values
 from headlens.arch import adapter_for
 
 
@@ -48,17 +48,28 @@ class LayerRunner:
             resid = self.block(later, resid, copies)
         return resid  # [copies * batch, pos, d_model]
 
-    def seq_losses(self, resid: torch.Tensor, counted: torch.Tensor, copies: int = 1) -> torch.Tensor:
-        """Per-sequence sums of counted next-token losses from the final residual: [copies, batch].
+    def unit_sums(self, resid: torch.Tensor, evalset, rows: slice, copies: int = 1) -> torch.Tensor:
+        """Sums of the metric's values over each bootstrap unit from the final residual of
+        `copies` stacked copies of the batch `rows` of `evalset`: [copies, n_units].
 
-        Only counted positions go through the final norm and the unembedding (both act per
-        position, so this is exact): the repeat metric counts under half of them.
+        Only scored positions go through the final norm and the unembedding (both act per
+        position, so this is exact): the repeat metric scores under half of them.
         """
-        keep = counted.to(resid.device)  # [batch, pos-1]
-        rows, pos = torch.nonzero(keep, as_tuple=True)  # counted (sequence, position) pairs
-        picked = resid.view(copies, -1, *resid.shape[1:])[:, rows, pos]  # [copies, n_counted, d_model]
-        targets = self.input_ids[rows, pos + 1]  # [n_counted]
-        hidden = self.adapter.final_norm()(picked)  # [copies, n_counted, d_model]
-        losses = unembed_losses(hidden, self.adapter.unembed(), targets)  # [copies, n_counted]
-        sums = torch.zeros(copies, keep.shape[0], dtype=losses.dtype, device=losses.device)  # [copies, batch]
-        return sums.index_add_(1, rows, losses)
+        keep = evalset.counted[rows].to(resid.device)  # [batch, pos-1]
+        seq, pos = torch.nonzero(keep, as_tuple=True)  # scored (sequence, position) pairs
+        picked = resid.view(copies, -1, *resid.shape[1:])[:, seq, pos]  # [copies, n_scored, d_model]
+        hidden = self.adapter.final_norm()(picked)  # [copies, n_scored, d_model]
+        values = scored_values(hidden, self.adapter.unembed(), evalset, rows, seq, pos)  # [copies, n_scored]
+        units = evalset.units[rows].to(resid.device)[seq, pos]  # [n_scored]
+        sums = torch.zeros(copies, evalset.n_units, dtype=values.dtype, device=values.device)  # [copies, n_units]
+        return sums.index_add_(1, units, values)
+
+
+def scored_values(hidden: torch.Tensor, lm_head, evalset, rows: slice, seq: torch.Tensor,
+                  pos: torch.Tensor) -> torch.Tensor:
+    """The metric's value at scored pairs (seq, pos) of the batch `rows`: [..., n_scored];
+    hidden [..., n_scored, d_model] after the final norm. The target is token pos + 1."""
+    device = hidden.device
+    targets = evalset.input_ids[rows].to(device)[seq, pos + 1]  # [n_scored]
+    foils = None if evalset.foils is None else evalset.foils[rows].to(device)[seq, pos]  # [n_scored]
+    return position_values(hidden, lm_head, targets, foils, evalset.kind)

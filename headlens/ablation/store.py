@@ -1,7 +1,7 @@
 """A sweep's rows on disk, so a long run never loses data.
 
-`DIR/manifest.json` records what is being measured (model, method, metric, seed, data hash,
-shape); `DIR/rows.jsonl` gets one JSON line per finished head, written with flush + fsync,
+`DIR/manifest.json` records what is being measured (evaluation rule, model, method, metric,
+seed, data hash, shape); `DIR/rows.jsonl` gets one JSON line per finished head, written with flush + fsync,
 so a kill leaves every finished row intact (a torn last line is dropped on resume). Under
 torch.distributed each rank r > 0 appends to its own `DIR/rows.rank<r>.jsonl`; every rows file
 is read on resume, one row per head (a head found twice is counted once);
@@ -18,6 +18,11 @@ from headlens.errors import ConfigError, OutputPathError
 from headlens.files import write_atomic
 from headlens.heads import Head
 
+# The evaluation rule a store's rows were made under. 1 (no `rule` key): text windows alternated
+# between evaluation and reference, mean ablation took a per-position mean, only loss metrics.
+# 2: every window evaluated, the reference is the evaluation set (or --reference), position-free
+# mean, metric means over scored positions with `n`, `clean`, `ablated`, `delta`.
+STORE_RULE = 2
 MANIFEST = "manifest.json"
 ROWS = "rows.jsonl"
 TABLE = "sweep.csv"
@@ -35,7 +40,7 @@ class SweepStore:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputPathError(f"cannot create --out directory {self.dir}: {exc.strerror}") from None
-        self.manifest = manifest
+        self.manifest = {"rule": STORE_RULE, **manifest}
         self.done: dict[Head, dict] = {}
         existing = self.dir / MANIFEST
         if existing.is_file() or self._rows_files():
@@ -45,13 +50,17 @@ class SweepStore:
             self._check_manifest(existing)
             self._read_rows()
         else:
-            write_atomic(existing, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            write_atomic(existing, json.dumps(self.manifest, indent=2, sort_keys=True) + "\n")
 
     def _check_manifest(self, path: Path) -> None:
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             raise ConfigError(f"{path} is missing or unreadable: not a headlens sweep directory") from None
+        if old.get("rule") != STORE_RULE:
+            raise ConfigError(f"--resume {self.dir} was made under an older evaluation rule (store rule "
+                              f"{old.get('rule', 1)}, now {STORE_RULE}): its rows mean something else; "
+                              "choose another --out directory")
         diffs = [f"{key} {old.get(key)!r} != {value!r}"
                  for key, value in self.manifest.items() if old.get(key) != value]
         if diffs:

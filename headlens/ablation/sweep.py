@@ -20,8 +20,8 @@ from headlens.arch import adapter_for
 from headlens.devices import is_offloaded, onloaded
 from headlens.heads import Head
 
-# Ablations stacked into one forward pass: on 2 CPU cores at 4 x 128 tokens stacking did not pay
-# (layer 9's heads: 1 -> 42.9 s, 2 -> 45.5 s, 4 -> 48.2 s; benchmarks/bench_ablate.py, BENCHMARKS.md).
+# Ablations stacked into one forward pass: on CPU stacking did not pay (benchmarks/bench_ablate.py,
+# BENCHMARKS.md).
 HEADS_PER_PASS = 1
 BATCH_SIZE = 4  # evaluation sequences per forward pass
 
@@ -31,16 +31,16 @@ def _batches(n_seq: int, batch_size: int) -> list[slice]:
 
 
 def base_sums(model, evalset, batch_size: int = BATCH_SIZE) -> torch.Tensor:
-    """Per-sequence sums of counted losses of the unablated model, run block by block: [n_seq]."""
-    out = []
+    """Per-unit sums of the metric's values for the unablated model, run block by block: [n_units]."""
+    total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
     with torch.no_grad():
         for rows in _batches(evalset.input_ids.shape[0], batch_size):
             runner = LayerRunner(model, evalset.input_ids[rows], evalset.mask[rows])
             resid = runner.embed()
             for layer in range(runner.n_layers):
                 resid = runner.block(layer, resid)
-            out.append(runner.seq_losses(resid, evalset.counted[rows])[0])
-    return torch.cat(out).cpu()
+            total += runner.unit_sums(resid, evalset, rows)[0].double().cpu()
+    return total
 
 
 def _ablated_out(attn_out: torch.Tensor, z: torch.Tensor, rep: Replacement, w_o: torch.Tensor,
@@ -54,7 +54,7 @@ def _ablated_out(attn_out: torch.Tensor, z: torch.Tensor, rep: Replacement, w_o:
 def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement],
                on_head: Callable[[Head, torch.Tensor], None], skip: set[Head] | frozenset = frozenset(),
                batch_size: int = BATCH_SIZE, heads_per_pass: int = HEADS_PER_PASS, bar=None) -> None:
-    """Ablate each head of `heads` alone; call on_head(head, per-sequence loss sums [n_seq]).
+    """Ablate each head of `heads` alone; call on_head(head, per-unit sums of the metric [n_units]).
 
     `skip`: heads already done (resume). Groups of `heads_per_pass` heads are fixed by `heads`
     alone, so a resumed sweep stacks the same copies and gives bit-identical rows.
@@ -87,8 +87,8 @@ def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement
 
 
 def _group_sums(model, evalset, runners, rows_list, states, attn, rep, group) -> list[torch.Tensor]:
-    """Loss sums [n_seq] for each head of `group`, its ablations stacked as batch copies."""
-    per_batch = []
+    """Per-unit sums [n_units] for each head of `group`, its ablations stacked as batch copies."""
+    total = torch.zeros(len(group), evalset.n_units, dtype=torch.float64)  # [copies, n_units]
     copies = len(group)
     adapter = adapter_for(model)
     with onloaded(adapter.z_module(group[0].layer)):  # a layer accelerate offloaded: its W_O, copied
@@ -99,6 +99,5 @@ def _group_sums(model, evalset, runners, rows_list, states, attn, rep, group) ->
         outs = torch.cat([_ablated_out(out, z, rep_rows, w_o, h) for h in group])  # [copies * batch, pos, d_model]
         resid = state.repeat(copies, 1, 1) if copies > 1 else state  # [copies * batch, pos, d_model]
         final = runner.run_from(group[0].layer, resid, outs, copies=copies)  # [copies * batch, pos, d_model]
-        per_batch.append(runner.seq_losses(final, evalset.counted[rows], copies=len(group)).cpu())
-    sums = torch.cat(per_batch, dim=1)  # [copies, n_seq]
-    return list(sums)
+        total += runner.unit_sums(final, evalset, rows, copies=copies).double().cpu()
+    return list(total)

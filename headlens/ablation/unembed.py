@@ -14,8 +14,8 @@ import torch
 
 from headlens.devices import onloaded
 
-# Vocabulary rows per matmul: at 508 x 768 x 50,257 one 4,096-row chunk ran at 148-152 GFLOP/s
-# against 122 for the whole matrix at once (2 cores, torch 2.13 CPU; BENCHMARKS.md, Ablation).
+# Vocabulary rows per matmul: 4,096-row chunks ran faster than the whole matrix at once on CPU
+# (BENCHMARKS.md, Ablation).
 UNEMBED_CHUNK = 4096
 
 
@@ -33,7 +33,7 @@ def unembed_losses(hidden: torch.Tensor, lm_head, targets: torch.Tensor,
             flat_targets = torch.broadcast_to(targets, hidden.shape[:-1]).reshape(-1)  # [rows]
             return _ChunkedCrossEntropy.apply(flat, weight, bias, flat_targets, chunk).view(hidden.shape[:-1])
         lse = _chunked_logsumexp(flat, weight, bias, chunk).view(hidden.shape[:-1])  # [..., n]
-        return lse - _target_logits(hidden, weight, bias, targets)
+        return lse - target_logits(hidden, weight, bias, targets)
 
 
 def _chunk_logits(flat, weight, bias, start: int, chunk: int) -> torch.Tensor:
@@ -53,7 +53,8 @@ def _chunked_logsumexp(flat, weight, bias, chunk: int, keep: torch.Tensor | None
     return torch.logsumexp(torch.stack(lses, dim=-1), dim=-1)  # [rows]
 
 
-def _target_logits(hidden, weight, bias, targets) -> torch.Tensor:
+def target_logits(hidden, weight, bias, targets) -> torch.Tensor:
+    """The logit of each position's target token, float32 or wider: [..., n]; hidden [..., n, d_model]."""
     dtype = torch.promote_types(hidden.dtype, torch.float32)
     target = (hidden.to(dtype) * weight[targets].to(dtype)).sum(-1)  # [..., n]
     return target if bias is None else target + bias[targets].to(dtype)

@@ -1,0 +1,96 @@
+"""Every single-head ablation estimated from gradients, and its agreement with the exact sweep.
+
+- `atp`: attribution patching (Nanda 2023; Syed et al. 2023, arXiv 2310.10348), one forward and
+  one backward pass per batch (headlens.ablation.attribution.attribution_deltas);
+- `atp*`: AtP* (Kramar et al. 2024, arXiv 2403.00745) at the z site
+  (headlens.ablation.atp_star): the QK fix for later heads' attention; its GradDrop score
+  (headlens.ablation.graddrop, unsigned, for ranking) is an extra column on request.
+`agreement` compares an estimate with exact deltas: Pearson, Spearman and the overlap of the ten
+heads with the largest absolute change.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from headlens.ablation.atp_star import atp_star_deltas
+from headlens.ablation.attribution import attribution_deltas
+from headlens.ablation.datasets import build_evalset
+from headlens.ablation.graddrop import graddrop_scores
+from headlens.ablation.metrics import DIFFERENTIABLE, check_choice, is_loss
+from headlens.ablation.replace import replacements
+from headlens.ablation.sweep import base_sums, sweep_sums
+from headlens.errors import ConfigError
+from headlens.heads import Head
+
+APPROX_METHODS = ("atp", "atp*")
+TOP_K = 10  # heads compared by top10_overlap
+SPOT_HEADS = 12  # heads ablated exactly by the spot check
+SPOT_SEQS = 4  # sequences of the spot check (the last ones of the evaluation set)
+ESTIMATES = {"atp": attribution_deltas, "atp*": atp_star_deltas}
+
+
+def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
+                 approx: str = "atp", prompts: list[dict] | None = None, reference: str | None = None,
+                 bos: bool = True, graddrop: bool = False) -> pd.DataFrame:
+    """Every single-head ablation delta estimated by `approx` (APPROX_METHODS). DataFrame:
+    `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), and with
+    `graddrop` the unsigned GradDrop score (headlens.ablation.graddrop), sorted by (layer, head)."""
+    metric = check_choice(method, metric)
+    if approx not in APPROX_METHODS:
+        raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(APPROX_METHODS)}")
+    if metric not in DIFFERENTIABLE:
+        raise ConfigError(f"metric {metric} has no gradient (a top-1 hit): --approx needs one of "
+                          f"{', '.join(DIFFERENTIABLE)}")
+    evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
+    reps = replacements(loaded.model, evalset, method, seed, batch_size=4)
+    deltas = ESTIMATES[approx](loaded.model, evalset, reps)  # [layer, head]
+    dropped = graddrop_scores(loaded.model, evalset, reps) if graddrop else None  # [layer, head]
+    rows = []
+    for layer in range(deltas.shape[0]):
+        for head in range(deltas.shape[1]):
+            row = {"layer": layer, "head": head, "n": evalset.n_tokens, "delta_approx": float(deltas[layer, head])}
+            if is_loss(metric):
+                row["delta_loss_approx"] = row["delta_approx"]
+            if dropped is not None:
+                row["graddrop"] = float(dropped[layer, head])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
+    """Pearson and Spearman correlation of exact `delta` and `delta_approx` per head, and
+    `top10_overlap`: the share of the exact top-k heads (by |delta|) that are also in the
+    estimate's top k, k = min(10, n_heads // 4) so that a small model's overlap is not 1 by default."""
+    merged = exact[["layer", "head", "delta"]].merge(approx[["layer", "head", "delta_approx"]],
+                                                      on=["layer", "head"])
+    x, y = merged["delta"], merged["delta_approx"]
+    k = min(TOP_K, max(1, len(merged) // 4))
+    top_x = set(x.abs().nlargest(k).index)
+    top_y = set(y.abs().nlargest(k).index)
+    return {"pearson": float(x.corr(y)), "spearman": float(x.rank().corr(y.rank())),
+            "top10_overlap": len(top_x & top_y) / k if k else float("nan"), "top_k": k, "n_heads": len(merged)}
+
+
+def spot_check(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
+               approx: str = "atp", prompts: list[dict] | None = None, reference: str | None = None,
+               bos: bool = True) -> dict:
+    """How far `approx` can be trusted on this model, cheaply: on the last SPOT_SEQS sequences of
+    the evaluation set, SPOT_HEADS heads drawn at random (seeded) are ablated exactly and compared
+    with the estimate on the same sequences (`agreement`, plus `n_seq`)."""
+    evalset = build_evalset(loaded, check_choice(method, metric), text, seed, prompts, reference, bos)
+    n_seq = evalset.input_ids.shape[0]
+    part = evalset.subset(slice(max(0, n_seq - SPOT_SEQS), n_seq))
+    spec = loaded.spec
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.randperm(spec.n_layers * spec.n_heads, generator=gen)[:SPOT_HEADS].tolist()
+    heads = sorted(Head(i // spec.n_heads, i % spec.n_heads) for i in picks)
+    reps = replacements(loaded.model, part, method, seed, batch_size=4)
+    estimate = ESTIMATES[approx](loaded.model, part, reps)  # [layer, head]
+    base = base_sums(loaded.model, part)  # [n_units]
+    exact = {}
+    sweep_sums(loaded.model, part, heads, reps, lambda h, s: exact.update({h: float((s - base).sum() / part.n_tokens)}))
+    frame = pd.DataFrame([{"layer": h.layer, "head": h.head, "delta": exact[h],
+                           "delta_approx": float(estimate[h.layer, h.head])} for h in heads])
+    return {**agreement(frame, frame), "n_seq": part.input_ids.shape[0]}
