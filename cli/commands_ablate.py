@@ -14,6 +14,7 @@ from headlens.cli.options import (
     lang_option,
     model_argument,
     model_info,
+    placement_options,
     progress_option,
 )
 
@@ -125,9 +126,11 @@ def _print_ablation(ablation: dict) -> None:
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
+@placement_options
 def ablate_command(model, spec, method, metric, text_path, prompts_path, reference_path, bos, labels_path, control,
-                   seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress) -> None:
+                   seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress, placement) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric."""
+    from headlens import distributed
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.metrics import check_choice
     from headlens.ablation.prompts import read_prompts
@@ -147,7 +150,7 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
                "prompts": read_prompts(prompts_path) if prompts_path else None,
                "reference": read_text(reference_path) if reference_path else None}
     labels = read_labels(labels_path) if labels_path else None
-    loaded = load_model(model)
+    loaded = load_model(model, **placement)
     heads, chosen_by = resolve_heads(loaded, spec, labels)
     if chosen_by:
         click.echo(f"{chosen_by}: {', '.join(str(h) for h in heads)}", err=True)
@@ -161,7 +164,7 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
             click.echo("; ".join(f"{key}: {sweep_df.attrs[key]}" for key in ABOUT_KEYS))
     else:
         ablation = ablate_heads(loaded, heads, progress=progress, control=k, labels=labels, **options)
-        if out is not None:
+        if out is not None and distributed.is_main():
             from pathlib import Path
 
             Path(out).mkdir(parents=True, exist_ok=True)
@@ -170,7 +173,7 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
             click.echo(json.dumps(ablation))
         else:
             _print_ablation(ablation)
-    if report_path:
+    if report_path and distributed.is_main():
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
@@ -193,9 +196,11 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
+@placement_options
 def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang,
-                  progress) -> None:
+                  progress, placement) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
+    from headlens import distributed
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
     from headlens.models import load_model
@@ -203,7 +208,7 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
 
     text = read_text(text_path) if text_path else None
     labels = read_labels(labels_path) if labels_path else None
-    loaded = load_model(model)
+    loaded = load_model(model, **placement)
     labels = model_labels(loaded, labels) if roles else None
     curve = prune_curve(loaded, text=text, step_fraction=step_fraction, progress=progress, labels=labels)
     order = removal_by_role(curve, labels, seed=seed) if roles else None
@@ -220,7 +225,7 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
                    f"(unpruned loss {curve['loss'].iloc[0]:.4f})")
         if order is not None:
             click.echo(_order_line(order))
-    if report_path:
+    if report_path and distributed.is_main():
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())

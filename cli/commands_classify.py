@@ -6,11 +6,13 @@ import json
 
 import click
 from headlens.cli.options import (
+    batch_size_option,
     command_line,
     format_option,
     lang_option,
     model_argument,
     model_info,
+    placement_options,
     progress_option,
 )
 
@@ -23,8 +25,9 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 
 @click.command("classify")
 @model_argument("tiny")
-@click.option("--text", "text_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="UTF-8 text file for the natural-text and needle probes [default: the tiny model's held-out text]")
+@click.option("--text", "text_file", type=click.Path(path_type=str), default=None,
+              help="UTF-8 text file, folder of .txt files, or .jsonl with a text field, for the natural-text and "
+                   "needle probes [default: the tiny model's held-out text]")
 @click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
 @click.option("--seq-len", type=int, default=None, help="period T of the random segment [default: 25]")
@@ -39,28 +42,42 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
               help="also write a self-contained HTML report to this file")
 @lang_option
 @progress_option
+@placement_options
+@batch_size_option
 @click.pass_context
 def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
-                     report_path, lang, progress):
+                     report_path, lang, progress, placement, batch_size):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
     from dataclasses import replace
 
+    from headlens import distributed
     from headlens.classify import SOURCE_DEFAULT, ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
+    from headlens.corpus import Corpus
+    from headlens.devices import with_largest_batch
     from headlens.models import load_model
-    from headlens.probes import read_text
 
     flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
     config = replace(ClassifyConfig(), **{k: v for k, v in flags.items() if v is not None},
                      **({"needles": False} if no_needles else {}))
     config = config_with_thresholds(config, thresholds)
-    text = read_text(text_file) if text_file is not None else None
+    text = Corpus(text_file) if text_file is not None else None
     out = _check_out_dir(out_dir) if out_dir is not None else None
     if report_path is not None:
         from headlens.reports.render import check_output_path
 
         check_output_path(report_path, lang)
-    loaded = load_model(model)
-    frame = classify_heads(loaded, text=text, config=config, progress=progress)
+    loaded = load_model(model, **placement)
+    show = progress and distributed.is_main()
+    if batch_size == "auto":
+        frame, chosen = with_largest_batch(lambda size: classify_heads(
+            loaded, text=text, config=replace(config, batch_size=size), progress=show))
+        if distributed.is_main():
+            click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
+    else:
+        config = replace(config, batch_size=batch_size) if batch_size is not None else config
+        frame = classify_heads(loaded, text=text, config=config, progress=show)
+    if not distributed.is_main():
+        return  # rank 0 alone prints and writes
     info = frame.attrs["probes"]
     if info["windows_capped"]:
         click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 
 import click
-from headlens.cli.options import lang_option, model_argument, model_info, progress_option
+from headlens.cli.options import lang_option, model_argument, model_info, placement_options, progress_option
 
 
 def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, prune: bool, out: str,
@@ -79,14 +79,16 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
                    "sets of the same per-layer counts (0: skip)")
 @lang_option
 @progress_option
+@placement_options
 def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang,
-                   progress) -> None:
+                   progress, placement) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens.reports import render_report
     from headlens.reports.i18n import t
     from headlens.reports.render import check_output_path
     from headlens.reports.viewer import default_viewer_tokens
 
+    from headlens import distributed
     from headlens.classify import classify_heads
     from headlens.heads import parse_heads
     from headlens.models import load_model
@@ -96,7 +98,7 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
 
     check_output_path(out, lang)  # fail before minutes of work, not after
     text = read_text(text_path) if text_path else None
-    loaded = load_model(model)
+    loaded = load_model(model, **placement)
     spec = loaded.spec
     chosen = parse_heads(heads_spec, spec.n_layers, spec.n_heads) if heads_spec else None
     heads = classify_heads(loaded, text=text, progress=progress)
@@ -120,6 +122,8 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
 
         pruning = prune_curve(loaded, text=text, seed=seed, progress=progress)
     n_sample = viewer_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)
+    if not distributed.is_main():
+        return  # rank 0 alone writes
     path = render_report(
         out, model_info=model_info(loaded), heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
         validation=validation,

@@ -6,7 +6,7 @@ import json
 import sys
 
 import click
-from headlens.cli.options import format_option, model_argument
+from headlens.cli.options import format_option, model_argument, placement_options
 
 EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.main)
 
@@ -47,7 +47,8 @@ def _format_table(frame) -> str:
 @click.option("--text", "text_file", default=None, metavar="FILE",
               help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)")
 @format_option("table", "json")
-def validate_command(model: str, text_file: str | None, fmt: str) -> None:
+@placement_options
+def validate_command(model: str, text_file: str | None, fmt: str, placement: dict) -> None:
     """Check the from-scratch attention against HF eager, sdpa and TransformerLens, layer by layer.
 
     Prints the max absolute error per layer, quantity and reference; exits 0 only if every
@@ -59,7 +60,7 @@ def validate_command(model: str, text_file: str | None, fmt: str) -> None:
     from headlens.validate import validate_model
 
     text = read_text(text_file) if text_file is not None else None
-    loaded = load_model(model)
+    loaded = load_model(model, **placement)
     try:
         frame, failure = validate_model(loaded, text), None
     except ValidationFailed as exc:
@@ -67,10 +68,12 @@ def validate_command(model: str, text_file: str | None, fmt: str) -> None:
     if fmt == "json":
         payload = {"model": model, "text_source": frame.attrs.get("text_source"),
                    "n_tokens": frame.attrs.get("n_tokens"), "passed": failure is None,
+                   "dtype": frame.attrs.get("dtype"), "tolerance_rule": frame.attrs.get("tolerance_rule"),
                    "rows": frame.to_dict(orient="records")}
         click.echo(json.dumps(payload, indent=2))
     else:
-        click.echo(f"model {model}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}")
+        click.echo(f"model {model}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}; "
+                   f"{frame.attrs.get('tolerance_rule')}")
         click.echo(_format_table(frame))
     if failure is not None:
         click.echo(f"headlens: validation failed: {failure}", err=True)

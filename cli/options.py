@@ -8,7 +8,9 @@ bad value is one line on stderr and exit 2 like every other bad input (cli.main)
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import shlex
 import sys
 
@@ -99,3 +101,73 @@ def command_line(ctx) -> str:
             for item in value if isinstance(value, tuple) else (value,):
                 words += [param.opts[0], str(item)]
     return shlex.join(words)
+
+
+def placement_options(func):
+    """`--device`, `--dtype`, `--device-map`, `--max-memory`, `--offload-folder`, the same on every
+    command that loads a model; the command receives `placement`, the keyword arguments of
+    headlens.models.load_model. Under torchrun the process joins its distributed job here, each
+    rank of a multi-GPU job takes its own GPU, and only rank 0's stdout is shown (commands also
+    write files from rank 0 only)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, device, dtype, device_map, max_memory, offload_folder, **kwargs):
+        from headlens import distributed
+
+        distributed.init()
+        placement = {"device": distributed.local_device(device), "dtype": dtype, "device_map": device_map,
+                     "max_memory": parse_max_memory(max_memory), "offload_folder": offload_folder}
+        kwargs["placement"] = placement
+        if distributed.is_main():
+            return func(*args, **kwargs)
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # rank 0 alone prints
+            return func(*args, **kwargs)
+
+    options = [
+        click.option("--device", default=None, metavar="DEVICE",
+                     help="cpu, cuda, cuda:N or mps [default: the GPU when present, else cpu]"),
+        click.option("--dtype", default="float32", show_default=True, metavar="DTYPE",
+                     help="float32, bfloat16 or float16 (scores are accumulated in float32 either way)"),
+        click.option("--device-map", default=None, metavar="MAP",
+                     help="auto: spread the layers over GPUs, CPU and disk with accelerate (overrides --device)"),
+        click.option("--max-memory", default=None, metavar="DEV=SIZE,...",
+                     help="with --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB"),
+        click.option("--offload-folder", default=None, metavar="DIR",
+                     help="with --device-map: where weights offloaded to disk go"),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def batch_size_option(func):
+    """`--batch-size N|auto` for commands that batch their probes; the command receives `batch_size`
+    (int, "auto", or None for its default)."""
+    return click.option("--batch-size", default=None, metavar="N|auto",
+                        callback=lambda ctx, param, value: parse_batch_size(value),
+                        help="sequences per forward pass; auto: the largest that fits, halving on "
+                             "out-of-memory (the choice is reported) [default: 8]")(func)
+
+
+def parse_batch_size(value: str | None) -> int | str | None:
+    """`--batch-size`: a positive integer, `auto`, or None (the command's default)."""
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"--batch-size {value!r} is invalid: give a positive integer or auto")
+    return int(value)
+
+
+def parse_max_memory(value: str | None) -> dict | None:
+    """`0=20GiB,cpu=60GiB` -> {0: "20GiB", "cpu": "60GiB"} (accelerate's max_memory: GPU indices as
+    ints, "cpu", "disk"); None stays None."""
+    if value is None:
+        return None
+    limits = {}
+    for pair in value.split(","):
+        name, sep, size = pair.strip().partition("=")
+        name = name.strip().removeprefix("cuda:")
+        if not sep or not size.strip() or not (name.isdigit() or name in ("cpu", "disk", "mps")):
+            raise ConfigError(f"--max-memory {value!r} is malformed: give DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB")
+        limits[int(name) if name.isdigit() else name] = size.strip()
+    return limits

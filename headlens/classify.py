@@ -12,16 +12,18 @@ Labels follow the published definitions; every threshold is a ClassifyConfig fie
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 import pandas as pd
 import torch
 
-from headlens import probes
+from headlens import distributed, probes
 from headlens.arch import adapter_for
-from headlens.capture import iter_batches, run_capture
+from headlens.capture import Batch, iter_batches, pad_batch, run_capture
+from headlens.corpus import chunks, document_windows
 from headlens.errors import ConfigError, InputTextError
-from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens, text_windows
+from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -112,9 +114,13 @@ def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
     return replace(config, **updates)
 
 
-def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | None = None,
+def classify_heads(loaded, text: str | Iterable[str] | None = None, config: ClassifyConfig | None = None,
                    progress: bool = False) -> pd.DataFrame:
     """Score and label every head of `loaded` (a headlens LoadedModel).
+
+    `text`: one text, or documents (any iterable of str, e.g. a headlens.corpus.Corpus), read
+    one at a time: text windows never span two documents, and the needle haystacks come from
+    the first documents (whole, until n_ctx tokens are reached).
 
     Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
     LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
@@ -132,12 +138,12 @@ def classify_heads(loaded, text: str | None = None, config: ClassifyConfig | Non
 
     config = config or ClassifyConfig()
     given = text is not None
-    text = _resolve_text(text)
+    documents = [_resolve_text(text)] if text is None or isinstance(text, str) else text
     spec = loaded.spec
-    text_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     sources = {"text": SOURCE_GIVEN if given else SOURCE_DEFAULT, "repeats": SOURCE_RANDOM, "needles": SOURCE_OFF}
     rows: dict[str, torch.Tensor] = {}
-    info = _score_text(loaded, text, text_ids, config, progress, rows)
+    text_ids: list[int] = []  # the needle haystack
+    info = _score_text(loaded, documents, config, progress, rows, text_ids)
     info.update(_score_repeats(loaded, config, progress, rows))
     rows["retrieval_score"] = rows["retrieval_std"] = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     info.update(n_needle_tests=0, n_needle_retrieved=0, n_needle_tokens=0)
@@ -169,7 +175,7 @@ def window_reach(loaded, info: dict) -> dict | None:
     if not windows:
         return None
     narrowest = min(windows.values())
-    longest = max(info.get("longest_text_window", 0), 1 + info["seq_len"] * info["repeats"],
+    longest = max(info.get("longest_window", 0), 1 + info["seq_len"] * info["repeats"],
                   info.get("longest_needle_prompt", 0))
     return {"window": narrowest, "layers": sorted(windows), "longest_probe": longest,
             "probes_inside": longest <= narrowest}
@@ -220,26 +226,29 @@ def _token_range(loaded, config: ClassifyConfig) -> tuple[int, int]:
     return random_token_range(loaded.spec.d_vocab, config.token_low, config.token_high)
 
 
-def _score_text(loaded, text, text_ids, config, progress, rows) -> dict:
-    """Natural-text windows -> positional scores (into `rows`); returns probe facts."""
+def _score_text(loaded, documents: Iterable[str], config, progress, rows, haystack: list[int]) -> dict:
+    """Natural-text windows of every document -> positional scores (into `rows`); the first
+    documents' tokens go into `haystack`; returns probe facts."""
 
-    spec, bos = loaded.spec, loaded.bos_token_id
-    windows = text_windows(loaded.tokenizer, text, spec.n_ctx, bos, min_tokens=probes.MIN_TEXT_TOKENS,
-                           max_windows=config.max_windows)
-    body = spec.n_ctx - 1
-    available = -(-len(text_ids) // body)
-    n, h = spec.n_layers, spec.n_heads
+    n, h = loaded.spec.n_layers, loaded.spec.n_heads
     prev, cur, first = prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h)
     argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset)
-    stream_heads(loaded.model, iter_batches(windows, config.batch_size, pad_id=bos), [prev, cur, first, argmax],
-                 progress=progress, desc="text")
+    facts = {"n_windows": 0, "n_windows_available": 0, "n_text_tokens": 0, "n_documents": 0}
+    windows = document_windows(loaded.tokenizer, documents, loaded.spec.n_ctx, loaded.bos_token_id,
+                               config.max_windows, facts, haystack, progress)
+    batches = (Batch(*pad_batch(chunk, pad_id=loaded.bos_token_id), index=i, offset=i * config.batch_size)
+               for i, chunk in enumerate(chunks(windows, config.batch_size)))
+    stream_heads(loaded.model, distributed.shard(batches), [prev, cur, first, argmax])
+    distributed.all_reduce_totals([prev, cur, first, argmax])
+    if facts["n_windows"] == 0:
+        raise InputTextError(f"text is too short: {facts['n_text_tokens']} tokens, need at least "
+                             f"{probes.MIN_TEXT_TOKENS} in one document")
     offset, share = argmax.result()
     rows.update(prev_token_score=prev.result(), prev_token_std=prev.seq_std(), current_token_score=cur.result(),
                 current_token_std=cur.seq_std(), first_token_score=first.result(),
                 first_token_std=first.seq_std(), positional_offset=offset, positional_share=share)
-    return {"n_windows": len(windows), "n_windows_available": available, "n_text_tokens": len(text_ids),
-            "n_positions": int(argmax.n_scored[0]), "windows_capped": len(windows) < available,
-            "longest_text_window": max(len(window) for window in windows)}
+    return {**facts, "n_positions": int(argmax.n_scored[0]),
+            "windows_capped": facts["n_windows"] < facts["n_windows_available"]}
 
 
 def _score_needles(loaded, text_ids, text_source, config, progress, rows, info) -> str:
@@ -281,8 +290,9 @@ def _score_repeats(loaded, config, progress, rows) -> dict:
     n, h = spec.n_layers, spec.n_heads
     dup, prefix = duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
     copying = CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))
-    stream_heads(loaded.model, iter_batches(tokens, config.batch_size), [dup, prefix, copying],
+    stream_heads(loaded.model, distributed.shard(iter_batches(tokens, config.batch_size)), [dup, prefix, copying],
                  progress=progress, desc="repeats")
+    distributed.all_reduce_totals([dup, prefix, copying])
     rows.update(duplicate_token_score=dup.result(), duplicate_token_std=dup.seq_std(),
                 prefix_matching_score=prefix.result(), prefix_matching_std=prefix.seq_std(),
                 copying_score=copying.result(), copying_std=copying.std())

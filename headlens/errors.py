@@ -50,3 +50,7 @@ class CaptureError(HeadlensError, RuntimeError):
 
 class LeanCheckError(HeadlensError, RuntimeError):
     """The rebuilt pattern does not reproduce the z the model computed."""
+
+
+class DeviceError(HeadlensError, ValueError):
+    """A device, dtype or placement the machine cannot provide (no CUDA, unknown dtype, ...)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from headlens.arch import adapter_for, check_supported
+from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
 
 # Short names for models that ship inside the package (headlens/data/<name>).
@@ -274,24 +275,33 @@ def _load_tokenizer(path: Path):
     return gpt2_tokenizer()
 
 
-def load_model(name_or_path: str, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
+               dtype: str | torch.dtype | None = torch.float32, device_map: str | dict | None = None,
+               max_memory: dict | None = None, offload_folder: str | os.PathLike | None = None) -> LoadedModel:
     """Load a causal language model of a supported family for inspection.
 
     `name_or_path`: "tiny" (the model shipped with headlens), a local Hugging Face directory
     (config.json + model.safetensors + tokenizer files), or a hub id such as "gpt2" resolved
-    through the Hugging Face cache. Raises ModelLoadError with a one-line reason when weights
-    are missing, corrupt, or of a family without an adapter (headlens.arch.SUPPORTED_TYPES).
+    through the Hugging Face cache. `device` (resolve_device; None: the GPU when present) and
+    `dtype` (resolve_dtype). `device_map` ("auto", or a module -> device dict) places the layers
+    with accelerate's big-model inference across GPUs, CPU and disk (`max_memory`: device ->
+    bytes or "10GiB"; `offload_folder`: where disk-offloaded weights go); `device` is then
+    ignored. Raises ModelLoadError with a one-line reason when weights are missing, corrupt, or
+    of a family without an adapter (headlens.arch.SUPPORTED_TYPES).
     """
     from transformers import AutoModelForCausalLM
 
+    dtype = resolve_dtype(dtype)
+    target = resolve_device(device) if device_map is None else None
     path = resolve_model_path(name_or_path)
     _check_local_dir(path)
+    placement = placement_kwargs(device_map, max_memory, offload_folder)
     try:
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
                 str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False,
                 weights_only=True,  # a pytorch_model.bin is read by torch.load(weights_only=True) only
+                **placement,
             )
     except Exception as exc:  # transformers wraps I/O and format errors in many types
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -299,6 +309,8 @@ def load_model(name_or_path: str, device: str | torch.device = "cpu",
             first_line = ("the checkpoint holds objects other than tensors, and headlens only unpickles with "
                           "torch.load(weights_only=True); convert it to model.safetensors")
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
-    model = _to_eager(model).to(device).eval()
+    model = _to_eager(model) if target is None else _to_eager(model).to(target)
+    model.eval()
     return LoadedModel(model=model, tokenizer=_load_tokenizer(path), spec=spec_of(model),
                        name=name_or_path, path=path)
+

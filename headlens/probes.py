@@ -75,15 +75,15 @@ def default_text() -> str:
     return read_text(shipped_path("tiny") / DEFAULT_TEXT_NAME)
 
 
-def text_windows(tokenizer, text: str, window: int, bos_id: int | None, min_tokens: int = 2,
+def text_windows(tokenizer, text: str | Sequence[int], window: int, bos_id: int | None, min_tokens: int = 2,
                  max_windows: int | None = None) -> list[list[int]]:
-    """Tokenize `text` and cut it into consecutive windows of at most `window` tokens, each with
+    """Tokenize `text` (or take its token ids) and cut it into consecutive windows of at most `window` tokens, each with
     BOS prepended (BOS counts towards `window`). Never truncates silently: every token lands in
     a window (up to `max_windows`, which the caller states). The last window may be shorter;
     it is dropped only if it has fewer than `min_tokens` text tokens.
     """
 
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if isinstance(text, str) else list(text)
     body = window - (1 if bos_id is not None else 0)
     if body < 1:
         raise InputTextError(f"window of {window} tokens leaves no room for text")

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from headlens import distributed
 from headlens.ablation.datasets import build_evalset
 from headlens.ablation.evalset import bootstrap_ci, head_seed
 from headlens.ablation.metrics import KIND, check_choice, is_loss
@@ -28,6 +29,7 @@ from headlens.ablation.runner import scored_values
 from headlens.ablation.store import SweepStore
 from headlens.ablation.sweep import base_sums, sweep_sums
 from headlens.arch import adapter_for
+from headlens.errors import HeadlensError
 from headlens.heads import Head, all_heads
 
 
@@ -194,26 +196,51 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | 
     if out is not None:
         manifest = {"model": model_label(loaded), "method": method, "metric": metric, "seed": seed,
                     "data_sha256": evalset.data_hash, "n_layers": spec.n_layers, "n_heads": spec.n_heads}
-        store = SweepStore(out, manifest, resume)
+        store = _open_store(out, manifest, resume)
     rows = {h: r for h, r in (store.done.items() if store else []) if h in heads}
-    todo = [h for h in heads if h not in rows]
+    # many processes: this rank's share of the pending heads, the rest skipped (the groups stacked
+    # in one pass are fixed by `heads` alone, so every rank computes its rows as one process would)
+    todo = list(distributed.shard(h for h in heads if h not in rows))
+    skip = set(heads) - set(todo)
     if todo:
-        _sweep_rows(loaded.model, evalset, method, seed, heads, rows, store, progress)
+        _sweep_rows(loaded.model, evalset, method, seed, heads, rows, store, progress and distributed.is_main(),
+                    skip)
+    for part in distributed.all_gather({h: rows[h] for h in todo}):
+        rows.update(part)
     columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
     frame = pd.DataFrame([rows[h] for h in heads], columns=columns)
     frame = frame.sort_values(["layer", "head"], ignore_index=True)
     frame.attrs.update(describe(evalset, method))
-    if store is not None:
+    if store is not None and distributed.is_main():
         store.write_table(frame)
     return frame
+
+
+def _open_store(out, manifest: dict, resume: bool) -> SweepStore:
+    """The sweep store; under torch.distributed rank 0 opens (and checks) it first, every rank
+    then opens it to read the finished rows and append its own (rows.rank<r>.jsonl)."""
+    if distributed.world_size() == 1:
+        return SweepStore(out, manifest, resume)
+    store, error = None, None
+    if distributed.is_main():
+        try:
+            store = SweepStore(out, manifest, resume)
+        except HeadlensError as exc:
+            error = exc
+    distributed.broadcast_error(error)
+    if store is None:
+        store = SweepStore(out, manifest, resume=True, rows_file=f"rows.rank{distributed.rank()}.jsonl")
+    distributed.barrier()  # every rank has read the finished rows before any appends
+    return store
 
 
 SWEEP_COLUMNS = ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", "ci95_high"]
 LOSS_COLUMNS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 
 
-def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress) -> None:
-    """Fill `rows` (head -> row dict) for the heads not in it yet, appending each to `store`."""
+def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip) -> None:
+    """Fill `rows` (head -> row dict) for the heads not in `skip` (done, or another rank's),
+    appending each to `store`."""
     reps = replacements(model, evalset, method, seed, batch_size=BATCH)
     counts = evalset.unit_counts()  # [n_units]
     base = base_sums(model, evalset)  # [n_units]
@@ -226,9 +253,9 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress) -> N
         if store is not None:
             store.append(row)
 
-    bar = tqdm(total=len(heads) - len(rows), desc="ablate", unit="head", leave=False) if progress else None
+    bar = tqdm(total=len(set(heads) - skip), desc="ablate", unit="head", leave=False) if progress else None
     try:
-        sweep_sums(model, evalset, heads, reps, on_head, skip=set(rows), bar=bar)
+        sweep_sums(model, evalset, heads, reps, on_head, skip=skip, bar=bar)
     finally:
         if bar is not None:
             bar.close()

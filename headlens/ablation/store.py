@@ -2,7 +2,9 @@
 
 `DIR/manifest.json` records what is being measured (evaluation rule, model, method, metric,
 seed, data hash, shape); `DIR/rows.jsonl` gets one JSON line per finished head, written with flush + fsync,
-so a kill leaves every finished row intact (a torn last line is dropped on resume);
+so a kill leaves every finished row intact (a torn last line is dropped on resume). Under
+torch.distributed each rank r > 0 appends to its own `DIR/rows.rank<r>.jsonl`; every rows file
+is read on resume, one row per head (a head found twice is counted once);
 `DIR/sweep.csv` is written (temp file + os.replace) once the sweep completes.
 """
 
@@ -29,8 +31,9 @@ TABLE = "sweep.csv"
 class SweepStore:
     """Rows of one sweep in a directory; `done` holds the finished rows, keyed by head."""
 
-    def __init__(self, directory, manifest: dict, resume: bool):
+    def __init__(self, directory, manifest: dict, resume: bool, rows_file: str = ROWS):
         self.dir = Path(directory)
+        self.rows_path = self.dir / rows_file  # where this process appends
         if self.dir.exists() and not self.dir.is_dir():
             raise OutputPathError(f"--out {self.dir} is a file: give a directory")
         try:
@@ -40,7 +43,7 @@ class SweepStore:
         self.manifest = {"rule": STORE_RULE, **manifest}
         self.done: dict[Head, dict] = {}
         existing = self.dir / MANIFEST
-        if existing.is_file() or (self.dir / ROWS).is_file():
+        if existing.is_file() or self._rows_files():
             if not resume:
                 raise OutputPathError(f"{self.dir} already holds a sweep: pass --resume to continue it, "
                                       "or choose another --out directory")
@@ -64,22 +67,23 @@ class SweepStore:
             raise ConfigError(f"--resume {self.dir} was made with other settings ({'; '.join(diffs)}): "
                               "rerun with the same settings or choose another --out directory")
 
+    def _rows_files(self) -> list[Path]:
+        return sorted(p for p in self.dir.glob("rows*.jsonl") if p.is_file())
+
     def _read_rows(self) -> None:
-        path = self.dir / ROWS
-        if not path.is_file():
-            return
-        raw = path.read_bytes()
-        good = raw[: raw.rfind(b"\n") + 1]  # a torn last line (killed mid-write) is dropped
-        if len(good) != len(raw):
-            with open(path, "r+b") as handle:
-                handle.truncate(len(good))
-        for line in good.decode("utf-8").splitlines():
-            row = json.loads(line)
-            self.done[Head(row["layer"], row["head"])] = row
+        for path in self._rows_files():
+            raw = path.read_bytes()
+            good = raw[: raw.rfind(b"\n") + 1]  # a torn last line (killed mid-write) is dropped
+            if len(good) != len(raw) and path == self.rows_path:  # only our own file is cut
+                with open(path, "r+b") as handle:
+                    handle.truncate(len(good))
+            for line in good.decode("utf-8").splitlines():
+                row = json.loads(line)
+                self.done.setdefault(Head(row["layer"], row["head"]), row)
 
     def append(self, row: dict) -> None:
         """Append one finished row durably (flush + fsync)."""
-        with open(self.dir / ROWS, "a", encoding="utf-8") as handle:
+        with open(self.rows_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row, sort_keys=True) + "\n")
             handle.flush()
             os.fsync(handle.fileno())

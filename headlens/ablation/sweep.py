@@ -17,6 +17,7 @@ import torch
 from headlens.ablation.replace import Replacement, heads_by_layer, layer_replacement
 from headlens.ablation.runner import LayerRunner
 from headlens.arch import adapter_for
+from headlens.devices import is_offloaded, onloaded
 from headlens.heads import Head
 
 # Ablations stacked into one forward pass: on CPU stacking did not pay (benchmarks/bench_ablate.py,
@@ -89,7 +90,10 @@ def _group_sums(model, evalset, runners, rows_list, states, attn, rep, group) ->
     """Per-unit sums [n_units] for each head of `group`, its ablations stacked as batch copies."""
     total = torch.zeros(len(group), evalset.n_units, dtype=torch.float64)  # [copies, n_units]
     copies = len(group)
-    w_o = adapter_for(model).w_o(group[0].layer)  # [head, d_head, d_model]
+    adapter = adapter_for(model)
+    with onloaded(adapter.z_module(group[0].layer)):  # a layer accelerate offloaded: its W_O, copied
+        w_o = adapter.w_o(group[0].layer)  # [head, d_head, d_model]
+        w_o = w_o.clone() if is_offloaded(adapter.z_module(group[0].layer)) else w_o
     for runner, rows, state, (z, out) in zip(runners, rows_list, states, attn, strict=True):
         rep_rows = layer_replacement(rep, rows)
         outs = torch.cat([_ablated_out(out, z, rep_rows, w_o, h) for h in group])  # [copies * batch, pos, d_model]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from headlens.devices import onloaded
+
 # Vocabulary rows per matmul: 4,096-row chunks ran faster than the whole matrix at once on CPU
 # (BENCHMARKS.md, Ablation).
 UNEMBED_CHUNK = 4096
@@ -24,13 +26,14 @@ def unembed_losses(hidden: torch.Tensor, lm_head, targets: torch.Tensor,
     Equal to the full log_softmax up to float32 rounding; differentiable in `hidden` (and in
     the unembedding's weight and bias when they require grad).
     """
-    weight, bias = lm_head.weight, lm_head.bias  # [d_vocab, d_model], [d_vocab] or None
     flat = hidden.reshape(-1, hidden.shape[-1])  # [rows, d_model]
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (flat, weight, bias)):
-        flat_targets = torch.broadcast_to(targets, hidden.shape[:-1]).reshape(-1)  # [rows]
-        return _ChunkedCrossEntropy.apply(flat, weight, bias, flat_targets, chunk).view(hidden.shape[:-1])
-    lse = _chunked_logsumexp(flat, weight, bias, chunk).view(hidden.shape[:-1])  # [..., n]
-    return lse - target_logits(hidden, weight, bias, targets)
+    with onloaded(lm_head):  # an LM head accelerate offloaded is loaded for the call
+        weight, bias = lm_head.weight, lm_head.bias  # [d_vocab, d_model], [d_vocab] or None
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (flat, weight, bias)):
+            flat_targets = torch.broadcast_to(targets, hidden.shape[:-1]).reshape(-1)  # [rows]
+            return _ChunkedCrossEntropy.apply(flat, weight, bias, flat_targets, chunk).view(hidden.shape[:-1])
+        lse = _chunked_logsumexp(flat, weight, bias, chunk).view(hidden.shape[:-1])  # [..., n]
+        return lse - target_logits(hidden, weight, bias, targets)
 
 
 def _chunk_logits(flat, weight, bias, start: int, chunk: int) -> torch.Tensor:

@@ -66,8 +66,10 @@ class LeanLayer:
         self._expected: list[tuple[int, torch.Tensor]] = []  # (first row, pattern @ V) of the checked blocks
 
     def on_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """q [batch, head, pos, d_head]; k, v [batch, kv_head, pos, d_head]."""
-        q, k, v = q.detach(), k.detach(), v.detach()
+        """q [batch, head, pos, d_head]; k, v [batch, kv_head, pos, d_head]. The pattern is
+        rebuilt in float32 whatever the model's dtype (Hugging Face eager attention also takes
+        its softmax in float32), so reducers accumulate float32 weights."""
+        q, k, v = (t.detach().float() for t in (q, k, v))
         mask = self.batch_ref[0].mask.to(q.device)  # [batch, pos]
         batch, _, pos, _ = q.shape
         step = block_rows(batch, self.n_heads, pos) if self.blocks else pos

@@ -18,10 +18,17 @@ class TargetMassReducer(Reducer):
 
     wants = frozenset({"pattern"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
+    # running sums and counts: added over processes by headlens.distributed.all_reduce_totals
+    totals = ("sums", "sq_sums", "counts", "seq_sums", "seq_sq_sums", "n_seqs", "mul_sums", "mul_n")
 
-    def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None):
+    def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None,
+                 scored_fn=None):
         self.layers = layers
         self.targets_fn = targets_fn
+        # With mass_fn, optional scored_fn(batch) -> [batch, q_pos] bool must equal
+        # (targets_fn(batch) & batch.mask[:, None, :]).any(-1): the [batch, q_pos, k_pos] targets
+        # are then never built, so memory stays linear in the sequence length.
+        self.scored_fn = scored_fn if mass_fn is not None else None
         # Optional fast path: mass_fn(pattern, q_start) -> [batch, head, rows] must equal
         # (pattern * targets[:, q_start:q_start + rows]).sum(-1) (e.g. a diagonal for a fixed
         # offset: no [.., q, k] product).
@@ -41,8 +48,11 @@ class TargetMassReducer(Reducer):
 
     def _targets(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cache is None or self._cache[0] != id(batch):
-            targets = self.targets_fn(batch) & batch.mask[:, None, :]  # [batch, q_pos, k_pos]
-            scored = targets.any(-1) & batch.mask  # [batch, q_pos]
+            if self.scored_fn is not None:
+                targets, scored = None, self.scored_fn(batch) & batch.mask  # [batch, q_pos]
+            else:
+                targets = self.targets_fn(batch) & batch.mask[:, None, :]  # [batch, q_pos, k_pos]
+                scored = targets.any(-1) & batch.mask  # [batch, q_pos]
             if self.query_fn is not None:
                 scored &= self.query_fn(batch)
             self._cache = (id(batch), targets, scored)
@@ -55,7 +65,8 @@ class TargetMassReducer(Reducer):
         if self.mass_fn is not None:
             raw = self.mass_fn(pattern, q_start).double()  # [batch, head, rows]
         else:
-            raw = (pattern * targets[:, None, rows].to(pattern.device)).sum(-1).double()  # [batch, head, rows]
+            on_target = pattern * targets[:, None, rows].to(pattern.device)  # [batch, head, rows, k_pos]
+            raw = on_target.sum(-1, dtype=torch.float64)  # [batch, head, rows]
         mass = raw * scored[:, None]  # [batch, head, rows]: padding and target-less queries -> 0
         self.sums[layer] += mass.sum((0, 2)).cpu()
         self.sq_sums[layer] += (mass**2).sum((0, 2)).cpu()

@@ -30,6 +30,7 @@ import torch
 
 from headlens.arch import adapter_for
 from headlens.capture import Batch, Reducer
+from headlens.devices import is_offloaded, onloaded
 
 # Below this std(l) relative to |u| * rms(W_U) the head writes nothing the unembedding reads
 # (e.g. into a subspace orthogonal to it): its copying score is 0, not noise divided by noise.
@@ -47,7 +48,12 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
     norm subtracts the mean (LayerNorm) or not (RMSNorm).
     """
     adapter = adapter_for(model)
-    w_u = adapter.unembed().weight.detach()  # [d_vocab, d_model]
+    unembed, final_norm = adapter.unembed(), adapter.final_norm()
+    with onloaded(unembed):
+        w_u = unembed.weight.detach()  # [d_vocab, d_model]
+        w_u = w_u.clone() if is_offloaded(unembed) else w_u  # offloaded: kept for the whole run
+    with onloaded(final_norm):
+        gamma = final_norm.weight.detach().float().clone()  # [d_model]
     d_vocab, d_model = w_u.shape
     total = torch.zeros(d_model, dtype=torch.float64)  # [d_model]
     gram = torch.zeros(d_model, d_model, dtype=torch.float64)  # [d_model, d_model]
@@ -58,7 +64,7 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
     mean = total / d_vocab  # [d_model]
     cov = gram / d_vocab - torch.outer(mean, mean)  # [d_model, d_model]
     return {"w_u": w_u, "mean": mean.float(), "cov": cov.float(), "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
-            "gamma": adapter.final_norm().weight.detach().float(), "centre": adapter.final_norm_centres}
+            "gamma": gamma, "centre": adapter.final_norm_centres}
 
 
 def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> torch.Tensor:
@@ -92,6 +98,7 @@ class CopyingReducer(Reducer):
 
     wants = frozenset({"pattern", "z"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
+    totals = ("sums", "sq_sums", "counts")  # added over processes (headlens.distributed.all_reduce_totals)
 
     def __init__(self, model, query_fn, layers=None):
         adapter = adapter_for(model)
@@ -152,8 +159,9 @@ class CopyingReducer(Reducer):
         and A C A^T [d_head, d_head]: mean and variance of the direct-path logits from z alone
         (d_head^2, not d_model^2, per query). Only the small A m and A C A^T are kept across batches
         (A C A^T costs a d_model^2 product); A itself, as large as the layer's W_O, is rebuilt per
-        call (elementwise)."""
-        w_o = self.adapter.w_o(layer).detach().float()  # [head, d_head, d_model]
+        call (elementwise). W_O of a layer accelerate offloaded is loaded for the read and copied."""
+        with onloaded(self.adapter.z_module(layer)):
+            w_o = self.adapter.w_o(layer).detach().to(torch.float32, copy=True)  # [head, d_head, d_model]
         if self.stats["centre"]:
             w_o = w_o - w_o.mean(-1, keepdim=True)  # [head, d_head, d_model]
         a = w_o * self.stats["gamma"]  # [head, d_head, d_model]

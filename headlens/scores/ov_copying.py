@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from headlens.arch import adapter_for, get_module
+from headlens.devices import onloaded
 
 CHUNK = 4096  # vocabulary rows per pass through a layer's attention
 
@@ -34,7 +35,8 @@ def ov_copying_scores(model) -> torch.Tensor:
     with torch.no_grad():
         for layer in range(adapter.n_layers):
             values = _token_values(adapter, layer)  # [d_vocab, kv_head, d_head]
-            w_o = adapter.w_o(layer).double()  # [head, d_head, d_model]
+            with onloaded(adapter.z_module(layer)):  # W_O of a layer accelerate offloaded, copied
+                w_o = adapter.w_o(layer).double()  # [head, d_head, d_model]
             if isinstance(adapter.final_norm(), torch.nn.LayerNorm):
                 w_o = w_o - w_o.mean(-1, keepdim=True)  # LayerNorm's centring, folded in
             for head in range(adapter.n_heads):
@@ -48,10 +50,11 @@ def ov_copying_scores(model) -> torch.Tensor:
 
 def _folded_unembed(adapter) -> torch.Tensor:
     """The unembedding with the final norm's gain folded in: [d_model, d_vocab] (float64)."""
-    w_u = adapter.unembed().weight.detach().double()  # [d_vocab, d_model]
-    gain = getattr(adapter.final_norm(), "weight", None)
-    if gain is not None:
-        w_u = w_u * gain.detach().double()  # [d_vocab, d_model]
+    with onloaded(adapter.unembed()), onloaded(adapter.final_norm()):
+        w_u = adapter.unembed().weight.detach().double()  # [d_vocab, d_model]
+        gain = getattr(adapter.final_norm(), "weight", None)
+        if gain is not None:
+            w_u = w_u * gain.detach().double()  # [d_vocab, d_model]
     return w_u.T
 
 

@@ -34,14 +34,21 @@ def offset_mass(pattern: torch.Tensor, offset: int, q_start: int = 0) -> torch.T
 def prev_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for prev_token_score: mean A[i, i-1] over real positions i >= 1."""
     return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, -1), layers=layers,
-                             mass_fn=lambda pattern, q_start: offset_mass(pattern, -1, q_start))
+                             mass_fn=lambda pattern, q_start: offset_mass(pattern, -1, q_start),
+                             scored_fn=lambda b: _from_position(b, 1))
 
 
 def current_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for current_token_score: mean A[i, i] over real positions i >= 1 (i = 0 is trivially 1)."""
     return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, 0),
                              query_fn=_from_position_one, layers=layers,
-                             mass_fn=lambda pattern, q_start: offset_mass(pattern, 0, q_start))
+                             mass_fn=lambda pattern, q_start: offset_mass(pattern, 0, q_start),
+                             scored_fn=lambda b: _from_position(b, 0))
+
+
+def _from_position(batch, first: int) -> torch.Tensor:
+    """Queries at positions >= first: [batch, q_pos] bool (the real ones are picked by the caller)."""
+    return (torch.arange(batch.mask.shape[1]) >= first)[None].expand_as(batch.mask)  # [batch, q_pos]
 
 
 def _from_position_one(batch) -> torch.Tensor:
@@ -65,7 +72,8 @@ def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassR
             mass[..., 0] = 0.0  # query 0 has no target (A[0, 0] = 1 trivially)
         return mass
 
-    return TargetMassReducer(n_layers, n_heads, first_column, layers=layers, mass_fn=first_mass)
+    return TargetMassReducer(n_layers, n_heads, first_column, layers=layers, mass_fn=first_mass,
+                             scored_fn=lambda b: _from_position(b, 1))
 
 
 class ArgmaxOffsetReducer:
@@ -82,6 +90,7 @@ class ArgmaxOffsetReducer:
 
     wants = frozenset({"pattern"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
+    totals = ("counts", "n_scored")  # added over processes (headlens.distributed.all_reduce_totals)
 
     def __init__(self, n_layers: int, n_heads: int, max_offset: int = 8, layers=None):
         self.layers = layers

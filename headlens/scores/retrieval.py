@@ -7,19 +7,35 @@ averaged over the tests the model gets right (Wu et al. count a test only when t
 retrieved, ROUGE-1 recall > 50%; here: > 50% of the asked-for needle tokens generated in
 place). Wu et al. call a head a retrieval head above 0.1. The prompts are adapted to small
 GPT-2 contexts in `headlens.probes.needle_prompts`.
+
+Decoding, as Wu et al.'s code does it: the prompt is prefilled once into the model's key/value
+cache, then each step feeds one token and reads each head's attention row of that new token
+only. The prefill runs with sdpa (no [pos, pos] pattern is ever built) and rebuilds just the
+last query's row from the layer's own Q and K (`Adapter.hook_qkv`, `mha.pattern_rows`); the
+decode steps run eager attention on one query row, [batch, head, 1, k_pos]. A TransformerLens
+bridge has no cache here: it re-runs the whole sequence each step (`cache=False`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
+from headlens import distributed
+from headlens.arch import adapter_for
 from headlens.capture import Batch, Reducer, capture_hooks, forward, is_bridge, n_heads_of, n_layers_of
+from headlens.capture.run import _attention_implementation
+from headlens.errors import CaptureError
+from headlens.mha import pattern_rows
 
 # Wu et al.: a test counts when the answer is retrieved (ROUGE-1 recall > 50%).
 RETRIEVED_RECALL = 0.5
+
+# One decoding step: the greedy token of each test [test] and, per layer, each head's argmax
+# key at the query that produced it [test, head].
+Step = tuple[torch.Tensor, dict[int, torch.Tensor]]
 
 
 class LastQueryArgmax(Reducer):
@@ -37,34 +53,36 @@ class LastQueryArgmax(Reducer):
         self.keys[layer] = rows.argmax(-1).cpu()  # [batch, head]
 
 
-def retrieval_scores(model, prompts: Sequence, progress: bool = False) -> dict:
+def retrieval_scores(model, prompts: Sequence, progress: bool = False, cache: bool | None = None) -> dict:
     """Greedy-decode every needle prompt and score copy-paste per head (Wu et al. 2024).
 
     `prompts`: NeedlePrompt tuples (probes.needle_prompts). Returns `score` [n_layers, n_heads]
     (NaN when no test was retrieved), `std` across retrieved tests, `n_tests`, `n_retrieved`,
     `n_tokens` (asked-for tokens of the retrieved tests). Tests of equal prompt length decode
-    together as one batch; one full forward per generated token (no KV cache), so it also runs
-    on a TransformerBridge.
+    together as one batch. `cache` (default: on for Hugging Face models, off for a bridge):
+    prefill once and decode with the key/value cache; off, one full forward per token.
     """
     n_layers, n_heads = n_layers_of(model), n_heads_of(model)
+    cache = not is_bridge(model) if cache is None else cache
     groups: dict[tuple[int, int], list] = {}
     for test in prompts:
         groups.setdefault((len(test.prompt), len(test.needle) - test.restate), []).append(test)
-    iterator = list(groups.values())
-    if progress:
-
-        iterator = tqdm(iterator, desc="needles", unit="batch", leave=False)
-    per_test, n_tokens = [], 0
-    reducer = LastQueryArgmax()
-    batch_ref: list = [None]
-    with torch.no_grad(), capture_hooks(model, [reducer], batch_ref, check=False):
-        for group in iterator:
-            hits, correct = _decode_group(model, group, reducer, batch_ref, n_layers, n_heads)
-            for test, test_hits, test_correct in zip(group, hits, correct, strict=True):
+    mine = list(distributed.shard(enumerate(groups.values())))  # this process's groups (all, alone)
+    iterator = tqdm(mine, desc="needles", unit="batch", leave=False) if progress else mine
+    retrieved = []  # ((group, test), asked, hits [layer, head]) of the retrieved tests
+    with torch.no_grad():
+        for index, group in iterator:
+            ids = torch.tensor([test.prompt for test in group])  # [test, pos]
+            n_steps = len(group[0].needle) - group[0].restate
+            steps = decode_cached(model, ids, n_steps) if cache else decode_uncached(model, ids, n_steps)
+            hits, correct = count_copy_paste(group, steps, n_layers, n_heads)
+            for position, (test, test_hits, test_correct) in enumerate(zip(group, hits, correct, strict=True)):
                 asked = len(test.needle) - test.restate
                 if test_correct / asked > RETRIEVED_RECALL:
-                    per_test.append(test_hits.double() / asked)
-                    n_tokens += asked
+                    retrieved.append(((index, position), asked, test_hits))
+    retrieved = sorted(item for part in distributed.all_gather(retrieved) for item in part)
+    per_test = [hits.double() / asked for _, asked, hits in retrieved]
+    n_tokens = sum(asked for _, asked, _ in retrieved)
     if not per_test:
         nan = torch.full((n_layers, n_heads), float("nan"))
         return {"score": nan, "std": nan, "n_tests": len(prompts), "n_retrieved": 0, "n_tokens": 0}
@@ -73,16 +91,8 @@ def retrieval_scores(model, prompts: Sequence, progress: bool = False) -> dict:
             "n_tests": len(prompts), "n_retrieved": len(per_test), "n_tokens": n_tokens}
 
 
-def _next_tokens(model, batch: Batch) -> torch.Tensor:
-    """Greedy next token of each (unpadded) row: [batch]."""
-    if is_bridge(model):
-        return forward(model, batch)[:, -1].argmax(-1).cpu()
-    ids = batch.input_ids.to(next(model.parameters()).device)
-    return model(input_ids=ids, logits_to_keep=1).logits[:, -1].argmax(-1).cpu()  # [batch]
-
-
-def _decode_group(model, group, reducer, batch_ref, n_layers, n_heads) -> tuple[torch.Tensor, list[int]]:
-    """Greedy decoding of equal-length tests: copy-paste counts [test, n_layers, n_heads] and
+def count_copy_paste(group, steps: Iterator[Step], n_layers: int, n_heads: int) -> tuple[torch.Tensor, list[int]]:
+    """Copy-paste counts [test, n_layers, n_heads] of equal-length tests decoded as `steps`, and
     how many asked-for tokens each test generated in place."""
     ids = torch.tensor([test.prompt for test in group])  # [test, pos]
     start = torch.tensor([test.needle_start for test in group])  # [test]
@@ -90,15 +100,107 @@ def _decode_group(model, group, reducer, batch_ref, n_layers, n_heads) -> tuple[
     restate = group[0].restate
     hits = torch.zeros(len(group), n_layers, n_heads, dtype=torch.long)  # [test, layer, head]
     correct = torch.zeros(len(group), dtype=torch.long)  # [test]
-    for step in range(needles.shape[1] - restate):
-        batch = Batch(ids, torch.ones_like(ids, dtype=torch.bool))
-        batch_ref[0] = batch
-        w = _next_tokens(model, batch)  # [test]
+    for step, (w, keys_by_layer) in enumerate(steps):
         correct += (w == needles[:, restate + step]).long()
         in_needle = (needles == w[:, None]).any(-1)  # [test] w is a needle token
-        for layer, keys in reducer.keys.items():  # keys [test, head]
+        for layer, keys in keys_by_layer.items():  # keys [test, head]
             inside = (keys >= start[:, None]) & (keys < start[:, None] + needles.shape[1])  # [test, head]
             same = ids.gather(1, keys) == w[:, None]  # [test, head]
             hits[:, layer] += (inside & same & in_needle[:, None]).long()
         ids = torch.cat([ids, w[:, None]], dim=1)  # [test, pos + 1]
     return hits, correct.tolist()
+
+
+def decode_uncached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
+    """Greedy decoding of `ids` [test, pos] with one full forward per token (works on a bridge)."""
+    reducer = LastQueryArgmax()
+    batch_ref: list = [None]
+    with capture_hooks(model, [reducer], batch_ref, check=False):
+        for _ in range(n_steps):
+            batch = Batch(ids, torch.ones_like(ids, dtype=torch.bool))
+            batch_ref[0] = batch
+            if is_bridge(model):
+                w = forward(model, batch)[:, -1].argmax(-1).cpu()  # [test]
+            else:
+                w = _logits(model, input_ids=ids).argmax(-1).cpu()  # [test]
+            yield w, dict(reducer.keys)
+            ids = torch.cat([ids, w[:, None]], dim=1)  # [test, pos + 1]
+
+
+def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
+    """Greedy decoding of `ids` [test, pos] with the key/value cache (Hugging Face models).
+
+    1) prefill: sdpa forward over the prompt; each layer's last-query row is rebuilt from its
+       own Q and K; 2) decode: one token per step, eager attention, the new token's row read
+       from each attention module's output.
+    """
+    from transformers import DynamicCache
+
+    adapter = adapter_for(model)
+    kv = DynamicCache()  # full-length layers: a sliding-window model masks, the cache keeps every key
+    keys: dict[int, torch.Tensor] = {}
+    with _attention_implementation(model, "sdpa"), _last_row_hooks(adapter, keys):
+        w = _logits(model, input_ids=ids, cache=kv, use_cache=True).argmax(-1).cpu()  # [test]
+    yield w, dict(keys)
+    n_keys: dict[int, int] = {}
+    handles = [adapter.attn(layer).register_forward_hook(_new_row_hook(layer, keys, n_keys))
+               for layer in range(adapter.n_layers)]
+    try:
+        for step in range(1, n_steps):
+            logits = _logits(model, input_ids=w[:, None], cache=kv, use_cache=True)  # [test, d_vocab]
+            w = logits.argmax(-1).cpu()  # [test]
+            spans = {int(n_keys[layer]) for layer in range(adapter.n_layers)}
+            if spans != {ids.shape[1] + step}:  # a sliding-window cache keeps fewer keys than positions
+                raise CaptureError(f"the cached attention rows span {sorted(spans)} keys, not the whole sequence "
+                                   f"({ids.shape[1] + step}): decode with cache=False")
+            yield w, dict(keys)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class _last_row_hooks:
+    """Context: `Adapter.hook_qkv` on every layer, writing the argmax key of the last query row
+    (rebuilt with mha.pattern_rows from the layer's own Q and K) into `keys[layer]` [batch, head]."""
+
+    def __init__(self, adapter, keys: dict):
+        self.adapter, self.keys, self.handles = adapter, keys, []
+
+    def __enter__(self):
+        for layer in range(self.adapter.n_layers):
+            scale, window = self.adapter.attention_scale(layer), self.adapter.sliding_window(layer)
+
+            def on_qkv(q, k, v, layer=layer, scale=scale, window=window):
+                pos = q.shape[2]
+                mask = torch.ones(q.shape[0], pos, dtype=torch.bool, device=q.device)  # [batch, pos]
+                row = pattern_rows(q, k, mask, scale, pos - 1, pos, window)  # [batch, head, 1, k_pos]
+                self.keys[layer] = row[:, :, 0].argmax(-1).cpu()  # [batch, head]
+
+            self.handles += self.adapter.hook_qkv(layer, on_qkv)
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+def _new_row_hook(layer: int, keys: dict, n_keys: dict):
+    """Forward hook on an eager attention module: the new query's argmax key [batch, head] into
+    `keys[layer]`, the number of keys its row spans into `n_keys[layer]`."""
+
+    def hook(module, args, output):
+        pattern = output[1] if isinstance(output, tuple) and len(output) > 1 else None  # [batch, head, 1, k_pos]
+        if pattern is None:
+            raise CaptureError("the model returned no attention pattern: load it with attn_implementation='eager'")
+        keys[layer] = pattern[:, :, -1].argmax(-1).cpu()  # [batch, head]
+        n_keys[layer] = pattern.shape[-1]
+
+    return hook
+
+
+def _logits(model, **inputs) -> torch.Tensor:
+    """Last-position logits [batch, d_vocab] of a Hugging Face causal LM (the LM head runs on one
+    position only)."""
+    device = next(model.parameters()).device
+    inputs["input_ids"] = inputs["input_ids"].to(device)
+    return model(**inputs, logits_to_keep=1).logits[:, -1].float()  # [batch, d_vocab]

@@ -1,0 +1,133 @@
+"""Corpora: a text file, a folder of `.txt` files, or a JSON Lines file with a `text` field,
+read one document at a time.
+
+`Corpus(path)` checks the whole corpus first, streaming (every file UTF-8 and not binary, every
+JSON line an object with a string `text`), so a bad line fails in one clear line before any
+model work, and counts the documents for a progress bar. Iterating then yields the documents
+one by one; no more than one document is held at a time. `document_windows` cuts the stream into
+the model-sized token windows classify scores, document by document.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from headlens.errors import InputTextError
+from headlens.probes import MIN_TEXT_TOKENS, check_text, text_windows
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+TEXT_FIELD = "text"  # the field of each JSON line that holds the document
+
+
+class Corpus:
+    """The documents under `path`, in a fixed order (a folder's `.txt` files sorted by path,
+    recursively; a JSON Lines file's lines in order; a text file is one document)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if self.path.is_dir():
+            self.kind = "folder"
+            self.files = sorted(p for p in self.path.rglob("*.txt") if p.is_file())
+            if not self.files:
+                raise InputTextError(f"folder {self.path} holds no .txt files")
+        elif self.path.is_file():
+            self.kind = "jsonl" if self.path.suffix.lower() in JSONL_SUFFIXES else "file"
+            self.files = [self.path]
+        else:
+            raise InputTextError(f"text not found: {self.path} (give a text file, a folder of .txt files or a .jsonl)")
+        self.n_documents = sum(1 for _ in self._documents(check=True))
+        if self.n_documents == 0:
+            raise InputTextError(f"{self.path} holds no documents with text")
+
+    def __len__(self) -> int:
+        return self.n_documents
+
+    def __iter__(self) -> Iterator[str]:
+        return self._documents(check=False)
+
+    def _documents(self, check: bool) -> Iterator[str]:
+        if self.kind == "jsonl":
+            yield from _jsonl_documents(self.path, check)
+            return
+        for file in self.files:
+            text = _read_document(file, check, skip_empty=self.kind == "folder")
+            if text is not None:
+                yield text
+
+
+def _read_document(file: Path, check: bool, skip_empty: bool) -> str | None:
+    """One text file: checked (probes.check_text) on the first pass; an empty file in a folder
+    is skipped (None), a lone empty file is an error."""
+    raw = file.read_bytes()
+    if skip_empty and not raw.strip():
+        return None
+    return check_text(raw, str(file)) if check else raw.decode("utf-8")
+
+
+def _jsonl_documents(path: Path, check: bool) -> Iterator[str]:
+    """The `text` of each non-blank line of a JSON Lines file, read line by line."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise InputTextError(f"{where} is not valid UTF-8 (byte {exc.start} of the line)") from None
+            except json.JSONDecodeError as exc:
+                raise InputTextError(f"{where} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
+                raise InputTextError(f"{where} has no string {TEXT_FIELD!r} field: each line must be an object "
+                                     f'like {{"{TEXT_FIELD}": "..."}}')
+            text = record[TEXT_FIELD]
+            if not text.strip():
+                continue
+            yield check_text(text, where) if check else text
+
+
+def document_windows(tokenizer, documents: Iterable[str], n_ctx: int, bos: int | None, max_windows: int,
+                     facts: dict, haystack: list[int], progress: bool = False) -> Iterator[list[int]]:
+    """Stream each document's text windows (probes.text_windows: BOS + up to n_ctx - 1 tokens, never
+    spanning two documents) until `max_windows`, counting every document's tokens and windows in
+    `facts` (n_documents, n_text_tokens, n_windows_available, n_windows, longest_window); the first documents'
+    tokens, whole, until n_ctx are reached, go into `haystack`. A progress bar over documents and
+    tokens when asked."""
+    body = n_ctx - 1
+    total = len(documents) if hasattr(documents, "__len__") else None
+    bar = tqdm(total=total, desc="text", unit="doc", leave=False) if progress else None
+    for document in documents:
+        ids = tokenizer(document, add_special_tokens=False)["input_ids"]
+        if facts["n_documents"] == 0 or len(haystack) < n_ctx:
+            haystack.extend(ids)
+        facts["n_documents"] += 1
+        facts["n_text_tokens"] += len(ids)
+        facts["n_windows_available"] += -(-len(ids) // body)
+        left = max_windows - facts["n_windows"]
+        if left > 0 and len(ids) >= MIN_TEXT_TOKENS:
+            for window in text_windows(tokenizer, ids, n_ctx, bos, min_tokens=MIN_TEXT_TOKENS,
+                                       max_windows=left):
+                facts["n_windows"] += 1
+                facts["longest_window"] = max(facts.get("longest_window", 0), len(window))
+                yield window
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(tokens=facts["n_text_tokens"], windows=facts["n_windows"])
+    if bar is not None:
+        bar.close()
+
+
+def chunks(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of `size` consecutive items of an iterator (the last may be shorter)."""
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

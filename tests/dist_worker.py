@@ -1,0 +1,66 @@
+"""A torch.distributed worker for tests/test_distributed.py, launched by
+`torchrun --standalone --nproc-per-node N tests/dist_worker.py MODE OUT [KILL_AFTER]`.
+
+MODE `classify`: classify the small random GPT-2 on word-list documents; `sweep`: the exact
+single-head sweep of the strong test model (tests/strong.py), rows kept in OUT/sweep. Rank 0
+pickles the result frame to OUT/result.pkl. KILL_AFTER (sweep): rank 1 SIGKILLs itself once it
+has durably appended that many rows, as a crashed process would die.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from strong import build_strong_model, sample_text  # noqa: E402
+
+from headlens import distributed  # noqa: E402
+
+SMALL = dict(n_layer=2, n_head=4, n_embd=64, n_positions=128)  # the conftest small_config
+DOCS = [sample_text(n, seed=s) for s, n in enumerate([300, 120, 900, 40, 500, 260, 700])]
+
+
+def classify_frame():
+    from transformers import GPT2Config
+
+    from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.models import build_model
+
+    loaded = build_model(GPT2Config(**SMALL), seed=0, name="small-random")
+    return classify_heads(loaded, iter(DOCS), ClassifyConfig(n_seq=6, batch_size=2, max_windows=64))
+
+
+def sweep_frame(out: Path, kill_after: int | None):
+    from headlens.ablation import sweep_heads
+    from headlens.ablation.store import SweepStore
+
+    if kill_after is not None and distributed.rank() == 1:
+        append = SweepStore.append
+
+        def append_then_die(self, row):
+            append(self, row)
+            if len(list(open(self.rows_path, encoding="utf-8"))) >= kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        SweepStore.append = append_then_die
+    return sweep_heads(build_strong_model(64), text=sample_text(600), out=out / "sweep", resume=True)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    kill_after = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    distributed.init()
+    frame = classify_frame() if mode == "classify" else sweep_frame(out, kill_after)
+    if distributed.is_main():
+        frame.to_pickle(out / "result.pkl")
+
+
+if __name__ == "__main__":
+    main()
