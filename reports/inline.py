@@ -165,15 +165,8 @@ def esc(text: str) -> str:
 
 def heads_html(frame: pd.DataFrame, lang: str) -> str:
     """One heatmap per score present (explain.SCORES), with its threshold, then the label table."""
-    thresholds = explain.score_thresholds(frame.attrs)
     parts = [f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
-    for info in explain.SCORES:
-        if info.column not in frame or frame[info.column].isna().all():
-            continue
-        threshold = thresholds.get(info.column)
-        uri = figures.score_heatmap_uri(frame, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
-                                        lang=lang)
-        cut = " " + t("scores.threshold", lang, threshold=f"{threshold:g}") if threshold is not None else ""
+    for info, uri, cut in sections.score_heatmaps(frame, lang):
         parts.append(f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
                      f'{sections.figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
                      f'<p class="explain">{esc(info.what(lang) + cut)} <cite>{esc(info.source(lang))}</cite></p></div>')

@@ -106,11 +106,10 @@ def shape_text(info: dict, lang: str) -> str:
     return t("summary.shape_value", lang, **shape)
 
 
-def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """One heatmap per score with its explanation and threshold, then the label table (labelled heads
-    first, with a "labelled only / all heads" switch the page script shows)."""
+def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
+    """(score info, heatmap data URI, threshold sentence) for each score present in `heads`
+    (explain.SCORES order); the sentence is "" for scores without a labelling threshold."""
     thresholds = explain.score_thresholds(heads.attrs)
-    parts = [f"<p>{esc(t('scores.intro', lang))}</p>"]
     for info in explain.SCORES:
         if info.column not in heads or heads[info.column].isna().all():
             continue
@@ -118,6 +117,14 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
         uri = figures.score_heatmap_uri(heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
                                         lang=lang)
         cut = " " + t("scores.threshold", lang, threshold=f"{threshold:g}") if threshold is not None else ""
+        yield info, uri, cut
+
+
+def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+    """One heatmap per score with its explanation and threshold, then the label table (labelled heads
+    first, with a "labelled only / all heads" switch the page script shows)."""
+    parts = [f"<p>{esc(t('scores.intro', lang))}</p>"]
+    for info, uri, cut in score_heatmaps(heads, lang):
         parts.append(
             f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
             f'{figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
