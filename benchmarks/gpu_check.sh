@@ -5,7 +5,7 @@
 # Without CUDA it says so and exits 0. Run from the repository root:  bash benchmarks/gpu_check.sh
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
-LOG=$(mktemp -d)
+LOG=${GPU_CHECK_LOG:-$(mktemp -d)}  # the full logs: tests.txt, bench.txt
 
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: no CUDA GPU on this machine: GPU tests and throughput skipped"
@@ -14,7 +14,7 @@ fi
 "$PY" -c "import torch; print('gpu_check:', torch.cuda.get_device_name(), 'torch', torch.__version__)"
 
 start=$(date +%s)
-timeout 180 "$PY" -m pytest -q -m gpu tests/test_scale_gpu.py -p no:cacheprovider >"$LOG/tests.txt" 2>&1
+timeout 180 "$PY" -m pytest -q -m gpu tests/test_scale_gpu.py -p no:cacheprovider --tb=short >"$LOG/tests.txt" 2>&1
 tests_rc=$?
 tests_s=$(( $(date +%s) - start ))
 start=$(date +%s)
@@ -22,7 +22,7 @@ timeout 100 "$PY" benchmarks/bench_scale_gpu.py >"$LOG/bench.txt" 2>&1
 bench_rc=$?
 bench_s=$(( $(date +%s) - start ))
 
-tail -n 15 "$LOG/tests.txt"
+if [ "$tests_rc" -ne 0 ]; then tail -n 80 "$LOG/tests.txt"; else tail -n 3 "$LOG/tests.txt"; fi
 echo
 echo "| step | result | seconds |"
 echo "|---|---|---|"

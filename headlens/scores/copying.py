@@ -55,16 +55,23 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
     with onloaded(final_norm):
         gamma = final_norm.weight.detach().float().clone()  # [d_model]
     d_vocab, d_model = w_u.shape
-    total = torch.zeros(d_model, dtype=torch.float64)  # [d_model]
-    gram = torch.zeros(d_model, d_model, dtype=torch.float64)  # [d_model, d_model]
+    total = torch.zeros(d_model, dtype=torch.float64, device=w_u.device)  # [d_model]
+    gram = torch.zeros(d_model, d_model, dtype=torch.float64, device=w_u.device)  # [d_model, d_model]
     for start in range(0, d_vocab, chunk):
         rows = w_u[start : start + chunk].float()  # [chunk, d_model]
         total += rows.sum(0).double()
         gram += (rows.T @ rows).double()  # float32 products per chunk, float64 running sum
-    mean = total / d_vocab  # [d_model]
+    mean, gram = total.cpu() / d_vocab, gram.cpu()  # [d_model], [d_model, d_model]: the scores fold on the CPU
     cov = gram / d_vocab - torch.outer(mean, mean)  # [d_model, d_model]
     return {"w_u": w_u, "mean": mean.float(), "cov": cov.float(), "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
-            "gamma": gamma, "centre": adapter.final_norm_centres}
+            "gamma": gamma.cpu(), "centre": adapter.final_norm_centres}
+
+
+def unembedding_rows(stats: dict, tokens: torch.Tensor, device) -> torch.Tensor:
+    """Rows of the unembedding for token ids [...] as float32 on `device`: [..., d_model]. The
+    unembedding stays where the model keeps it; only the gathered rows move."""
+    w_u = stats["w_u"]
+    return w_u[tokens.to(w_u.device)].to(device=device, dtype=torch.float32)
 
 
 def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> torch.Tensor:
@@ -76,7 +83,7 @@ def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> t
     if stats.get("centre", True):  # a LayerNorm unless the stats say otherwise
         out = out - out.mean(-1, keepdim=True)  # [n, d_model]
     u = out * stats["gamma"]  # [n, d_model]
-    target = (u * stats["w_u"][tokens].to(dtype)).sum(-1)  # [n] l[t*]
+    target = (u * unembedding_rows(stats, tokens, u.device).to(dtype)).sum(-1)  # [n] l[t*]
     mean = u @ stats["mean"]  # [n] mean(l)
     var = ((u @ stats["cov"]) * u).sum(-1).clamp(min=0)  # [n] var(l): [n, d_model] @ [d_model, d_model]
     return _erf_score(target - mean, var.sqrt(), u, stats)
@@ -146,7 +153,7 @@ class CopyingReducer(Reducer):
             tokens = batch.input_ids[b_idx[part, None], keys[part]]  # [n, head]
             zq = z[b_idx[part], q_idx[part]].cpu().float()  # [n, head, d_head]
             u = torch.bmm(zq.transpose(0, 1), a).transpose(0, 1)  # [n, head, d_model]: (centred,) norm-scaled outputs
-            target = (u * self.stats["w_u"][tokens].float()).sum(-1)  # [n, head] l[t*]
+            target = (u * unembedding_rows(self.stats, tokens, u.device)).sum(-1)  # [n, head] l[t*]
             mean = torch.einsum("nhd,hd->nh", zq, m_vec)  # [n, head] mean(l)
             var = (torch.einsum("nhd,hde->nhe", zq, m_cov) * zq).sum(-1).clamp(min=0)  # [n, head] z (A C A^T) z^T
             score = _erf_score(target - mean, var.sqrt(), u, self.stats).double()  # [n, head]
@@ -161,7 +168,7 @@ class CopyingReducer(Reducer):
         (A C A^T costs a d_model^2 product); A itself, as large as the layer's W_O, is rebuilt per
         call (elementwise). W_O of a layer accelerate offloaded is loaded for the read and copied."""
         with onloaded(self.adapter.z_module(layer)):
-            w_o = self.adapter.w_o(layer).detach().to(torch.float32, copy=True)  # [head, d_head, d_model]
+            w_o = self.adapter.w_o(layer).detach().to("cpu", torch.float32, copy=True)  # [head, d_head, d_model]
         if self.stats["centre"]:
             w_o = w_o - w_o.mean(-1, keepdim=True)  # [head, d_head, d_model]
         a = w_o * self.stats["gamma"]  # [head, d_head, d_model]
