@@ -163,39 +163,65 @@ def output_projection(model, layer: int) -> torch.nn.Module:
     return model.model.layers[layer].self_attn.o_proj
 
 
-def second_copy_losses(model, ids: torch.Tensor, head: tuple[int, int] | None = None) -> torch.Tensor:
-    """Mean loss per sequence on the second copy (its first token left out): [n]; `head` zeroed if given."""
-    handle = None
-    if head is not None:
-        layer, h = head
-        d_head = model.config.hidden_size // model.config.num_attention_heads
+def second_copy_losses(model, ids: torch.Tensor, heads=()) -> torch.Tensor:
+    """Mean loss per sequence on the second copy (its first token left out): [n]; `heads` [(layer, head)]
+    zeroed together."""
+    d_head = model.config.hidden_size // model.config.num_attention_heads
+    handles = []
+    for layer in sorted({layer for layer, _ in heads}):
+        own = [h for at, h in heads if at == layer]
 
-        def zero_z(module, args):
+        def zero_z(module, args, own=own):
             z = args[0].clone()  # [batch, pos, n_heads * d_head]
-            z[..., h * d_head : (h + 1) * d_head] = 0
+            for h in own:
+                z[..., h * d_head : (h + 1) * d_head] = 0
             return (z,)
 
-        handle = output_projection(model, layer).register_forward_pre_hook(zero_z)
+        handles.append(output_projection(model, layer).register_forward_pre_hook(zero_z))
     try:
         logits, _ = patterns_of(model, ids)
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
     logp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]  # [n, pos - 1]
     return -logp[:, ARENA_LEN + 1 :].double().mean(-1)  # [n]: targets at positions 52..100
 
 
+def _ablation_rise(model, ids: torch.Tensor, clean: torch.Tensor, heads) -> tuple[float, float]:
+    """Mean second-copy loss rise with `heads` zeroed together, and the low end of its paired bootstrap CI."""
+    diff = second_copy_losses(model, ids, heads) - clean  # [n]: paired per sequence
+    gen = torch.Generator().manual_seed(0)
+    resamples = torch.randint(0, len(diff), (BOOTSTRAP_SAMPLES, len(diff)), generator=gen)
+    means = diff[resamples].mean(-1)  # [samples]
+    return diff.mean().item(), means.quantile((1 - CI) / 2).item()
+
+
 def test_zero_ablating_the_induction_head_raises_second_copy_loss(shipped):
+    """Each head of the card's `induction_ablation` line alone raises the second-copy loss by >= 1 nat;
+    a card that lists none is right that no induction head does."""
     name, model = shipped
     ids = arena_probe(model.config.bos_token_id)
     clean = second_copy_losses(model, ids)
-    gen = torch.Generator().manual_seed(0)
-    for head in card_heads(name, "induction_ablation"):
-        diff = second_copy_losses(model, ids, head) - clean  # [n]: paired per sequence
-        resamples = torch.randint(0, len(diff), (BOOTSTRAP_SAMPLES, len(diff)), generator=gen)
-        means = diff[resamples].mean(-1)  # [samples]
-        low = means.quantile((1 - CI) / 2).item()
-        assert diff.mean() >= ABLATION_RISE and low > 0, f"{name} {head}: +{diff.mean():.3f} nats, CI low {low:.3f}"
+    claimed = card_heads(name, "induction_ablation")
+    for head in claimed:
+        rise, low = _ablation_rise(model, ids, clean, [head])
+        assert rise >= ABLATION_RISE and low > 0, f"{name} {head}: +{rise:.3f} nats, CI low {low:.3f}"
+    if not claimed:
+        for head in card_heads(name, "induction"):
+            rise, _ = _ablation_rise(model, ids, clean, [head])
+            assert rise < ABLATION_RISE, f"{name}: the card claims no head, {head} alone gives +{rise:.3f} nats"
+
+
+def test_zero_ablating_the_induction_heads_together(shipped):
+    """The heads of the card's `induction_ablation_together` line, zeroed at once, raise the second-copy
+    loss by >= 1 nat (for a model whose induction heads back each other up)."""
+    name, model = shipped
+    if not re.search(r"^induction_ablation_together: ", card(name), re.M):
+        pytest.skip(f"{name}'s card makes no joint-ablation claim")
+    ids = arena_probe(model.config.bos_token_id)
+    heads = card_heads(name, "induction_ablation_together")
+    rise, low = _ablation_rise(model, ids, second_copy_losses(model, ids), heads)
+    assert rise >= ABLATION_RISE and low > 0, f"{name} {heads}: +{rise:.3f} nats, CI low {low:.3f}"
 
 
 # Retrieval heads ------------------------------------------------------------------------------------
@@ -253,17 +279,24 @@ def test_retrieval_heads_score_above_wu_threshold(shipped, needles):
 
 # Every role of an embedded model ------------------------------------------------------------------
 
-# tiny-gqa's card records that its training budget formed none of the roles (see its Limits section).
-GQA_MISSES_ROLES = pytest.mark.xfail(strict=True, reason="tiny-gqa formed no previous-token (>= 0.9), induction "
-                                     "or retrieval head in its 1,300 steps: model card")
+# tiny-gqa's three induction heads back each other up: no single one's ablation reaches 1 nat (its card,
+# Limits; the joint ablation is tested above).
+GQA_NO_SINGLE_HEAD_ABLATION = pytest.mark.xfail(strict=True, reason="tiny-gqa: the best single induction head's "
+                                                "ablation raises the second-copy loss by 0.44 nats (model card)")
+ROLES = ("previous_token", "induction", "induction_ablation", "retrieval")
 
 
-@pytest.mark.parametrize("name", ["tiny", pytest.param("tiny-gqa", marks=GQA_MISSES_ROLES)])
-def test_the_card_claims_every_role(name):
-    """An embedded model shows a previous-token, an induction and a retrieval head, and retrieves the
-    needle in most tests (the measurements behind each claim are the tests above)."""
-    for role in ("previous_token", "induction", "induction_ablation", "retrieval"):
-        assert card_heads(name, role), f"{name}: no {role} head"
+@pytest.mark.parametrize("name, role", [
+    pytest.param(name, role, marks=GQA_NO_SINGLE_HEAD_ABLATION if (name, role) == ("tiny-gqa", "induction_ablation")
+                 else ()) for name in SHIPPED for role in ROLES])
+def test_the_card_claims_every_role(name, role):
+    """An embedded model shows a previous-token, an induction and a retrieval head (the measurements
+    behind each claim are the tests above)."""
+    assert card_heads(name, role), f"{name}: no {role} head"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_card_claims_most_needles_retrieved(name):
     retrieved, total = (int(x) for x in card_field(name, "needles_retrieved").split("/"))
     assert retrieved > total / 2
 
