@@ -104,8 +104,9 @@ def _print_ablation(ablation: dict) -> None:
                    "previous_token, duplicate_token, first_token, label:NAME (together)")
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
 @click.option("--metric", default="loss", show_default=True, help="loss (= text) | repeat | logit-diff | prob | needle")
-@click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
-              help="UTF-8 text for loss and needle (>= 2 tokens; default: the tiny model's held-out text)")
+@click.option("--text", "text_path", type=click.Path(path_type=str), default=None,
+              help="UTF-8 text for loss and needle (>= 2 tokens; default: the tiny model's held-out text); for "
+                   "loss also a folder of .txt files or a .jsonl with a text field (windows per document)")
 @click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
               help='JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)')
 @click.option("--reference", "reference_path", type=click.Path(dir_okay=False), default=None,
@@ -135,6 +136,7 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
     from headlens.ablation.metrics import check_choice
     from headlens.ablation.prompts import read_prompts
     from headlens.ablation.roles import parse_control, read_labels, resolve_heads
+    from headlens.corpus import open_text
     from headlens.errors import ConfigError
     from headlens.models import load_model
     from headlens.probes import read_text
@@ -146,7 +148,7 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
     options = {"method": method, "metric": metric, "seed": seed, "bos": bos,
-               "text": read_text(text_path) if text_path else None,
+               "text": open_text(text_path) if text_path else None,
                "prompts": read_prompts(prompts_path) if prompts_path else None,
                "reference": read_text(reference_path) if reference_path else None}
     labels = read_labels(labels_path) if labels_path else None
@@ -184,8 +186,9 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 
 @click.command("prune")
 @model_argument("gpt2")
-@click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
-              help="UTF-8 text (default: the held-out text shipped with the tiny model)")
+@click.option("--text", "text_path", type=click.Path(path_type=str), default=None,
+              help="UTF-8 text file, folder of .txt files, or .jsonl with a text field (windows per document; "
+                   "default: the held-out text shipped with the tiny model)")
 @click.option("--step-fraction", default=0.1, show_default=True, type=float, help="share of all heads per step")
 @click.option("--labels", "labels_path", type=click.Path(dir_okay=False), default=None,
               help="heads.json from `headlens classify --out` [default: classify the model]")
@@ -203,10 +206,10 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
     from headlens import distributed
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
+    from headlens.corpus import open_text
     from headlens.models import load_model
-    from headlens.probes import read_text
 
-    text = read_text(text_path) if text_path else None
+    text = open_text(text_path) if text_path else None
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     labels = model_labels(loaded, labels) if roles else None
@@ -214,6 +217,8 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
     order = removal_by_role(curve, labels, seed=seed) if roles else None
     n_ok = heads_within(curve)
     n_total = loaded.spec.n_layers * loaded.spec.n_heads
+    if not distributed.is_main():  # every rank holds the same curve; rank 0 alone writes
+        return
     if fmt == "json":
         for row in curve.to_dict("records"):
             click.echo(json.dumps(row))
@@ -225,7 +230,7 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
                    f"(unpruned loss {curve['loss'].iloc[0]:.4f})")
         if order is not None:
             click.echo(_order_line(order))
-    if report_path and distributed.is_main():
+    if report_path:
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())

@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from headlens.errors import InputTextError
-from headlens.probes import MIN_TEXT_TOKENS, check_text, text_windows
+from headlens.probes import MIN_TEXT_TOKENS, check_text, read_text, text_windows
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TEXT_FIELD = "text"  # the field of each JSON line that holds the document
@@ -57,6 +57,15 @@ class Corpus:
             text = _read_document(file, check, skip_empty=self.kind == "folder")
             if text is not None:
                 yield text
+
+
+def open_text(path) -> str | Corpus:
+    """`--text` of the ablation commands: a folder or a JSON Lines file as a Corpus (documents
+    streamed), a text file as its text."""
+    path = Path(path)
+    if path.is_dir() or path.suffix.lower() in JSONL_SUFFIXES:
+        return Corpus(path)
+    return read_text(path)
 
 
 def _read_document(file: Path, check: bool, skip_empty: bool) -> str | None:

@@ -90,6 +90,23 @@ def all_gather(obj) -> list:
     return gathered
 
 
+def sum_in_order(parts: dict[int, tuple[int, torch.Tensor]], zeros: torch.Tensor) -> torch.Tensor:
+    """Collective: `zeros` plus every rank's parts, added in index order on every rank.
+
+    A part {index: (start, values)} adds `values` to rows start..start + len(values) of the total.
+    Work sharded by batch (`shard`) returns each batch's contribution under its batch index; adding
+    them in batch order reproduces a single process's running sum bit for bit (a plain all-reduce
+    adds per-rank subtotals, which rounds differently)."""
+    merged: dict[int, tuple[int, torch.Tensor]] = {}
+    for gathered in all_gather({index: (start, values.cpu()) for index, (start, values) in parts.items()}):
+        merged.update(gathered)
+    total = zeros.clone()
+    for index in sorted(merged):
+        start, values = merged[index]
+        total[start : start + len(values)] += values.to(total.device)
+    return total
+
+
 def broadcast_error(error: Exception | None) -> None:
     """Collective: if any rank hit a HeadlensError, every rank raises it (the first, in rank
     order), so no rank waits forever on a collective the failed one will never join."""

@@ -2,7 +2,8 @@
 `torchrun --standalone --nproc-per-node N tests/dist_worker.py MODE OUT [KILL_AFTER]`.
 
 MODE `classify`: classify the small random GPT-2 on word-list documents; `sweep`: the exact
-single-head sweep of the strong test model (tests/strong.py), rows kept in OUT/sweep. Rank 0
+single-head sweep of the strong test model (tests/strong.py), rows kept in OUT/sweep; `prune`:
+the pruning curve of the strong test model (batches of windows split over the ranks). Rank 0
 pickles the result frame to OUT/result.pkl. KILL_AFTER (sweep): rank 1 SIGKILLs itself once it
 has durably appended that many rows, as a crashed process would die.
 """
@@ -52,12 +53,19 @@ def sweep_frame(out: Path, kill_after: int | None):
     return sweep_heads(build_strong_model(64), text=sample_text(600), out=out / "sweep", resume=True)
 
 
+def prune_frame():
+    from headlens.ablation.prune import prune_curve
+
+    return prune_curve(build_strong_model(64), text=sample_text(1500), step_fraction=0.25)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     mode, out = sys.argv[1], Path(sys.argv[2])
     kill_after = int(sys.argv[3]) if len(sys.argv) > 3 else None
     distributed.init()
-    frame = classify_frame() if mode == "classify" else sweep_frame(out, kill_after)
+    frames = {"classify": classify_frame, "prune": prune_frame, "sweep": lambda: sweep_frame(out, kill_after)}
+    frame = frames[mode]()
     if distributed.is_main():
         frame.to_pickle(out / "result.pkl")
 

@@ -116,3 +116,65 @@ def test_empty_folder_is_refused(tmp_path):
 def test_missing_path_is_refused(tmp_path):
     with pytest.raises(InputTextError, match="text not found"):
         Corpus(tmp_path / "nope")
+
+
+# Ablation and pruning on a corpus ------------------------------------------------------------------
+
+def test_ablation_evalset_of_a_corpus_is_each_documents_windows(small_model, folder, jsonl):
+    """The loss evaluation set of a folder / JSON Lines file is the documents' own windows, in order,
+    BOS first, never spanning two documents (cut here by hand from the tokenizer)."""
+    from headlens.ablation.evalset import text_evalset
+
+    body = small_model.spec.n_ctx - 1
+    bos = small_model.bos_token_id
+    expected = []
+    for doc in DOCS:
+        ids = small_model.tokenizer(doc, add_special_tokens=False)["input_ids"]
+        expected += [[bos, *ids[start : start + body]] for start in range(0, len(ids), body)]
+    for corpus in (Corpus(folder), Corpus(jsonl)):
+        evalset = text_evalset(small_model, corpus, max_windows=100)
+        got = [row[mask].tolist() for row, mask in zip(evalset.input_ids, evalset.mask, strict=True)]
+        assert got == expected
+        assert "of 4 documents" in evalset.description
+
+
+def test_ablation_on_a_folder_equals_the_jsonl_of_the_same_documents(small_model, folder, jsonl, one_thread):
+    from headlens.ablation import ablate_heads
+    from headlens.heads import Head
+
+    results = [ablate_heads(small_model, [Head(0, 1)], text=Corpus(path)) for path in (folder, jsonl)]
+    assert results[0]["delta_loss"] == results[1]["delta_loss"] and results[0]["n_tokens"] == results[1]["n_tokens"]
+    joined = ablate_heads(small_model, [Head(0, 1)], text="".join(DOCS))
+    # the same tokens are predicted, from other contexts: documents are not one concatenated text
+    assert joined["n_tokens"] == results[0]["n_tokens"] and joined["loss"] != results[0]["loss"]
+
+
+def test_a_corpus_evalset_stops_reading_at_the_window_cap(small_model, folder):
+    """Documents are read until the cap: a stream that raises after the cap is never read that far."""
+    from headlens.ablation.evalset import text_evalset
+
+    def documents():
+        yield DOCS[1]
+        yield DOCS[1]
+        raise AssertionError("read past the cap")
+
+    evalset = text_evalset(small_model, documents(), max_windows=2)
+    assert evalset.input_ids.shape[0] == 2 and "capped" in evalset.description
+
+
+def test_cli_ablate_and_prune_read_a_folder_and_refuse_it_for_the_needle_metric(small_model_dir, folder, jsonl):
+    from click.testing import CliRunner
+    from headlens.cli.main import cli
+
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "0.1", "--text", str(folder), "--format",
+                             "json"])
+    assert ok.exit_code == 0, ok.output
+    assert "4 documents" in ok.output
+    prune = runner.invoke(cli, ["prune", str(small_model_dir), "--text", str(jsonl), "--no-roles", "--step-fraction",
+                                "0.5", "--format", "json"])
+    assert prune.exit_code == 0, prune.output
+    bad = runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "0.1", "--metric", "needle", "--text",
+                              str(folder)])
+    assert bad.exit_code == 2 and "metric needle reads one text" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -1,6 +1,6 @@
-"""Many processes, one answer: classify and the exact sweep under `torchrun --nproc-per-node 2`
-(gloo on CPU) equal the single-process run; a sweep whose second rank is killed resumes and
-finishes with the same table, every head counted once."""
+"""Many processes, one answer: classify, the exact sweep and the pruning curve under
+`torchrun --nproc-per-node 2` (gloo on CPU) equal the single-process run; a sweep whose second
+rank is killed resumes and finishes with the same table, every head counted once."""
 
 from __future__ import annotations
 
@@ -67,6 +67,31 @@ def test_two_process_sweep_killed_rank_resumes_to_the_single_process_table(tmp_p
         assert (tmp_path / "sweep" / name).read_text().splitlines()[: len(old)] == old
     table = pd.read_csv(tmp_path / "sweep" / "sweep.csv")
     assert table["delta_loss"].tolist() == pytest.approx(single["delta_loss"].tolist(), abs=1e-12)
+
+
+@pytest.mark.slow
+def test_two_process_prune_curve_equals_one_process(tmp_path, one_thread):
+    """Importance and loss batches split over 2 ranks, summed in batch order: the same curve exactly."""
+    single = dist_worker.prune_frame()
+    run = _torchrun("prune", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    merged = pd.read_pickle(tmp_path / "result.pkl")
+    assert len(single) > 2  # heads were removed over several steps
+    pd.testing.assert_frame_equal(merged, single, check_exact=True)
+
+
+def test_sum_in_order_is_the_running_sum():
+    """One process: the parts (a slice each) added in index order equal the plain running sum."""
+    parts = {2: (1, torch.tensor([0.1, 0.2])), 0: (0, torch.tensor([1e-17, 0.3, 0.0])), 1: (2, torch.tensor([0.7]))}
+    running = torch.zeros(3, dtype=torch.float64)
+    for index in sorted(parts):
+        start, values = parts[index]
+        full = torch.zeros(3, dtype=torch.float64)
+        full[start : start + len(values)] = values.double()
+        running += full
+    got = distributed.sum_in_order({k: (s, v.double()) for k, (s, v) in parts.items()},
+                                   torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(got, running)
 
 
 def test_one_process_is_the_identity():

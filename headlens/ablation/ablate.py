@@ -79,15 +79,22 @@ def model_label(loaded) -> str:
     return str(loaded.name)
 
 
-def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 4) -> torch.Tensor:
+def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 4,
+                 shard_batches: bool = False) -> torch.Tensor:
     """Per-unit sums of the metric [n_units] with `heads` ablated together, by hooks on the
-    full forward pass of the base model (the plain way: the reference the fast sweep is checked against)."""
+    full forward pass of the base model (the plain way: the reference the fast sweep is checked against).
+
+    `shard_batches` (a collective: every rank must call it with the same arguments): each rank runs
+    every world_size-th batch and the batches' sums are added in batch order on every rank, so the
+    result equals one process's exactly."""
     adapter = adapter_for(model)
     device = next(model.parameters()).device
     total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
     n_seq = evalset.input_ids.shape[0]
+    starts = range(0, n_seq, batch_size)
+    parts = {}  # batch index -> (first unit, its sums over its units) when sharded
     with torch.no_grad():
-        for start in range(0, n_seq, batch_size):
+        for index, start in (distributed.shard(enumerate(starts)) if shard_batches else enumerate(starts)):
             rows = slice(start, min(start + batch_size, n_seq))
             replacement = {}
             for head in heads:
@@ -99,9 +106,14 @@ def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 
                 hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model], final norm applied
             seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored pairs
             values = scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos)  # [n_scored]
-            units = evalset.units[rows].to(device)[seq, pos]  # [n_scored]
-            total += torch.zeros_like(total).index_add_(0, units.cpu(), values.double().cpu())
-    return total
+            units = evalset.units[rows].to(device)[seq, pos].cpu()  # [n_scored]
+            batch_sums = torch.zeros_like(total).index_add_(0, units, values.double().cpu())  # [n_units]
+            if not shard_batches:
+                total += batch_sums  # batches in order: the sum sum_in_order reproduces
+            elif len(units):
+                low, high = int(units.min()), int(units.max()) + 1  # this batch's units (others get + 0.0)
+                parts[index] = (low, batch_sums[low:high])
+    return distributed.sum_in_order(parts, total) if shard_batches else total
 
 
 def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, seed: int, metric: str) -> dict:

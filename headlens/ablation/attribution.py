@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from headlens import distributed
 from headlens.ablation.replace import Replacement, layer_replacement
 from headlens.ablation.runner import scored_values
 from headlens.arch import adapter_for
@@ -85,18 +86,23 @@ def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int 
     return (total / evalset.n_tokens).float()
 
 
-def head_importance(model, evalset, keep: torch.Tensor, batch_size: int = GRAD_BATCH_SIZE) -> torch.Tensor:
+def head_importance(model, evalset, keep: torch.Tensor, batch_size: int = GRAD_BATCH_SIZE,
+                    shard_batches: bool = False) -> torch.Tensor:
     """Michel et al. 2019 (arXiv 1905.10650) head importance I_h = E_x |dL(x)/d xi_h|: [n_layers, n_heads].
 
     xi is a gate on each head's z (1 = kept, 0 = pruned: `keep` [n_layers, n_heads]); one gate
     per sequence, so a single backward pass gives each sequence's own gradient before the
     absolute value; L(x) is the sequence's mean counted loss. Not yet normalised per layer.
+    `shard_batches` (a collective): batches split over the ranks and their sums added in batch
+    order, equal to one process's result exactly.
     """
     n_layers, n_heads = keep.shape
     n_seq = evalset.input_ids.shape[0]
     counts = evalset.counted.sum(1).clamp(min=1)  # [n_seq]
     total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
-    for start in range(0, n_seq, batch_size):
+    starts = enumerate(range(0, n_seq, batch_size))
+    parts = {}  # batch index -> (0, its summed |gradients| [layer, head]) when sharded
+    for index, start in (distributed.shard(starts) if shard_batches else starts):
         rows = slice(start, min(start + batch_size, n_seq))
         n_rows = rows.stop - rows.start
         gates = [keep[layer].float().repeat(n_rows, 1).requires_grad_(True)  # [batch, head]
@@ -110,7 +116,13 @@ def head_importance(model, evalset, keep: torch.Tensor, batch_size: int = GRAD_B
             sums = torch.zeros(rows.stop - rows.start, dtype=values.dtype, device=values.device)  # [batch]
             per_seq = sums.index_add(0, seq, values) / counts[rows].to(sums.device, sums.dtype)  # [batch]
             grads = torch.autograd.grad(per_seq.sum(), gates)  # each [batch, head]
-        total += torch.stack([g.abs().sum(0) for g in grads]).double().cpu()
+        batch_sums = torch.stack([g.abs().sum(0) for g in grads]).double().cpu()  # [layer, head]
+        if shard_batches:
+            parts[index] = (0, batch_sums)
+        else:
+            total += batch_sums  # batches in order: the sum sum_in_order reproduces
+    if shard_batches:
+        total = distributed.sum_in_order(parts, total)
     return (total / n_seq).float()
 
 

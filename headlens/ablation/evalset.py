@@ -109,28 +109,51 @@ def pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
     return pad_batch(seqs, pad_id)
 
 
-def text_evalset(loaded, text: str | None, window: int | None = None, max_windows: int = MAX_TEXT_WINDOWS,
+def text_evalset(loaded, text, window: int | None = None, max_windows: int = MAX_TEXT_WINDOWS,
                  bos: bool = True, metric: str = "loss") -> EvalSet:
     """Consecutive windows of at most `window` tokens (default: the model's context) of `text`
     (default: the shipped held-out text), BOS first unless `bos=False`; every window is evaluated
-    (at most `max_windows`, stated in `description`). InputTextError below 2 text tokens."""
-    text = default_text() if text is None else check_text(text)
+    (at most `max_windows`, stated in `description`). InputTextError below 2 text tokens.
+
+    `text` is a string, or documents (a headlens.corpus.Corpus, any iterable of strings): then
+    windows never span two documents, and documents are read one at a time until `max_windows`."""
     window = window or loaded.spec.n_ctx
     bos_id = loaded.bos_token_id if bos else None
-    n_text = len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+    min_tokens = 1 if bos else 2
+    if text is None or isinstance(text, str):
+        documents, label = [default_text() if text is None else check_text(text)], "text"
+    else:
+        documents, label = text, "documents"
+    windows, available, n_text, n_docs = [], 0, 0, 0
+    digest = hashlib.sha256(f"text|{window}|{max_windows}|{bos}|".encode())
+    stream = iter(documents)
+    for document in stream:
+        ids = loaded.tokenizer(document, add_special_tokens=False)["input_ids"]
+        n_text, n_docs = n_text + len(ids), n_docs + 1
+        digest.update((b"|doc|" if n_docs > 1 else b"") + document.encode("utf-8"))
+        if len(ids) < min_tokens:
+            continue
+        found = text_windows(loaded.tokenizer, ids, window, bos_id, min_tokens=min_tokens)
+        available += len(found)
+        windows += found[: max(0, max_windows - len(windows))]
+        if len(windows) >= max_windows:
+            if next(stream, None) is not None:  # more documents: not read, not tokenized
+                available += 1
+            break
     if n_text < 2:
         raise InputTextError(f"text is {n_text} token{'s' * (n_text != 1)} long: an ablation needs at least 2 "
                              "(one next-token prediction)")
-    windows = text_windows(loaded.tokenizer, text, window, bos_id, min_tokens=1 if bos else 2)
-    available = len(windows)
-    windows = windows[:max_windows]
+    if not windows:
+        raise InputTextError(f"no document has {min_tokens} or more tokens: an ablation needs a window with one "
+                             "next-token prediction")
     ids, mask = pad(windows, loaded.bos_token_id)
     counted = mask[:, 1:] & mask[:, :-1]  # [n_seq, pos-1]
-    capped = f" (capped: the text has {available})" if available > len(windows) else ""
-    description = (f"{len(windows)} window{'s' * (len(windows) > 1)} of <= {window} tokens of text{capped}, "
+    more = "the text has" if label == "text" else "the documents hold at least"
+    capped = f" (capped: {more} {available})" if available > len(windows) else ""
+    source = "text" if n_docs == 1 and label == "text" else f"{n_docs} documents"
+    description = (f"{len(windows)} window{'s' * (len(windows) > 1)} of <= {window} tokens of {source}{capped}, "
                    f"{'BOS first' if bos else 'no BOS'}")
-    digest = hashlib.sha256(f"text|{window}|{max_windows}|{bos}|".encode() + text.encode("utf-8")).hexdigest()
-    return EvalSet(ids, mask, counted, metric, digest, description)
+    return EvalSet(ids, mask, counted, metric, digest.hexdigest(), description)
 
 
 def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: int = REPEAT_SEQ_LEN) -> EvalSet:

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from headlens import distributed
 from headlens.ablation.ablate import ablated_sums
 from headlens.ablation.attribution import head_importance, normalize_by_layer
 from headlens.ablation.evalset import EvalSet, text_evalset
@@ -48,6 +49,9 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
 
     Step 0 removes nothing; each step zero-ablates round(step_fraction * n_heads) (at least 1)
     least important remaining heads, until every head is gone. Deterministic (no sampling).
+    Under torchrun (a collective: every rank calls it alike) each rank evaluates every
+    world_size-th batch of windows and the batch sums are added in batch order: every rank gets
+    the single-process curve exactly.
     """
     if not 0 < step_fraction <= 1:
         raise ConfigError(f"step_fraction {step_fraction} is out of range: give a value in (0, 1]")
@@ -63,11 +67,12 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
     removed: list[Head] = []
     rows = []
     n_steps = math.ceil(n_total / per_step) + 1
-    bar = tqdm(total=n_steps, desc="prune", unit="step", leave=False) if progress else None
+    show = progress and distributed.is_main()
+    bar = tqdm(total=n_steps, desc="prune", unit="step", leave=False) if show else None
     for step in range(n_steps):
         now = _next_heads(model, importance_set, keep, per_step) if step > 0 else []
         removed += now
-        sums = ablated_sums(model, evalset, sorted(removed), [None] * spec.n_layers)  # [n_units]
+        sums = ablated_sums(model, evalset, sorted(removed), [None] * spec.n_layers, shard_batches=True)  # [n_units]
         row = {"step": step, "n_removed": len(removed), "fraction_removed": len(removed) / n_total,
                "heads_removed": format_heads(sorted(removed)), "step_heads": format_heads(now),
                "loss": float(sums.double().sum() / evalset.n_tokens)}
@@ -84,7 +89,8 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
 def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int) -> list[Head]:
     """The `per_step` least important kept heads (Michel et al.), marked removed in `keep`."""
     n_heads = keep.shape[1]
-    scores = normalize_by_layer(head_importance(model, importance_set, keep), keep)  # [layer, head]
+    importance = head_importance(model, importance_set, keep, shard_batches=True)  # [layer, head]
+    scores = normalize_by_layer(importance, keep)  # [layer, head]
     scores = scores.masked_fill(~keep, math.inf).flatten()  # [layer * head]
     order = torch.argsort(scores, stable=True)[: min(per_step, int(keep.sum()))]
     heads = []

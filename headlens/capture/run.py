@@ -85,7 +85,7 @@ def _hf_pattern_hook(layer, dispatch):
 
 
 @contextlib.contextmanager
-def _attention_implementation(model, name: str):
+def attention_implementation(model, name: str):
     """Temporarily run every attention module of `model` with implementation `name`."""
     configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
     saved = {key: cfg._attn_implementation for key, cfg in configs.items()}
@@ -122,7 +122,7 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
     if recompute is None:
         recompute = (not is_bridge(model)
                      and any("pattern" in r.wants for r in reducers) and takes_blocks(reducers))
-    implementation = _attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
+    implementation = attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
     with torch.no_grad(), implementation, capture_hooks(model, reducers, batch_ref, check, recompute):
         for batch in iterator:
             batch_ref[0] = batch

@@ -25,8 +25,16 @@ from tqdm.auto import tqdm
 
 from headlens import distributed
 from headlens.arch import adapter_for
-from headlens.capture import Batch, Reducer, capture_hooks, forward, is_bridge, n_heads_of, n_layers_of
-from headlens.capture.run import _attention_implementation
+from headlens.capture import (
+    Batch,
+    Reducer,
+    attention_implementation,
+    capture_hooks,
+    forward,
+    is_bridge,
+    n_heads_of,
+    n_layers_of,
+)
 from headlens.errors import CaptureError
 from headlens.mha import pattern_rows
 
@@ -139,7 +147,7 @@ def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
     adapter = adapter_for(model)
     kv = DynamicCache()  # full-length layers: a sliding-window model masks, the cache keeps every key
     keys: dict[int, torch.Tensor] = {}
-    with _attention_implementation(model, "sdpa"), _last_row_hooks(adapter, keys):
+    with attention_implementation(model, "sdpa"), _last_row_hooks(adapter, keys):
         w = _logits(model, input_ids=ids, cache=kv, use_cache=True).argmax(-1).cpu()  # [test]
     yield w, dict(keys)
     n_keys: dict[int, int] = {}
