@@ -9,6 +9,7 @@ import json
 
 import click
 from headlens.cli.options import (
+    batch_size_option,
     command_line,
     format_option,
     lang_option,
@@ -48,6 +49,21 @@ def _print_frame(frame, fmt: str, to_objects) -> None:
             click.echo(json.dumps(to_objects(row)))
     else:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
+
+
+def _batched(run, batch_size):
+    """`run(size)` at `batch_size` (None: the library's default), or under auto at the largest size
+    that fits, the choice reported on stderr by rank 0."""
+    from headlens import distributed
+    from headlens.ablation.ablate import BATCH
+    from headlens.devices import with_largest_batch
+
+    if batch_size != "auto":
+        return run(batch_size or BATCH)
+    result, chosen = with_largest_batch(run)
+    if distributed.is_main():
+        click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
+    return result
 
 
 def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
@@ -128,8 +144,10 @@ def _print_ablation(ablation: dict) -> None:
 @lang_option
 @progress_option
 @placement_options
+@batch_size_option(4)  # headlens.ablation.ablate.BATCH
 def ablate_command(model, spec, method, metric, text_path, prompts_path, reference_path, bos, labels_path, control,
-                   seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress, placement) -> None:
+                   seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress, placement,
+                   batch_size) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric."""
     from headlens import distributed
     from headlens.ablation.ablate import ablate_heads, sweep_heads
@@ -147,6 +165,8 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
+    if approx and batch_size is not None:
+        raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
     options = {"method": method, "metric": metric, "seed": seed, "bos": bos,
                "text": open_text(text_path) if text_path else None,
                "prompts": read_prompts(prompts_path) if prompts_path else None,
@@ -160,12 +180,20 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
     if approx:
         sweep_df = _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
     elif spec.strip().lower() == "all":
-        sweep_df = sweep_heads(loaded, progress=progress, out=out, resume=resume, **options)
+        tries = []
+
+        def sweep(size: int):
+            tries.append(size)  # a retry at a smaller batch keeps the rows already in --out
+            return sweep_heads(loaded, progress=progress, out=out, resume=resume or len(tries) > 1,
+                               batch_size=size, **options)
+
+        sweep_df = _batched(sweep, batch_size)
         _print_frame(sweep_df, fmt, lambda row: _row_object(str(loaded.name), method, metric, row, sweep_df.attrs))
         if fmt != "json":
             click.echo("; ".join(f"{key}: {sweep_df.attrs[key]}" for key in ABOUT_KEYS))
     else:
-        ablation = ablate_heads(loaded, heads, progress=progress, control=k, labels=labels, **options)
+        ablation = _batched(lambda size: ablate_heads(loaded, heads, progress=progress, control=k, labels=labels,
+                                                      batch_size=size, **options), batch_size)
         if out is not None and distributed.is_main():
             from pathlib import Path
 
@@ -200,8 +228,9 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 @lang_option
 @progress_option
 @placement_options
+@batch_size_option(4)  # headlens.ablation.ablate.BATCH
 def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang,
-                  progress, placement) -> None:
+                  progress, placement, batch_size) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
     from headlens import distributed
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
@@ -213,7 +242,8 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     labels = model_labels(loaded, labels) if roles else None
-    curve = prune_curve(loaded, text=text, step_fraction=step_fraction, progress=progress, labels=labels)
+    curve = _batched(lambda size: prune_curve(loaded, text=text, step_fraction=step_fraction, progress=progress,
+                                              labels=labels, batch_size=size), batch_size)
     order = removal_by_role(curve, labels, seed=seed) if roles else None
     n_ok = heads_within(curve)
     n_total = loaded.spec.n_layers * loaded.spec.n_heads

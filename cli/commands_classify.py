@@ -43,7 +43,7 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 @lang_option
 @progress_option
 @placement_options
-@batch_size_option
+@batch_size_option(8)
 @click.pass_context
 def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
                      report_path, lang, progress, placement, batch_size):

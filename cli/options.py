@@ -140,13 +140,13 @@ def placement_options(func):
     return wrapper
 
 
-def batch_size_option(func):
-    """`--batch-size N|auto` for commands that batch their probes; the command receives `batch_size`
-    (int, "auto", or None for its default)."""
+def batch_size_option(default: int):
+    """`--batch-size N|auto` for commands that batch their work; the command receives `batch_size`
+    (int, "auto", or None for its default, `default`, named in the help)."""
     return click.option("--batch-size", default=None, metavar="N|auto",
                         callback=lambda ctx, param, value: parse_batch_size(value),
                         help="sequences per forward pass; auto: the largest that fits, halving on "
-                             "out-of-memory (the choice is reported) [default: 8]")(func)
+                             f"out-of-memory (the choice is reported) [default: {default}]")
 
 
 def parse_batch_size(value: str | None) -> int | str | None:

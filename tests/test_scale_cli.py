@@ -132,3 +132,56 @@ def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch
 def test_bad_batch_size_is_one_line(runner, small_model_dir):
     _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), "--batch-size", "0", *FAST]),
                     "--batch-size '0' is invalid")
+
+
+def _json_lines(output: str) -> list[dict]:
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
+    """The batch size changes how sequences are grouped, not the results (float32 forward passes,
+    float64 sums: equal to rounding)."""
+    sweeps = [_json_lines(runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "all", "--format", "json",
+                                              "--batch-size", size, "--no-progress"]).stdout) for size in ("2", "4")]
+    assert len(sweeps[0]) == 8 and [r["heads"] for r in sweeps[0]] == [r["heads"] for r in sweeps[1]]
+    assert max(abs(a["delta"] - b["delta"]) for a, b in zip(*sweeps, strict=True)) < 1e-6
+    prunes = [_json_lines(runner.invoke(cli, ["prune", str(small_model_dir), "--no-roles", "--format", "json",
+                                              "--batch-size", size, "--no-progress"]).stdout) for size in ("3", "4")]
+    steps = [[r for r in curve if "step" in r] for curve in prunes]
+    assert [r["heads_removed"] for r in steps[0]] == [r["heads_removed"] for r in steps[1]]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(*steps, strict=True)) < 1e-6
+
+
+def test_ablate_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch):
+    """A forward pass of more than 4 sequences 'runs out of memory': auto settles on 4."""
+    import headlens.ablation.ablate as ablate
+
+    real = ablate.ablated_sums
+
+    def capped(model, evalset, heads, reps, batch_size=4, **kwargs):
+        if batch_size > 4:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 GB")
+        return real(model, evalset, heads, reps, batch_size, **kwargs)
+
+    monkeypatch.setattr(ablate, "ablated_sums", capped)
+    args = ["ablate", str(small_model_dir), "--heads", "0.1,1.2", "--format", "json", "--no-progress"]
+    auto = runner.invoke(cli, [*args, "--batch-size", "auto"])
+    assert auto.exit_code == 0, auto.output
+    assert "--batch-size auto chose 4" in auto.stderr
+    fixed = runner.invoke(cli, [*args, "--batch-size", "4"])
+    assert json.loads(fixed.stdout) == json.loads(auto.stdout)
+
+
+def test_batch_size_with_approx_is_one_line(runner, small_model_dir):
+    _one_line_error(runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "all", "--approx",
+                                        "--batch-size", "8"]), "--batch-size sets the exact ablation's batches")
+
+
+def test_batch_size_defaults_in_the_help_are_the_librarys():
+    from headlens.ablation.ablate import BATCH
+    from headlens.classify import ClassifyConfig
+
+    runner = CliRunner()
+    for command, default in (("classify", ClassifyConfig.batch_size), ("ablate", BATCH), ("prune", BATCH)):
+        text = " ".join(runner.invoke(cli, [command, "--help"]).output.split())
+        assert f"(the choice is reported) [default: {default}]" in text, command

@@ -146,7 +146,7 @@ BATCH = 4  # sequences per forward pass
 def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text: str | None = None,
                  seed: int = 0, progress: bool = False, prompts: list[dict] | None = None,
                  reference: str | None = None, bos: bool = True, control: int = 0,
-                 labels: dict | None = None) -> dict:
+                 labels: dict | None = None, batch_size: int = BATCH) -> dict:
     """Ablate a set of heads together; how does the metric change?
 
     heads: list of Head, a spec string ("3.4,5.1", "layer:3") or a role (headlens.ablation.roles).
@@ -155,7 +155,7 @@ def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text
     `ci95` ([low, high] paired bootstrap, seeded; None below 2 units), the loss keys for loss
     metrics, then `data`, `reference`, `resampled` (in words), `chosen_by` for a role, and with
     `control` = K > 0 the K random same-layer-count sets (headlens.ablation.roles.control_summary).
-    `progress` shows a bar over the forward passes.
+    `progress` shows a bar over the forward passes; `batch_size` sequences go through each forward pass.
     """
     metric = check_choice(method, metric)
     heads, chosen_by = resolve_heads(loaded, heads, labels)
@@ -163,11 +163,11 @@ def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text
     model = loaded.model
     sets = control_sets(heads, loaded.spec.n_heads, control, seed) if control else []
     bar = tqdm(total=2 + len(sets), desc="ablate", unit="pass", leave=False) if progress else None
-    reps = replacements(model, evalset, method, seed, batch_size=BATCH)
+    reps = replacements(model, evalset, method, seed, batch_size=batch_size)
     counts = evalset.unit_counts()  # [n_units]
 
     def run(head_set: list[Head]) -> torch.Tensor:
-        sums = ablated_sums(model, evalset, head_set, reps)  # [n_units]
+        sums = ablated_sums(model, evalset, head_set, reps, batch_size=batch_size)  # [n_units]
         if bar is not None:
             bar.update(1)
         return sums
@@ -191,8 +191,10 @@ def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text
 
 def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
                 progress: bool = False, out=None, resume: bool = False, heads=None,
-                prompts: list[dict] | None = None, reference: str | None = None, bos: bool = True):
-    """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep.
+                prompts: list[dict] | None = None, reference: str | None = None, bos: bool = True,
+                batch_size: int = BATCH):
+    """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep
+    (`batch_size` evaluation sequences per forward pass).
 
     Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
     `ablated`, `delta`, `ci95_low`, `ci95_high` (NaN below 2 bootstrap units), and for loss
@@ -216,7 +218,7 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | 
     skip = set(heads) - set(todo)
     if todo:
         _sweep_rows(loaded.model, evalset, method, seed, heads, rows, store, progress and distributed.is_main(),
-                    skip)
+                    skip, batch_size)
     for part in distributed.all_gather({h: rows[h] for h in todo}):
         rows.update(part)
     columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
@@ -250,12 +252,12 @@ SWEEP_COLUMNS = ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", 
 LOSS_COLUMNS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 
 
-def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip) -> None:
+def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int = BATCH) -> None:
     """Fill `rows` (head -> row dict) for the heads not in `skip` (done, or another rank's),
     appending each to `store`."""
-    reps = replacements(model, evalset, method, seed, batch_size=BATCH)
+    reps = replacements(model, evalset, method, seed, batch_size=batch_size)
     counts = evalset.unit_counts()  # [n_units]
-    base = base_sums(model, evalset)  # [n_units]
+    base = base_sums(model, evalset, batch_size)  # [n_units]
 
     def on_head(head: Head, sums: torch.Tensor) -> None:
         summary = summarize(base, sums, counts, head_seed(seed, *head), evalset.metric)
@@ -267,7 +269,7 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip
 
     bar = tqdm(total=len(set(heads) - skip), desc="ablate", unit="head", leave=False) if progress else None
     try:
-        sweep_sums(model, evalset, heads, reps, on_head, skip=skip, bar=bar)
+        sweep_sums(model, evalset, heads, reps, on_head, skip=skip, batch_size=batch_size, bar=bar)
     finally:
         if bar is not None:
             bar.close()

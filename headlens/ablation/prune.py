@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.ablate import ablated_sums
+from headlens.ablation.ablate import BATCH, ablated_sums
 from headlens.ablation.attribution import head_importance, normalize_by_layer
 from headlens.ablation.evalset import EvalSet, text_evalset
 from headlens.errors import ConfigError, InputTextError
@@ -41,7 +41,7 @@ def _split(evalset: EvalSet, part: int) -> EvalSet:
 
 
 def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, progress: bool = False,
-                labels: dict | None = None):
+                labels: dict | None = None, batch_size: int = BATCH):
     """The pruning curve: columns `step`, `n_removed`, `fraction_removed`, `heads_removed`
     ("L.H,..." removed so far), `step_heads` (removed at this step, least important first),
     `loss` (exact mean next-token loss with the removed heads zero-ablated) and, with `labels`
@@ -49,9 +49,10 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
 
     Step 0 removes nothing; each step zero-ablates round(step_fraction * n_heads) (at least 1)
     least important remaining heads, until every head is gone. Deterministic (no sampling).
-    Under torchrun (a collective: every rank calls it alike) each rank evaluates every
-    world_size-th batch of windows and the batch sums are added in batch order: every rank gets
-    the single-process curve exactly.
+    `batch_size` windows go through each forward (and backward) pass. Under torchrun (a
+    collective: every rank calls it alike) each rank evaluates every world_size-th batch of
+    windows and the batch sums are added in batch order: every rank gets the single-process
+    curve exactly.
     """
     if not 0 < step_fraction <= 1:
         raise ConfigError(f"step_fraction {step_fraction} is out of range: give a value in (0, 1]")
@@ -70,9 +71,10 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
     show = progress and distributed.is_main()
     bar = tqdm(total=n_steps, desc="prune", unit="step", leave=False) if show else None
     for step in range(n_steps):
-        now = _next_heads(model, importance_set, keep, per_step) if step > 0 else []
+        now = _next_heads(model, importance_set, keep, per_step, batch_size) if step > 0 else []
         removed += now
-        sums = ablated_sums(model, evalset, sorted(removed), [None] * spec.n_layers, shard_batches=True)  # [n_units]
+        sums = ablated_sums(model, evalset, sorted(removed), [None] * spec.n_layers, batch_size,
+                            shard_batches=True)  # [n_units]
         row = {"step": step, "n_removed": len(removed), "fraction_removed": len(removed) / n_total,
                "heads_removed": format_heads(sorted(removed)), "step_heads": format_heads(now),
                "loss": float(sums.double().sum() / evalset.n_tokens)}
@@ -86,10 +88,10 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
     return pd.DataFrame(rows)
 
 
-def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int) -> list[Head]:
+def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int, batch_size: int = BATCH) -> list[Head]:
     """The `per_step` least important kept heads (Michel et al.), marked removed in `keep`."""
     n_heads = keep.shape[1]
-    importance = head_importance(model, importance_set, keep, shard_batches=True)  # [layer, head]
+    importance = head_importance(model, importance_set, keep, batch_size, shard_batches=True)  # [layer, head]
     scores = normalize_by_layer(importance, keep)  # [layer, head]
     scores = scores.masked_fill(~keep, math.inf).flatten()  # [layer * head]
     order = torch.argsort(scores, stable=True)[: min(per_step, int(keep.sum()))]
