@@ -24,8 +24,8 @@ def build_evalset(loaded, metric: str, text: str | None = None, seed: int = 0, p
     """The evaluation set of `metric` (see the module docstring); `prompts` from
     headlens.ablation.prompts.read_prompts; `reference` a text for mean / resample ablation."""
     metric = canonical_metric(metric)
-    if text is not None and not isinstance(text, str) and metric != "loss":
-        raise ConfigError(f"metric {metric} reads one text: give --text a text file (a folder or JSON Lines "
+    if text is not None and not isinstance(text, str) and metric == "needle":
+        raise ConfigError("metric needle reads one text: give --text a text file (a folder or JSON Lines "
                           "file of documents goes with the loss metric)")
     if prompts is not None:
         if metric not in PROMPT_METRICS:
