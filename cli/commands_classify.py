@@ -51,9 +51,10 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
     from dataclasses import replace
 
     from headlens import distributed
-    from headlens.classify import SOURCE_DEFAULT, ClassifyConfig, classify_heads, config_with_thresholds, rank_heads
+    from headlens.classify import SOURCE_DEFAULT, ClassifyConfig, classify_heads
     from headlens.corpus import Corpus
     from headlens.devices import with_largest_batch
+    from headlens.labels import config_with_thresholds, rank_heads
     from headlens.models import load_model
 
     flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}

@@ -7,13 +7,13 @@ Three probes, one streaming pass each (never a full activation cache):
 3. needle-in-a-haystack tests (Wu et al. 2024, adapted): retrieval, by greedy decoding. The haystack
    is the given text when it is long enough, else the shipped held-out text.
 Where each probe's input came from is recorded (`attrs["sources"]` and the `*_source` columns).
-Labels follow the published definitions; every threshold is a ClassifyConfig field.
+Labels follow the published definitions (headlens.labels); every threshold is a ClassifyConfig field.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import pandas as pd
 import torch
@@ -22,7 +22,8 @@ from headlens import distributed, probes
 from headlens.arch import adapter_for
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
 from headlens.corpus import chunks, document_windows
-from headlens.errors import ConfigError, InputTextError
+from headlens.errors import InputTextError
+from headlens.labels import ClassifyConfig, label_head
 from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
@@ -36,13 +37,6 @@ from headlens.scores.positional import (
 )
 from headlens.scores.retrieval import retrieval_scores
 
-# Every label classify can give, in the order a head's list is written.
-LABELS = ("previous_token", "current_token", "positional", "first_token", "duplicate_token", "induction",
-          "anti_induction", "retrieval")
-# --threshold NAME=VALUE: NAME -> ClassifyConfig field.
-THRESHOLDS = {"positional": "positional_min", "first_token": "first_token_min",
-              "duplicate_token": "duplicate_token_min", "prefix_matching": "prefix_matching_min",
-              "copying": "copying_min", "retrieval": "retrieval_min"}
 # Where a probe's input came from (values of attrs["sources"] and of the SOURCE_COLUMNS).
 SOURCE_GIVEN = "given_text"  # the text passed to classify_heads (--text)
 SOURCE_DEFAULT = "default_text"  # the held-out text shipped with headlens (headlens.probes.default_text)
@@ -53,65 +47,6 @@ SOURCE_COLUMNS = {"text": "text_source", "repeats": "repeats_source", "needles":
 SCORE_COLUMNS = ["prev_token_score", "current_token_score", "first_token_score", "positional_offset",
                  "positional_share", "duplicate_token_score", "prefix_matching_score", "copying_score",
                  "retrieval_score"]
-
-
-@dataclass(frozen=True)
-class ClassifyConfig:
-    """Probe settings and label thresholds of `classify_heads`. CLI flags map 1:1 to fields."""
-
-    seed: int = 0  # seeds the random tokens and the needles
-    n_seq: int = 8  # repeated-random-token sequences
-    seq_len: int = 25  # period T of the random segment (Olsson et al.: 25)
-    repeats: int = 4  # copies of the segment (Olsson et al.: 4); fewer if the context is short (>= 2)
-    token_low: int | None = None  # random ids from [token_low, token_high); None: probes.random_token_range
-    token_high: int | None = None
-    max_windows: int = 32  # natural-text windows scored at most (the rest is reported, not silently cut)
-    batch_size: int = 8  # sequences per forward pass
-    max_offset: int = 8  # relative offsets 0..-max_offset get their own bucket in the Voita argmax test
-    needles: bool = True  # run the needle-in-a-haystack probe (retrieval_score NaN when off)
-    needle_len: int = 16  # needle tokens (restated + generated); shrunk to n_ctx // 8 on short contexts
-    needle_restate: int = 4  # needle tokens restated at the end of the prompt
-    positional_min: float = 0.9  # Voita et al. 2019: max weight at one relative offset for >= 90% of tokens
-    first_token_min: float = 0.3  # Gu et al. 2024: a sink if mean A[t, 0] > 0.3
-    duplicate_token_min: float = 0.4  # no published cut-off: 40% of attention on earlier copies (chance ~ 1/pos)
-    prefix_matching_min: float = 0.4  # no published cut-off: 40% on prefix-matching targets (chance ~ 1/pos)
-    copying_min: float = 0.5  # attended token's logit above the vocabulary's 75th (Gaussian) percentile
-    retrieval_min: float = 0.1  # Wu et al. 2024: a retrieval head if its score > 0.1
-
-    def __post_init__(self):
-        def need(ok: bool, name: str, rule: str):
-            if not ok:
-                raise ConfigError(f"{name} = {getattr(self, name)!r} is out of range: {rule}")
-
-        for name in ("n_seq", "seq_len", "batch_size", "max_windows", "max_offset", "needle_len"):
-            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
-        need(isinstance(self.repeats, int) and self.repeats >= 2, "repeats", "an integer >= 2")
-        need(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0")
-        need(isinstance(self.needle_restate, int) and 1 <= self.needle_restate < self.needle_len,
-             "needle_restate", f"an integer in [1, needle_len - 1 = {self.needle_len - 1}]")
-        for name in ("positional_min", "first_token_min", "duplicate_token_min", "prefix_matching_min",
-                     "copying_min", "retrieval_min"):
-            value = getattr(self, name)
-            need(isinstance(value, (int, float)) and 0.0 <= value <= 1.0, name, "a number in [0, 1]")
-
-
-def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
-    """A copy of `config` with `NAME=VALUE` strings applied (NAME from THRESHOLDS or a field name)."""
-    from dataclasses import replace
-
-    known = sorted(THRESHOLDS)
-    updates = {}
-    for pair in pairs:
-        name, sep, value = str(pair).partition("=")
-        name = name.strip()
-        field = THRESHOLDS.get(name, name if name in THRESHOLDS.values() else None)
-        if not sep or field is None:
-            raise ConfigError(f"unknown threshold {name!r}: expected NAME=VALUE with NAME one of {', '.join(known)}")
-        try:
-            updates[field] = float(value)
-        except ValueError:
-            raise ConfigError(f"threshold {name} = {value!r} is not a number: give a value in [0, 1]") from None
-    return replace(config, **updates)
 
 
 def classify_heads(loaded, text: str | Iterable[str] | None = None, config: ClassifyConfig | None = None,
@@ -179,31 +114,6 @@ def window_reach(loaded, info: dict) -> dict | None:
                   info.get("longest_needle_prompt", 0))
     return {"window": narrowest, "layers": sorted(windows), "longest_probe": longest,
             "probes_inside": longest <= narrowest}
-
-
-def label_head(scores: dict, config: ClassifyConfig) -> list[str]:
-    """The labels one head's scores earn (LABELS order). NaN scores earn nothing."""
-    labels = set()
-    if scores["positional_share"] >= config.positional_min:
-        labels.add("positional")
-        if scores["positional_offset"] == -1:
-            labels.add("previous_token")
-        elif scores["positional_offset"] == 0:
-            labels.add("current_token")
-    if scores["first_token_score"] > config.first_token_min:
-        labels.add("first_token")
-    if scores["duplicate_token_score"] >= config.duplicate_token_min:
-        labels.add("duplicate_token")
-    if scores["prefix_matching_score"] >= config.prefix_matching_min:
-        # Olsson et al.: induction = prefix matching AND copying; prefix matching while
-        # suppressing the attended token is anti-induction.
-        if scores["copying_score"] >= config.copying_min:
-            labels.add("induction")
-        elif scores["copying_score"] <= -config.copying_min:
-            labels.add("anti_induction")
-    if scores["retrieval_score"] > config.retrieval_min:
-        labels.add("retrieval")
-    return [label for label in LABELS if label in labels]
 
 
 def stream_heads(model, batches, reducers, progress: bool = False, desc: str = "capture") -> None:
@@ -328,21 +238,3 @@ def head_records(frame: pd.DataFrame) -> list[dict]:
         records.append({key: (None if isinstance(value, float) and math.isnan(value) else value)
                         for key, value in row.items()})
     return records
-
-
-# The score that backs each label: "strongest first" orders labelled heads by it.
-_LABEL_SCORE = {"previous_token": "positional_share", "current_token": "positional_share",
-                "positional": "positional_share", "first_token": "first_token_score",
-                "duplicate_token": "duplicate_token_score", "induction": "prefix_matching_score",
-                "anti_induction": "prefix_matching_score", "retrieval": "retrieval_score"}
-
-
-def rank_heads(frame: pd.DataFrame) -> pd.DataFrame:
-    """Labelled heads first, strongest first (the largest score backing any of a head's labels),
-    then the unlabelled heads in (layer, head) order."""
-    strength = [max((row[_LABEL_SCORE[label]] for label in row["labels"]), default=float("-inf"))
-                for row in frame.to_dict("records")]
-    ranked = frame.assign(_strength=strength, _labelled=[bool(labels) for labels in frame["labels"]])
-    ranked = ranked.sort_values(["_labelled", "_strength", "layer", "head"], ascending=[False, False, True, True],
-                                kind="stable")
-    return ranked.drop(columns=["_strength", "_labelled"]).reset_index(drop=True)

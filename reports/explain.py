@@ -3,7 +3,7 @@
 Plain-language text shown next to every heatmap (from the message catalogue, headlens.reports.i18n).
 Definitions and thresholds follow
 REFERENCES.md; the thresholds here are the published ones and are replaced by the classifier's
-own (`heads.attrs["thresholds"]`, or `headlens.classify.ClassifyConfig` defaults) when known.
+own (`heads.attrs["thresholds"]`, or `headlens.labels.ClassifyConfig` defaults) when known.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from headlens.reports.i18n import DEFAULT_LANG, t
 
-from headlens.classify import ClassifyConfig
+from headlens.labels import ClassifyConfig
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ SCORES: tuple[ScoreInfo, ...] = (
     ScoreInfo("retrieval_score", 0.1),  # Wu et al. 2024: > 0.1
 )
 
-# ClassifyConfig field holding each score's labelling threshold (headlens.classify.label_head).
+# ClassifyConfig field holding each score's labelling threshold (headlens.labels.label_head).
 CONFIG_FIELDS = {
     "positional_share": "positional_min",
     "first_token_score": "first_token_min",
@@ -80,7 +80,7 @@ def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
 
 
 
-# The scores that back each label, the first one ranking heads within the role (headlens.classify.label_head).
+# The scores that back each label, the first one ranking heads within the role (headlens.labels.label_head).
 ROLE_EVIDENCE: dict[str, tuple[str, ...]] = {
     "previous_token": ("positional_share", "prev_token_score"),
     "current_token": ("positional_share", "current_token_score"),

@@ -1,6 +1,6 @@
 """The top of the report: what the heads do, per role, with the evidence; and key/value groups.
 
-Findings list, for every role of headlens.classify.LABELS that some head earned, how many heads and
+Findings list, for every role of headlens.labels.LABELS that some head earned, how many heads and
 which, strongest first (explain.ROLE_EVIDENCE), with the scores that earned the label and, where
 the report ablated that head alone (a sweep or a single-head ablation), the change in loss without
 it. Grouped-query models (a `kv_group` column: the key/value head each query head reads) also get
@@ -16,7 +16,8 @@ from headlens.reports import explain
 from headlens.reports.i18n import DEFAULT_LANG, has, number, t
 from headlens.reports.sections import esc, label_list, section, table
 
-from headlens.classify import LABELS, SOURCE_COLUMNS, SOURCE_DEFAULT, SOURCE_GIVEN
+from headlens.classify import SOURCE_COLUMNS, SOURCE_DEFAULT, SOURCE_GIVEN
+from headlens.labels import LABELS
 
 
 def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dict]:

@@ -15,7 +15,7 @@ import pandas as pd
 from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, column_heading, t
 
-from headlens.classify import LABELS
+from headlens.labels import LABELS
 
 
 def esc(value) -> str:

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from headlens.reports.i18n import t
 
-from headlens.classify import LABELS
+from headlens.labels import LABELS
 
 pytestmark = pytest.mark.browser
 

@@ -11,17 +11,9 @@ from headlens.cli.main import cli
 from planted import PLANTED_TEXT
 
 from headlens import probes
-from headlens.classify import (
-    LABELS,
-    SCORE_COLUMNS,
-    SOURCE_COLUMNS,
-    ClassifyConfig,
-    classify_heads,
-    config_with_thresholds,
-    label_head,
-    rank_heads,
-)
+from headlens.classify import SCORE_COLUMNS, SOURCE_COLUMNS, ClassifyConfig, classify_heads
 from headlens.errors import ConfigError
+from headlens.labels import LABELS, config_with_thresholds, label_head, rank_heads
 
 FAST = ClassifyConfig(n_seq=2, max_windows=2)
 

@@ -1,7 +1,7 @@
 """Heads chosen by role, and random head sets as a control.
 
 A role (`induction`, `retrieval`, `previous_token`, `duplicate_token`, `first_token`, or
-`label:NAME` for any label of headlens.classify.LABELS) resolves to the heads carrying that label,
+`label:NAME` for any label of headlens.labels.LABELS) resolves to the heads carrying that label,
 read from a `heads.json` written by `headlens classify --out` or found by classifying the model
 (headlens.classify.classify_heads, default probes).
 
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from headlens.classify import LABELS, classify_heads
+from headlens.classify import classify_heads
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
+from headlens.labels import LABELS
 
 ROLES = ("induction", "retrieval", "previous_token", "duplicate_token", "first_token")
 
