@@ -1,4 +1,5 @@
-"""Loading causal language models: hub ids, local Hugging Face directories, and the models we ship.
+"""Loading causal language models: hub ids, local Hugging Face directories (found and checked by
+headlens.hub), and the models we ship.
 
 Every model comes back in eager attention, because sdpa/flash never materialise the
 attention pattern (transformers 5 defaults to sdpa). Shape facts always come from the
@@ -22,12 +23,10 @@ import torch
 from headlens.arch import adapter_for, check_supported
 from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
+from headlens.hub import check_local_dir, resolve_hub
 
 # Short names for models that ship inside the package (headlens/data/<name>).
 SHIPPED_MODELS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa"}
-# Files a hub snapshot needs; weights are safetensors only (never pickles from the network).
-_HUB_PATTERNS = ["config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt",
-                 "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
 
 
 @dataclass(frozen=True)
@@ -178,75 +177,6 @@ def boot_bridge(loaded: LoadedModel):
                                                    device=param.device, dtype=param.dtype)
 
 
-def _check_local_dir(path: Path) -> None:
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} has no config.json: expected a Hugging Face model directory")
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
-    check_supported(config.get("model_type"), str(path))
-    weights = path / "model.safetensors"
-    if weights.is_file():
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(weights), framework="pt") as handle:
-                names = list(handle.keys())
-                # safe_open checks the header against the file size (truncation); get_slice checks
-                # each entry's dtype and shape metadata
-                for key in names:
-                    handle.get_slice(key)
-        except Exception as exc:  # safetensors raises its own error types
-            raise ModelLoadError(f"{weights} is corrupt or truncated: {exc}") from None
-        if not names:
-            raise ModelLoadError(f"{weights} holds no tensors")
-    elif (path / "model.safetensors.index.json").is_file():
-        pass
-    elif not (path / "pytorch_model.bin").is_file():
-        raise ModelLoadError(f"{path} has no weights: expected model.safetensors (or pytorch_model.bin)")
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment *now* (HF_HUB_CACHE, else
-    HF_HOME/hub, else ~/.cache/huggingface/hub). huggingface_hub reads these once at import,
-    so a later change of HF_HOME would otherwise be ignored."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
-    return Path(home).expanduser() / "hub"
-
-
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _resolve_hub(name: str) -> Path:
-    """Find a hub id in the Hugging Face cache (HF_HOME respected), downloading if allowed.
-
-    Only the files in _HUB_PATTERNS are fetched: safetensors weights, never pickles.
-    """
-    from huggingface_hub import snapshot_download
-
-    cache = hub_cache_dir()
-    try:
-        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, cache_dir=cache, local_files_only=True))
-    except Exception:  # not cached (huggingface_hub raises several types): try the network unless told not to
-        pass
-    hint = (
-        f"weights for {name!r} are not in the Hugging Face cache ({cache}) and the hub cannot be reached. "
-        f"Provide them: run once on a machine with network "
-        f"(python -c \"from huggingface_hub import snapshot_download; snapshot_download('{name}')\") "
-        f"and copy the cache to HF_HOME, or pass a local directory with config.json + model.safetensors"
-    )
-    if _hub_offline():
-        raise ModelLoadError(hint)
-    try:
-        return Path(snapshot_download(name, allow_patterns=_HUB_PATTERNS, cache_dir=cache, etag_timeout=10))
-    except Exception as exc:
-        raise ModelLoadError(f"{hint} ({type(exc).__name__})") from None
-
-
 def resolve_model_path(name_or_path: str) -> Path:
     """Map a short name, a local directory or a hub id to a local Hugging Face directory."""
     if name_or_path in SHIPPED_MODELS:
@@ -261,7 +191,7 @@ def resolve_model_path(name_or_path: str) -> Path:
         return candidate
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
         raise ModelLoadError(f"no such model directory: {name_or_path}")
-    return _resolve_hub(name_or_path)
+    return resolve_hub(name_or_path)
 
 
 def _load_tokenizer(path: Path):
@@ -294,7 +224,7 @@ def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
     dtype = resolve_dtype(dtype)
     target = resolve_device(device) if device_map is None else None
     path = resolve_model_path(name_or_path)
-    _check_local_dir(path)
+    check_local_dir(path)
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     try:
         with _quiet_transformers():

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from headlens.errors import ModelLoadError
-from headlens.models import build_model, gpt2_tokenizer, hub_cache_dir, load_model, save_model
+from headlens.hub import hub_cache_dir
+from headlens.models import build_model, gpt2_tokenizer, load_model, save_model
 
 # GPT-2's own ids for this sentence (Hugging Face `gpt2` tokenizer, also tiktoken "gpt2").
 HELLO_TEXT = "Hello world, the cat sat."
