@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+from tl_loop import zero_ablation_deltas  # benchmarks/ is on sys.path when run as a script
 
 THREADS = 2  # the machine's cores
 N_SEQ, SEQ_LEN = 4, 128
@@ -122,18 +123,7 @@ def section_tl_loop() -> dict:
     _hwm_reset()
     rss0 = _rss_mb()
     start, cpu = time.perf_counter(), time.process_time()
-    deltas = []
-    with torch.no_grad():
-        base = bridge(tokens, return_type="loss").item()
-        for layer in range(loaded.spec.n_layers):
-            for head in range(loaded.spec.n_heads):
-                def zero_head(z, hook, head=head):
-                    z[:, :, head] = 0.0  # hook_z [batch, pos, head, d_head]
-                    return z
-
-                loss = bridge.run_with_hooks(tokens, return_type="loss",
-                                             fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)])
-                deltas.append(loss.item() - base)
+    deltas = zero_ablation_deltas(bridge, tokens, range(loaded.spec.n_layers), loaded.spec.n_heads)
     return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
             "peak_mb": _hwm_mb() - rss0, "deltas": deltas}
 

@@ -32,6 +32,7 @@ import time
 
 import torch
 from peak_memory import reset_peak, status_kb  # benchmarks/ is on sys.path when run as a script
+from tl_loop import zero_ablation_deltas
 
 THREADS = 2
 CAPTURE_TOKENS = 2048
@@ -144,18 +145,7 @@ def run_tl_loop(layers: list[int]) -> dict:
     tokens = evalset.input_ids
     base_kb = reset_peak()
     start, cpu = time.perf_counter(), time.process_time()
-    deltas = []
-    with torch.no_grad():
-        base = bridge(tokens, return_type="loss").item()
-        for layer in layers:
-            for head in range(n_heads):
-                def zero_head(z, hook, head=head):
-                    z[:, :, head] = 0.0  # hook_z [batch, pos, head, d_head]
-                    return z
-
-                loss = bridge.run_with_hooks(tokens, return_type="loss",
-                                             fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)])
-                deltas.append(loss.item() - base)
+    deltas = zero_ablation_deltas(bridge, tokens, layers, n_heads)
     return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
             "peak_mb": (status_kb("VmHWM") - base_kb) / 1024, "deltas": deltas}
 

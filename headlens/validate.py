@@ -29,7 +29,6 @@ from headlens.arch import adapter_for, get_module
 from headlens.capture import Batch, CollectPatterns, pad_batch, run_capture
 from headlens.devices import DTYPES
 from headlens.errors import ConfigError, InputTextError, ValidationFailed
-from headlens.mha import CausalSelfAttention, GroupedQueryAttention
 from headlens.models import LoadedModel, boot_bridge
 from headlens.probes import default_text, text_windows
 
@@ -156,10 +155,7 @@ def _sdpa_reference(adapter, layer: int, qkv: tuple, mask: torch.Tensor) -> dict
 
 def our_attention(model, layer: int) -> torch.nn.Module:
     """headlens.mha's attention holding `layer`'s weights."""
-    adapter = adapter_for(model)
-    if adapter.family == "gpt2":
-        return CausalSelfAttention.from_gpt2(adapter.attn(layer), model.config, layer)
-    return GroupedQueryAttention(adapter.attention_weights(layer)).eval()
+    return adapter_for(model).scratch_attention(layer)
 
 
 def validation_tolerance(dtype: torch.dtype, scale: float = 1.0) -> float:

@@ -152,7 +152,7 @@ def render_html(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_L
         "ablation": lambda: ablation_html(result, lang),
         "pruning": lambda: pruning_html(result, lang),
         "validation": lambda: validation_html(result, lang),
-        "training": lambda: training_html(result, lang),
+        "training": lambda: sections.training_figure(result, lang),
         "attention": lambda: attention_html(result, heads, suffix, lang),
     }[kind]()
     return (f'<div class="headlens-inline" data-kind="{kind}" lang="{lang}" id="headlens{suffix}">'
@@ -212,17 +212,6 @@ def validation_html(frame: pd.DataFrame, lang: str) -> str:
     verdict = t("validation.passed", lang) if failed == 0 else t("validation.failed", lang, n=failed)
     return (f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong></p>'
             + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang))
-
-
-def training_html(training, lang: str) -> str:
-    log, heads = training
-    step = figures.phase_change_step(log)
-    rule = t("training.rule", lang, low=f"{figures.PHASE_LOW:g}", high=f"{figures.PHASE_HIGH:g}",
-             share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
-    note = (t("training.change", lang, step=step, rule=rule) if step is not None
-            else t("training.no_change", lang, rule=rule))
-    return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
-            + sections.figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
 
 
 def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:

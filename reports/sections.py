@@ -269,15 +269,22 @@ def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> st
     return section("validation", t("validation.title", lang), body)
 
 
-def training_section(training, lang: str = DEFAULT_LANG) -> str:
-    """Loss and score curves of the embedded model's training run, the phase change marked."""
+def training_figure(training, lang: str = DEFAULT_LANG) -> str:
+    """What the training curves show (the phase change, or its absence, by the rule) and the figure:
+    the body of the page's training section and of the inline view."""
     log, heads = training
     change = figures.phase_change_step(log)
     rule = t("training.rule", lang, low=f"{figures.PHASE_LOW:g}", high=f"{figures.PHASE_HIGH:g}",
              share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
     note = (t("training.change", lang, step=change, rule=rule) if change is not None
             else t("training.no_change", lang, rule=rule))
-    body = (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
-            + figure(figures.training_uri(log, heads, lang), t("training.alt", lang))
+    return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
+            + figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
+
+
+def training_section(training, lang: str = DEFAULT_LANG) -> str:
+    """Loss and score curves of the embedded model's training run, the phase change marked."""
+    log, _ = training
+    body = (training_figure(training, lang)
             + details(t("training.log", lang, n=len(log)), table(log.reset_index(drop=True), lang=lang)))
     return section("training", t("training.title", lang), body)

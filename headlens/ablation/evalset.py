@@ -124,7 +124,7 @@ def text_evalset(loaded, text, window: int | None = None, max_windows: int = MAX
         documents, label = [default_text() if text is None else check_text(text)], "text"
     else:
         documents, label = text, "documents"
-    windows, available, n_text, n_docs = [], 0, 0, 0
+    windows, available, n_text, n_docs, unread = [], 0, 0, 0, False
     digest = hashlib.sha256(f"text|{window}|{max_windows}|{bos}|".encode())
     stream = iter(documents)
     for document in stream:
@@ -137,8 +137,7 @@ def text_evalset(loaded, text, window: int | None = None, max_windows: int = MAX
         available += len(found)
         windows += found[: max(0, max_windows - len(windows))]
         if len(windows) >= max_windows:
-            if next(stream, None) is not None:  # more documents: not read, not tokenized
-                available += 1
+            unread = next(stream, None) is not None  # more documents, neither read nor tokenized
             break
     if n_text < 2:
         raise InputTextError(f"text is {n_text} token{'s' * (n_text != 1)} long: an ablation needs at least 2 "
@@ -149,7 +148,7 @@ def text_evalset(loaded, text, window: int | None = None, max_windows: int = MAX
     ids, mask = pad(windows, loaded.bos_token_id)
     counted = mask[:, 1:] & mask[:, :-1]  # [n_seq, pos-1]
     more = "the text has" if label == "text" else "the documents hold at least"
-    capped = f" (capped: {more} {available})" if available > len(windows) else ""
+    capped = f" (capped: {more} {available + unread})" if available + unread > len(windows) else ""
     source = "text" if n_docs == 1 and label == "text" else f"{n_docs} documents"
     description = (f"{len(windows)} window{'s' * (len(windows) > 1)} of <= {window} tokens of {source}{capped}, "
                    f"{'BOS first' if bos else 'no BOS'}")

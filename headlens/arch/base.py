@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from headlens.mha import GroupedQueryAttention
+
 ZFn = Any  # Callable[[torch.Tensor], torch.Tensor | None]: z [batch, pos, head, d_head] -> new z or None
 
 
@@ -179,6 +181,11 @@ class Adapter:
     def attention_weights(self, layer: int):
         """`headlens.mha.AttentionWeights` of `layer`, for the from-scratch GroupedQueryAttention."""
         raise NotImplementedError  # families with rotary positions (headlens.arch.rotary) provide it
+
+    def scratch_attention(self, layer: int) -> nn.Module:
+        """headlens.mha's from-scratch attention holding `layer`'s weights (what `validate` compares):
+        GroupedQueryAttention of `attention_weights`, unless a family has its own."""
+        return GroupedQueryAttention(self.attention_weights(layer)).eval()
 
     def sliding_window(self, layer: int) -> int | None:
         """Keys further back than this many positions are masked (None: full causal)."""

@@ -11,7 +11,7 @@ import torch
 from transformers.masking_utils import create_causal_mask
 
 from headlens.arch.base import Adapter, LayerContext, Sites
-from headlens.mha import gpt2_attention_scale
+from headlens.mha import CausalSelfAttention, gpt2_attention_scale
 
 
 class GPT2Adapter(Adapter):
@@ -38,6 +38,10 @@ class GPT2Adapter(Adapter):
 
     def attention_scale(self, layer: int) -> float:
         return gpt2_attention_scale(self.config, layer)
+
+    def scratch_attention(self, layer: int) -> torch.nn.Module:
+        """The seeds' CausalSelfAttention with GPT-2's fused Conv1D weights copied in."""
+        return CausalSelfAttention.from_gpt2(self.attn(layer), self.config, layer)
 
     def hook_qkv(self, layer: int, fn) -> list:
         n_heads, d_model = self.n_heads, self.d_model
