@@ -49,10 +49,18 @@ class GGUFFile:
 
     @property
     def quantization(self) -> str:
-        """The dominant type of the weight matrices (by element count), e.g. "Q4_1"."""
+        """The file's quantization as llama.cpp names it ("Q4_1", "Q4_K_M": `general.file_type`), else
+        the dominant type (by element count) of its weight matrices other than the embedding."""
+        import gguf
+
+        file_type = self.metadata.get("general.file_type")
+        try:
+            return gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except (TypeError, ValueError):
+            pass
         counts = Counter()
         for tensor in self.tensors:
-            if len(tensor.shape) >= 2:
+            if len(tensor.shape) >= 2 and not tensor.name.startswith("token_embd"):
                 counts[type_name(tensor.ggml_type)] += int(np.prod(tensor.shape))
         return counts.most_common(1)[0][0] if counts else "F32"
 

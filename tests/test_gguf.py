@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from headlens.cli.main import cli
 
 from headlens import named
 from headlens.cache import RECORD, cache_root, file_sha256
-from headlens.cli.main import cli
 from headlens.models import gpt2_tokenizer, load_model
 
 N_VOCAB = 512  # GPT-2's first 512 tokens: the 256 bytes and the merges that build the next 256
@@ -380,3 +380,13 @@ def test_two_processes_converting_at_once(llama_gguf, tmp_path):
     assert counter.read_text().count("converted") == 1  # the second waited on the lock, then read the entry
     converted = tmp_path / "shared-cache" / "converted"
     assert sorted(p.name for p in converted.iterdir() if not p.name.endswith(".lock")) == [file_sha256(llama_gguf)]
+
+
+def test_report_records_the_quantization(llama_q8, tmp_path):
+    from headlens.cli.options import model_info
+    from headlens.reports.sections import summary_section
+
+    info = model_info(load_model(str(llama_q8)))
+    assert info["quantization"] == "Q8_0" and info["display_name"] == "tiny-llama-q8"
+    html = summary_section(info, version="0", date="today", command=None, text_label=None, text_excerpt=None)
+    assert "dequantized from Q8_0" in html
