@@ -49,20 +49,26 @@ def row_bytes(ggml_type: int, n_elements: int) -> int:
     return n_elements // block_elements * block_bytes
 
 
+CHUNK_ELEMENTS = 1 << 16  # values decoded per pass: the block's intermediates stay in the L2 cache
+
+
 def dequantize(data, ggml_type: int) -> np.ndarray:
     """Raw GGUF bytes `[..., row_bytes]` (uint8, numpy or torch) -> float32 `[..., row_elements]`.
 
     The signature of `gguf.quants.dequantize`, so it can stand in for it (headlens.ggufload).
+    Decoded CHUNK_ELEMENTS values at a time into one output buffer.
     """
     ggml_type = int(ggml_type)
     check_supported_type(ggml_type)
     raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True)) if not torch.is_tensor(data) else data
     _, block_elements, block_bytes = GGML_TYPES[ggml_type]
-    lead = tuple(raw.shape[:-1])
-    n_blocks = raw.numel() // block_bytes
-    blocks = raw.reshape(n_blocks, block_bytes)  # [block, byte]
-    values = _DECODERS[ggml_type](blocks)  # [block, element]
-    return values.reshape(*lead, raw.shape[-1] // block_bytes * block_elements).numpy()
+    blocks = raw.reshape(-1, block_bytes)  # [block, byte]
+    out = torch.empty(blocks.shape[0], block_elements)  # [block, element]
+    step = max(1, CHUNK_ELEMENTS // block_elements)
+    decode = _DECODERS[ggml_type]
+    for start in range(0, blocks.shape[0], step):
+        out[start:start + step] = decode(blocks[start:start + step])
+    return out.reshape(*raw.shape[:-1], raw.shape[-1] // block_bytes * block_elements).numpy()
 
 
 # -- the formats ----------------------------------------------------------------------------------

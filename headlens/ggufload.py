@@ -59,8 +59,8 @@ class _Reader:
 @contextlib.contextmanager
 def _torch_gguf(parsed: GGUFFile):
     """Within the block, `gguf.GGUFReader(path)` returns the parsed header of `parsed` and
-    `gguf.dequantize` is headlens.dequant.dequantize (the tensor-name table is memoized and
-    transformers' tqdm bar is off). Restored on exit. Not thread-safe: the
+    `gguf.dequantize` is headlens.dequant.dequantize (the tensor-name table is memoized,
+    transformers' tqdm bar is off, torch runs one intra-op thread). Restored on exit. Not thread-safe: the
     substitution is module-global, as the lookup inside transformers is."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as hf_gguf
@@ -78,10 +78,15 @@ def _torch_gguf(parsed: GGUFFile):
     # times, 40 s); the table is a pure function of its arguments
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=4)(saved[2])
     hf_gguf.tqdm = lambda iterable, **kwargs: iterable  # its progress bar: the library never prints
+    # One intra-op thread: the decode is many small memory-bound ops, and on a shared machine every
+    # parallel region waits for a busy core (measured 2-20x slower with two threads under load).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield
     finally:
         gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map, hf_gguf.tqdm = saved
+        torch.set_num_threads(threads)
 
 
 def convert_gguf(parsed: GGUFFile, dest: Path) -> None:
