@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 from headlens.cli.main import cli
 
-KEYS = ["model", "heads", "method", "metric", "n", "clean", "ablated", "delta", "ci95"]  # every metric
+KEYS = ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]  # every metric
 LOSS_KEYS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]  # loss metrics, besides
 ABOUT = ["data", "reference", "resampled"]  # what was measured, in words
 

@@ -178,7 +178,7 @@ def test_batch_size_with_approx_is_one_line(runner, small_model_dir):
 
 
 def test_batch_size_defaults_in_the_help_are_the_librarys():
-    from headlens.ablation.ablate import BATCH
+    from headlens.ablation.evalset import BATCH_SIZE as BATCH
     from headlens.classify import ClassifyConfig
 
     runner = CliRunner()
