@@ -2,9 +2,11 @@
 
 Findings list, for every role of headlens.labels.LABELS that some head earned, how many heads and
 which, strongest first (explain.ROLE_EVIDENCE), with the scores that earned the label and, where
-the report ablated that head alone (a sweep or a single-head ablation), the change in loss without
-it. Grouped-query models (a `kv_group` column: the key/value head each query head reads) also get
-their groups: which query heads share K and V, and whether they took the same role.
+the report ablated that head alone (a sweep or a single-head ablation), the change of the metric
+without it, in the metric's unit. Where the page ablated a role's heads together (against random
+head sets), the role's summary cites that result and its control. Grouped-query models (a
+`kv_group` column: the key/value head each query head reads) also get their groups: which query
+heads share K and V, and whether they took the same role.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import pandas as pd
 from headlens.reports import explain
 from headlens.reports.i18n import DEFAULT_LANG, has, number, t
-from headlens.reports.sections import esc, label_list, section, table
+from headlens.reports.sections import esc, label_list, metric_words, result_delta, results_list, section, table
 
 from headlens.classify import SOURCE_COLUMNS, SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.labels import LABELS
@@ -23,17 +25,16 @@ from headlens.labels import LABELS
 def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dict]:
     """{"L.H": {delta, low, high, metric}} for every head ablated alone; the sweep wins over a single run."""
     found = {}
-    results = [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
-    for result in results:
+    for result in results_list(ablation):
         if len(result.get("heads", [])) == 1:
             low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
-            found[str(result["heads"][0])] = {"delta": float(result["delta_loss"]), "low": float(low),
+            found[str(result["heads"][0])] = {"delta": result_delta(result), "low": float(low),
                                               "high": float(high), "metric": result.get("metric", "text")}
     if sweep is not None:
         metric = sweep.attrs.get("metric", "text")
         for row in sweep.to_dict("records"):
             found[f"{int(row['layer'])}.{int(row['head'])}"] = {
-                "delta": float(row["delta_loss"]), "low": float(row.get("ci95_low", math.nan)),
+                "delta": result_delta(row), "low": float(row.get("ci95_low", math.nan)),
                 "high": float(row.get("ci95_high", math.nan)), "metric": row.get("metric", metric)}
     return found
 
@@ -49,10 +50,9 @@ def score_text(row: dict, column: str, lang: str) -> str | None:
 
 def ablation_text(found: dict, lang: str) -> str:
     """"ablation raises the loss on the text by 2.10 nats/token (95% CI 1.90 to 2.30)"."""
-    metric_key = f"metric.{found['metric']}"
-    metric = t(metric_key, lang) if has(metric_key, lang) else str(found["metric"])
+    metric, unit = metric_words(found["metric"], lang)
     key = "findings.ablation_up" if found["delta"] >= 0 else "findings.ablation_down"
-    text = t(key, lang, metric=metric, delta=number(abs(found["delta"]), lang))
+    text = t(key, lang, metric=metric, unit=unit, delta=number(abs(found["delta"]), lang))
     if not (math.isnan(found["low"]) or math.isnan(found["high"])):
         text += f" ({t('findings.ci', lang, low=number(found['low'], lang), high=number(found['high'], lang))})"
     return text
@@ -72,6 +72,31 @@ def head_line(row: dict, role: str, ablations: dict, lang: str) -> str:
     return f'<li data-head="{esc(head)}">{before}<strong>{esc(head)}</strong>{after}</li>'
 
 
+def role_evidence(result: dict, lang: str) -> str:
+    """A role's heads ablated together, and where that change falls among its control sets."""
+    metric, unit = metric_words(result.get("metric", "text"), lang)
+    delta = result_delta(result)
+    change = t("findings.together_up" if delta >= 0 else "findings.together_down", lang, metric=metric, unit=unit,
+               delta=number(abs(delta), lang))
+    low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
+    if not (math.isnan(float(low)) or math.isnan(float(high))):
+        change += f" ({t('findings.ci', lang, low=number(low, lang), high=number(high, lang))})"
+    text = t("findings.role_ablation", lang, n=len(result["heads"]), change=change)
+    control = result.get("control")
+    if control:
+        key = "findings.role_control_exact" if control.get("exact") else "findings.role_control_random"
+        text += " " + t(key, lang, k=control["k"], n_possible=control.get("n_possible", control["k"]),
+                        rank=control["rank"], n_sets=control["k"] + 1, p=number(control["p_value"], lang, 3),
+                        p_min=number(control.get("p_min", 1 / (1 + control["k"])), lang, 3))
+    return text
+
+
+def role_results(role: str, heads: list[str], ablation) -> list[dict]:
+    """The results that ablated this role's heads together: chosen for the role, or exactly its heads."""
+    return [r for r in results_list(ablation) if r.get("role") == role
+            or (len(r.get("heads", [])) > 1 and sorted(map(str, r["heads"])) == sorted(heads))]
+
+
 def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str = DEFAULT_LANG) -> str:
     """Per role: how many heads and which (strongest first), their key scores, ablation evidence."""
     records = heads.sort_values(["layer", "head"]).to_dict("records")
@@ -89,8 +114,11 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
         rows.sort(key=lambda row: -explain.role_strength(row, role))  # stable: (layer, head) breaks ties
         items = "".join(head_line(row, role, ablations, lang) for row in rows)
         heading = t("findings.role_heading", lang, role=t(f"role.{role}", lang), n=len(rows))
+        names = [f"{int(row['layer'])}.{int(row['head'])}" for row in rows]
+        evidence = "".join(f'<p class="evidence">{esc(role_evidence(result, lang))}</p>'
+                           for result in role_results(role, names, ablation))
         parts.append(f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
-                     f'<p class="explain">{esc(t(f"role_what.{role}", lang))}</p><ul>{items}</ul></div>')
+                     f'<p class="explain">{esc(t(f"role_what.{role}", lang))}</p><ul>{items}</ul>{evidence}</div>')
     parts.append(sources_table(heads, lang))
     parts.append(f"<p>{esc(t('findings.details', lang))}</p>")
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
