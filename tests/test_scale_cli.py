@@ -137,8 +137,8 @@ def test_bad_batch_size_is_one_line(runner, small_model_dir):
 def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
     """The batch size changes how sequences are grouped, not the results (float32 forward passes,
     float64 sums: equal to rounding)."""
-    sweeps = [json.loads(runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "each", "--format", "json",
-                                             "--batch-size", size, "--no-progress"]).stdout)["rows"] for size in ("2", "4")]
+    args = ["ablate", str(small_model_dir), "--heads", "each", "--format", "json", "--no-progress"]
+    sweeps = [json.loads(runner.invoke(cli, [*args, "--batch-size", size]).stdout)["rows"] for size in ("2", "4")]
     assert len(sweeps[0]) == 8 and [r["heads"] for r in sweeps[0]] == [r["heads"] for r in sweeps[1]]
     assert max(abs(a["delta"] - b["delta"]) for a, b in zip(*sweeps, strict=True)) < 1e-6
     prunes = [json.loads(runner.invoke(cli, ["prune", str(small_model_dir), "--no-roles", "--format", "json",
