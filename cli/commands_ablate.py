@@ -31,11 +31,11 @@ LOSS_KEYS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 ABOUT_KEYS = ["data", "reference", "resampled"]
 
 
-def _row_object(model: str, method: str, metric: str, row, about: dict) -> dict:
+def _row_object(model: str, method: str, metric: str, unit: str, row, about: dict) -> dict:
     """One sweep row as the JSON object of a single-head ablation (NaN CI bounds: null)."""
     ci = None if row["ci95_low"] != row["ci95_low"] else [row["ci95_low"], row["ci95_high"]]
     obj = {"model": model, "heads": [f"{row['layer']}.{row['head']}"], "method": method, "metric": metric,
-           **{key: row[key] for key in GENERIC_KEYS}, "ci95": ci}
+           "unit": unit, **{key: row[key] for key in GENERIC_KEYS}, "ci95": ci}
     obj.update({key: row[key] for key in LOSS_KEYS if key in row})
     obj.update(about)
     return obj
@@ -236,7 +236,7 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
         click.get_current_context().exit(EXIT_INTERRUPTED)
     name, method, metric = str(loaded.name), options["method"], options["metric"]
     about = {key: frame.attrs[key] for key in ABOUT_KEYS}
-    _print_frame(frame, fmt, lambda row: _row_object(name, method, metric, row, about),
+    _print_frame(frame, fmt, lambda row: _row_object(name, method, metric, UNIT[metric], row, about),
                  {"model": name, "method": method, "metric": metric, "unit": UNIT[metric], **about})
     if fmt != "json":
         click.echo("; ".join(f"{key}: {about[key]}" for key in ABOUT_KEYS))
