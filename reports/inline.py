@@ -3,10 +3,11 @@
 `view(result)` wraps a library result in an object that renders itself as the last expression of a cell
 (IPython calls its `_repr_html_`); `show(result)` displays it at once. Recognised results: the classify_heads
 frame (score heatmaps + label table), a sweep_heads frame (heatmap of its metric's change), an ablate_heads
-dict or a list of them (bars with 95% CIs, one chart per metric), a prune_curve frame, a validate_model
-frame, load_training_log's (log, heads) pair and a sample_patterns dict (the report's interactive attention
-viewer). Return types of the library are untouched: the views only read them. Prose comes from the reports' message catalogue (headlens.reports.i18n) in
-the language asked for (`lang="en"` or `"es"`); only the viewer's static caption is this module's own.
+dict or a list of them (bars with 95% CIs, one chart per metric), a prune_curve frame, a validate_model frame,
+load_training_log's (log, heads) pair and a sample_patterns dict (the report's interactive attention viewer).
+Return types of the library are untouched: the views only read them. Prose comes from the reports' message
+catalogue (headlens.reports.i18n) in the language asked for (`lang="en"` or `"es"`); only the viewer's static
+caption is this module's own.
 
 Self-contained, as the report is: figures are PNG data URIs, the style and the script are inline. The viewer
 runs report.js's `attentionViewer(suffix)` on elements whose ids end in a suffix drawn afresh at every render,
