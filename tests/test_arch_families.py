@@ -14,6 +14,7 @@ from families import FAMILY_NAMES, build_family, decoder_layers, o_proj, padded_
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.replace import replacements
 from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
+from headlens.ablation.sweep import block as run_layer
 from headlens.arch import adapter_for
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.capture import lean as capture_lean
@@ -130,7 +131,7 @@ def test_a_layer_run_by_the_adapter_equals_the_models_own_layer(family):
     with torch.no_grad():
         assert torch.equal(adapter.embed_tokens(ctx), seen[("in", 0)])
         for layer in range(adapter.n_layers):
-            ours = block(adapter, ctx, layer, seen[("in", layer)])  # [batch, pos, d_model]
+            ours = run_layer(adapter, ctx, layer, seen[("in", layer)])  # [batch, pos, d_model]
             assert ((ours - seen[("out", layer)]).abs() * real).amax() <= ATOL, layer
         hidden = adapter.final_norm()(seen[("out", adapter.n_layers - 1)])
         ours_logits = adapter.unembed()(hidden)  # [batch, pos, d_vocab]
