@@ -11,10 +11,9 @@ import pytest
 import torch
 from families import FAMILY_NAMES, build_family, decoder_layers, o_proj, padded_batch
 
-from headlens.ablation.ablate import ablated_sums
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.replace import replacements
-from headlens.ablation.sweep import base_sums, sweep_sums
+from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.arch import adapter_for
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.capture import lean as capture_lean
