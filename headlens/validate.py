@@ -13,8 +13,9 @@ attention output are compared with three references:
   heads are shared), then the model's own output projection (z and attn_out; sdpa never builds a
   pattern);
 - `transformer_lens`: a TransformerBridge around a separate copy of the model
-  (`blocks.{L}.attn.hook_pattern`, `hook_z`, `blocks.{L}.hook_attn_out`, via headlens.capture),
-  for the families TransformerLens's bridge boots (TL_FAMILIES).
+  (`blocks.{L}.attn.hook_pattern`, `hook_z`, and `blocks.{L}.attn.hook_out`, the attention
+  module's own output: `blocks.{L}.hook_attn_out` is what enters the residual, which Gemma 3
+  normalises first), for the families TransformerLens's bridge boots (TL_FAMILIES).
 Only real (non-padding) query positions are compared.
 """
 
@@ -51,7 +52,7 @@ WINDOW_TOKENS = 128  # tokens per validation sequence (BOS included), capped at 
 MAX_WINDOWS = 4  # sequences per validation batch: windows of unequal length exercise padding
 COLUMNS = ["layer", "quantity", "reference", "max_abs_error", "tolerance", "passed"]
 # Families whose TransformerLens 4 bridge boots offline from a config and a local model (each tried).
-TL_FAMILIES = frozenset({"gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"})
+TL_FAMILIES = frozenset({"gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"})
 
 
 def validation_text(text: str | None = None) -> tuple[str, str]:
@@ -128,7 +129,7 @@ def _capture_bridge(loaded: LoadedModel, batch: Batch) -> dict:
         store.setdefault(layer, {})["attn_out"] = value.detach().clone()  # [batch, pos, d_model]
         return value
 
-    hooks = [(f"blocks.{layer}.hook_attn_out", keep_attn_out) for layer in range(loaded.spec.n_layers)]
+    hooks = [(f"blocks.{layer}.attn.hook_out", keep_attn_out) for layer in range(loaded.spec.n_layers)]
     with bridge.hooks(fwd_hooks=hooks):
         run_capture(bridge, [batch], [collect])
     for layer in store:

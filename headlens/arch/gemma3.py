@@ -1,0 +1,118 @@
+"""Gemma 3 text models (`Gemma3ForCausalLM`, model_type `gemma3_text`; Gemma Team 2025, arXiv 2503.19786).
+
+Sites: `model.layers[L]`:
+  x' = x + post_attention_layernorm(o_proj(attention(input_layernorm(x))))
+  x'' = x' + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x')))
+then `model.norm`, `lm_head` (tied to the embedding). What differs from Llama:
+- every RMSNorm multiplies by (1 + weight), in float32 before the cast (Gemma3RMSNorm);
+- the norm after attention sits *before* the residual add, so a layer's attention output
+  (`attention`'s attn_out, the o_proj output, linear in each head's z) is normalised in
+  `finish_block`, not in `attention`;
+- each head's query and key get that RMSNorm (`q_norm`, `k_norm`, over d_head, after the
+  projection and the split into heads, before the rotary step);
+- Q K^T is scaled by query_pre_attn_scalar^-0.5, not d_head^-0.5 (the attention's `scaling`);
+- `config.layer_types` interleaves sliding-window layers (keys at most sliding_window - 1
+  positions back) with global layers, and each layer type has its own rotary base and rope
+  scaling (`rope_parameters[layer_type]`): the base model computes one (cos, sin) per type
+  (`rotary_emb(x, position_ids, layer_type)`) and hands each layer its type's;
+- the embedding is scaled by sqrt(d_model) inside `embed_tokens` (Gemma3TextScaledWordEmbedding);
+- multi-query attention (the 270M model: 4 query heads over 1 key/value head) with head_dim
+  (256) set apart from d_model / n_heads.
+Not read: `attn_logit_softcapping` (transformers' Gemma3Attention does not pass it to the
+attention). Refused: `final_logit_softcapping` (headlens's metrics unembed with the LM head's
+weight, which would skip the cap; no released Gemma 3 sets it) and bidirectional attention
+(`use_bidirectional_attention`, the embedding variants: not a causal LM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from headlens.arch.base import LayerContext, Sites, get_module
+from headlens.arch.rotary import FULL, SLIDING, RotaryAdapter
+from headlens.errors import UnsupportedModelError
+from headlens.mha import AttentionWeights
+
+GEMMA_NORM_OFFSET = 1.0  # Gemma3RMSNorm: x / rms(x) * (1 + weight)
+
+
+@dataclass
+class Gemma3Context(LayerContext):
+    """LayerContext whose rotary cos/sin differ per layer (one pair per layer type)."""
+
+    layer_extra: dict = field(default_factory=dict)  # layer -> keyword arguments of its own (position_embeddings)
+
+    def attn_kwargs(self, copies: int = 1, layer: int | None = None) -> dict:
+        return {**super().attn_kwargs(copies, layer), **self.layer_extra.get(layer, {})}
+
+
+class Gemma3Adapter(RotaryAdapter):
+    family = "gemma3_text"
+    sites = Sites(layers="model.layers", attn="self_attn", z="self_attn.o_proj", input_norm="input_layernorm",
+                  post_norm="pre_feedforward_layernorm", mlp="mlp", embed="model.embed_tokens",
+                  final_norm="model.norm", unembed="lm_head", trunk="model")
+    attn_out_norm = "post_attention_layernorm"  # relative to a layer: the norm on the attention output
+    mlp_out_norm = "post_feedforward_layernorm"  # relative to a layer: the norm on the MLP output
+    # q and k after the per-head RMSNorm ([batch, head, pos, d_head]), as the rotary step receives them
+    qkv_sites = ("q_norm", "k_norm", "v_proj")
+
+    def __init__(self, model):
+        super().__init__(model)
+        if getattr(self.config, "final_logit_softcapping", None) is not None:
+            raise UnsupportedModelError(f"gemma3_text with final_logit_softcapping="
+                                        f"{self.config.final_logit_softcapping} is not supported: headlens "
+                                        f"unembeds with the LM head's weight alone")
+        if getattr(self.config, "use_bidirectional_attention", False):
+            raise UnsupportedModelError("gemma3_text with use_bidirectional_attention is not supported: "
+                                        "headlens reads causal language models")
+
+    # Running one layer --------------------------------------------------------------------
+    def context(self, input_ids: torch.Tensor, mask: torch.Tensor) -> Gemma3Context:
+        """Masks as RotaryAdapter builds them, and each layer its layer type's rotary cos/sin, as
+        Gemma3TextModel.forward computes them."""
+        device = next(self.model.parameters()).device
+        ids, mask = input_ids.to(device), mask.to(device)  # [batch, pos]
+        position_ids = torch.arange(ids.shape[1], device=device)[None]  # [1, pos]
+        trunk, types = self.trunk(), self.layer_types()
+        embeds = self.embed()(ids)  # [batch, pos, d_model]
+        kwargs = dict(config=trunk.config, inputs_embeds=embeds, attention_mask=mask.long(), cache=None,
+                      position_ids=position_ids)
+        full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
+        sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None
+        cos_sin = {kind: trunk.rotary_emb(embeds, position_ids, kind) for kind in set(types)}  # 2 x [1, pos, d_head]
+        return Gemma3Context(ids, mask, position_ids, full, extra={},
+                             layer_masks={layer: sliding for layer, kind in enumerate(types) if kind == SLIDING},
+                             layer_extra={layer: {"position_embeddings": cos_sin[kind]}
+                                          for layer, kind in enumerate(types)})
+
+    def finish_block(self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Gemma's sandwich: the attention and MLP outputs are normalised before each residual add."""
+        block = self.layer(layer)
+        mid = resid + get_module(block, self.attn_out_norm)(attn_out)  # [batch, pos, d_model]
+        mlp_out = get_module(block, self.sites.mlp)(get_module(block, self.sites.post_norm)(mid))  # [batch, pos, d_model]
+        return mid + get_module(block, self.mlp_out_norm)(mlp_out)  # [batch, pos, d_model]
+
+    # Q, K, V ------------------------------------------------------------------------------
+    def split_qkv(self, outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """q_norm and k_norm see q and k already split and transposed, [batch, heads, pos, d_head];
+        v_proj's output is [batch, pos, kv_heads * d_head]."""
+        q, k, v = outputs
+        v = v.view(*v.shape[:-1], -1, self.d_head).transpose(1, 2)  # [batch, kv_head, pos, d_head]
+        return q, k, v
+
+    # Weights, for the from-scratch attention (headlens.mha) ----------------------------------
+    def attention_weights(self, layer: int) -> AttentionWeights:
+        """The layer's projections, its layer type's rotary frequencies and the (1 + w) q/k norms."""
+        attn, out = self.attn(layer), self.z_module(layer)
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = self.qkv_weights(layer)
+        rotary, kind = self.trunk().rotary_emb, self.layer_types()[layer]
+        return AttentionWeights(
+            w_q=w_q, w_k=w_k, w_v=w_v, w_o=out.weight, b_q=b_q, b_k=b_k, b_v=b_v, b_o=out.bias,
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, scale=self.attention_scale(layer),
+            inv_freq=getattr(rotary, f"{kind}_inv_freq"),  # [d_head / 2]
+            rotary_scale=float(getattr(rotary, f"{kind}_attention_scaling")),
+            q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight, norm_eps=float(attn.q_norm.eps),
+            norm_offset=GEMMA_NORM_OFFSET, window=self.sliding_window(layer))
