@@ -43,7 +43,7 @@ GEMMA_NORM_OFFSET = 1.0  # Gemma3RMSNorm: x / rms(x) * (1 + weight)
 class Gemma3Context(LayerContext):
     """LayerContext whose rotary cos/sin differ per layer (one pair per layer type)."""
 
-    layer_extra: dict = field(default_factory=dict)  # layer -> keyword arguments of its own (position_embeddings)
+    layer_extra: dict = field(default_factory=dict)  # layer -> its own keyword arguments where they differ from extra
 
     def attn_kwargs(self, copies: int = 1, layer: int | None = None) -> dict:
         return {**super().attn_kwargs(copies, layer), **self.layer_extra.get(layer, {})}
@@ -69,6 +69,13 @@ class Gemma3Adapter(RotaryAdapter):
             raise UnsupportedModelError("gemma3_text with use_bidirectional_attention is not supported: "
                                         "headlens reads causal language models")
 
+    # Norm gains on a head's direct path (Gemma3RMSNorm multiplies by 1 + weight) ---------------
+    def final_norm_gain(self) -> torch.Tensor:
+        return GEMMA_NORM_OFFSET + self.final_norm().weight  # [d_model]
+
+    def attn_out_gain(self, layer: int) -> torch.Tensor:
+        return GEMMA_NORM_OFFSET + get_module(self.layer(layer), self.attn_out_norm).weight  # [d_model]
+
     # Running one layer --------------------------------------------------------------------
     def context(self, input_ids: torch.Tensor, mask: torch.Tensor) -> Gemma3Context:
         """Masks as RotaryAdapter builds them, and each layer its layer type's rotary cos/sin, as
@@ -83,16 +90,19 @@ class Gemma3Adapter(RotaryAdapter):
         full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
         sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None
         cos_sin = {kind: trunk.rotary_emb(embeds, position_ids, kind) for kind in set(types)}  # 2 x [1, pos, d_head]
-        return Gemma3Context(ids, mask, position_ids, full, extra={},
+        # As with the masks: the global layers' cos/sin by default, a sliding layer's own where it differs
+        default = cos_sin[FULL] if FULL in cos_sin else cos_sin[SLIDING]
+        return Gemma3Context(ids, mask, position_ids, full, extra={"position_embeddings": default},
                              layer_masks={layer: sliding for layer, kind in enumerate(types) if kind == SLIDING},
                              layer_extra={layer: {"position_embeddings": cos_sin[kind]}
-                                          for layer, kind in enumerate(types)})
+                                          for layer, kind in enumerate(types) if cos_sin[kind] is not default})
 
     def finish_block(self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Gemma's sandwich: the attention and MLP outputs are normalised before each residual add."""
         block = self.layer(layer)
         mid = resid + get_module(block, self.attn_out_norm)(attn_out)  # [batch, pos, d_model]
-        mlp_out = get_module(block, self.sites.mlp)(get_module(block, self.sites.post_norm)(mid))  # [batch, pos, d_model]
+        mlp, pre_mlp_norm = get_module(block, self.sites.mlp), get_module(block, self.sites.post_norm)
+        mlp_out = mlp(pre_mlp_norm(mid))  # [batch, pos, d_model]
         return mid + get_module(block, self.mlp_out_norm)(mlp_out)  # [batch, pos, d_model]
 
     # Q, K, V ------------------------------------------------------------------------------
