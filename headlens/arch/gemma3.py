@@ -26,17 +26,28 @@ weight, which would skip the cap; no released Gemma 3 sets it) and bidirectional
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.models.gemma3 import modeling_gemma3
 
-from headlens.arch.base import LayerContext, Sites, get_module
-from headlens.arch.rotary import FULL, SLIDING, RotaryAdapter
+from headlens.arch.base import FULL, SLIDING, LayerContext, get_module
+from headlens.arch.llama import LLAMA_SITES
+from headlens.arch.rotary import RotaryAdapter
+from headlens.arch.sites import NORMED, Site, Split
 from headlens.errors import UnsupportedModelError
 from headlens.mha import AttentionWeights
 
 GEMMA_NORM_OFFSET = 1.0  # Gemma3RMSNorm: x / rms(x) * (1 + weight)
+
+# Llama's table with q and k read after the per-head norms, with their weights in q_proj and k_proj
+# (q_norm sees q already split and transposed, [batch, heads, pos, d_head]: see split_heads), the
+# norm before the MLP named `pre_feedforward_layernorm`, and Gemma's rotary function.
+GEMMA3_SITES = replace(
+    LLAMA_SITES, post_norm="pre_feedforward_layernorm", rotary=modeling_gemma3.apply_rotary_pos_emb,
+    q=Site("self_attn.q_norm", split=Split(NORMED), weights="self_attn.q_proj"),
+    k=Site("self_attn.k_norm", split=Split(NORMED, heads="n_kv_heads"), weights="self_attn.k_proj"))
 
 
 @dataclass
@@ -51,13 +62,9 @@ class Gemma3Context(LayerContext):
 
 class Gemma3Adapter(RotaryAdapter):
     family = "gemma3_text"
-    sites = Sites(layers="model.layers", attn="self_attn", z="self_attn.o_proj", input_norm="input_layernorm",
-                  post_norm="pre_feedforward_layernorm", mlp="mlp", embed="model.embed_tokens",
-                  final_norm="model.norm", unembed="lm_head", trunk="model")
+    sites = GEMMA3_SITES
     attn_out_norm = "post_attention_layernorm"  # relative to a layer: the norm on the attention output
     mlp_out_norm = "post_feedforward_layernorm"  # relative to a layer: the norm on the MLP output
-    # q and k after the per-head RMSNorm ([batch, head, pos, d_head]), as the rotary step receives them
-    qkv_sites = ("q_norm", "k_norm", "v_proj")
 
     def __init__(self, model):
         super().__init__(model)
@@ -78,18 +85,20 @@ class Gemma3Adapter(RotaryAdapter):
 
     # Running one layer --------------------------------------------------------------------
     def context(self, input_ids: torch.Tensor, mask: torch.Tensor) -> Gemma3Context:
-        """Masks as RotaryAdapter builds them, and each layer its layer type's rotary cos/sin, as
-        Gemma3TextModel.forward computes them."""
+        """Masks as the base adapter builds them, and each layer its layer type's rotary cos/sin, as
+        Gemma3TextModel.forward computes them: the rotary module takes the layer type
+        (`rotary_emb(x, position_ids, layer_type)`), so the base adapter's one call cannot serve."""
         device = next(self.model.parameters()).device
         ids, mask = input_ids.to(device), mask.to(device)  # [batch, pos]
         position_ids = torch.arange(ids.shape[1], device=device)[None]  # [1, pos]
-        trunk, types = self.trunk(), self.layer_types()
         embeds = self.embed()(ids)  # [batch, pos, d_model]
-        kwargs = dict(config=trunk.config, inputs_embeds=embeds, attention_mask=mask.long(), cache=None,
+        kwargs = dict(config=self.trunk().config, inputs_embeds=embeds, attention_mask=mask.long(), cache=None,
                       position_ids=position_ids)
+        types = self.layer_types()
         full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
         sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None
-        cos_sin = {kind: trunk.rotary_emb(embeds, position_ids, kind) for kind in set(types)}  # 2 x [1, pos, d_head]
+        rotary = get_module(self.model, self.sites.rotary_emb)
+        cos_sin = {kind: rotary(embeds, position_ids, kind) for kind in set(types)}  # 2 x [1, pos, d_head]
         # As with the masks: the global layers' cos/sin by default, a sliding layer's own where it differs
         default = cos_sin[FULL] if FULL in cos_sin else cos_sin[SLIDING]
         return Gemma3Context(ids, mask, position_ids, full, extra={"position_embeddings": default},
@@ -106,19 +115,19 @@ class Gemma3Adapter(RotaryAdapter):
         return mid + get_module(block, self.mlp_out_norm)(mlp_out)  # [batch, pos, d_model]
 
     # Q, K, V ------------------------------------------------------------------------------
-    def split_qkv(self, outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def split_heads(self, tensor: torch.Tensor, site: Site) -> torch.Tensor:
         """q_norm and k_norm see q and k already split and transposed, [batch, heads, pos, d_head];
-        v_proj's output is [batch, pos, kv_heads * d_head]."""
-        q, k, v = outputs
-        v = v.view(*v.shape[:-1], -1, self.d_head).transpose(1, 2)  # [batch, kv_head, pos, d_head]
-        return q, k, v
+        v_proj's output is split by the table's rule."""
+        if site.split.kind == NORMED:
+            return tensor  # [batch, heads, pos, d_head]
+        return super().split_heads(tensor, site)
 
     # Weights, for the from-scratch attention (headlens.mha) ----------------------------------
     def attention_weights(self, layer: int) -> AttentionWeights:
         """The layer's projections, its layer type's rotary frequencies and the (1 + w) q/k norms."""
-        attn, out = self.attn(layer), self.z_module(layer)
+        attn, out = self.attn(layer), get_module(self.layer(layer), self.sites.o.projection)
         (w_q, b_q), (w_k, b_k), (w_v, b_v) = self.qkv_weights(layer)
-        rotary, kind = self.trunk().rotary_emb, self.layer_types()[layer]
+        rotary, kind = get_module(self.model, self.sites.rotary_emb), self.layer_types()[layer]
         return AttentionWeights(
             w_q=w_q, w_k=w_k, w_v=w_v, w_o=out.weight, b_q=b_q, b_k=b_k, b_v=b_v, b_o=out.bias,
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, scale=self.attention_scale(layer),
