@@ -58,6 +58,17 @@ def test_shape_facts_come_from_the_config(gemma):
     assert not torch.allclose(rotary.sliding_attention_inv_freq, rotary.full_attention_inv_freq)
 
 
+def test_the_site_table_is_llamas_with_gemmas_differences():
+    from headlens.arch.llama import LLAMA_SITES
+    from headlens.arch.sites import NORMED
+
+    sites = Gemma3Adapter.sites
+    changed = {f.name for f in dataclasses.fields(sites) if getattr(sites, f.name) != getattr(LLAMA_SITES, f.name)}
+    assert changed == {"rotary", "q", "k", "post_norm"}
+    assert sites.q.split.kind == NORMED and sites.q.projection == "self_attn.q_proj"
+    assert sites.post_norm == "pre_feedforward_layernorm"
+
+
 def _validate_with(monkeypatch, gemma, change):
     """validate_model with every layer's AttentionWeights passed through change(layer, weights)."""
     original = Gemma3Adapter.attention_weights
