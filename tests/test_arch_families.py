@@ -98,7 +98,8 @@ def test_sliding_window_is_respected(family):
     ids, mask = padded_batch()
     attentions, _, _ = _hf_eager(family.model, ids, mask)
     windows = [adapter.sliding_window(layer) for layer in range(adapter.n_layers)]
-    expected = {"mistral-window": [7, 7, 7], "qwen2-window": [None, 6, 6]}.get(family.name, [None] * len(windows))
+    expected = {"mistral-window": [7, 7, 7], "qwen2-window": [None, 6, 6],
+                "gemma3_text-mqa": [5, 5, None, 5]}.get(family.name, [None] * len(windows))
     assert windows == expected
     for layer, window in enumerate(windows):
         if window is not None:  # no weight on keys window or more positions back
@@ -227,8 +228,8 @@ def test_an_unsupported_model_type_is_one_line_naming_the_supported_families(tmp
         build_model(BertConfig(num_hidden_layers=1))
     message = str(info.value)
     assert "\n" not in message and "'bert' is not supported" in message
-    assert all(name in message for name in ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"))
-    assert set(SUPPORTED_TYPES) == {"gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"}
+    assert all(name in message for name in ("gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"))
+    assert set(SUPPORTED_TYPES) == {"gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"}
     (tmp_path / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
     result = CliRunner().invoke(cli, ["heads", "all", "--model", str(tmp_path)])
     assert result.exit_code == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from headlens.arch.base import Adapter, LayerContext, get_module, kv_group
+from headlens.arch.gemma3 import Gemma3Adapter
 from headlens.arch.gpt2 import GPT2Adapter
 from headlens.arch.hooks import Hooks
 from headlens.arch.llama import LlamaAdapter
@@ -14,6 +15,7 @@ from headlens.errors import UnsupportedModelError
 
 # model_type -> adapter class. Adding a family is adding a module and a line here.
 ADAPTERS: dict[str, type[Adapter]] = {
+    "gemma3_text": Gemma3Adapter,
     "gpt2": GPT2Adapter,
     "gpt_neox": NeoXAdapter,
     "llama": LlamaAdapter,

@@ -124,6 +124,15 @@ class Adapter:
         """True if the final norm subtracts the mean (LayerNorm), False for RMSNorm (no centring)."""
         return isinstance(self.final_norm(), nn.LayerNorm)
 
+    def final_norm_gain(self) -> torch.Tensor | None:
+        """The final norm's per-dimension gain as it multiplies, [d_model] (None: no gain)."""
+        return getattr(self.final_norm(), "weight", None)
+
+    def attn_out_gain(self, layer: int) -> torch.Tensor | None:
+        """Gain [d_model] of a norm between `layer`'s attention output and the residual add (None:
+        the output is added as it is). The direct path of a head's output runs through it."""
+        return None
+
     # Hook sites ---------------------------------------------------------------------------
     def hooks(self) -> Hooks:
         """A scoped hook context on this model (headlens.arch.hooks): `with adapter.hooks() as hooks:`."""
