@@ -11,7 +11,7 @@ import io
 
 import numpy as np
 import pandas as pd
-from headlens.reports.i18n import DEFAULT_LANG, t
+from headlens.reports.i18n import DEFAULT_LANG, short_number, t
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -69,7 +69,7 @@ def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: fl
         colorbar = ax.collections[0].colorbar
         if vmin <= threshold <= vmax:
             colorbar.ax.axhline(threshold, color="red", linewidth=2)
-        ax.set_title(t("fig.outlined", lang, threshold=f"{threshold:g}"), fontsize=8)
+        ax.set_title(t("fig.outlined", lang, threshold=short_number(threshold, lang)), fontsize=8)
     return figure_uri(fig)
 
 

@@ -110,7 +110,7 @@ def test_classifier_settings_are_listed_when_recorded():
     heads = heads_frame()
     heads.attrs.update(config={"positional_min": 0.9}, probes={"n_windows": 7})
     html = sections.scores_section(heads)
-    assert "<td data-sort=\"positional_min\">positional_min</td>" in html and "n_windows" in html
+    assert "<td data-sort=\"positional_min\"><code>positional_min</code></td>" in html and "n_windows" in html
 
 
 def test_thresholds_from_frame_attrs_override_defaults():
