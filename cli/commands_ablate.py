@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import click
+
 from headlens.cli.options import (
     batch_size_option,
     command_line,
@@ -161,6 +162,10 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 
     metric = check_choice(method, metric)
     k = parse_control(control)
+    if report_path:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path, lang)  # fail before the work, not after
     if (check or graddrop) and not approx:
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
@@ -208,8 +213,9 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 
         command = command_line(click.get_current_context())
         shown = sweep_df if sweep_df is not None and "delta_loss" in sweep_df else None
-        render_report(report_path, model_info=model_info(loaded), sweep=shown, ablation=ablation, command=command,
-                      lang=lang)
+        written = render_report(report_path, model_info=model_info(loaded), sweep=shown, ablation=ablation,
+                                command=command, lang=lang)
+        click.echo(f"headlens: wrote {written}", err=True)
 
 
 @click.command("prune")
@@ -238,6 +244,10 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
     from headlens.corpus import open_text
     from headlens.models import load_model
 
+    if report_path:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path, lang)  # fail before the work, not after
     text = open_text(text_path) if text_path else None
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
@@ -262,9 +272,12 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
             click.echo(_order_line(order))
     if report_path:
         from headlens.reports import render_report
+        from headlens.reports.i18n import t
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command, lang=lang)
+        written = render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command,
+                                text_label=text_path or t("text_label.default", lang), lang=lang)
+        click.echo(f"headlens: wrote {written}", err=True)
 
 
 def _order_line(order: dict) -> str:

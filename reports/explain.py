@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from headlens.reports.i18n import DEFAULT_LANG, t
-
 from headlens.labels import ClassifyConfig
+from headlens.reports.i18n import DEFAULT_LANG, t
 
 
 @dataclass(frozen=True)

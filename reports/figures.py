@@ -11,10 +11,11 @@ import io
 
 import numpy as np
 import pandas as pd
-from headlens.reports.i18n import DEFAULT_LANG, short_number, t
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+from headlens.reports.i18n import DEFAULT_LANG, short_number, t
 
 # Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap.
 FIGURE_DPI = 80

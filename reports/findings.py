@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from headlens.reports import explain
-from headlens.reports.i18n import DEFAULT_LANG, has, number, t
-from headlens.reports.sections import esc, label_list, section, table
 
 from headlens.classify import SOURCE_COLUMNS, SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.labels import LABELS
+from headlens.reports import explain
+from headlens.reports.i18n import DEFAULT_LANG, has, number, t
+from headlens.reports.sections import esc, label_list, section, table
 
 
 def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dict]:

@@ -10,17 +10,17 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
-import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 
 import pandas as pd
-from headlens.reports import findings, sections, thumbnails
-from headlens.reports import viewer as viewer_mod
-from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 
 from headlens import __version__, files
 from headlens.errors import HeadlensError, OutputPathError
+from headlens.reports import findings, sections, thumbnails
+from headlens.reports import viewer as viewer_mod
+from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 
 # Characters of the sample text quoted in the summary (the viewer holds the tokens themselves).
 TEXT_EXCERPT_CHARS = 600
@@ -59,15 +59,23 @@ def check_output_path(path, lang: str = DEFAULT_LANG) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputPathError(t("error.cannot_create_folder", lang, path=path, reason=exc.strerror or exc)) from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(t("error.folder_not_writable", lang, path=path, folder=parent))
+    try:  # the real test (os.access says yes to root on a read-only file system)
+        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check")
+    except OSError:
+        raise OutputPathError(t("error.folder_not_writable", lang, path=path, folder=parent)) from None
+    probe.close()
     return path
 
 
 def write_atomic(path: Path, text: str, lang: str = DEFAULT_LANG) -> None:
-    """headlens.files.write_atomic, with a failure reported as OutputPathError."""
+    """headlens.files.write_atomic, with a failure reported once, as OutputPathError in `lang`."""
     try:
         files.write_atomic(path, text)
+    except OutputPathError as exc:
+        reason = exc.__context__.strerror if isinstance(exc.__context__, OSError) else None
+        if not reason:
+            raise
+        raise OutputPathError(t("error.cannot_write", lang, path=path, reason=reason)) from None
     except OSError as exc:
         raise OutputPathError(t("error.cannot_write", lang, path=path, reason=exc.strerror or exc)) from None
 

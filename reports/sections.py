@@ -13,10 +13,10 @@ import re
 
 import numpy as np
 import pandas as pd
-from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, integer, short_number, t
 
 from headlens.labels import LABELS
+from headlens.reports import explain, figures
+from headlens.reports.i18n import DEFAULT_LANG, column_heading, integer, short_number, t
 
 
 def esc(value) -> str:
@@ -127,7 +127,8 @@ def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
         threshold = thresholds.get(info.column)
         uri = figures.score_heatmap_uri(heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
                                         lang=lang)
-        cut = " " + t("scores.threshold", lang, threshold=short_number(threshold, lang)) if threshold is not None else ""
+        cut = ("" if threshold is None else
+               " " + t("scores.threshold", lang, threshold=short_number(threshold, lang)))
         yield info, uri, cut
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from headlens.reports.i18n import t
 
 from headlens.labels import LABELS
+from headlens.reports.i18n import t
 
 pytestmark = pytest.mark.browser
 
@@ -121,6 +121,7 @@ def embedded_report(request, tmp_path_factory):
     """`headlens report tiny` (the embedded model) through the CLI, as `make demo` runs it, in English
     and in Spanish (every browser test runs on both)."""
     from click.testing import CliRunner
+
     from headlens.cli.main import cli
 
     out = tmp_path_factory.mktemp(f"browser-{request.param}") / "report.html"
@@ -268,10 +269,10 @@ def test_clicking_a_pattern_enlarges_it(driver, embedded_report):
 def planted_report(tmp_path_factory):
     """The planted model (tests/planted.py, seed 0) classified and reported: its labelled heads are known
     by construction."""
-    from headlens.reports import render_report
     from planted import PLANTED_TEXT, build_planted
 
     from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.reports import render_report
     from headlens.samples import sample_patterns
 
     planted = build_planted(0)
@@ -298,7 +299,6 @@ def test_summary_lists_every_planted_head_and_no_other(driver, planted_report):
 @pytest.fixture(scope="module")
 def nasty_report(small_model, tmp_path_factory):
     from headlens.reports import render_report
-
     from headlens.samples import sample_patterns
 
     spec = small_model.spec

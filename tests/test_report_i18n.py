@@ -10,10 +10,10 @@ from html.parser import HTMLParser
 from importlib import resources
 
 import pytest
-from headlens.reports import EmptyReportError, i18n, render_report
 from test_reports import MODEL_INFO, heads_frame, sweep_frame, training_pair, validation_frame, viewer_dict
 
 from headlens.errors import ConfigError, OutputPathError
+from headlens.reports import EmptyReportError, i18n, render_report
 
 # English function words that are not Spanish words: a sentence left in English carries some of them.
 ENGLISH_WORDS = {"the", "and", "of", "with", "is", "are", "from", "this", "that", "each", "every", "which", "to",
@@ -102,8 +102,9 @@ def spanish_page(tmp_path_factory):
                             "heads_removed": ["", "0.1"], "loss": [3.0, 3.1]})
     validation = validation_frame(fail_layer=1)
     validation.attrs.update(text_source="texto-dado", n_tokens=42)
-    path = render_report(tmp_path_factory.mktemp("es") / "es.html", model_info={**MODEL_INFO, "name": "modelo", "n_params": 462464},
-                         heads=heads, sweep=sweep_frame(), ablation=[one, controlled], pruning=pruning, validation=validation,
+    path = render_report(tmp_path_factory.mktemp("es") / "es.html",
+                         model_info={**MODEL_INFO, "name": "modelo", "n_params": 462464}, heads=heads,
+                         sweep=sweep_frame(), ablation=[one, controlled], pruning=pruning, validation=validation,
                          training=training_pair(), viewer=viewer_dict(), command="headlens report modelo",
                          text_label="texto.txt", lang="es")
     return path.read_text(encoding="utf-8")

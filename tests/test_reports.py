@@ -13,11 +13,11 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+
+from headlens.errors import OutputPathError
 from headlens.reports import EmptyReportError, explain, figures, findings, render_report, sections, thumbnails
 from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
-
-from headlens.errors import OutputPathError
 
 N_LAYERS, N_HEADS, POS = 2, 3, 5
 MODEL_INFO = {"name": "hand-made", "n_layers": N_LAYERS, "n_heads": N_HEADS, "d_head": 16, "d_model": 48,
