@@ -51,7 +51,7 @@ def format_option(*choices: str, default: str = "table"):
         return value
 
     return click.option("--format", "fmt", default=default, show_default=True, callback=check,
-                        help=" | ".join(choices))
+                        metavar="|".join(choices), help=" | ".join(choices))
 
 
 def progress_option(func):
