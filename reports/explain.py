@@ -2,7 +2,7 @@
 
 Plain-language text shown next to every heatmap (from the message catalogue, headlens.reports.i18n).
 Definitions and thresholds follow
-REFERENCES.md; the thresholds here are the published ones and are replaced by the classifier's
+the papers cited with each score; the thresholds here are the published ones and are replaced by the classifier's
 own (`heads.attrs["thresholds"]`, or `headlens.labels.ClassifyConfig` defaults) when known.
 """
 

@@ -85,7 +85,7 @@ def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=No
                   lang: str = DEFAULT_LANG) -> Path:
     """Write one self-contained HTML report to `path` and return it.
 
-    Inputs are the library's results (schemas in notes/contracts): `heads` from classify_heads,
+    Inputs are the library's results (each schema in its function's docstring): `heads` from classify_heads,
     `sweep` from sweep_heads, `ablation` an ablate_heads dict (or a list of them), `pruning` from
     prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
     load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]).

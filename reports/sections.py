@@ -310,6 +310,11 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
              share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
     note = (t("training.change", lang, step=change, rule=rule) if change is not None
             else t("training.no_change", lang, rule=rule))
+    icl = log["icl_score"].dropna() if "icl_score" in log else ()
+    if len(icl):  # the sign the plot shows, said in words beside "more negative is better"
+        last = float(icl.iloc[-1])
+        note += " " + t("training.icl_last", lang, value=short_number(last, lang, "+.3f"),
+                        verdict=t("training.icl_gain" if last < 0 else "training.icl_no_gain", lang))
     return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
             + figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
 

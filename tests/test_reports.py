@@ -1,4 +1,4 @@
-"""Report rendering from small hand-made frames of the library's schemas (notes/contracts)."""
+"""Report rendering from small hand-made frames of the library's schemas (classify_heads, sweep_heads, ...)."""
 
 from __future__ import annotations
 
