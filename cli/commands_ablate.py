@@ -275,6 +275,7 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
         from headlens.reports.i18n import t
 
         command = command_line(click.get_current_context())
+        curve.attrs.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
         written = render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command,
                                 text_label=text_path or t("text_label.default", lang), lang=lang)
         click.echo(f"headlens: wrote {written}", err=True)

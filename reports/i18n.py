@@ -68,6 +68,11 @@ def short_number(value: float, lang: str = DEFAULT_LANG, spec: str = "g") -> str
     return _localize(f"{value:{spec}}", lang)
 
 
+def percent(share: float, lang: str = DEFAULT_LANG) -> str:
+    """A share as a percentage: "5%" in English, "5 %" in Spanish (a no-break space before the sign)."""
+    return short_number(100 * share, lang) + ("%" if lang == "en" else "\u00a0%")
+
+
 def integer(value: int, lang: str = DEFAULT_LANG) -> str:
     """A whole number with `lang`'s thousands separator (Spanish groups only numbers of 5 digits or more)."""
     if lang == "es" and abs(int(value)) < 10_000:

@@ -109,7 +109,7 @@ def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=No
 def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruning, validation, training,
                viewer, lang: str = DEFAULT_LANG) -> str:
     """The whole HTML document as a string: what the heads do first, then the details in reading order."""
-    excerpt = (viewer or {}).get("text")
+    excerpt = once((viewer or {}).get("text"), bool((viewer or {}).get("repeated")))
     if isinstance(excerpt, str) and len(excerpt) > TEXT_EXCERPT_CHARS:
         excerpt = excerpt[:TEXT_EXCERPT_CHARS] + " [...]"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -123,7 +123,8 @@ def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruni
     if heads is not None:
         add("findings", findings.findings_section(heads, sweep, ablation, lang))
     add("summary", sections.summary_section(model_info, version=__version__, date=date, command=command,
-                                            text_label=text_label, text_excerpt=excerpt, lang=lang))
+                                            text_label=text_label, text_excerpt=excerpt, lang=lang,
+                                            repeated=excerpt != (viewer or {}).get("text")))
     if heads is not None:
         add("kv-groups", findings.kv_groups_section(heads, lang))
         add("scores", sections.scores_section(heads, lang))
@@ -132,12 +133,22 @@ def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruni
         add("viewer", viewer_mod.viewer_section(viewer, heads, lang))
     if sweep is not None or ablation is not None or pruning is not None:
         add("ablation", sections.ablation_section(sweep, ablation, pruning, lang))
+        if sweep is None and ablation is None:  # a pruning page: named for what it holds
+            nav[-1] = ("ablation", t("nav.pruning", lang))
     if validation is not None:
         add("validation", sections.validation_section(validation, lang))
     if training is not None:
         add("training", sections.training_section(training, lang))
     return page_html(title=t("page.title", lang, name=model_info.get("name", "model")), nav=nav, body=body,
                      lang=lang)
+
+
+def once(text, repeated: bool):
+    """A repeated sample's text (the segment twice, no separator) as its one segment; other text as it is."""
+    if not repeated or not isinstance(text, str) or len(text) % 2:
+        return text
+    half = len(text) // 2
+    return text[:half] if text[:half] == text[half:] else text
 
 
 def page_html(*, title: str, nav: list[tuple[str, str]], body: list[str], lang: str) -> str:

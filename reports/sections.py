@@ -16,7 +16,7 @@ import pandas as pd
 
 from headlens.labels import LABELS
 from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, integer, short_number, t
+from headlens.reports.i18n import DEFAULT_LANG, column_heading, integer, percent, short_number, t
 
 
 def esc(value) -> str:
@@ -84,7 +84,8 @@ def details(summary: str, body: str) -> str:
 
 
 def summary_section(model_info: dict, *, version: str, date: str, command: str | None,
-                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG) -> str:
+                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG,
+                    repeated: bool = False) -> str:
     """Model, shape, parameter count, text used, version, date and the command that rebuilds the page."""
     info = model_info
     unknown = "?"
@@ -104,7 +105,8 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
     body = f'<table class="summary">{rows}</table>'
     body += f"<p>{esc(t('summary.reproduce', lang))}</p><pre class=\"command\">{esc(command or missing)}</pre>"
     if text_excerpt:
-        body += f"<p>{esc(t('summary.sample', lang))}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
+        heading = t("summary.sample_repeated" if repeated else "summary.sample", lang)
+        body += f"<p>{esc(heading)}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
     return section("summary", t("summary.title", lang), body)
 
 
@@ -226,9 +228,32 @@ def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame
     parts.append(control_block(ablation, lang))
     if pruning is not None:
         parts.append(f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
-                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang)))
+                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang))
+                     + pruning_summary(pruning, lang))
         parts.append(details(t("ablation.pruning_table", lang), table(pruning.reset_index(drop=True), lang=lang)))
-    return section("ablation", t("ablation.title", lang), "\n".join(parts))
+    only_pruning = sweep is None and not ablation_rows(ablation)
+    return section("ablation", t("pruning.title" if only_pruning else "ablation.title", lang), "\n".join(parts))
+
+
+def pruning_summary(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+    """What the CLI prints under the curve, from its attrs: heads that can go within the tolerance, and
+    whether labelled heads are removed later (the role-order permutation test); "" when not recorded."""
+    facts, lines = pruning.attrs, []
+    if "heads_within" in facts:
+        lines.append(t("pruning.within", lang, n_ok=facts["heads_within"], n_total=facts.get("n_heads", "?"),
+                       tolerance=percent(facts.get("tolerance", 0.05), lang),
+                       loss=short_number(float(pruning["loss"].iloc[0]), lang, ".4f")))
+    order = facts.get("removal_by_role")
+    if order:
+        if order.get("p_value") is None:
+            lines.append(t("pruning.order_none", lang, n_labelled=order["n_labelled"],
+                           n_unlabelled=order["n_unlabelled"]))
+        else:
+            lines.append(t("pruning.order", lang, n_labelled=order["n_labelled"], n_unlabelled=order["n_unlabelled"],
+                           labelled=short_number(order["mean_rank_labelled"], lang, ".2f"),
+                           unlabelled=short_number(order["mean_rank_unlabelled"], lang, ".2f"),
+                           p=short_number(order["p_value"], lang, ".4g")))
+    return "".join(f"<p>{esc(line)}</p>" for line in lines)
 
 
 def ablation_rows(ablation) -> list[dict]:
@@ -307,7 +332,7 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
     change = figures.phase_change_step(log)
     rule = t("training.rule", lang, low=short_number(figures.PHASE_LOW, lang),
              high=short_number(figures.PHASE_HIGH, lang),
-             share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
+             share=percent(figures.PHASE_WINDOW_SHARE, lang))
     note = (t("training.change", lang, step=change, rule=rule) if change is not None
             else t("training.no_change", lang, rule=rule))
     icl = log["icl_score"].dropna() if "icl_score" in log else ()

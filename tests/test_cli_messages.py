@@ -143,3 +143,28 @@ def test_classify_says_where_it_wrote(tmp_path):
     assert result.exit_code == 0, result.output
     assert f"headlens: wrote {out / 'heads.csv'} and {out / 'heads.json'}" in result.stderr
     assert f"headlens: wrote {report}" in result.stderr and report.is_file()
+
+
+def test_command_line_records_every_option_given_and_nothing_else():
+    import click
+
+    from headlens.cli.options import command_line
+
+    seen = {}
+
+    @click.command("demo")
+    @click.argument("model", required=False)
+    @click.option("--bos/--no-bos", default=True)
+    @click.option("--sweep", is_flag=True)
+    @click.option("--batch-size", default=None)
+    @click.option("--seed", default=0, type=int)
+    @click.option("--threshold", multiple=True)
+    @click.pass_context
+    def demo(ctx, **kwargs):
+        seen["line"] = command_line(ctx)
+
+    CliRunner().invoke(demo, ["tiny", "--no-bos", "--seed", "0", "--threshold", "a=1", "--threshold", "b=2"])
+    # --no-bos kept, --seed 0 kept although it is the default (it was typed), nothing invented
+    assert seen["line"] == "headlens demo tiny --no-bos --seed 0 --threshold a=1 --threshold b=2"
+    CliRunner().invoke(demo, [])
+    assert seen["line"] == "headlens demo"

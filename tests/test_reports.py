@@ -257,7 +257,8 @@ def test_kv_groups_show_shared_heads_and_whether_roles_agree():
                                (layer, head), [])}
                           for layer in range(2) for head in range(4)])
     html = findings.kv_groups_section(heads)
-    assert "4 groups of query heads; all heads took the same role(s) in 1, different roles in 1" in html
+    assert ("Of its 4 groups of query heads, 1 have heads that all took the same role(s), 1 have heads with "
+            "different roles, and 2 have no head with a role.") in html
     assert "0.0, 0.1" in html and "1.0: induction; 1.1: -" in html
     one_per_group = heads.assign(kv_group=heads["head"])  # multi-head attention: nothing to show
     assert findings.kv_groups_section(one_per_group) == "" and findings.kv_groups_section(heads_frame()) == ""
