@@ -31,3 +31,20 @@ def test_pruning_page_is_titled_pruning_and_summarised():
     assert '<a href="#ablation">Pruning</a>' in page
     assert "2 of 8 heads can go within +5% loss" in page
     assert "p = 0.04" in page
+
+
+def test_score_heatmaps_are_drawn_large_enough_to_read():
+    """A cell of at least 50 px (numbers of 10 pt = 11 px at the figures' 80 dpi), for tiny's 2 x 4 heads."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from headlens.reports import figures
+
+    heads = pd.DataFrame([{"layer": layer, "head": head, "prev_token_score": 0.1 * head}
+                          for layer in range(2) for head in range(4)])
+    uri = figures.score_heatmap_uri(heads, "prev_token_score", vmin=0, vmax=1, threshold=0.4, lang="es")
+    width, height = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).size
+    assert width >= 4 * 50 + 150 and height >= 2 * 40 + 80, (width, height)
+    assert figures.CELL_FONT_POINTS * figures.FIGURE_DPI / 72 >= 10  # cell numbers of 10 px or more
