@@ -265,6 +265,46 @@ def test_clicking_a_pattern_enlarges_it(driver, embedded_report):
     assert image.size["width"] == before
 
 
+def test_an_enlarged_pattern_closes_on_escape_and_on_a_click_elsewhere(driver, embedded_report):
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(driver, embedded_report)
+    image = driver.find_element("css selector", "#thumbnails .thumb img")
+    driver.execute_script("arguments[0].scrollIntoView()", image)
+    before = image.size["width"]
+    image.click()
+    assert image.size["width"] > 1.5 * before
+    driver.find_element("css selector", "body").send_keys(Keys.ESCAPE)
+    assert image.size["width"] == before
+    image.click()
+    assert image.size["width"] > 1.5 * before
+    driver.execute_script("document.querySelector('h1').click()")  # anywhere outside the pattern
+    assert image.size["width"] == before
+
+
+@pytest.fixture(scope="module")
+def gqa_report(tmp_path_factory):
+    """`headlens report tiny-gqa`: 8 heads a layer, whose strips in one row would be 1,600 px wide."""
+    from click.testing import CliRunner
+
+    from headlens.cli.main import cli
+
+    out = tmp_path_factory.mktemp("browser-gqa") / "report.html"
+    result = CliRunner().invoke(cli, ["report", "tiny-gqa", "--controls", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_head_strips_wrap_inside_the_page(driver, gqa_report):
+    """Every head's strip is there, and none reaches past the page's 1,200 px column."""
+    open_page(driver, gqa_report)
+    canvases = driver.find_elements("css selector", "#viewer-grid canvas")
+    assert len(canvases) == 2 * 8  # tiny-gqa: 2 layers x 8 heads
+    right = driver.execute_script("return document.body.getBoundingClientRect().right")
+    for canvas in canvases:
+        assert driver.execute_script("return arguments[0].getBoundingClientRect().right", canvas) <= right + 1
+
+
 @pytest.fixture(scope="module")
 def planted_report(tmp_path_factory):
     """The planted model (tests/planted.py, seed 0) classified and reported: its labelled heads are known
