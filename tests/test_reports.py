@@ -378,10 +378,15 @@ def test_unwritable_folder_raises(tmp_path, monkeypatch):
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes anywhere: deny through os.access instead
-        real_access = os.access
-        monkeypatch.setattr(render_module.os, "access",
-                            lambda path, mode: False if Path(path) == folder else real_access(path, mode))
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes anywhere: refuse the probe file instead
+        real_temp = render_module.tempfile.NamedTemporaryFile
+
+        def refuse(*args, dir=None, **kwargs):
+            if Path(dir) == folder:
+                raise PermissionError(13, "Permission denied")
+            return real_temp(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(render_module.tempfile, "NamedTemporaryFile", refuse)
     try:
         with pytest.raises(OutputPathError, match="not writable"):
             render_report(folder / "r.html", model_info=MODEL_INFO, validation=validation_frame())
