@@ -29,10 +29,11 @@ test: $(STAMP) models
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
-# Everything except the `slow` and `browser` tests: the edit-test loop.
+# Everything except the `slow`, `browser` and `notebook` tests: the edit-test loop (one planted-ground-truth
+# test stays in it: tests/test_planted.py).
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests -m "not slow and not browser"
+	$(BIN)/python -m pytest -q tests -m "not slow and not browser and not notebook"
 
 # Debian's chromium + chromium-driver for the browser tests (tests/test_browser.py, marked `browser`);
 # needs root (CI runs as root). Skipped when both are already installed.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import click
+
 from headlens.cli.options import (
     batch_size_option,
     command_line,
@@ -174,6 +175,10 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
     metric = check_choice(method, metric)
     k = parse_control(control)
     each = spec.strip().lower() == EACH
+    if report_path:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path, lang)  # fail before the work, not after
     if (check or graddrop) and not approx:
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
@@ -211,8 +216,9 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation, command=command,
-                      lang=lang)
+        written = render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation,
+                                command=command, lang=lang)
+        click.echo(f"headlens: wrote {written}", err=True)
 
 
 def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, progress: bool):
@@ -271,6 +277,10 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
     from headlens.corpus import open_text
     from headlens.models import load_model
 
+    if report_path:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path, lang)  # fail before the work, not after
     text = open_text(text_path) if text_path else None
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
@@ -293,9 +303,13 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
             click.echo(_order_line(order))
     if report_path:
         from headlens.reports import render_report
+        from headlens.reports.i18n import t
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command, lang=lang)
+        curve.attrs.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
+        written = render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command,
+                                text_label=text_path or t("text_label.default", lang), lang=lang)
+        click.echo(f"headlens: wrote {written}", err=True)
 
 
 def _order_line(order: dict) -> str:

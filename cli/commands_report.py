@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 
 import click
+
 from headlens.cli.options import lang_option, model_argument, model_info, placement_options, progress_option
 
 
@@ -87,16 +88,15 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang,
                    progress, placement) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
-    from headlens.reports import render_report
-    from headlens.reports.i18n import t
-    from headlens.reports.render import check_output_path
-    from headlens.reports.viewer import default_viewer_tokens
-
     from headlens import distributed
     from headlens.classify import classify_heads
     from headlens.heads import parse_heads
     from headlens.models import load_model
     from headlens.probes import default_text, read_text
+    from headlens.reports import render_report
+    from headlens.reports.i18n import t
+    from headlens.reports.render import check_output_path
+    from headlens.reports.viewer import default_viewer_tokens
     from headlens.samples import sample_patterns
     from headlens.validate import validate_model
 

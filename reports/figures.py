@@ -11,22 +11,27 @@ import io
 
 import numpy as np
 import pandas as pd
-from headlens.reports.i18n import DEFAULT_LANG, t
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter
 
 from headlens import kinds
 from headlens.labels import label_list
+from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 
 # Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap.
 FIGURE_DPI = 80
 # Annotating every cell stays legible up to about this many cells (GPT-2 small has 144).
 MAX_ANNOTATED_CELLS = 400
+# A heatmap cell and its number: 0.75 in x 80 dpi = 60 px wide, numbers of 10 pt = 11 px (tiny's 2 x 4 map
+# comes out about 460 x 240 px, readable without zooming).
+CELL_INCHES, CELL_FONT_POINTS = 0.75, 10
 # A rise of the best prefix-matching score (range 0..1) between two checkpoints that counts as a phase
-# change: REFERENCES records 0.04 -> 0.63 within ~125 steps; a run with no induction head drifts by ~0.001.
+# change (Olsson et al. 2022 see induction heads form within a small share of training); a run with no
+# induction head drifts by ~0.001.
 PHASE_LOW, PHASE_HIGH, PHASE_WINDOW_SHARE = 0.2, 0.5, 0.2  # < 0.2 -> > 0.5 within 1/5 of training
 
 
@@ -52,11 +57,14 @@ def _heatmap(grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: 
     import seaborn as sns
 
     n_layers, n_heads = grid.shape
-    fig = Figure(figsize=(max(3.5, 0.55 * n_heads + 1.6), max(2.2, 0.42 * n_layers + 1.0)))
+    fig = Figure(figsize=(max(5.0, CELL_INCHES * n_heads + 2.0), max(3.0, 0.7 * CELL_INCHES * n_layers + 1.4)))
     ax = fig.add_subplot()
-    annotate = grid.size <= MAX_ANNOTATED_CELLS
-    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annotate, fmt=".2f",
-                annot_kws={"fontsize": 7}, linewidths=0.5, linecolor="white", cbar_kws={"label": label})
+    values = grid.to_numpy(dtype=float)  # [layer, head]
+    annot = (np.vectorize(lambda v: "" if np.isnan(v) else number(v, lang))(values)
+             if grid.size <= MAX_ANNOTATED_CELLS else False)  # numbers in the report's language
+    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annot, fmt="",
+                annot_kws={"fontsize": CELL_FONT_POINTS}, linewidths=0.5, linecolor="white", cbar_kws={"label": label})
+    ax.collections[0].colorbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: short_number(v, lang)))
     ax.set_xlabel(t("fig.head", lang))
     ax.set_ylabel(t("fig.layer", lang))
     return fig, ax
@@ -74,7 +82,7 @@ def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: fl
         colorbar = ax.collections[0].colorbar
         if vmin <= threshold <= vmax:
             colorbar.ax.axhline(threshold, color="red", linewidth=2)
-        ax.set_title(t("fig.outlined", lang, threshold=f"{threshold:g}"), fontsize=8)
+        ax.set_title(t("fig.outlined", lang, threshold=short_number(threshold, lang)), fontsize=8)
     return figure_uri(fig)
 
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, has, number, t
-from headlens.reports.sections import esc, figure, metric_words, result_delta, results_list, section, table
 
 from headlens import kinds
 from headlens.labels import ROLES, head_strength, label_list, roles_of
 from headlens.probe_runs import SOURCE_DEFAULT, SOURCE_GIVEN
+from headlens.reports import explain, figures
+from headlens.reports.i18n import DEFAULT_LANG, has, number, short_number, t
+from headlens.reports.sections import esc, figure, metric_words, result_delta, results_list, section, table
 
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
 TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
@@ -164,7 +164,7 @@ def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang:
     strongest = ", ".join(f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
                           for row, _ in sinks[:SINK_EXAMPLES])
     text = t("findings.sinks", lang, n_sinks=len(sinks), n_heads=len(records),
-             threshold=f"{threshold:g}" if threshold is not None else "?",
+             threshold=short_number(threshold, lang) if threshold is not None else "?",
              n_sink_only=sum(1 for _, names in sinks if not roles_of(names)), heads=strongest)
     return (f'<div class="role property" id="role-first_token"><h3>{esc(t("findings.sinks_title", lang))}</h3>'
             f"<p>{esc(text)}</p></div>")

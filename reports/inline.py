@@ -23,6 +23,7 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
+
 from headlens.reports import explain, figures, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, safe_json, viewer_payload

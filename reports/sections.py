@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
-from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, t
 
 from headlens import kinds
 from headlens.ablation.metrics import ALIASES, KIND, UNIT
 from headlens.labels import PROPERTIES, ROLES, label_list, rank_heads
+from headlens.reports import explain, figures
+from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, t
 
 
 def esc(value) -> str:
@@ -35,19 +36,27 @@ def figure(uri: str, alt: str, caption: str = "") -> str:
     return f'<figure><img src="{uri}" alt="{esc(alt)}">{cap}</figure>'
 
 
+# Columns whose cells are names from the code or the command line (a setting, a metric, a method, a
+# validated quantity and its reference): shown as code, the same in every language.
+IDENTIFIER_COLUMNS = {"setting", "method", "metric", "quantity", "reference"}
+
+
 def format_cell(value, lang: str = DEFAULT_LANG) -> tuple[str, str]:
-    """(shown text, sort key) of one table cell."""
+    """(shown text, sort key) of one table cell, numbers in `lang`'s convention."""
+    if value is None:
+        return t("cell.unset", lang), ""
     if isinstance(value, (list, tuple, np.ndarray)):
-        text = ", ".join(str(v) for v in value)
+        text = "; ".join(format_cell(v, lang)[0] for v in value)
         return text, text
     if isinstance(value, (bool, np.bool_)):
         return t("cell.yes" if value else "cell.no", lang), str(int(value))
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "", "-inf"
-        return (f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"), repr(float(value))
+        return (short_number(value, lang, ".4g") if abs(value) < 1e4 else integer(round(value), lang)), repr(
+            float(value))
     if isinstance(value, (int, np.integer)):
-        return str(value), str(int(value))
+        return integer(value, lang), str(int(value))
     return str(value), str(value)
 
 
@@ -58,11 +67,13 @@ def table(frame: pd.DataFrame, *, sortable: bool = True, row_class=None, lang: s
     head = "".join(f'<th scope="col" data-column="{esc(column)}" title="{esc(column)}">'
                    f"{esc(column_heading(column, lang))}</th>" for column in frame.columns)
     rows = []
+    code = [column in IDENTIFIER_COLUMNS for column in frame.columns]
     for values in frame.itertuples(index=False, name=None):  # keeps each column's dtype (iterrows does not)
         cells = []
-        for value in values:
+        for value, is_code in zip(values, code, strict=True):
             text, key = format_cell(value, lang)
-            cells.append(f'<td data-sort="{esc(key)}">{esc(text)}</td>')
+            shown = f"<code>{esc(text)}</code>" if is_code else esc(text)
+            cells.append(f'<td data-sort="{esc(key)}">{shown}</td>')
         css = row_class(dict(zip(frame.columns, values, strict=True))) if row_class else ""
         rows.append(f"<tr{f' class={chr(34)}{esc(css)}{chr(34)}' if css else ''}>{''.join(cells)}</tr>")
     cls = (' class="sortable"' if sortable else "") + (f' id="{esc(table_id)}"' if table_id else "")
@@ -76,7 +87,8 @@ def details(summary: str, body: str) -> str:
 
 
 def summary_section(model_info: dict, *, version: str, date: str, command: str | None,
-                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG) -> str:
+                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG,
+                    repeated: bool = False) -> str:
     """Model, shape, parameter count, text used, version, date and the command that rebuilds the page."""
     info = model_info
     unknown = "?"
@@ -89,7 +101,7 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
         (t("summary.shape", lang), shape_text(info, lang)),
         (t("summary.context", lang), t("summary.context_value", lang, d_model=info.get("d_model", unknown),
                                        n_ctx=info.get("n_ctx", unknown))),
-        (t("summary.parameters", lang), f"{params:,}" if isinstance(params, int) else (params or unknown)),
+        (t("summary.parameters", lang), integer(params, lang) if isinstance(params, int) else (params or unknown)),
         (t("summary.text_used", lang), text_label or missing),
         (t("summary.version", lang), version),
         (t("summary.date", lang), date),
@@ -98,7 +110,8 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
     body = f'<table class="summary">{rows}</table>'
     body += f"<p>{esc(t('summary.reproduce', lang))}</p><pre class=\"command\">{esc(command or missing)}</pre>"
     if text_excerpt:
-        body += f"<p>{esc(t('summary.sample', lang))}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
+        heading = t("summary.sample_repeated" if repeated else "summary.sample", lang)
+        body += f"<p>{esc(heading)}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
     return section("summary", t("summary.title", lang), body)
 
 
@@ -131,7 +144,8 @@ def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
         threshold = thresholds.get(info.column)
         uri = figures.score_heatmap_uri(heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
                                         lang=lang)
-        cut = " " + t("scores.threshold", lang, threshold=f"{threshold:g}") if threshold is not None else ""
+        cut = ("" if threshold is None else
+               " " + t("scores.threshold", lang, threshold=short_number(threshold, lang)))
         yield info, uri, cut
 
 
@@ -151,7 +165,8 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     parts.append(table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"])))
     settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
     if settings:
-        frame = pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
+        frame = pd.DataFrame({"setting": list(settings),
+                              "value": pd.Series(list(settings.values()), dtype=object)})
         parts.append(details(t("scores.settings", lang), table(frame, sortable=False, lang=lang)))
     return section("scores", t("scores.title", lang), "\n".join(parts))
 
@@ -269,9 +284,32 @@ def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame
     parts.append(control_block(ablation, lang))
     if pruning is not None:
         parts.append(f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
-                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang)))
+                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang))
+                     + pruning_summary(pruning, lang))
         parts.append(details(t("ablation.pruning_table", lang), table(pruning.reset_index(drop=True), lang=lang)))
-    return section("ablation", t("ablation.title", lang), "\n".join(parts))
+    only_pruning = sweep is None and not ablation_rows(ablation)
+    return section("ablation", t("pruning.title" if only_pruning else "ablation.title", lang), "\n".join(parts))
+
+
+def pruning_summary(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+    """What the CLI prints under the curve, from its attrs: heads that can go within the tolerance, and
+    whether labelled heads are removed later (the role-order permutation test); "" when not recorded."""
+    facts, lines = pruning.attrs, []
+    if "heads_within" in facts:
+        lines.append(t("pruning.within", lang, n_ok=facts["heads_within"], n_total=facts.get("n_heads", "?"),
+                       tolerance=percent(facts.get("tolerance", 0.05), lang),
+                       loss=short_number(float(pruning["loss"].iloc[0]), lang, ".4f")))
+    order = facts.get("removal_by_role")
+    if order:
+        if order.get("p_value") is None:
+            lines.append(t("pruning.order_none", lang, n_labelled=order["n_labelled"],
+                           n_unlabelled=order["n_unlabelled"]))
+        else:
+            lines.append(t("pruning.order", lang, n_labelled=order["n_labelled"], n_unlabelled=order["n_unlabelled"],
+                           labelled=short_number(order["mean_rank_labelled"], lang, ".2f"),
+                           unlabelled=short_number(order["mean_rank_unlabelled"], lang, ".2f"),
+                           p=short_number(order["p_value"], lang, ".4g")))
+    return "".join(f"<p>{esc(line)}</p>" for line in lines)
 
 
 def ablation_rows(ablation) -> list[dict]:
@@ -297,18 +335,35 @@ def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
         if not control:
             continue
         deltas = sorted(control["deltas"])
-        rows.append({"heads": result.get("chosen_by", ",".join(map(str, result["heads"]))),
+        rows.append({"heads": chosen_by_text(result, lang),
                      "chosen": ",".join(map(str, result["heads"])), "metric": result["metric"],
                      "method": result["method"], "delta": result["delta"],
-                     "random sets": control["k"], "random median": deltas[len(deltas) // 2],
-                     "random min": deltas[0], "random max": deltas[-1],
-                     "rank": f"{control['rank']} of {control['k'] + 1}", "p_value": control["p_value"],
-                     "possible sets": control.get("n_possible", control["k"]), "exact": bool(control.get("exact")),
-                     "smallest p": control.get("p_min", 1 / (1 + control["k"]))})
+                     "random_sets": control["k"], "random_median": deltas[len(deltas) // 2],
+                     "random_min": deltas[0], "random_max": deltas[-1],
+                     "rank": t("ablation.rank", lang, rank=control["rank"], n=control["k"] + 1),
+                     "p_value": control["p_value"], "possible_sets": control.get("n_possible", control["k"]),
+                     "exact": bool(control.get("exact")), "smallest_p": control.get("p_min", 1 / (1 + control["k"]))})
     if not rows:
         return ""
     return (f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>"
             + table(pd.DataFrame(rows), lang=lang))
+
+
+# ablate_heads's `chosen_by` for a role ("heads labelled induction by the labels given"), read back into
+# the catalogue's words; any other text is shown as it is.
+CHOSEN_BY = re.compile(r"heads labelled (?P<role>\S+) by (?P<source>the labels given|classifying the model.*)")
+
+
+def chosen_by_text(result: dict, lang: str = DEFAULT_LANG) -> str:
+    """How a result's heads were chosen, in `lang`; the head list when they were given by hand."""
+    chosen_by = result.get("chosen_by")
+    if not chosen_by:
+        return ",".join(map(str, result["heads"]))
+    found = CHOSEN_BY.fullmatch(chosen_by)
+    if not found:
+        return chosen_by
+    source = "ablation.source_given" if found["source"] == "the labels given" else "ablation.source_classified"
+    return t("ablation.chosen_role", lang, role=found["role"], source=t(source, lang))
 
 
 def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
@@ -330,10 +385,16 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
     the body of the page's training section and of the inline view."""
     log, heads = training
     change = figures.phase_change_step(log)
-    rule = t("training.rule", lang, low=f"{figures.PHASE_LOW:g}", high=f"{figures.PHASE_HIGH:g}",
-             share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
+    rule = t("training.rule", lang, low=short_number(figures.PHASE_LOW, lang),
+             high=short_number(figures.PHASE_HIGH, lang),
+             share=percent(figures.PHASE_WINDOW_SHARE, lang))
     note = (t("training.change", lang, step=change, rule=rule) if change is not None
             else t("training.no_change", lang, rule=rule))
+    icl = log["icl_score"].dropna() if "icl_score" in log else ()
+    if len(icl):  # the sign the plot shows, said in words beside "more negative is better"
+        last = float(icl.iloc[-1])
+        note += " " + t("training.icl_last", lang, value=short_number(last, lang, "+.3f"),
+                        verdict=t("training.icl_gain" if last < 0 else "training.icl_no_gain", lang))
     return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
             + figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
 

@@ -12,6 +12,7 @@ import json
 import math
 
 import numpy as np
+
 from headlens.reports.i18n import DEFAULT_LANG, js_messages, t
 from headlens.reports.sections import esc, labelled_heads, section
 

@@ -228,9 +228,8 @@ def test_resuming_a_store_of_the_old_rule_is_refused(strong_model, tmp_path):
 
 
 def test_role_experiments_and_their_report_block(strong_model, tmp_path):
-    from headlens.reports import render_report
-
     from headlens.ablation.ablate import role_experiments
+    from headlens.reports import render_report
 
     results = role_experiments(strong_model, control=3, seed=1, labels=LABELS)
     assert [(r["metric"], r["heads"]) for r in results] == [("repeat", ["1.1", "1.2"]), ("needle", ["1.1"])]

@@ -14,8 +14,8 @@ from itertools import combinations
 
 import pytest
 from click.testing import CliRunner
-from headlens.cli.main import cli
 
+from headlens.cli.main import cli
 from headlens.errors import ConfigError
 from headlens.heads import Head
 
@@ -71,6 +71,7 @@ def test_a_role_keeps_how_its_heads_were_chosen_in_json(small_model_dir, tmp_pat
 
 def test_needle_results_are_read_by_findings_inline_and_the_ablation_section():
     import pandas as pd
+
     from headlens.reports import findings, inline, sections
 
     needle = _result("needle", ["1.0"], -0.5)
@@ -99,6 +100,7 @@ def test_one_chart_per_metric_in_the_inline_view():
 
 def test_a_sweep_of_another_metric_is_drawn_in_its_unit():
     import pandas as pd
+
     from headlens.reports import inline, sections
 
     sweep = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "n": [10] * 4, "clean": [0.5] * 4,
@@ -174,6 +176,7 @@ def test_the_control_line_says_how_many_sets_exist(small_model_dir, tmp_path):
 
 def test_role_summaries_cite_the_ablation_and_its_control():
     import pandas as pd
+
     from headlens.reports import findings
 
     heads = pd.DataFrame({"layer": [1, 1], "head": [0, 2], "labels": [["induction"], ["induction"]],

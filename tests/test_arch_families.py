@@ -217,10 +217,10 @@ def test_stacked_sweep_on_a_padded_batch_equals_the_naive_loop(family):
 
 def test_an_unsupported_model_type_is_one_line_naming_the_supported_families(tmp_path):
     from click.testing import CliRunner
-    from headlens.cli.main import cli
     from transformers import BertConfig
 
     from headlens.arch import SUPPORTED_TYPES
+    from headlens.cli.main import cli
     from headlens.errors import UnsupportedModelError
     from headlens.models import build_model
 

@@ -180,8 +180,8 @@ def test_classify_reports_each_query_heads_key_value_group():
 
 def test_heads_command_lists_key_value_groups(tmp_path):
     from click.testing import CliRunner
-    from headlens.cli.main import cli
 
+    from headlens.cli.main import cli
     from headlens.models import save_model
 
     directory = save_model(build_family("llama-mqa"), tmp_path / "mqa")

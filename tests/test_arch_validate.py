@@ -60,8 +60,8 @@ def test_validate_command_on_a_grouped_query_model(tmp_path):
     import json
 
     from click.testing import CliRunner
-    from headlens.cli.main import cli
 
+    from headlens.cli.main import cli
     from headlens.models import save_model
 
     directory = save_model(build_family("qwen3-mqa"), tmp_path / "qwen3")

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from headlens.reports.i18n import t
 
 from headlens.labels import LABELS
+from headlens.reports.i18n import t
 
 pytestmark = pytest.mark.browser
 
@@ -121,6 +121,7 @@ def embedded_report(request, tmp_path_factory):
     """`headlens report tiny` (the embedded model) through the CLI, as `make demo` runs it, in English
     and in Spanish (every browser test runs on both)."""
     from click.testing import CliRunner
+
     from headlens.cli.main import cli
 
     out = tmp_path_factory.mktemp(f"browser-{request.param}") / "report.html"
@@ -264,14 +265,54 @@ def test_clicking_a_pattern_enlarges_it(driver, embedded_report):
     assert image.size["width"] == before
 
 
+def test_an_enlarged_pattern_closes_on_escape_and_on_a_click_elsewhere(driver, embedded_report):
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(driver, embedded_report)
+    image = driver.find_element("css selector", "#thumbnails .thumb img")
+    driver.execute_script("arguments[0].scrollIntoView()", image)
+    before = image.size["width"]
+    image.click()
+    assert image.size["width"] > 1.5 * before
+    driver.find_element("css selector", "body").send_keys(Keys.ESCAPE)
+    assert image.size["width"] == before
+    image.click()
+    assert image.size["width"] > 1.5 * before
+    driver.execute_script("document.querySelector('h1').click()")  # anywhere outside the pattern
+    assert image.size["width"] == before
+
+
+@pytest.fixture(scope="module")
+def gqa_report(tmp_path_factory):
+    """`headlens report tiny-gqa`: 8 heads a layer, whose strips in one row would be 1,600 px wide."""
+    from click.testing import CliRunner
+
+    from headlens.cli.main import cli
+
+    out = tmp_path_factory.mktemp("browser-gqa") / "report.html"
+    result = CliRunner().invoke(cli, ["report", "tiny-gqa", "--controls", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_head_strips_wrap_inside_the_page(driver, gqa_report):
+    """Every head's strip is there, and none reaches past the page's 1,200 px column."""
+    open_page(driver, gqa_report)
+    canvases = driver.find_elements("css selector", "#viewer-grid canvas")
+    assert len(canvases) == 2 * 8  # tiny-gqa: 2 layers x 8 heads
+    right = driver.execute_script("return document.body.getBoundingClientRect().right")
+    for canvas in canvases:
+        assert driver.execute_script("return arguments[0].getBoundingClientRect().right", canvas) <= right + 1
+
+
 @pytest.fixture(scope="module")
 def planted_report(tmp_path_factory):
     """The planted model (tests/planted.py, seed 0) classified and reported: its labelled heads are known
     by construction."""
-    from headlens.reports import render_report
     from planted import PLANTED_TEXT, build_planted
 
     from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.reports import render_report
     from headlens.samples import sample_patterns
 
     planted = build_planted(0)
@@ -298,7 +339,6 @@ def test_summary_lists_every_planted_head_and_no_other(driver, planted_report):
 @pytest.fixture(scope="module")
 def nasty_report(small_model, tmp_path_factory):
     from headlens.reports import render_report
-
     from headlens.samples import sample_patterns
 
     spec = small_model.spec

@@ -7,11 +7,11 @@ import math
 
 import pytest
 from click.testing import CliRunner
-from headlens.cli.main import cli
 from planted import PLANTED_TEXT
 
 from headlens import probes
 from headlens.classify import SCORE_COLUMNS, SOURCE_COLUMNS, ClassifyConfig, classify_heads
+from headlens.cli.main import cli
 from headlens.errors import ConfigError
 from headlens.labels import LABELS, config_with_thresholds, label_head, rank_heads
 
@@ -181,7 +181,7 @@ def test_cli_bad_text_is_one_line_exit_2(small_model_dir, tmp_path, content, mes
 
 @pytest.mark.parametrize("args, message", [
     (["--threshold", "bogus=0.3"], "unknown threshold 'bogus'"),
-    (["--threshold", "retrieval=2"], "retrieval_min = 2.0 is out of range"),
+    (["--threshold", "retrieval=2"], "--threshold retrieval=2.0 is out of range"),
     (["--threshold", "copying=abc"], "not a number"),
     (["--format", "xml"], "unknown format 'xml'"),
     (["--seq-len", "100"], "seq_len 100 is too long"),

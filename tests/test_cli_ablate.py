@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from click.testing import CliRunner
+
 from headlens.cli.main import cli
 
 KEYS = ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]  # every metric

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 from click.testing import CliRunner
+
 from headlens.cli.commands_report import reproduce_command
 from headlens.cli.main import cli
 
@@ -51,8 +52,8 @@ def test_report_end_to_end_on_a_small_model(small_report, small_model_dir):
 
 def test_single_head_bars_come_from_the_sweep_rows():
     import pandas as pd
-    from headlens.cli.commands_report import chosen_ablations
 
+    from headlens.cli.commands_report import chosen_ablations
     from headlens.heads import Head
 
     sweep = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "n_tokens": [50, 50], "delta_loss": [0.2, -0.1],

@@ -1,4 +1,4 @@
-"""Report rendering from small hand-made frames of the library's schemas (notes/contracts)."""
+"""Report rendering from small hand-made frames of the library's schemas (classify_heads, sweep_heads, ...)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+
+from headlens.errors import OutputPathError
 from headlens.reports import EmptyReportError, explain, figures, findings, render_report, sections, thumbnails
 from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
-
-from headlens.errors import OutputPathError
 
 N_LAYERS, N_HEADS, POS = 2, 3, 5
 MODEL_INFO = {"name": "hand-made", "n_layers": N_LAYERS, "n_heads": N_HEADS, "d_head": 16, "d_model": 48,
@@ -110,7 +110,7 @@ def test_classifier_settings_are_listed_when_recorded():
     heads = heads_frame()
     heads.attrs.update(config={"positional_min": 0.9}, probes={"n_windows": 7})
     html = sections.scores_section(heads)
-    assert "<td data-sort=\"positional_min\">positional_min</td>" in html and "n_windows" in html
+    assert "<td data-sort=\"positional_min\"><code>positional_min</code></td>" in html and "n_windows" in html
 
 
 def test_thresholds_from_frame_attrs_override_defaults():
@@ -282,7 +282,8 @@ def test_kv_groups_show_shared_heads_and_whether_roles_agree():
                                (layer, head), [])}
                           for layer in range(2) for head in range(4)])
     html = findings.kv_groups_section(heads)
-    assert "4 groups of query heads; all heads took the same role(s) in 1, different roles in 1" in html
+    assert ("Of its 4 groups of query heads, 1 have heads that all took the same role(s), 1 have heads with "
+            "different roles, and 2 have no head with a role.") in html
     assert "0.0, 0.1" in html and "1.0: induction; 1.1: -" in html
     one_per_group = heads.assign(kv_group=heads["head"])  # multi-head attention: nothing to show
     assert findings.kv_groups_section(one_per_group) == "" and findings.kv_groups_section(heads_frame()) == ""
@@ -377,10 +378,15 @@ def test_unwritable_folder_raises(tmp_path, monkeypatch):
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes anywhere: deny through os.access instead
-        real_access = os.access
-        monkeypatch.setattr(render_module.os, "access",
-                            lambda path, mode: False if Path(path) == folder else real_access(path, mode))
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes anywhere: refuse the probe file instead
+        real_temp = render_module.tempfile.NamedTemporaryFile
+
+        def refuse(*args, dir=None, **kwargs):
+            if Path(dir) == folder:
+                raise PermissionError(13, "Permission denied")
+            return real_temp(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(render_module.tempfile, "NamedTemporaryFile", refuse)
     try:
         with pytest.raises(OutputPathError, match="not writable"):
             render_report(folder / "r.html", model_info=MODEL_INFO, validation=validation_frame())
