@@ -126,13 +126,16 @@ def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
 
 
 def role_grid(frame: pd.DataFrame) -> list[list[tuple[list[str], list[str]]]]:
-    """[layer][head] -> (the head's roles, its properties), in LABELS order."""
+    """[layer][head] -> (the head's roles, its properties), in LABELS order; `positional` is left out
+    beside previous- or current-token, which are positional heads of a named offset."""
     n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
     grid = [[([], []) for _ in range(n_heads)] for _ in range(n_layers)]
     for row in frame.itertuples():
         names = label_list(getattr(row, "labels", []))
-        grid[int(row.layer)][int(row.head)] = ([n for n in names if n in kinds.ROLES],
-                                               [n for n in names if n in kinds.PROPERTIES])
+        roles = [n for n in names if n in kinds.ROLES]
+        if {"previous_token", "current_token"} & set(roles):  # a fixed offset of -1 / 0: positional implied
+            roles = [n for n in roles if n != "positional"]
+        grid[int(row.layer)][int(row.head)] = (roles, [n for n in names if n in kinds.PROPERTIES])
     return grid
 
 

@@ -130,12 +130,15 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
 
 
-def head_map(heads: pd.DataFrame, lang: str) -> str:
-    """The layers x heads map coloured by role (figures.role_map_uri); "" without labels."""
+def head_map(heads: pd.DataFrame, lang: str, anchor: str | None = "head-map") -> str:
+    """The layers x heads map coloured by role (figures.role_map_uri) in a div with id `anchor` (None:
+    no id, for inline views that may repeat); "" without labels."""
     if "labels" not in heads or heads.empty:
         return ""
     uri = figures.role_map_uri(heads, lang)
-    return f'<div id="head-map">{figure(uri, t("findings.map_alt", lang), t("findings.map_caption", lang))}</div>'
+    ident = f' id="{esc(anchor)}"' if anchor else ""
+    return (f'<div class="head-map"{ident}>'
+            f'{figure(uri, t("findings.map_alt", lang), t("findings.map_caption", lang))}</div>')
 
 
 def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None) -> str:

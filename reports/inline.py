@@ -24,7 +24,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-from headlens.reports import explain, figures, sections
+from headlens.reports import explain, figures, findings, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, safe_json, viewer_payload
 
@@ -166,8 +166,9 @@ def esc(text: str) -> str:
 
 
 def heads_html(frame: pd.DataFrame, lang: str) -> str:
-    """One heatmap per score present (explain.SCORES), with its threshold, then the label table."""
-    parts = [f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
+    """The role map (findings.head_map), one heatmap per score present (explain.SCORES) with its
+    threshold, then the label table."""
+    parts = [findings.head_map(frame, lang, anchor=None), f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
     for info, uri, cut in sections.score_heatmaps(frame, lang):
         parts.append(f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
                      f'{sections.figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headlens.labels import LABELS
+from headlens.labels import LABELS, roles_of
 from headlens.reports.i18n import t
 
 pytestmark = pytest.mark.browser
@@ -237,9 +237,11 @@ def test_labelled_heads_come_first_and_the_switch_hides_roleless_rows(driver, em
     open_page(driver, embedded_report)
     rows = all_rows(driver)
     kinds = [cls for _, _, cls in rows]
-    n_labelled = kinds.count("labelled")
-    assert n_labelled > 0 and kinds == ["labelled"] * n_labelled + ["unlabelled"] * (len(rows) - n_labelled)
-    roles = [LABELS.index(labels.split(", ")[0]) for _, labels, cls in rows if cls == "labelled"]
+    n_labelled, n_property = kinds.count("labelled"), kinds.count("property")
+    # heads with a role, then heads that are only first-token sinks (a property), then the rest
+    assert n_labelled > 0 and kinds == (["labelled"] * n_labelled + ["property"] * n_property
+                                        + ["unlabelled"] * (len(rows) - n_labelled - n_property))
+    roles = [LABELS.index(roles_of(labels.split(", "))[0]) for _, labels, cls in rows if cls == "labelled"]
     assert roles == sorted(roles)  # grouped by role (LABELS order)
     switch = driver.find_element("id", "label-switch")
     assert switch.is_displayed()

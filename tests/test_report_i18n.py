@@ -115,7 +115,7 @@ def test_spanish_report_has_every_section_in_spanish(spanish_page):
     for section_id in ("findings", "summary", "kv-groups", "scores", "thumbnails", "viewer", "ablation",
                        "validation", "training"):
         assert f'<section id="{section_id}">' in spanish_page
-    assert "Qué hacen las cabezas" in spanish_page and "con un papel" in spanish_page
+    assert "Qué hacen las cabezas" in spanish_page and "con un papel (" in spanish_page
 
 
 def test_spanish_report_contains_no_sentence_of_the_english_catalogue(spanish_page):
