@@ -44,11 +44,12 @@ from headlens.scores.positional import prev_token_reducer
 pytestmark = pytest.mark.slow
 
 SMOLLM2_DIR = Path(os.environ.get("HEADLENS_SMOLLM2_DIR", "/tmp/hf/smollm2"))
-# Probe context: natural-text windows and needle haystacks are sized by the context (up to 128 tokens here
-# instead of SmolLM2's 8,192), repeats fit 4 copies of Olsson et al.'s 25 tokens.
-CONTEXT = 128
+# Probe context: natural-text windows and needle haystacks (8-token needles) are sized by the context (up to
+# 64 tokens here instead of SmolLM2's 8,192); repeats fit 2 copies of Olsson et al.'s 25 tokens (the
+# TransformerLens demos' probe).
+CONTEXT = 64
 CONFIG = ClassifyConfig(n_seq=4, max_windows=4, batch_size=4, seed=0)
-TEXT_CHARS = 4000  # of the shipped held-out text: 4 windows of 128 tokens and the needle haystacks
+TEXT_CHARS = 2000  # of the shipped held-out text: 4 windows of 64 tokens, and the needle haystacks
 N_CONTROLS = 100  # random head sets per causal check: p >= 1 / (N_CONTROLS + 1) ~ 0.0099
 P_MAX = 0.01
 SETS_PER_PASS = 8  # random sets stacked as batch copies in one forward pass
@@ -82,11 +83,25 @@ def smollm2():
 
 
 @pytest.fixture(scope="module")
-def labels(smollm2):
+def figures():
+    """What the checks measured, written as JSON to $HEADLENS_REAL_FIGURES when set (BENCHMARKS.md's
+    "Real models: causal checks" quotes such a run)."""
+    found: dict = {}
+    yield found
+    if os.environ.get("HEADLENS_REAL_FIGURES"):
+        import json
+
+        Path(os.environ["HEADLENS_REAL_FIGURES"]).write_text(json.dumps(found, indent=1, default=str))
+
+
+@pytest.fixture(scope="module")
+def labels(smollm2, figures):
     """classify_heads on SmolLM2: Head -> labels (the frame in `.frame`)."""
     from headlens.classify import classify_heads
 
     frame = classify_heads(smollm2, text=default_text()[:TEXT_CHARS], config=CONFIG)
+    figures["labels"] = {label: [f"{r.layer}.{r.head}" for r in frame.itertuples() if label in r.labels]
+                         for label in ("previous_token", "duplicate_token", "induction", "retrieval")}
     return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}, frame
 
 
@@ -204,18 +219,27 @@ def test_scores_equal_detect_head_through_the_bridge(smollm2, bridge, name, make
 
 # 2. Causal: each role's heads against random head sets ---------------------------------------------
 
-def test_induction_heads_carry_the_second_copy(smollm2, labels):
+def summary_of(heads, check) -> dict:
+    return {"heads": [str(h) for h in heads], "clean": check["result"]["clean"], "delta": check["result"]["delta"],
+            "ci95": check["result"]["ci95"], "control_max_abs": max(abs(d) for d in check["deltas"]),
+            "control_median": sorted(check["deltas"])[len(check["deltas"]) // 2], "k": check["k"],
+            "rank": check["rank"], "p_value": check["p_value"]}
+
+
+def test_induction_heads_carry_the_second_copy(smollm2, labels, figures):
     heads = labelled(labels, "induction")
     check = causal_check(smollm2, heads, "repeat", seed=0)
+    figures["induction_repeat"] = summary_of(heads, check)
     chosen = check["result"]["delta"]
     assert abs(check["stacked_delta"] - chosen) < STACKED_ATOL  # the stacked run reproduces ablate_heads
     assert chosen > 0 and chosen > max(check["deltas"]) + STACKED_ATOL, (chosen, max(check["deltas"]))
     assert check["p_value"] <= P_MAX
 
 
-def test_retrieval_heads_carry_the_needle(smollm2, labels):
+def test_retrieval_heads_carry_the_needle(smollm2, labels, figures):
     heads = labelled(labels, "retrieval")
     check = causal_check(smollm2, heads, "needle", seed=0)
+    figures["retrieval_needle"] = summary_of(heads, check)
     chosen = check["result"]["delta"]  # change of the share of needle tokens predicted (top-1)
     assert check["result"]["clean"] > 0.5  # the model retrieves the needle at all
     assert abs(check["stacked_delta"] - chosen) < STACKED_ATOL
@@ -236,7 +260,7 @@ def prefix_matching(patterns: torch.Tensor, input_ids: torch.Tensor) -> torch.Te
     return (mass * scored[None, :, None]).sum((1, 3)) / scored.sum()  # [copies, head]
 
 
-def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, labels):
+def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, labels, figures):
     prev, induction = labelled(labels, "previous_token"), labelled(labels, "induction")
     later = [h for h in induction if h.layer > min(p.layer for p in prev)]
     if not later:
@@ -256,6 +280,10 @@ def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, labels
                 [per_head[h.layer][:, h.head] for h in later]).mean(0)  # [copies]
     drops = (scores[0] - scores[1:]).tolist()  # [1 + N_CONTROLS]: the previous-token heads', then random
     summary = control_summary(drops[0], drops[1:], sets[2:], seed=2)
+    figures["k_composition"] = {"previous_token": [str(h) for h in prev], "induction": [str(h) for h in later],
+                                "score": float(scores[0]), "drop": drops[0], "control_max": max(drops[1:]),
+                                "control_median": sorted(drops[1:])[len(drops) // 2 - 1], "k": summary["k"],
+                                "p_value": summary["p_value"]}
     assert scores[0] > CONFIG.prefix_matching_min  # the induction heads prefix-match on this probe
     assert drops[0] > max(drops[1:]), (drops[0], max(drops[1:]))
     assert summary["p_value"] <= P_MAX
@@ -281,10 +309,14 @@ def smollm2_report(smollm2, labels, tmp_path_factory):
     return out
 
 
-def test_smollm2_viewer_sample_shows_its_induction_heads(smollm2_report):
-    from test_browser import check_viewer_shows_induction
+def test_smollm2_viewer_sample_shows_its_induction_heads(smollm2_report, figures):
+    from test_browser import check_viewer_shows_induction, viewer_data
 
-    measured = check_viewer_shows_induction(smollm2_report.read_text(encoding="utf-8"), SMOLLM2_DIR)
+    html = smollm2_report.read_text(encoding="utf-8")
+    measured = check_viewer_shows_induction(html, SMOLLM2_DIR)
+    figures["viewer"] = {"uniform": measured["uniform"], "n_queries": measured["n_queries"],
+                         "pos": viewer_data(html)["pos"],
+                         "attention": {str(h): v for h, v in measured["attention"].items()}}
     assert measured["n_queries"] > 10
 
 
