@@ -71,14 +71,17 @@ PARITY_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2():
-    """SmolLM2-135M-Instruct (dequantized from Q4_1), its probes sized by a CONTEXT-token context."""
+    """SmolLM2-135M-Instruct (dequantized from Q4_1), its probes sized by a CONTEXT-token context: the named
+    model once `headlens pull smollm2` has fetched it, else the Hugging Face folder SMOLLM2_DIR."""
+    from headlens.errors import ModelLoadError
     from headlens.models import load_model
 
-    if not (SMOLLM2_DIR / "config.json").is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"SmolLM2 is missing from {SMOLLM2_DIR}")
-        pytest.skip(f"SmolLM2 is not on this machine ({SMOLLM2_DIR})")
-    loaded = load_model(str(SMOLLM2_DIR))
+    try:
+        loaded = load_model("smollm2")
+    except ModelLoadError:
+        if not (SMOLLM2_DIR / "config.json").is_file():
+            pytest.skip(f"SmolLM2 is neither pulled (headlens pull smollm2) nor in {SMOLLM2_DIR}")
+        loaded = load_model(str(SMOLLM2_DIR))
     return dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, n_ctx=CONTEXT))
 
 
@@ -309,11 +312,11 @@ def smollm2_report(smollm2, labels, tmp_path_factory):
     return out
 
 
-def test_smollm2_viewer_sample_shows_its_induction_heads(smollm2_report, figures):
+def test_smollm2_viewer_sample_shows_its_induction_heads(smollm2, smollm2_report, figures):
     from test_browser import check_viewer_shows_induction, viewer_data
 
     html = smollm2_report.read_text(encoding="utf-8")
-    measured = check_viewer_shows_induction(html, SMOLLM2_DIR)
+    measured = check_viewer_shows_induction(html, smollm2.path)
     figures["viewer"] = {"uniform": measured["uniform"], "n_queries": measured["n_queries"],
                          "pos": viewer_data(html)["pos"],
                          "attention": {str(h): v for h, v in measured["attention"].items()}}
