@@ -233,17 +233,15 @@ def viewer_data(html: str) -> dict:
     return json.loads(match.group(1))
 
 
-def check_viewer_shows_induction(html: str, model_dir: Path) -> dict:
-    """The page's viewer sample (its token ids) through transformers directly: each head the page labels
-    induction attends to the induction target more than UNIFORM_FACTOR x uniform."""
-    from transformers import AutoModelForCausalLM
-
+def check_viewer_shows_induction(html: str, model) -> dict:
+    """The page's viewer sample (its token ids) through a transformers model directly (eager attention,
+    output_attentions; no headlens hook): each head the page labels induction attends to the induction target
+    more than UNIFORM_FACTOR x uniform."""
     data = viewer_data(html)
     heads = [Head(*map(int, key.split("."))) for key, names in data["labels"].items()
              if "induction" in names.split(", ")]
     assert heads, "the page labels no induction head"
     assert len(data["ids"]) == data["pos"] == len(data["tokens"])
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="eager", dtype=torch.float32)
     with torch.no_grad():
         attentions = model(torch.tensor([data["ids"]]), output_attentions=True).attentions
     measured = induction_target_attention(attentions, data["ids"], heads)
@@ -253,9 +251,13 @@ def check_viewer_shows_induction(html: str, model_dir: Path) -> dict:
 
 
 def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
+    from transformers import AutoModelForCausalLM
+
     from headlens.models import shipped_path
 
-    measured = check_viewer_shows_induction(embedded_report.read_text(encoding="utf-8"), shipped_path("tiny"))
+    model = AutoModelForCausalLM.from_pretrained(str(shipped_path("tiny")), attn_implementation="eager",
+                                                 dtype=torch.float32)
+    measured = check_viewer_shows_induction(embedded_report.read_text(encoding="utf-8"), model)
     assert measured["n_queries"] > 10
 
 
