@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from headlens.heads import Head
 from headlens.labels import LABELS, roles_of
 from headlens.reports.i18n import t
 
@@ -31,6 +33,9 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgr
 MIN_PIXEL_STD = 10.0
 # The viewer stores weights to 1/255 and the CSS alpha is printed with 3 decimals.
 ALPHA_ATOL = 1 / 255 + 1e-3
+# The viewer's sample shows induction when each labelled induction head's mean attention on the induction
+# target is this many times what uniform attention over the visible keys would put there.
+UNIFORM_FACTOR = 5.0
 NASTY_TEXT = ('Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
               "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n")
 
@@ -204,6 +209,57 @@ def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
     assert f"{status_start}{query} " in driver.find_element("id", "viewer-status").text
     assert driver.execute_script("return arguments[0].toDataURL()", strip) != strip_before
     assert page_events(driver)["errors"] == []
+
+
+# The viewer's sample: the heads labelled induction do induction on it, measured with transformers directly
+# on the token ids the page shows.
+
+def induction_target_attention(attentions, ids: list[int], heads) -> dict:
+    """Per head, the mean attention on induction targets (key k with ids[k-1] == ids[q], k - 1 < q) over the
+    queries that have one, and what uniform attention over keys 0..q would put there. Computed from the
+    model's own output_attentions (a tuple of [1, head, q, k] per layer), independently of headlens."""
+    pos = len(ids)
+    targets = [[k for k in range(1, q + 1) if ids[k - 1] == ids[q]] for q in range(pos)]
+    queries = [q for q in range(pos) if targets[q]]
+    uniform = sum(len(targets[q]) / (q + 1) for q in queries) / len(queries)
+    out = {}
+    for head in heads:
+        pattern = attentions[head.layer][0, head.head].double()  # [q, k]
+        out[head] = sum(float(pattern[q, targets[q]].sum()) for q in queries) / len(queries)
+    return {"attention": out, "uniform": uniform, "n_queries": len(queries)}
+
+
+def viewer_data(html: str) -> dict:
+    match = re.search(r'<script type="application/json" id="viewer-data">(.*?)</script>', html, re.S)
+    return json.loads(match.group(1))
+
+
+def check_viewer_shows_induction(html: str, model) -> dict:
+    """The page's viewer sample (its token ids) through a transformers model directly (eager attention,
+    output_attentions; no headlens hook): each head the page labels induction attends to the induction target
+    more than UNIFORM_FACTOR x uniform."""
+    data = viewer_data(html)
+    heads = [Head(*map(int, key.split("."))) for key, names in data["labels"].items()
+             if "induction" in names.split(", ")]
+    assert heads, "the page labels no induction head"
+    assert len(data["ids"]) == data["pos"] == len(data["tokens"])
+    with torch.no_grad():
+        attentions = model(torch.tensor([data["ids"]]), output_attentions=True).attentions
+    measured = induction_target_attention(attentions, data["ids"], heads)
+    for head, value in measured["attention"].items():
+        assert value > UNIFORM_FACTOR * measured["uniform"], (str(head), value, measured["uniform"])
+    return measured
+
+
+def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
+    from transformers import AutoModelForCausalLM
+
+    from headlens.models import shipped_path
+
+    model = AutoModelForCausalLM.from_pretrained(str(shipped_path("tiny")), attn_implementation="eager",
+                                                 dtype=torch.float32)
+    measured = check_viewer_shows_induction(embedded_report.read_text(encoding="utf-8"), model)
+    assert measured["n_queries"] > 10
 
 
 def test_label_table_sorts_on_click(driver, embedded_report):

@@ -447,14 +447,42 @@ def test_sample_patterns_match_hf_eager_attention(small_model):
     assert torch.allclose(sample["patterns"], reference, atol=PATTERN_ATOL)
 
 
-def test_repeated_sample_is_the_start_twice(small_model):
-    from headlens.samples import sample_patterns
+def test_repeated_sample_is_the_start_twice_when_the_model_copies_it(small_model, monkeypatch):
+    from headlens import samples
 
-    sample = sample_patterns(small_model, "one two three four five six seven eight nine ten", 9, repeat=True)
+    # A random-weights model does not copy text: with the ratio raised past any loss, the text is taken.
+    monkeypatch.setattr(samples, "COPY_LOSS_RATIO", float("inf"))
+    sample = samples.sample_patterns(small_model, "one two three four five six seven eight nine ten", 9,
+                                     repeat=True)
     tokens = sample["tokens"]
-    assert len(tokens) == 9 and sample["repeated"]
-    assert tokens[1:5] == tokens[5:9]
+    assert len(tokens) == 9 and sample["repeated"] and sample["sample"] == samples.SAMPLE_TEXT
+    assert tokens[1:5] == tokens[5:9] and sample["ids"][1:5] == sample["ids"][5:9]
     assert "".join(tokens[1:5]) == "one two three four"
+
+
+def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(small_model):
+    """Random weights copy nothing: the second copy's loss is about the first's, so the sample is a segment
+    of random tokens twice, and the losses that decided it are recorded (measured here independently)."""
+    import torch
+
+    from headlens.probes import random_token_range
+    from headlens.samples import SAMPLE_RANDOM, sample_patterns
+
+    text = "one two three four five six seven eight nine ten"
+    sample = sample_patterns(small_model, text, 9, repeat=True)
+    ids = sample["ids"]
+    assert sample["sample"] == SAMPLE_RANDOM and len(ids) == 9 and ids[1:5] == ids[5:9]
+    low, high = random_token_range(small_model.spec.d_vocab)
+    assert all(low <= i < high for i in ids[1:])
+    body = small_model.tokenizer(text, add_special_tokens=False)["input_ids"][:4]
+    repeated = torch.tensor([[small_model.bos_token_id] + body * 2])  # [1, 9]
+    with torch.no_grad():
+        logits = small_model.model(repeated).logits[0, :-1]  # [8, d_vocab]
+    losses = torch.nn.functional.cross_entropy(logits, repeated[0, 1:], reduction="none")  # [8]
+    first, second = sample["copy_loss"]
+    assert first == pytest.approx(float(losses[1:4].mean()), rel=1e-5)  # tokens 2-4 of the first copy
+    assert second == pytest.approx(float(losses[5:8].mean()), rel=1e-5)  # tokens 2-4 of the second copy
+    assert second > 0.5 * first
 
 
 def test_default_viewer_tokens_fit_the_budget():
