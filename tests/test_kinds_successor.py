@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from llama_ov import REL_TOL, load_smollm2, manual_ov_logits
 from planted import N_HEADS, N_LAYERS
 from planted_kinds import build_planted_kinds, kind_seeds
 
 from headlens.errors import ConfigError
 from headlens.models import gpt2_tokenizer
 from headlens.scores.successor import SUCCESSOR_MIN, succession_hits, successor_heads, successor_scores, successor_tasks
-
-SMOLLM2 = "/tmp/hf/smollm2"
 
 
 def test_perfect_successor_logits_score_one():
@@ -60,43 +59,9 @@ def test_planted_successor_head_is_the_only_one(planted):
 
 # SmolLM2 against an OV circuit computed here from the Llama weights -------------------------------------------
 
-# float32 weights through a few matmuls of width 576-1536: logits agree to ~1e-4 of their spread
-REL_TOL = 1e-4
-
-
-def _rms(x, norm):
-    return norm.weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
-
-
-def _manual_logits(model, tokens, layer):
-    """W_U W_OV W_EE for one layer of a LlamaForCausalLM, written out: [head, n, n] (float64)."""
-    inner = model.model
-    x = inner.embed_tokens.weight[tokens].double()  # [n, d_model]
-    block0 = inner.layers[0]
-    post = block0.post_attention_layernorm
-    h = _rms(x, post).to(torch.float32)
-    mlp = block0.mlp
-    x = x + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)).double()  # [n, d_model]
-    attn = inner.layers[layer].self_attn
-    normed = _rms(x, inner.layers[layer].input_layernorm).double()  # [n, d_model]
-    cfg = model.config
-    d_head = cfg.hidden_size // cfg.num_attention_heads
-    group = cfg.num_attention_heads // cfg.num_key_value_heads
-    v = (normed @ attn.v_proj.weight.double().T).view(len(tokens), -1, d_head)  # [n, kv, d_head] (no bias)
-    w_o = attn.o_proj.weight.double().T.view(cfg.num_attention_heads, d_head, -1)  # [head, d_head, d_model]
-    w_u = (model.lm_head.weight.double() * inner.norm.weight.double())[tokens].T  # [d_model, n]
-    return torch.stack([v[:, hd // group] @ w_o[hd] @ w_u for hd in range(cfg.num_attention_heads)])
-
-
 @pytest.fixture(scope="module")
 def smollm2():
-    from pathlib import Path
-
-    from headlens.models import load_model
-
-    if not Path(SMOLLM2).is_dir():
-        pytest.skip(f"{SMOLLM2} is not on this machine")
-    return load_model(SMOLLM2)
+    return load_smollm2()
 
 
 @pytest.mark.slow
@@ -110,7 +75,7 @@ def test_smollm2_scores_match_a_hand_computed_ov_circuit(smollm2):
     scores = successor_scores(smollm2.model, tasks)
     with torch.no_grad():
         for layer in (0, 13, 29):
-            manual = _manual_logits(smollm2.model, tokens, layer)  # [head, n, n]
+            manual = manual_ov_logits(smollm2.model, tokens, tokens, layer)  # [head, n, n]
             spread = manual.abs().max()
             assert (ours[layer] - manual).abs().max() <= REL_TOL * spread, layer
             hits, start = [], 0
