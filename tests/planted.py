@@ -77,7 +77,7 @@ class Planted:
 
     loaded: object  # headlens LoadedModel
     positions: dict[str, tuple[int, int]]  # role -> (layer, head)
-    subspaces: dict | None = None  # "pos", "tok", "prev", "out": [d_model, SUB] bases; "s0", "gain" scales
+    subspaces: dict | None = None  # "pos", "tok", "prev", "out", "junk": bases [d_model, width]; "s0", "gain"
 
 
 def place_roles(seed: int) -> dict[str, tuple[int, int]]:
@@ -165,7 +165,7 @@ def build_planted(seed: int, copy_sign: float = 1.0) -> Planted:
             state[prefix + "c_proj.weight"] = w_o
         for name, param in loaded.model.named_parameters():
             param.copy_(state[name].to(param.dtype))
-    subspaces = {"pos": b_pos, "tok": b_tok, "prev": b_prev, "out": b_out, "s0": s0, "gain": gain}
+    subspaces = {"pos": b_pos, "tok": b_tok, "prev": b_prev, "out": b_out, "junk": b_junk, "s0": s0, "gain": gain}
     return Planted(loaded, roles, subspaces)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from llama_ov import load_smollm2, manual_ov_logits
+from planted import N_HEADS, N_LAYERS, place_roles
+from planted_kinds import build_planted_ioi, ioi_slots
 
 from headlens.ablation.ablate import ablate_heads
 from headlens.errors import ConfigError
@@ -58,6 +60,43 @@ class _NoNames:
 def test_a_tokenizer_without_single_token_names_is_a_config_error():
     with pytest.raises(ConfigError, match="one token"):
         ioi_prompts(_NoNames(), 0)
+
+
+# A planted name mover ------------------------------------------------------------------------------------------
+
+PLANTED_SEEDS = [seed for seed in range(10) if ioi_slots(place_roles(seed))][:2]
+
+
+@pytest.fixture(scope="module", params=PLANTED_SEEDS)
+def planted(request):
+    planted = build_planted_ioi(request.param)
+    return planted, name_mover_scores(planted.loaded)
+
+
+@pytest.mark.slow
+def test_planted_name_mover_is_the_only_one(planted):
+    planted, scores = planted
+    mover = planted.positions["name_mover"]
+    assert scores["name_mover"].shape == (N_LAYERS, N_HEADS)
+    assert [tuple(x) for x in scores["name_mover"].nonzero().tolist()] == [mover]
+    assert not scores["negative_name_mover"].any()
+    assert float(scores["name_copy_score"][mover]) == 1.0  # OV copies TOK into OUT exactly
+    # The induction head copies as well, but does not look at the indirect object from END.
+    induction = planted.positions["induction"]
+    assert float(scores["name_copy_score"][induction]) == 1.0 and not scores["name_mover"][induction]
+    assert scores["logit_diff"] > 0  # the planted circuit does the task
+
+
+@pytest.mark.slow
+def test_ablating_the_planted_name_mover_lowers_the_logit_diff_most(planted):
+    planted, scores = planted
+    mover = Head(*planted.positions["name_mover"])
+    result = ablate_heads(planted.loaded, [mover], metric="logit-diff", prompts=ablation_prompts(scores["prompts"]),
+                          control=N_CONTROL, seed=0)
+    assert result["delta"] < 0
+    others = [d for d, s in zip(result["control"]["deltas"], result["control"]["sets"], strict=True)
+              if s != [str(mover)]]  # with 3 heads a layer, some random sets are the mover itself
+    assert others and result["delta"] < min(others)
 
 
 # SmolLM2 ------------------------------------------------------------------------------------------------------
