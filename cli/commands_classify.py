@@ -16,11 +16,11 @@ from headlens.cli.options import (
     progress_option,
 )
 
+from headlens.kinds import DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
+
 FORMATS = ("table", "csv", "json")
-# Columns of the table view (every column goes to csv / json).
-TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "first_token_score",
-                 "duplicate_token_score", "prefix_matching_score", "copying_score", "ov_copying_score",
-                 "retrieval_score"]
+# TABLE_COLUMNS (headlens.kinds): the columns of the table view (every column goes to csv / json).
+__all__ = ["COMMANDS", "TABLE_COLUMNS", "classify_command"]
 
 
 @click.command("classify")
@@ -32,9 +32,15 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
 @click.option("--seq-len", type=int, default=None, help="period T of the random segment [default: 25]")
 @click.option("--max-windows", type=int, default=None, help="natural-text windows scored at most [default: 32]")
+@click.option("--token-budget", type=int, default=None,
+              help=f"tokens per text window and repeated sequence, at most the model's context "
+                   f"[default: {DEFAULT_TOKEN_BUDGET}]")
+@click.option("--needle-budget", type=int, default=None,
+              help="tokens of the longest needle-in-a-haystack test, up to the model's context for long-context "
+                   "needles [default: the token budget]")
 @click.option("--no-needles", is_flag=True, help="skip the needle-in-a-haystack probe (no retrieval_score)")
 @click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
-              help="label threshold: positional, first_token, duplicate_token, prefix_matching, copying, retrieval")
+              help=f"label threshold: {', '.join(th.name for th in THRESHOLDS)}")
 @click.option("--out", "out_dir", type=click.Path(path_type=str), default=None,
               help="folder to write heads.csv and heads.json into (atomically)")
 @format_option(*FORMATS)
@@ -45,19 +51,20 @@ TABLE_COLUMNS = ["prev_token_score", "positional_offset", "positional_share", "f
 @placement_options
 @batch_size_option(8)
 @click.pass_context
-def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, no_needles, thresholds, out_dir, fmt,
-                     report_path, lang, progress, placement, batch_size):
+def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, token_budget, needle_budget, no_needles,
+                     thresholds, out_dir, fmt, report_path, lang, progress, placement, batch_size):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
     from dataclasses import replace
 
     from headlens import distributed
-    from headlens.classify import SOURCE_DEFAULT, ClassifyConfig, classify_heads
+    from headlens.classify import ClassifyConfig, classify_heads
     from headlens.corpus import Corpus
     from headlens.devices import with_largest_batch
     from headlens.labels import config_with_thresholds, rank_heads
     from headlens.models import load_model
 
-    flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
+    flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows,
+             "token_budget": token_budget, "needle_budget": needle_budget}
     config = replace(ClassifyConfig(), **{k: v for k, v in flags.items() if v is not None},
                      **({"needles": False} if no_needles else {}))
     config = config_with_thresholds(config, thresholds)
@@ -79,7 +86,28 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
         frame = classify_heads(loaded, text=text, config=config, progress=show)
     if not distributed.is_main():
         return  # rank 0 alone prints and writes
+    _notes(frame, text)
+    if out is not None:
+        _write_outputs(out, frame)
+    if report_path is not None:
+        from headlens.reports import render_report
+        from headlens.reports.i18n import t
+
+        render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
+                      text_label=text_file or t("text_label.default", lang), lang=lang)
+    click.echo(_render(rank_heads(frame), fmt))
+
+
+def _notes(frame, text) -> None:
+    """One stderr note per thing the user should know about the probes run."""
+    from headlens.classify import SOURCE_DEFAULT
+
     info = frame.attrs["probes"]
+    sizes = info["sizes"]
+    if sizes["capped"]:
+        click.echo(f"headlens: note: probes sized by a token budget, not the model's context of {sizes['n_ctx']}: "
+                   f"text windows and repeats of at most {sizes['window']} tokens, needle tests of at most "
+                   f"{sizes['needle_context']} (raise --token-budget / --needle-budget to go longer)", err=True)
     if info["windows_capped"]:
         click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
                    "(raise --max-windows to score more)", err=True)
@@ -91,15 +119,6 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, n
     if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
         click.echo("headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
                    "haystack is the held-out text shipped with headlens (needles_source = default_text)", err=True)
-    if out is not None:
-        _write_outputs(out, frame)
-    if report_path is not None:
-        from headlens.reports import render_report
-        from headlens.reports.i18n import t
-
-        render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
-                      text_label=text_file or t("text_label.default", lang), lang=lang)
-    click.echo(_render(rank_heads(frame), fmt))
 
 
 def _check_out_dir(out_dir: str):

@@ -100,18 +100,20 @@ def _jsonl_documents(path: Path, check: bool) -> Iterator[str]:
 
 
 def document_windows(tokenizer, documents: Iterable[str], n_ctx: int, bos: int | None, max_windows: int,
-                     facts: dict, haystack: list[int], progress: bool = False) -> Iterator[list[int]]:
+                     facts: dict, haystack: list[int], progress: bool = False,
+                     haystack_len: int | None = None) -> Iterator[list[int]]:
     """Stream each document's text windows (probes.text_windows: BOS + up to n_ctx - 1 tokens, never
     spanning two documents) until `max_windows`, counting every document's tokens and windows in
     `facts` (n_documents, n_text_tokens, n_windows_available, n_windows, longest_window); the first documents'
-    tokens, whole, until n_ctx are reached, go into `haystack`. A progress bar over documents and
-    tokens when asked."""
+    tokens, whole, until `haystack_len` (default n_ctx) are reached, go into `haystack`. A progress bar
+    over documents and tokens when asked."""
     body = n_ctx - 1
+    haystack_len = n_ctx if haystack_len is None else haystack_len
     total = len(documents) if hasattr(documents, "__len__") else None
     bar = tqdm(total=total, desc="text", unit="doc", leave=False) if progress else None
     for document in documents:
         ids = tokenizer(document, add_special_tokens=False)["input_ids"]
-        if facts["n_documents"] == 0 or len(haystack) < n_ctx:
+        if facts["n_documents"] == 0 or len(haystack) < haystack_len:
             haystack.extend(ids)
         facts["n_documents"] += 1
         facts["n_text_tokens"] += len(ids)

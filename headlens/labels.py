@@ -1,52 +1,61 @@
-"""The labelling rules of classify: which label each head's scores earn, under which thresholds.
+"""The labelling rules of classify: which labels each head's scores earn, under which thresholds.
 
-A head is labelled from its scores alone (`label_head`), by the published definitions: positional,
-previous- and current-token heads (Voita et al. 2019: one relative offset for >= 90% of tokens),
-first-token sinks (Gu et al. 2024), duplicate-token and induction heads (Olsson et al. 2022:
-prefix matching and copying; anti-induction when the copying is negative) and retrieval heads (Wu
-et al. 2024). Every threshold is a ClassifyConfig field; `--threshold NAME=VALUE` sets one.
-`rank_heads` orders a classified frame labelled heads first, strongest first.
+Each kind's rule, thresholds and citation live in its headlens.kinds entry; `label_head` applies them
+all. The rules, by the published definitions:
+- positional: one relative offset holds the head's maximum weight for >= positional_min (0.9) of
+  tokens (Voita et al. 2019); previous-token at offset -1, current-token at offset 0;
+- first_token, a *property*, not a role: mean attention on position 0 > first_token_min (0.3)
+  (Gu et al. 2024). Most heads of a real model are sinks, whatever else they do (Xiao et al. 2023),
+  so a sink is counted apart: "heads with a role" never counts a head that is only a sink;
+- duplicate-token: >= duplicate_token_min of attention on earlier copies of the current token;
+- on repeated random tokens (Olsson et al. 2022, arXiv 2209.11895), heads whose prefix-matching
+  score is >= prefix_matching_min (0.4) are split by their direct-path copying score: induction
+  heads copy (copying >= copying_min, 0.5), anti-induction heads suppress (copying <= -0.5), and
+  *prefix-matching heads* do neither (|copying| < 0.5): they find the token after the earlier copy
+  of the current one, as Olsson et al.'s prefix-matching heads do, without writing it to the logits;
+- retrieval: copy-paste score > retrieval_min (0.1) on needle tests (Wu et al. 2024).
+Every threshold is a ClassifyConfig field; `--threshold NAME=VALUE` sets one. `rank_heads` is the
+one ordering of heads the CLI table and the report share (`rank_key`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, make_dataclass, replace
+from dataclasses import field as dc_field
 
+import numpy as np
 import pandas as pd
 
+from headlens import kinds
 from headlens.errors import ConfigError
 
-# Every label classify can give, in the order a head's list is written.
-LABELS = ("previous_token", "current_token", "positional", "first_token", "duplicate_token", "induction",
-          "anti_induction", "retrieval")
+LABELS = kinds.LABELS  # every label classify can give, in the order a head's list is written
+ROLES, PROPERTIES = kinds.ROLES, kinds.PROPERTIES
 # --threshold NAME=VALUE: NAME -> ClassifyConfig field.
-THRESHOLDS = {"positional": "positional_min", "first_token": "first_token_min",
-              "duplicate_token": "duplicate_token_min", "prefix_matching": "prefix_matching_min",
-              "copying": "copying_min", "retrieval": "retrieval_min"}
+THRESHOLDS = {th.name: th.field for th in kinds.THRESHOLDS}
+DEFAULT_TOKEN_BUDGET = kinds.DEFAULT_TOKEN_BUDGET
+MIN_BUDGET = 8  # a budget below this leaves no probe anything to measure
 
 
 @dataclass(frozen=True)
-class ClassifyConfig:
-    """Probe settings of `headlens.classify.classify_heads` and the label thresholds. CLI flags map 1:1 to fields."""
+class ProbeConfig:
+    """Probe settings of `headlens.classify.classify_heads`. CLI flags map 1:1 to fields."""
 
     seed: int = 0  # seeds the random tokens and the needles
     n_seq: int = 8  # repeated-random-token sequences
     seq_len: int = 25  # period T of the random segment (Olsson et al.: 25)
-    repeats: int = 4  # copies of the segment (Olsson et al.: 4); fewer if the context is short (>= 2)
+    repeats: int = 4  # copies of the segment (Olsson et al.: 4); fewer if the budget is short (>= 2)
     token_low: int | None = None  # random ids from [token_low, token_high); None: probes.random_token_range
     token_high: int | None = None
     max_windows: int = 32  # natural-text windows scored at most (the rest is reported, not silently cut)
+    token_budget: int = DEFAULT_TOKEN_BUDGET  # longest text window / repeated sequence: min(budget, n_ctx)
+    needle_budget: int | None = None  # longest needle test, min(budget, n_ctx); None: token_budget
     batch_size: int = 8  # sequences per forward pass
     max_offset: int = 8  # relative offsets 0..-max_offset get their own bucket in the Voita argmax test
     needles: bool = True  # run the needle-in-a-haystack probe (retrieval_score NaN when off)
-    needle_len: int = 16  # needle tokens (restated + generated); shrunk to n_ctx // 8 on short contexts
+    needle_len: int = 16  # needle tokens (restated + generated); shrunk to needle context // 8 when short
     needle_restate: int = 4  # needle tokens restated at the end of the prompt
-    positional_min: float = 0.9  # Voita et al. 2019: max weight at one relative offset for >= 90% of tokens
-    first_token_min: float = 0.3  # Gu et al. 2024: a sink if mean A[t, 0] > 0.3
-    duplicate_token_min: float = 0.4  # no published cut-off: 40% of attention on earlier copies (chance ~ 1/pos)
-    prefix_matching_min: float = 0.4  # no published cut-off: 40% on prefix-matching targets (chance ~ 1/pos)
-    copying_min: float = 0.5  # attended token's logit above the vocabulary's 75th (Gaussian) percentile
-    retrieval_min: float = 0.1  # Wu et al. 2024: a retrieval head if its score > 0.1
 
     def __post_init__(self):
         def need(ok: bool, name: str, rule: str):
@@ -55,14 +64,26 @@ class ClassifyConfig:
 
         for name in ("n_seq", "seq_len", "batch_size", "max_windows", "max_offset", "needle_len"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
+        for name in ("token_budget", "needle_budget"):
+            value = getattr(self, name)
+            need(value is None and name == "needle_budget" or isinstance(value, int) and value >= MIN_BUDGET,
+                 name, f"an integer >= {MIN_BUDGET} (tokens per probe sequence)")
         need(isinstance(self.repeats, int) and self.repeats >= 2, "repeats", "an integer >= 2")
         need(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0")
         need(isinstance(self.needle_restate, int) and 1 <= self.needle_restate < self.needle_len,
              "needle_restate", f"an integer in [1, needle_len - 1 = {self.needle_len - 1}]")
-        for name in ("positional_min", "first_token_min", "duplicate_token_min", "prefix_matching_min",
-                     "copying_min", "retrieval_min"):
-            value = getattr(self, name)
-            need(isinstance(value, (int, float)) and 0.0 <= value <= 1.0, name, "a number in [0, 1]")
+        for th in kinds.THRESHOLDS:
+            value = getattr(self, th.field)
+            need(isinstance(value, (int, float)) and 0.0 <= value <= 1.0, th.field, "a number in [0, 1]")
+
+
+# The probe settings plus one float field per threshold of the registry (headlens.kinds.THRESHOLDS:
+# `positional_min`, `retrieval_min`, ...), defaults and citations declared there.
+ClassifyConfig = make_dataclass(
+    "ClassifyConfig", [(th.field, float, dc_field(default=th.default)) for th in kinds.THRESHOLDS],
+    bases=(ProbeConfig,), frozen=True,
+    namespace={"__module__": __name__, "__doc__": "Probe settings and label thresholds of classify_heads "
+               "(ProbeConfig's fields, then one per headlens.kinds threshold). CLI flags map 1:1 to fields."})
 
 
 def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
@@ -83,43 +104,49 @@ def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
 
 
 def label_head(scores: dict, config: ClassifyConfig) -> list[str]:
-    """The labels one head's scores earn (LABELS order). NaN scores earn nothing."""
-    labels = set()
-    if scores["positional_share"] >= config.positional_min:
-        labels.add("positional")
-        if scores["positional_offset"] == -1:
-            labels.add("previous_token")
-        elif scores["positional_offset"] == 0:
-            labels.add("current_token")
-    if scores["first_token_score"] > config.first_token_min:
-        labels.add("first_token")
-    if scores["duplicate_token_score"] >= config.duplicate_token_min:
-        labels.add("duplicate_token")
-    if scores["prefix_matching_score"] >= config.prefix_matching_min:
-        # Olsson et al.: induction = prefix matching AND copying; prefix matching while
-        # suppressing the attended token is anti-induction.
-        if scores["copying_score"] >= config.copying_min:
-            labels.add("induction")
-        elif scores["copying_score"] <= -config.copying_min:
-            labels.add("anti_induction")
-    if scores["retrieval_score"] > config.retrieval_min:
-        labels.add("retrieval")
-    return [label for label in LABELS if label in labels]
+    """The labels one head's scores earn (LABELS order), by each kind's rule. NaN scores earn nothing."""
+    return [kind.label for kind in kinds.KINDS if kind.rule(scores, config)]
 
 
-# The score that backs each label: "strongest first" orders labelled heads by it.
-LABEL_SCORE = {"previous_token": "positional_share", "current_token": "positional_share",
-                "positional": "positional_share", "first_token": "first_token_score",
-                "duplicate_token": "duplicate_token_score", "induction": "prefix_matching_score",
-                "anti_induction": "prefix_matching_score", "retrieval": "retrieval_score"}
+def roles_of(labels) -> list[str]:
+    """The roles among `labels` (properties such as first_token left out)."""
+    return [label for label in labels if label in ROLES]
+
+
+def head_strength(row: dict, label: str) -> float:
+    """The score ranking a head within `label` (-inf when the row lacks it or it is NaN)."""
+    value = row.get(kinds.BY_LABEL[label].score)
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return float("-inf")
+    return float(value)
+
+
+def rank_key(labels, row: dict) -> tuple:
+    """Sort key of one head: heads with a role first, grouped by their first role (LABELS order),
+    strongest first within it; then heads with only a property, the same way; then the rest."""
+    labels = [label for label in labels if label in kinds.BY_LABEL]
+    roles = roles_of(labels)
+    if roles:
+        return 0, LABELS.index(roles[0]), -head_strength(row, roles[0])
+    if labels:
+        return 1, LABELS.index(labels[0]), -head_strength(row, labels[0])
+    return 2, 0, 0.0
+
+
+def label_list(value) -> list[str]:
+    """Labels as a list: classify_heads gives a list; a frame read back from CSV/JSON may hold "a;b" or NaN."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.strip("[]").replace("'", "").replace(";", ",").split(",")
+                if part.strip()]
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [str(v) for v in value]
+    return []
 
 
 def rank_heads(frame: pd.DataFrame) -> pd.DataFrame:
-    """Labelled heads first, strongest first (the largest score backing any of a head's labels),
-    then the unlabelled heads in (layer, head) order."""
-    strength = [max((row[LABEL_SCORE[label]] for label in row["labels"]), default=float("-inf"))
-                for row in frame.to_dict("records")]
-    ranked = frame.assign(_strength=strength, _labelled=[bool(labels) for labels in frame["labels"]])
-    ranked = ranked.sort_values(["_labelled", "_strength", "layer", "head"], ascending=[False, False, True, True],
-                                kind="stable")
-    return ranked.drop(columns=["_strength", "_labelled"]).reset_index(drop=True)
+    """`frame` in rank_key order, (layer, head) breaking ties (a frame without labels: (layer, head))."""
+    frame = frame.sort_values(["layer", "head"]).reset_index(drop=True)
+    labels = [label_list(v) for v in frame["labels"]] if "labels" in frame else [[]] * len(frame)
+    keys = [rank_key(names, row) for names, row in zip(labels, frame.to_dict("records"), strict=True)]
+    order = sorted(range(len(frame)), key=lambda i: (*keys[i], i))
+    return frame.iloc[order].reset_index(drop=True)

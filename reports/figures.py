@@ -13,8 +13,13 @@ import numpy as np
 import pandas as pd
 from headlens.reports.i18n import DEFAULT_LANG, t
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+
+from headlens import kinds
+from headlens.labels import label_list
 
 # Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap.
 FIGURE_DPI = 80
@@ -71,6 +76,56 @@ def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: fl
             colorbar.ax.axhline(threshold, color="red", linewidth=2)
         ax.set_title(t("fig.outlined", lang, threshold=f"{threshold:g}"), fontsize=8)
     return figure_uri(fig)
+
+
+def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+    """Layers x heads map of roles: each cell one head, filled with its first role's colour (the
+    registry's, headlens.kinds), white without a role; a dot marks a first-token sink (a property),
+    a "+" a head with more than one role. The legend counts the heads of each role."""
+    grid = role_grid(frame)  # [layer][head] -> (roles, properties)
+    n_layers, n_heads = len(grid), len(grid[0]) if grid else 0
+    rgb = np.ones((n_layers, n_heads, 3))  # [layer, head, rgb]: white where no role
+    fig = Figure(figsize=(max(4.5, 0.42 * n_heads + 3.2), max(2.4, 0.26 * n_layers + 1.0)))
+    ax = fig.add_subplot()
+    counts: dict[str, int] = {}
+    for layer, row in enumerate(grid):
+        for head, (roles, properties) in enumerate(row):
+            for role in roles:
+                counts[role] = counts.get(role, 0) + 1
+            if roles:
+                rgb[layer, head] = to_rgb(kinds.BY_LABEL[roles[0]].colour)
+            if len(roles) > 1:
+                ax.text(head, layer, "+", ha="center", va="center", fontsize=8, fontweight="bold", color="white")
+            if properties:
+                ax.plot(head + 0.3, layer - 0.25, marker="o", markersize=2.5, color="black", linestyle="none")
+    ax.imshow(rgb, aspect="auto", interpolation="nearest")
+    ax.set_xticks(np.arange(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
+    ax.set_yticks(np.arange(n_layers), [str(layer) for layer in range(n_layers)], fontsize=7)
+    ax.set_xticks(np.arange(-0.5, n_heads), minor=True)
+    ax.set_yticks(np.arange(-0.5, n_layers), minor=True)
+    ax.grid(which="minor", color="#dddddd", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel(t("fig.head", lang))
+    ax.set_ylabel(t("fig.layer", lang))
+    handles = [Patch(facecolor=kinds.BY_LABEL[role].colour, label=f"{t(f'role.{role}', lang)} ({counts[role]})")
+               for role in kinds.ROLES if counts.get(role)]
+    handles.append(Line2D([], [], marker="o", markersize=3, color="black", linestyle="none",
+                          label=t("fig.sink_marker", lang)))
+    handles.append(Line2D([], [], marker="$+$", markersize=6, color="black", linestyle="none",
+                          label=t("fig.several_roles", lang)))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    return figure_uri(fig)
+
+
+def role_grid(frame: pd.DataFrame) -> list[list[tuple[list[str], list[str]]]]:
+    """[layer][head] -> (the head's roles, its properties), in LABELS order."""
+    n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
+    grid = [[([], []) for _ in range(n_heads)] for _ in range(n_layers)]
+    for row in frame.itertuples():
+        names = label_list(getattr(row, "labels", []))
+        grid[int(row.layer)][int(row.head)] = ([n for n in names if n in kinds.ROLES],
+                                               [n for n in names if n in kinds.PROPERTIES])
+    return grid
 
 
 def delta_heatmap_uri(sweep: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:

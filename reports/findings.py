@@ -1,10 +1,14 @@
 """The top of the report: what the heads do, per role, with the evidence; and key/value groups.
 
-Findings list, for every role of headlens.labels.LABELS that some head earned, how many heads and
-which, strongest first (explain.ROLE_EVIDENCE), with the scores that earned the label and, where
-the report ablated that head alone (a sweep or a single-head ablation), the change in loss without
-it. Grouped-query models (a `kv_group` column: the key/value head each query head reads) also get
-their groups: which query heads share K and V, and whether they took the same role.
+Findings open with a layers x heads map coloured by role, then list, for every role of the registry
+(headlens.kinds.ROLES) that some head earned, how many heads and the strongest TOP_HEADS (ranked by
+the kind's first evidence score), with the scores that earned the label and, where the report
+ablated that head alone (a sweep or a single-head ablation), the change in loss without it.
+First-token sinks are a property, not a role (headlens.labels): they are summarised in one
+paragraph and never counted as heads with a role. Then the probe sizes under the token budget
+and where each probe's input came from. Grouped-query models (a `kv_group` column: the key/value
+head each query head reads) also get their groups: which query heads share K and V, and whether
+they took the same role.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from headlens.reports import explain
+from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, has, number, t
-from headlens.reports.sections import esc, label_list, section, table
+from headlens.reports.sections import esc, figure, section, table
 
-from headlens.classify import SOURCE_COLUMNS, SOURCE_DEFAULT, SOURCE_GIVEN
-from headlens.labels import LABELS
+from headlens import kinds
+from headlens.labels import ROLES, head_strength, label_list, roles_of
+from headlens.probe_runs import SOURCE_DEFAULT, SOURCE_GIVEN
+
+SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
+TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
+SINK_EXAMPLES = 5  # strongest first-token sinks named in their summary
 
 
 def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dict]:
@@ -61,7 +70,7 @@ def ablation_text(found: dict, lang: str) -> str:
 def head_line(row: dict, role: str, ablations: dict, lang: str) -> str:
     """One head's evidence for one role: "5.1 induction: prefix matching 0.87, copying 0.64, ablation ..."."""
     head = f"{int(row['layer'])}.{int(row['head'])}"
-    pieces = [text for column in explain.ROLE_EVIDENCE[role] if (text := score_text(row, column, lang))]
+    pieces = [text for column in kinds.BY_LABEL[role].evidence if (text := score_text(row, column, lang))]
     if role == "retrieval" and isinstance(row.get("n_needle_tests"), (int, float)) and "n_needle_retrieved" in row:
         pieces.append(t("findings.retrieved", lang, n_retrieved=int(row["n_needle_retrieved"]),
                         n_tests=int(row["n_needle_tests"])))
@@ -73,27 +82,73 @@ def head_line(row: dict, role: str, ablations: dict, lang: str) -> str:
 
 
 def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str = DEFAULT_LANG) -> str:
-    """Per role: how many heads and which (strongest first), their key scores, ablation evidence."""
+    """The head map, then per role how many heads and the strongest (with their key scores and
+    ablation evidence), then the first-token sinks summarised, the probe sizes and sources."""
     records = heads.sort_values(["layer", "head"]).to_dict("records")
     labels = [label_list(row.get("labels")) for row in records]
-    n_labelled = sum(1 for names in labels if names)
+    n_roles = sum(1 for names in labels if roles_of(names))
     ablations = single_head_ablations(sweep, ablation)
-    intro = t("findings.intro", lang, n_labelled=n_labelled, n_heads=len(records), n_none=len(records) - n_labelled)
+    intro = t("findings.intro", lang, n_labelled=n_roles, n_heads=len(records), n_none=len(records) - n_roles,
+              top=TOP_HEADS)
     if ablations:
         intro += " " + t("findings.intro_ablation", lang)
-    parts = [f"<p>{esc(intro)}</p>" if n_labelled else f"<p>{esc(t('findings.no_roles', lang))}</p>"]
-    for role in LABELS:
+    parts = [f"<p>{esc(intro)}</p>" if n_roles else f"<p>{esc(t('findings.no_roles', lang))}</p>",
+             head_map(heads, lang)]
+    for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
-        if not rows:
-            continue
-        rows.sort(key=lambda row: -explain.role_strength(row, role))  # stable: (layer, head) breaks ties
-        items = "".join(head_line(row, role, ablations, lang) for row in rows)
-        heading = t("findings.role_heading", lang, role=t(f"role.{role}", lang), n=len(rows))
-        parts.append(f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
-                     f'<p class="explain">{esc(t(f"role_what.{role}", lang))}</p><ul>{items}</ul></div>')
+        if rows:
+            parts.append(role_block(role, rows, ablations, lang))
+    parts.append(sinks_block(records, labels, heads.attrs, lang))
+    parts.append(sizes_text(heads.attrs, lang))
     parts.append(sources_table(heads, lang))
     parts.append(f"<p>{esc(t('findings.details', lang))}</p>")
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
+
+
+def head_map(heads: pd.DataFrame, lang: str) -> str:
+    """The layers x heads map coloured by role (figures.role_map_uri); "" without labels."""
+    if "labels" not in heads or heads.empty:
+        return ""
+    uri = figures.role_map_uri(heads, lang)
+    return f'<div id="head-map">{figure(uri, t("findings.map_alt", lang), t("findings.map_caption", lang))}</div>'
+
+
+def role_block(role: str, rows: list[dict], ablations: dict, lang: str) -> str:
+    """One role: its name, what it means, its TOP_HEADS strongest heads, how many more."""
+    rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
+    items = "".join(head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS])
+    more = (f'<p class="more">{esc(t("findings.more", lang, n=len(rows) - TOP_HEADS))}</p>'
+            if len(rows) > TOP_HEADS else "")
+    heading = t("findings.role_heading", lang, role=t(kinds.BY_LABEL[role].name_key, lang), n=len(rows))
+    return (f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
+            f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p><ul>{items}</ul>{more}</div>')
+
+
+def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang: str) -> str:
+    """First-token sinks, a property: how many, how many have no role, the strongest few."""
+    sinks = [(row, names) for row, names in zip(records, labels, strict=True) if "first_token" in names]
+    if not sinks:
+        return ""
+    sinks.sort(key=lambda pair: -head_strength(pair[0], "first_token"))
+    threshold = explain.score_thresholds(attrs).get("first_token_score")
+    strongest = ", ".join(f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
+                          for row, _ in sinks[:SINK_EXAMPLES])
+    text = t("findings.sinks", lang, n_sinks=len(sinks), n_heads=len(records),
+             threshold=f"{threshold:g}" if threshold is not None else "?",
+             n_sink_only=sum(1 for _, names in sinks if not roles_of(names)), heads=strongest)
+    return (f'<div class="role property" id="role-first_token"><h3>{esc(t("findings.sinks_title", lang))}</h3>'
+            f"<p>{esc(text)}</p></div>")
+
+
+def sizes_text(attrs: dict, lang: str) -> str:
+    """What the token budget made of each probe ("" for a frame without the record)."""
+    sizes = (attrs.get("probes") or {}).get("sizes")
+    if not isinstance(sizes, dict):
+        return ""
+    key = "findings.sizes_capped" if sizes.get("capped") else "findings.sizes"
+    text = t(key, lang, budget=sizes.get("token_budget", "?"), n_ctx=sizes.get("n_ctx", "?"),
+             window=sizes.get("window", "?"), needle=sizes.get("needle_context", "?"))
+    return f'<p id="probe-sizes">{esc(text)}</p>'
 
 
 def probe_sources(heads: pd.DataFrame) -> dict[str, str]:
@@ -143,8 +198,8 @@ def kv_groups_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
         return ""
     rows, verdicts = [], []
     for group in groups:
-        kinds = {tuple(names) for names in group["labels"]}
-        verdict = "kv.no_roles" if kinds == {()} else "kv.same" if len(kinds) == 1 else "kv.mixed"
+        found = {tuple(roles_of(names)) for names in group["labels"]}  # properties (sinks) left out
+        verdict = "kv.no_roles" if found == {()} else "kv.same" if len(found) == 1 else "kv.mixed"
         verdicts.append(verdict)
         roles = "; ".join(f"{head}: {', '.join(names) or t('cell.none', lang)}"
                           for head, names in zip(group["heads"], group["labels"], strict=True))

@@ -128,7 +128,7 @@ def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruni
         add("validation", sections.validation_section(validation, lang))
     if training is not None:
         add("training", sections.training_section(training, lang))
-    return page_html(title=t("page.title", lang, name=model_info.get("name", "model")), nav=nav, body=body,
+    return page_html(title=t("page.title", lang, name=sections.display_name(model_info)), nav=nav, body=body,
                      lang=lang)
 
 

@@ -17,15 +17,15 @@ function msg(key, values) {
 }
 
 (function labelSwitch() {
-  // "labelled only / all heads": hides the rows of heads without a role. Without JavaScript the
-  // fieldset stays hidden and the whole (labelled-first) table shows.
+  // "with a role / all heads": hides the rows of heads without a role (first-token sinks only, or
+  // nothing). Without JavaScript the fieldset stays hidden and the whole (roles-first) table shows.
   var fieldset = document.getElementById("label-switch");
   var tableEl = document.getElementById("label-table");
   if (!fieldset || !tableEl) { return; }
   var radios = fieldset.querySelectorAll("input[name=label-view]");
   function apply() {
     var only = fieldset.querySelector("input[name=label-view]:checked").value === "labelled";
-    tableEl.querySelectorAll("tbody tr.unlabelled").forEach(function (row) { row.hidden = only; });
+    tableEl.querySelectorAll("tbody tr:not(.labelled)").forEach(function (row) { row.hidden = only; });
   }
   radios.forEach(function (radio) { radio.addEventListener("change", apply); });
   if (tableEl.querySelectorAll("tbody tr.labelled").length > 0) { fieldset.hidden = false; }

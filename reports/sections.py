@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import html
 import math
+from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
 from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, column_heading, t
 
-from headlens.labels import LABELS
+from headlens import kinds
+from headlens.labels import PROPERTIES, ROLES, label_list, rank_heads
 
 
 def esc(value) -> str:
@@ -97,6 +99,16 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
     return section("summary", t("summary.title", lang), body)
 
 
+def display_name(model_info: dict) -> str:
+    """The model's name for a title: `display_name` when the loader gives one, else the last part of
+    `name` (a folder or file path names the model by its last part; "smollm2" stays "smollm2")."""
+    shown = model_info.get("display_name")
+    if shown:
+        return str(shown)
+    name = str(model_info.get("name") or "model").rstrip("/\\")
+    return PurePath(name).name or name
+
+
 def shape_text(info: dict, lang: str) -> str:
     """"12 layers x 12 heads x d_head 64", naming the key/value heads when fewer than the query heads (GQA)."""
     shape = {name: info.get(name, "?") for name in ("n_layers", "n_heads", "d_head")}
@@ -130,12 +142,10 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
             f'{figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
             f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>')
     frame = label_frame(heads)
-    n_labelled = int((frame["labels"] != t("cell.none", lang)).sum())
+    n_roles = sum(row_kind(labels) == "labelled" for labels in frame["labels"])
     parts.append(f"<h3>{esc(t('scores.labels_title', lang))}</h3><p>{esc(t('scores.labels_intro', lang))}</p>")
-    parts.append(label_switch(n_labelled, len(frame), lang))
-    none = t("cell.none", lang)
-    parts.append(table(frame, lang=lang, table_id="label-table",
-                       row_class=lambda row: "unlabelled" if row["labels"] == none else "labelled"))
+    parts.append(label_switch(n_roles, len(frame), lang))
+    parts.append(table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"])))
     settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
     if settings:
         frame = pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
@@ -156,24 +166,25 @@ def label_switch(n_labelled: int, n_all: int, lang: str) -> str:
 
 
 def label_frame(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> pd.DataFrame:
-    """The label table: head, labels, then every score column present (evidence columns left out).
-    Labelled heads first, by role (LABELS order of a head's first label), strongest first within a
-    role, then the heads without a role in (layer, head) order."""
-    frame = heads.sort_values(["layer", "head"]).reset_index(drop=True)
+    """The label table: head, labels, then the table's score columns present (headlens.kinds
+    TABLE_COLUMNS, the CLI table's), in headlens.labels.rank_heads order: heads with a role first,
+    by role, strongest first; then heads with only a property (first-token sinks); then the rest."""
+    frame = rank_heads(heads)
     labels = [label_list(v) for v in frame["labels"]] if "labels" in frame else [[] for _ in range(len(frame))]
-    records = frame.to_dict("records")
-    keys = [(0, LABELS.index(names[0]) if names[0] in LABELS else len(LABELS),
-             -explain.role_strength(row, names[0]) if names[0] in LABELS else 0.0) if names else (1, 0, 0.0)
-            for names, row in zip(labels, records, strict=True)]
-    order = sorted(range(len(frame)), key=lambda i: (*keys[i], i))  # i: (layer, head) order breaks ties
-    frame = frame.iloc[order].reset_index(drop=True)
     out = pd.DataFrame({"head": [f"{layer}.{head}" for layer, head in zip(frame["layer"], frame["head"], strict=True)]})
-    out["labels"] = [", ".join(labels[i]) or t("cell.none", lang) for i in order]
-    extra = ["positional_offset"] + [info.column for info in explain.SCORES]
-    for column in extra:
+    out["labels"] = [", ".join(names) or t("cell.none", lang) for names in labels]
+    for column in kinds.TABLE_COLUMNS:
         if column in frame:
             out[column] = frame[column].to_numpy()
     return out
+
+
+def row_kind(labels: str) -> str:
+    """CSS class of a label-table row: "labelled" (a role), "property" (only a property), "unlabelled"."""
+    names = [name.strip() for name in labels.split(",")]
+    if any(name in ROLES for name in names):
+        return "labelled"
+    return "property" if any(name in PROPERTIES for name in names) else "unlabelled"
 
 
 def labelled_heads(heads: pd.DataFrame | None) -> list[tuple[int, int, list[str]]]:
@@ -182,16 +193,6 @@ def labelled_heads(heads: pd.DataFrame | None) -> list[tuple[int, int, list[str]
         return []
     frame = heads.sort_values(["layer", "head"])
     return [(int(r.layer), int(r.head), label_list(r.labels)) for r in frame.itertuples() if label_list(r.labels)]
-
-
-def label_list(value) -> list[str]:
-    """Labels as a list: classify_heads gives a list; a frame read back from CSV/JSON may hold "a,b" or NaN."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.strip("[]").replace("'", "").replace(";", ",").split(",")
-                if part.strip()]
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [str(v) for v in value]
-    return []
 
 
 def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None,

@@ -35,7 +35,11 @@ def test_labels_follow_the_published_rules():
     # induction needs prefix matching AND copying; suppressing copies is anti-induction
     assert label_head(_scores(prefix_matching_score=0.8, copying_score=0.9), config) == ["induction"]
     assert label_head(_scores(prefix_matching_score=0.8, copying_score=-0.9), config) == ["anti_induction"]
-    assert label_head(_scores(prefix_matching_score=0.8, copying_score=0.1), config) == []
+    # prefix matching without direct-path copying: a prefix-matching head (Olsson et al. 2022)
+    assert label_head(_scores(prefix_matching_score=0.8, copying_score=0.1), config) == ["prefix_matching"]
+    assert label_head(_scores(prefix_matching_score=0.8, copying_score=-0.49), config) == ["prefix_matching"]
+    assert label_head(_scores(prefix_matching_score=0.8, copying_score=float("nan")), config) == []
+    assert label_head(_scores(prefix_matching_score=0.39, copying_score=0.1), config) == []
     assert label_head(_scores(retrieval_score=0.11), config) == ["retrieval"]  # Wu: > 0.1
     assert label_head(_scores(retrieval_score=float("nan")), config) == []
     both = label_head(_scores(prefix_matching_score=0.8, copying_score=0.9, retrieval_score=0.5), config)

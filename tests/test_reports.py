@@ -210,34 +210,59 @@ def test_short_samples_get_token_ticks_and_long_ones_do_not():
     assert 'class="zoom-toggle"' in html  # click to enlarge without a script
 
 
-def test_label_table_puts_labelled_heads_first_by_role_then_score():
+def test_label_table_puts_roles_first_by_role_then_score_then_sinks():
     heads = heads_frame()
     heads["labels"] = [[], ["first_token"], ["previous_token", "positional"], [], ["first_token"], []]
     heads["first_token_score"] = [0.1, 0.4, 0.2, 0.1, 0.9, 0.1]
     frame = sections.label_frame(heads)
-    # previous_token comes before first_token in LABELS; within first_token the stronger head first.
+    # the one head with a role first; then the sinks (a property), the stronger first; then the rest
     assert list(frame["head"]) == ["0.2", "1.1", "0.1", "0.0", "1.0", "1.2"]
     html = sections.scores_section(heads)
-    assert 'id="label-switch"' in html and "labelled only (3)" in html and "all heads (6)" in html
+    assert 'id="label-switch"' in html and "with a role (1)" in html and "all heads (6)" in html
+    assert html.count('<tr class="labelled">') == 1 and html.count('<tr class="property">') == 2
     assert html.count('<tr class="unlabelled">') == 3
 
 
 # Findings, probe sources, key/value groups
 
-def test_findings_list_each_role_its_heads_scores_and_ablation():
+def roles_frame() -> pd.DataFrame:
     heads = heads_frame()
-    heads["labels"] = [[], ["first_token"], ["previous_token"], [], ["first_token"], []]
+    heads["labels"] = [[], ["first_token"], ["previous_token"], [], ["first_token", "induction"], []]
     heads["first_token_score"] = [0.1, 0.4, 0.2, 0.1, 0.9, 0.1]
+    heads["prefix_matching_score"] = [0.0, 0.0, 0.0, 0.0, 0.8, 0.0]
+    return heads
+
+
+def test_findings_list_each_role_its_heads_scores_and_ablation():
+    heads = roles_frame()
     html = findings.findings_section(heads, sweep=sweep_frame())
-    assert set(re.findall(r'data-head="([\d.]+)"', html)) == {"0.1", "0.2", "1.1"}
-    assert "3 of 6 heads carry a role; 3 carry none" in html
-    first = html[html.index('id="role-first_token"'):]
-    assert first.index("1.1") < first.index("0.1")  # strongest first: 0.9 before 0.4
-    assert "first_token: first-token 0.90" in html
+    assert set(re.findall(r'data-head="([\d.]+)"', html)) == {"0.2", "1.1"}  # heads with a role only
+    assert "2 of 6 heads carry a role; 4 carry none" in html
+    assert "induction: prefix matching 0.80, copying -0.30" in html
     delta = float(sweep_frame().query("layer == 1 and head == 1")["delta_loss"].iloc[0])
     assert f"ablation raises the loss on the text by {delta:.2f} nats/token" in html
+    assert html.index('id="head-map"') < html.index('id="role-previous_token"')  # the map opens the findings
     none = findings.findings_section(heads.assign(labels=[[]] * 6))
     assert "No head of this model reached a labelling threshold" in none and "data-head" not in none
+
+
+def test_sinks_are_summarised_as_a_property_not_listed_as_a_role():
+    html = findings.findings_section(roles_frame())
+    sinks = html[html.index('id="role-first_token"'):]
+    sinks = sinks[:sinks.index("</div>")]
+    assert "a property, not a role" in sinks and "data-head" not in sinks
+    assert "2 of 6 heads put more than 0.3 of their attention on the first token" in sinks
+    assert "1 of them have no role" in sinks and "Strongest: 1.1 (0.90), 0.1 (0.40)" in sinks
+
+
+def test_each_role_lists_its_strongest_heads_and_counts_the_rest():
+    n = findings.TOP_HEADS + 3
+    heads = pd.DataFrame({"layer": list(range(n)), "head": [0] * n, "labels": [["retrieval"]] * n,
+                          "retrieval_score": [0.2 + 0.01 * i for i in range(n)]})
+    html = findings.findings_section(heads)
+    listed = re.findall(r'data-head="([\d.]+)"', html)
+    assert listed == [f"{layer}.0" for layer in range(n - 1, 2, -1)]  # the TOP_HEADS strongest, strongest first
+    assert f"Retrieval heads ({n})" in html and "and 3 more" in html
 
 
 def test_findings_say_where_each_probe_input_came_from():
@@ -486,3 +511,12 @@ def test_grouped_query_report_shows_its_groups_and_gpt2_shows_none(small_model, 
     assert "6 groups of query heads" in kv
     mha = classify_heads(small_model, text=PLANTED_TEXT, config=config)
     assert 'id="kv-groups"' not in render_report(tmp_path / "mha.html", model_info=MODEL_INFO, heads=mha).read_text()
+
+
+def test_the_title_names_the_model_not_a_machine_path(tmp_path):
+    info = {**MODEL_INFO, "name": "/home/someone/models/smollm2/"}
+    page = render_report(tmp_path / "r.html", model_info=info, heads=roles_frame()).read_text(encoding="utf-8")
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert "smollm2" in title and "/home/someone" not in title
+    assert "/home/someone/models/smollm2/" in page  # the summary keeps the full name
+    assert sections.display_name({"name": "x", "display_name": "SmolLM2-135M (Q4_1)"}) == "SmolLM2-135M (Q4_1)"

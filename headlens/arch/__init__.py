@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from headlens.arch.base import Adapter, LayerContext, Sites, get_module
+from headlens.arch.base import Adapter, LayerContext, get_module
 from headlens.arch.gpt2 import GPT2Adapter
 from headlens.arch.llama import LlamaAdapter
 from headlens.arch.mistral import MistralAdapter
 from headlens.arch.neox import NeoXAdapter
 from headlens.arch.qwen import Qwen2Adapter, Qwen3Adapter
+from headlens.arch.sites import Site, Sites, Split
 from headlens.errors import UnsupportedModelError
 
 # model_type -> adapter class. Adding a family is adding a module and a line here.
@@ -41,5 +42,5 @@ def adapter_for(model) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "SUPPORTED_TYPES", "Adapter", "LayerContext", "Sites", "adapter_for", "check_supported",
-           "get_module"]
+__all__ = ["ADAPTERS", "SUPPORTED_TYPES", "Adapter", "LayerContext", "Site", "Sites", "Split", "adapter_for",
+           "check_supported", "get_module"]

@@ -1,10 +1,11 @@
-"""The architecture adapter: where a model family keeps each head, in one table per family.
+"""The architecture adapter: where a model family keeps each head, read from its site table.
 
-Every stage of headlens that touches a head reads it through an `Adapter` and nothing else:
-- `sites`: the module paths of the family (pyvene-style site table), e.g. GPT-2's z site is
-  `transformer.h[L].attn.c_proj`'s input, Llama's `model.layers[L].self_attn.o_proj`'s input;
-- `hook_z(L, fn)`: the one place the z pre-hook is wired. fn sees z [batch, pos, head, d_head]
-  (TransformerLens `hook_z`) and may return a replacement (ablation, gates);
+Every stage of headlens that touches a head reads it through an `Adapter` and nothing else. The
+family's facts are data, its `Sites` table (headlens.arch.sites: q, k, v, z and o rows with their
+hook directions and split rules, the norms, the rotary module and function); the adapter derives
+everything else from it:
+- `hook_z(L, fn)`: the one place the z site (the output projection's input) is wired. fn sees z
+  [batch, pos, head, d_head] (TransformerLens `hook_z`) and may return a replacement (ablation, gates);
 - `w_o(L)`: each head's slice of the output projection, [head, d_head, d_model];
 - `hook_qkv(L, fn)`: the layer's own queries, keys and values after every position and norm
   transform (rotary, q/k norm), q [batch, head, pos, d_head], k and v [batch, kv_head, pos, d_head]
@@ -24,26 +25,13 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from headlens.arch.sites import CONV1D, INPUT, NORMED, Site, Sites, row_weights, to_heads
 from headlens.mha import GroupedQueryAttention
 
 ZFn = Any  # Callable[[torch.Tensor], torch.Tensor | None]: z [batch, pos, head, d_head] -> new z or None
-
-
-@dataclass(frozen=True)
-class Sites:
-    """Module paths of one family, relative to the *LM* model; `{L}` is the layer index."""
-
-    layers: str  # the list of decoder layers
-    attn: str  # attention module, relative to a layer
-    z: str  # module whose *input* is z (the output projection), relative to a layer
-    input_norm: str  # norm before attention, relative to a layer
-    post_norm: str  # norm before the MLP, relative to a layer
-    mlp: str  # relative to a layer
-    embed: str  # token embedding
-    final_norm: str  # norm after the last layer
-    unembed: str  # LM head
-    trunk: str  # the base model without its LM head
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the layer types
 
 
 @dataclass
@@ -74,17 +62,16 @@ def get_module(root: nn.Module, path: str) -> nn.Module:
 
 
 class Adapter:
-    """Base adapter: everything that follows from the site table. Families override the rest."""
+    """Base adapter: everything that follows from the site table. A family sets `sites`."""
 
     family: ClassVar[str] = ""
     sites: ClassVar[Sites]
-    parallel_residual: bool = False  # GPT-NeoX: attention and MLP both read the block's input
 
     def __init__(self, model: nn.Module):
         self.model = model
         self.config = model.config
 
-    # Shape facts -------------------------------------------------------------------------
+    # Shape facts (transformers' config names; GPT-2's own names are aliased by its config) ------
     @property
     def n_layers(self) -> int:
         return len(self.layers())
@@ -117,6 +104,12 @@ class Adapter:
         """The key/value head that query head `head` reads (GQA/MQA share one among several)."""
         return head // (self.n_heads // self.n_kv_heads)
 
+    @property
+    def parallel_residual(self) -> bool:
+        """True if attention and MLP both read the block's input (GPT-NeoX's `use_parallel_residual`)."""
+        flag = self.sites.parallel_residual
+        return flag is not None and bool(getattr(self.config, flag, True))
+
     # Modules -----------------------------------------------------------------------------
     def layers(self) -> nn.ModuleList:
         return get_module(self.model, self.sites.layers)
@@ -127,8 +120,13 @@ class Adapter:
     def attn(self, layer: int) -> nn.Module:
         return get_module(self.layer(layer), self.sites.attn)
 
+    def site_module(self, layer: int, site: Site) -> nn.Module:
+        """The module of a row of the site table in `layer`."""
+        return get_module(self.layer(layer), site.module)
+
     def z_module(self, layer: int) -> nn.Module:
-        return get_module(self.layer(layer), self.sites.z)
+        """The module whose input is z: the output projection."""
+        return self.site_module(layer, self.sites.z)
 
     def trunk(self) -> nn.Module:
         return get_module(self.model, self.sites.trunk)
@@ -147,36 +145,90 @@ class Adapter:
         """True if the final norm subtracts the mean (LayerNorm), False for RMSNorm (no centring)."""
         return isinstance(self.final_norm(), nn.LayerNorm)
 
-    # The z site, wired once ---------------------------------------------------------------
-    def hook_z(self, layer: int, fn: ZFn):
-        """Forward pre-hook on the output projection of `layer`: fn(z) sees z [batch, pos, head,
-        d_head]; a tensor it returns replaces z. Returns the handle (remove it)."""
-        n_heads = self.n_heads
+    # Hook sites ---------------------------------------------------------------------------
+    def hook_site(self, layer: int, site: Site, fn):
+        """Hook `site` of `layer` in its direction: fn(tensor) sees the module's first input (INPUT)
+        or its output (OUTPUT); a tensor it returns replaces it. Returns the handle (remove it)."""
+        module = self.site_module(layer, site)
+        if site.hook == INPUT:
+            def pre_hook(module, args):
+                new = fn(args[0])
+                return None if new is None else (new, *args[1:])
 
-        def hook(module, args):
-            merged = args[0]  # [batch, pos, head * d_head]
+            return module.register_forward_pre_hook(pre_hook)
+        return module.register_forward_hook(lambda module, args, output: fn(output))
+
+    def hook_z(self, layer: int, fn: ZFn):
+        """The z site of `layer`: fn(z) sees z [batch, pos, head, d_head]; a tensor it returns
+        replaces z. Returns the handle (remove it)."""
+        n_heads = getattr(self, self.sites.z.split.heads)
+
+        def on_z(merged):  # [batch, pos, head * d_head]
             z = merged.view(*merged.shape[:-1], n_heads, merged.shape[-1] // n_heads)  # [batch, pos, head, d_head]
             new = fn(z)
-            if new is None:
-                return None
-            return (new.reshape(merged.shape), *args[1:])
+            return None if new is None else new.reshape(merged.shape)
 
-        return self.z_module(layer).register_forward_pre_hook(hook)
-
-    def w_o(self, layer: int) -> torch.Tensor:
-        """Each head's slice of the output projection: [head, d_head, d_model] (z_h @ w_o[h])."""
-        weight = self.z_module(layer).weight  # nn.Linear: [d_model, head * d_head]
-        return weight.t().reshape(self.n_heads, self.d_head, -1)  # [head, d_head, d_model]
-
-    # Q, K, V ------------------------------------------------------------------------------
-    def attention_scale(self, layer: int) -> float:
-        """The factor Q K^T is multiplied by before the softmax."""
-        return float(getattr(self.attn(layer), "scaling", self.d_head**-0.5))
+        return self.hook_site(layer, self.sites.z, on_z)
 
     def hook_qkv(self, layer: int, fn) -> list:
         """Hooks that call fn(q, k, v) once per forward of `layer` with q [batch, head, pos,
-        d_head] and k, v [batch, kv_head, pos, d_head], as the attention uses them."""
-        raise NotImplementedError  # each family knows where its projections are
+        d_head] and k, v [batch, kv_head, pos, d_head], as the attention uses them: the q, k, v
+        rows' tensors split into heads, then rotated by the family's rotary function with the
+        cos/sin the model handed to the attention (a forward pre-hook with kwargs)."""
+        rows = (self.sites.q, self.sites.k, self.sites.v)
+        modules = list(dict.fromkeys(row.module for row in rows))  # distinct modules: one for a fused QKV
+        rotate, seen = self.sites.rotary, {}
+
+        def on_call(module, args, kwargs):
+            seen.clear()
+            if rotate is not None:
+                seen["cos_sin"] = kwargs["position_embeddings"]  # 2 x [1 | batch, pos, rotary_dim]
+
+        def keep(path: str):
+            def on_tensor(tensor):
+                seen[path] = tensor.detach()
+                if all(p in seen for p in modules):
+                    q, k, v = (self.split_heads(seen[row.module], row) for row in rows)
+                    for p in modules:
+                        del seen[p]
+                    if rotate is not None:
+                        q, k = rotate(q, k, *seen["cos_sin"])  # [batch, head | kv_head, pos, d_head]
+                    fn(q, k, v)
+
+            return on_tensor
+
+        handles = [self.attn(layer).register_forward_pre_hook(on_call, with_kwargs=True)]
+        first = {row.module: row for row in rows}
+        return handles + [self.hook_site(layer, first[path], keep(path)) for path in modules]
+
+    def split_heads(self, tensor: torch.Tensor, site: Site) -> torch.Tensor:
+        """A q, k or v row's hooked tensor as [batch, heads, pos, d_head] (its split rule)."""
+        return to_heads(tensor, site.split, getattr(self, site.split.heads), self.d_head)
+
+    # Weights ------------------------------------------------------------------------------
+    def w_o(self, layer: int) -> torch.Tensor:
+        """Each head's slice of the output projection: [head, d_head, d_model] (z_h @ w_o[h])."""
+        weight = get_module(self.layer(layer), self.sites.o.projection).weight
+        if self.sites.o.layout == CONV1D:  # [head * d_head, d_model]
+            return weight.view(self.n_heads, self.d_head, -1)  # [head, d_head, d_model] (a view)
+        return weight.t().reshape(self.n_heads, self.d_head, -1)  # nn.Linear [d_model, head * d_head] -> same
+
+    def qkv_weights(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(weight [heads * d_head, d_model], bias or None) of the query, key and value projections."""
+        block = self.layer(layer)
+        return [row_weights(get_module(block, row.projection), row, getattr(self, row.split.heads), self.d_head)
+                for row in (self.sites.q, self.sites.k, self.sites.v)]
+
+    def qk_norms(self, layer: int) -> tuple[nn.Module | None, nn.Module | None]:
+        """The per-head norms the q and k rows are read after (Qwen3's q_norm, k_norm), or None."""
+        return tuple(self.site_module(layer, row) if row.split.kind == NORMED else None
+                     for row in (self.sites.q, self.sites.k))
+
+    def attention_scale(self, layer: int) -> float:
+        """The factor Q K^T is multiplied by before the softmax."""
+        if self.sites.scale is not None:
+            return float(self.sites.scale(self.config, layer))
+        return float(getattr(self.attn(layer), "scaling", self.d_head**-0.5))
 
     def attention_weights(self, layer: int):
         """`headlens.mha.AttentionWeights` of `layer`, for the from-scratch GroupedQueryAttention."""
@@ -184,20 +236,52 @@ class Adapter:
 
     def scratch_attention(self, layer: int) -> nn.Module:
         """headlens.mha's from-scratch attention holding `layer`'s weights (what `validate` compares):
-        GroupedQueryAttention of `attention_weights`, unless a family has its own."""
+        the table's `scratch` where the family has its own, else GroupedQueryAttention of `attention_weights`."""
+        if self.sites.scratch is not None:
+            return self.sites.scratch(self.attn(layer), self.config, layer)
         return GroupedQueryAttention(self.attention_weights(layer)).eval()
+
+    # Layer types and masks ----------------------------------------------------------------
+    def layer_types(self) -> list[str]:
+        """FULL or SLIDING per layer (transformers' `config.layer_types` where the family has it)."""
+        types = getattr(self.config, "layer_types", None)
+        if types is not None:
+            return list(types)[: self.n_layers]
+        return [FULL] * self.n_layers
 
     def sliding_window(self, layer: int) -> int | None:
         """Keys further back than this many positions are masked (None: full causal)."""
-        return None
+        if self.layer_types()[layer] != SLIDING:
+            return None
+        return getattr(self.config, "sliding_window", None)
 
     # Running one layer --------------------------------------------------------------------
     def context(self, input_ids: torch.Tensor, mask: torch.Tensor) -> LayerContext:
-        raise NotImplementedError  # mask construction and positions are per family
+        """Masks (and rotary cos/sin, for families with a rotary module) built as the base
+        model's forward builds them."""
+        device = next(self.model.parameters()).device
+        ids, mask = input_ids.to(device), mask.to(device)  # [batch, pos]
+        position_ids = torch.arange(ids.shape[1], device=device)[None]  # [1, pos]
+        embeds = self.embed()(ids)  # [batch, pos, d_model]
+        kwargs = dict(config=self.trunk().config, inputs_embeds=embeds, attention_mask=mask.long(), cache=None,
+                      position_ids=position_ids)
+        types = self.layer_types()
+        full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
+        sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None
+        layer_masks = {layer: sliding for layer, kind in enumerate(types) if kind == SLIDING}
+        extra = {}
+        if self.sites.rotary_emb is not None:
+            extra["position_embeddings"] = get_module(self.model, self.sites.rotary_emb)(embeds, position_ids)
+        return LayerContext(ids, mask, position_ids, full, extra=extra, layer_masks=layer_masks)
 
     def embed_tokens(self, ctx: LayerContext) -> torch.Tensor:
         """Residual stream entering layer 0: [batch, pos, d_model]."""
-        return self.embed()(ctx.input_ids)
+        resid = self.embed()(ctx.input_ids)  # [batch, pos, d_model]
+        if self.sites.pos_embed is not None:
+            resid = resid + get_module(self.model, self.sites.pos_embed)(ctx.position_ids)  # [batch, pos, d_model]
+        if self.sites.embed_dropout is not None:
+            resid = get_module(self.model, self.sites.embed_dropout)(resid)
+        return resid
 
     def attention(self, layer: int, resid: torch.Tensor, ctx: LayerContext,
                   copies: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

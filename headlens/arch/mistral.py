@@ -7,12 +7,15 @@ keys q - sliding_window + 1 .. q (transformers' `sliding_window_overlay`).
 
 from __future__ import annotations
 
-from headlens.arch.llama import LlamaAdapter
-from headlens.arch.rotary import FULL, SLIDING
+from transformers.models.mistral import modeling_mistral
+
+from headlens.arch.base import FULL, SLIDING
+from headlens.arch.llama import LlamaAdapter, llama_sites
 
 
 class MistralAdapter(LlamaAdapter):
     family = "mistral"
+    sites = llama_sites(modeling_mistral)
 
     def layer_types(self) -> list[str]:
         kind = FULL if getattr(self.config, "sliding_window", None) is None else SLIDING

@@ -1,0 +1,102 @@
+"""Classify a real model under the default token budget and under K times it: time and labels.
+
+Each budget runs in a fresh subprocess (model load included, as `headlens classify` pays it): wall
+seconds and CPU seconds (user + system of the process, all threads) for the load, each probe
+(headlens.kinds.PROBES) and the labelling; then the labels of every head at the two budgets are
+compared and the heads that differ listed. The machine is shared: CPU seconds are the figure that
+does not depend on the load; `uptime` is printed before and after.
+
+    .venv/bin/python benchmarks/bench_budget.py MODEL [--factor 4] [--budget N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def child(model: str, budget: int, out: Path) -> None:
+    """One classify run at `budget`, every probe timed; the frame goes to out/heads_<budget>.json."""
+    from headlens import kinds
+    from headlens.classify import classify_heads, head_records
+    from headlens.labels import ClassifyConfig
+    from headlens.models import load_model
+
+    timings = {}
+
+    def timed(name, probe):
+        def run(shared):
+            wall, used = time.perf_counter(), cpu()
+            result = probe.run(shared)
+            timings[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
+            return result
+        return run
+
+    wall, used = time.perf_counter(), cpu()
+    loaded = load_model(model)
+    timings["load"] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
+    for name, probe in list(kinds.PROBES.items()):
+        object.__setattr__(probe, "run", timed(name, probe))
+    wall, used = time.perf_counter(), cpu()
+    frame = classify_heads(loaded, config=ClassifyConfig(token_budget=budget))
+    timings["classify"] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
+    sizes = frame.attrs["probes"]["sizes"]
+    (out / f"heads_{budget}.json").write_text(json.dumps(head_records(frame), default=str))
+    print(json.dumps({"budget": budget, "sizes": sizes, "timings": timings,
+                      "n_needle_retrieved": int(frame["n_needle_retrieved"].iloc[0]),
+                      "n_needle_tests": int(frame["n_needle_tests"].iloc[0])}))
+
+
+def compare(out: Path, low: int, high: int) -> dict:
+    """Heads whose labels differ between the two budgets, and the label counts at each."""
+    a = {(r["layer"], r["head"]): r["labels"] for r in json.loads((out / f"heads_{low}.json").read_text())}
+    b = {(r["layer"], r["head"]): r["labels"] for r in json.loads((out / f"heads_{high}.json").read_text())}
+    differ = {f"{layer}.{head}": {str(low): a[layer, head], str(high): b[layer, head]}
+              for layer, head in sorted(a) if a[layer, head] != b[layer, head]}
+
+    def counts(labels):
+        found = {}
+        for names in labels.values():
+            for name in names:
+                found[name] = found.get(name, 0) + 1
+        return found
+
+    return {"n_heads": len(a), "n_differ": len(differ), "differ": differ,
+            "counts": {str(low): counts(a), str(high): counts(b)}}
+
+
+def main() -> None:
+    from headlens.kinds import DEFAULT_TOKEN_BUDGET
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--budget", type=int, default=DEFAULT_TOKEN_BUDGET)
+    parser.add_argument("--factor", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench_budget"))
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.child is not None:
+        child(args.model, args.child, args.out)
+        return
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    for budget in (args.budget, args.budget * args.factor):
+        done = subprocess.run([sys.executable, __file__, args.model, "--out", str(args.out), "--child", str(budget)],
+                              capture_output=True, text=True, check=True)
+        print(done.stdout.strip().splitlines()[-1])
+        print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print(json.dumps(compare(args.out, args.budget, args.budget * args.factor), indent=1))
+
+
+if __name__ == "__main__":
+    main()

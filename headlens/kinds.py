@@ -1,0 +1,201 @@
+"""The registry of head kinds: every fact about a kind of head, in one entry.
+
+Each Kind declares its label rule and the thresholds it reads (ClassifyConfig fields, settable with
+`--threshold NAME=VALUE`), the Scores it owns (frame columns, each with the probe that measures it,
+its std column and colour scale), its evidence columns (the first ranks heads of the kind), whether
+it is a *role* (what a head does) or a *property* (a trait many heads share, counted apart), its
+colour on the report's head map, its catalogue keys and its citation. The stages read it from here:
+labelling (headlens.labels), the classify frame (headlens.classify), the CLI table, the report's
+findings, head map, heatmaps and explanations, and the inline views.
+
+Roles and properties: a role is a computation a head performs on the input (copying the previous
+token, completing a repeated prefix, retrieving a needle); a property is a trait that goes with
+almost any role. The first-token sink is a property: most heads of a real model park their spare
+attention on position 0 (Xiao et al. 2023; Gu et al. 2024 find it in 77% of GPT2-XL's heads), so it
+keeps its score and label but does not count as a role and is summarised, not listed.
+
+How to add a kind
+1. Write its score module under headlens/scores/ (tensors in, tensors out). If no probe of PROBES
+   gives the input it needs, add a probe: a function `ProbeRun -> ProbeResult` (see
+   headlens.probe_runs) returning its score columns, each [n_layers, n_heads], and their
+   `<column>_std` where it has one; name it "module:function" in PROBES (imported when it runs).
+2. Add one Kind to KINDS: its label, rule, the Score(s) and Threshold(s) it owns, its evidence,
+   colour and citation. The frame, the labels, `--threshold`, the CLI table, the report and the
+   inline views pick it up from here.
+3. Add its catalogue keys to reports/messages_en.json and messages_es.json: `role.<label>` and
+   `role_what.<label>`, and for each new score `score.<column>.title` / `.what` / `.source` and
+   `short.<column>`. tests/test_kinds.py checks every entry is complete.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+# Tokens per probe sequence unless told otherwise (ClassifyConfig.token_budget): the window Olsson et
+# al. 2022 measure in-context learning on (token 500 of 512). BENCHMARKS.md compares the labels of a
+# real model at this budget and at 4x it.
+DEFAULT_TOKEN_BUDGET = 512
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One input the classifier runs: `run(ProbeRun) -> ProbeResult`, its frame column of sources."""
+
+    name: str
+    function: str  # "module:function" of the probe, imported when it runs (this registry stays light)
+    source_column: str | None  # frame column naming its input's source (None: reads the weights)
+
+    def run(self, run):
+        """Run the probe on a headlens.probe_runs.ProbeRun; returns its ProbeResult."""
+        module, _, name = self.function.partition(":")
+        return getattr(importlib.import_module(module), name)(run)
+
+
+@dataclass(frozen=True)
+class Score:
+    """One score column of the classify frame."""
+
+    column: str  # `<kind>_score` (or an evidence value such as positional_offset)
+    probe: str  # PROBES key of the probe that measures it
+    std: str | None = None  # column of its spread across sequences / tests
+    vmin: float = 0.0  # colour scale of its heatmap, fixed so reports compare by eye
+    vmax: float = 1.0
+    heatmap: bool = True  # drawn as a layers x heads heatmap in the report and inline view
+    table: bool = True  # shown in the CLI table and the report's label table
+    integer: bool = False  # stored as int (an offset), not float
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One labelling cut-off: a ClassifyConfig field, `--threshold name=VALUE`."""
+
+    name: str  # name given to --threshold
+    field: str  # ClassifyConfig field
+    default: float
+    column: str  # the score it cuts (drawn on that score's heatmap)
+    note: str  # where the value comes from
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One label classify can give a head."""
+
+    label: str
+    rule: Callable[[Mapping, object], bool]  # (a head's scores, ClassifyConfig) -> earns the label
+    evidence: tuple[str, ...]  # score columns shown as evidence; the first ranks heads of the kind
+    citation: str
+    colour: str  # head-map colour (roles); properties are marked, not coloured
+    role: bool = True  # False: a property (counted and summarised apart from the roles)
+    scores: tuple[Score, ...] = ()  # score columns this kind owns (others may read them)
+    thresholds: tuple[Threshold, ...] = ()  # cut-offs this kind owns (others may read them)
+
+    @property
+    def score(self) -> str:
+        """The column ranking heads of this kind, strongest first."""
+        return self.evidence[0]
+
+    @property
+    def name_key(self) -> str:
+        """Catalogue key of the kind's name ("Induction heads")."""
+        return f"role.{self.label}"
+
+    @property
+    def what_key(self) -> str:
+        """Catalogue key of the kind's one-sentence explanation."""
+        return f"role_what.{self.label}"
+
+
+PROBES: dict[str, Probe] = {  # run in this order: the text probe fills the needles' haystack
+    "text": Probe("text", "headlens.probe_runs:score_text", "text_source"),
+    "repeats": Probe("repeats", "headlens.probe_runs:score_repeats", "repeats_source"),
+    "needles": Probe("needles", "headlens.probe_runs:score_needles", "needles_source"),
+    "weights": Probe("weights", "headlens.probe_runs:score_weights", None),
+}
+
+
+# Label rules: NaN scores compare False and earn nothing.
+def _positional(s, c) -> bool:
+    return s["positional_share"] >= c.positional_min
+
+
+def _induction(s, c) -> bool:
+    return s["prefix_matching_score"] >= c.prefix_matching_min and s["copying_score"] >= c.copying_min
+
+
+def _anti_induction(s, c) -> bool:
+    return s["prefix_matching_score"] >= c.prefix_matching_min and s["copying_score"] <= -c.copying_min
+
+
+def _prefix_matching(s, c) -> bool:
+    return s["prefix_matching_score"] >= c.prefix_matching_min and abs(s["copying_score"]) < c.copying_min
+
+
+VOITA = "Voita et al. 2019, arXiv 1905.09418"
+OLSSON = "Olsson et al. 2022, arXiv 2209.11895"
+KINDS: tuple[Kind, ...] = (
+    Kind("previous_token", lambda s, c: _positional(s, c) and s["positional_offset"] == -1,
+         ("positional_share", "prev_token_score"), VOITA, "#1f77b4",
+         scores=(Score("prev_token_score", "text", "prev_token_std"),)),
+    Kind("current_token", lambda s, c: _positional(s, c) and s["positional_offset"] == 0,
+         ("positional_share", "current_token_score"), VOITA, "#aec7e8",
+         scores=(Score("current_token_score", "text", "current_token_std", table=False),)),
+    Kind("positional", _positional, ("positional_share", "positional_offset"), VOITA, "#9edae5",
+         scores=(Score("positional_offset", "text", heatmap=False, integer=True), Score("positional_share", "text")),
+         thresholds=(Threshold("positional", "positional_min", 0.9, "positional_share",
+                               "Voita et al. 2019: max weight at one relative offset for >= 90% of tokens"),)),
+    Kind("first_token", lambda s, c: s["first_token_score"] > c.first_token_min, ("first_token_score",),
+         "Gu et al. 2024, arXiv 2410.10781; Xiao et al. 2023, arXiv 2309.17453", "#c7c7c7", role=False,
+         scores=(Score("first_token_score", "text", "first_token_std"),),
+         thresholds=(Threshold("first_token", "first_token_min", 0.3, "first_token_score",
+                               "Gu et al. 2024: a sink if mean A[t, 0] > 0.3"),)),
+    Kind("duplicate_token", lambda s, c: s["duplicate_token_score"] >= c.duplicate_token_min,
+         ("duplicate_token_score",), OLSSON, "#2ca02c",
+         scores=(Score("duplicate_token_score", "repeats", "duplicate_token_std"),),
+         thresholds=(Threshold("duplicate_token", "duplicate_token_min", 0.4, "duplicate_token_score",
+                               "no published cut-off: 40% of attention on earlier copies (chance ~ 1/pos)"),)),
+    Kind("induction", _induction, ("prefix_matching_score", "copying_score"), OLSSON, "#d62728",
+         scores=(Score("prefix_matching_score", "repeats", "prefix_matching_std"),
+                 Score("copying_score", "repeats", "copying_std", vmin=-1.0),
+                 Score("ov_copying_score", "weights", heatmap=False)),
+         thresholds=(Threshold("prefix_matching", "prefix_matching_min", 0.4, "prefix_matching_score",
+                               "no published cut-off: 40% on prefix-matching targets (chance ~ 1/pos)"),
+                     Threshold("copying", "copying_min", 0.5, "copying_score",
+                               "attended token's logit above the vocabulary's 75th (Gaussian) percentile"))),
+    Kind("anti_induction", _anti_induction, ("prefix_matching_score", "copying_score"), OLSSON, "#9467bd"),
+    Kind("prefix_matching", _prefix_matching, ("prefix_matching_score", "copying_score"), OLSSON, "#ff7f0e"),
+    Kind("retrieval", lambda s, c: s["retrieval_score"] > c.retrieval_min, ("retrieval_score",),
+         "Wu et al. 2024, arXiv 2404.15574", "#e377c2",
+         scores=(Score("retrieval_score", "needles", "retrieval_std"),),
+         thresholds=(Threshold("retrieval", "retrieval_min", 0.1, "retrieval_score",
+                               "Wu et al. 2024: a retrieval head if its score > 0.1"),)),
+)
+
+# Derived tables: read these, never restate them.
+BY_LABEL: dict[str, Kind] = {kind.label: kind for kind in KINDS}
+LABELS: tuple[str, ...] = tuple(kind.label for kind in KINDS)  # the order a head's labels are written in
+ROLES: tuple[str, ...] = tuple(kind.label for kind in KINDS if kind.role)
+PROPERTIES: tuple[str, ...] = tuple(kind.label for kind in KINDS if not kind.role)
+SCORES: tuple[Score, ...] = tuple(score for kind in KINDS for score in kind.scores)
+BY_COLUMN: dict[str, Score] = {score.column: score for score in SCORES}
+SCORE_COLUMNS: list[str] = [score.column for score in SCORES]
+STD_COLUMNS: list[str] = [score.std for score in SCORES if score.std]
+TABLE_COLUMNS: list[str] = [score.column for score in SCORES if score.table]
+THRESHOLDS: tuple[Threshold, ...] = tuple(th for kind in KINDS for th in kind.thresholds)
+THRESHOLD_OF: dict[str, Threshold] = {th.column: th for th in THRESHOLDS}  # score column -> its cut-off
+SOURCE_COLUMNS: dict[str, str] = {p.name: p.source_column for p in PROBES.values() if p.source_column}
+
+
+def _check_registry() -> None:
+    """Every column a kind reads is a score some kind owns; every score's probe exists (import-time)."""
+    for kind in KINDS:
+        missing = [column for column in kind.evidence if column not in BY_COLUMN]
+        if missing:
+            raise ValueError(f"head kind {kind.label!r} reads unknown score columns {missing}")
+    for score in SCORES:
+        if score.probe not in PROBES:
+            raise ValueError(f"score {score.column!r} names unknown probe {score.probe!r}")
+
+
+_check_registry()

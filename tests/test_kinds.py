@@ -1,0 +1,82 @@
+"""The registry of head kinds (headlens.kinds): complete entries, and every stage reading from it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from headlens.cli.commands_classify import TABLE_COLUMNS
+from headlens.reports import explain
+
+from headlens import kinds
+from headlens.labels import THRESHOLDS, ClassifyConfig, label_head, rank_heads
+from headlens.probe_runs import probe_sizes
+
+CATALOGUES = {lang: json.loads((Path(explain.__file__).parent / f"messages_{lang}.json").read_text(encoding="utf-8"))
+              for lang in ("en", "es")}
+
+
+@pytest.mark.parametrize("lang", sorted(CATALOGUES))
+def test_every_kind_and_score_has_its_catalogue_keys_in_both_languages(lang):
+    catalogue = CATALOGUES[lang]
+    for kind in kinds.KINDS:
+        assert catalogue.get(kind.name_key) and catalogue.get(kind.what_key), (lang, kind.label)
+        assert kind.citation and kind.colour.startswith("#")
+    for column in {c for kind in kinds.KINDS for c in kind.evidence}:
+        assert catalogue.get(f"short.{column}"), (lang, column)
+    for score in kinds.SCORES:
+        if score.heatmap:
+            for part in ("title", "what", "source"):
+                assert catalogue.get(f"score.{score.column}.{part}"), (lang, score.column, part)
+
+
+def test_thresholds_are_config_fields_with_the_registry_defaults():
+    names = {f.name for f in fields(ClassifyConfig)}
+    config = ClassifyConfig()
+    for th in kinds.THRESHOLDS:
+        assert th.field in names and getattr(config, th.field) == th.default
+        assert THRESHOLDS[th.name] == th.field and th.column in kinds.BY_COLUMN
+    # the published values (REFERENCES.md): Voita 0.9, Gu 0.3, Wu 0.1
+    assert (config.positional_min, config.first_token_min, config.retrieval_min) == (0.9, 0.3, 0.1)
+
+
+def test_every_stage_reads_the_registry():
+    assert TABLE_COLUMNS == kinds.TABLE_COLUMNS
+    assert [info.column for info in explain.SCORES] == [s.column for s in kinds.SCORES if s.heatmap]
+    assert explain.ROLE_EVIDENCE == {kind.label: kind.evidence for kind in kinds.KINDS}
+    assert explain.CONFIG_FIELDS == {th.column: th.field for th in kinds.THRESHOLDS}
+    assert set(kinds.ROLES) | set(kinds.PROPERTIES) == set(kinds.LABELS)
+    assert kinds.PROPERTIES == ("first_token",)
+
+
+def test_label_head_applies_each_kinds_rule():
+    row = {score.column: 0.0 for score in kinds.SCORES}
+    row.update(positional_share=0.95, positional_offset=-1, first_token_score=0.5, prefix_matching_score=0.6,
+               copying_score=0.7)
+    config = ClassifyConfig()
+    assert label_head(row, config) == [kind.label for kind in kinds.KINDS if kind.rule(row, config)]
+    assert label_head(row, config) == ["previous_token", "positional", "first_token", "induction"]
+
+
+def test_one_ranking_roles_first_then_sinks_then_the_rest():
+    frame = pd.DataFrame({"layer": [0, 0, 0, 1, 1], "head": [0, 1, 2, 0, 1],
+                          "labels": [["first_token"], [], ["first_token", "retrieval"], ["induction"], ["first_token"]],
+                          "first_token_score": [0.4, 0.1, 0.9, 0.2, 0.8], "retrieval_score": [0, 0, 0.3, 0, 0],
+                          "prefix_matching_score": [0, 0, 0, 0.7, 0]})
+    ranked = rank_heads(frame)
+    # a role first (induction before retrieval in LABELS order), then the sinks strongest first, then none
+    assert list(zip(ranked["layer"], ranked["head"], strict=True)) == [(1, 0), (0, 2), (1, 1), (0, 0), (0, 1)]
+
+
+def test_probe_sizes_follow_the_budget_not_the_context():
+    config = ClassifyConfig()
+    long = probe_sizes(8192, config)
+    assert (long["window"], long["needle_context"], long["capped"]) == (kinds.DEFAULT_TOKEN_BUDGET,) * 2 + (True,)
+    assert probe_sizes(256, ClassifyConfig(token_budget=512)) == {
+        "n_ctx": 256, "token_budget": 512, "window": 256, "repeat_context": 256, "needle_context": 256,
+        "capped": False}
+    needles = probe_sizes(8192, ClassifyConfig(needle_budget=8192))  # long-context needles stay available
+    assert (needles["window"], needles["needle_context"]) == (kinds.DEFAULT_TOKEN_BUDGET, 8192)
