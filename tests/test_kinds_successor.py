@@ -86,3 +86,21 @@ def test_smollm2_scores_match_a_hand_computed_ov_circuit(smollm2):
                 hits.append((best == task.pairs[:, 1]).double())
                 start = part.stop
             assert torch.allclose(scores[layer], torch.cat(hits, -1).mean(-1)), layer
+
+
+# Through the registry: classify labels it, ablate selects it ---------------------------------------------------
+
+@pytest.mark.slow
+def test_classify_labels_the_planted_successor_head_and_ablate_selects_it(planted):
+    from planted import PLANTED_TEXT
+
+    from headlens.ablation.roles import resolve_heads
+    from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.heads import Head
+
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    labelled = [(r.layer, r.head) for r in frame.itertuples() if "successor" in r.labels]
+    assert labelled == [planted.positions["successor"]]
+    labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
+    heads, chosen_by = resolve_heads(planted.loaded, "successor", labels)
+    assert heads == [Head(*planted.positions["successor"])] and "successor" in chosen_by

@@ -1,7 +1,7 @@
 """Heads chosen by role, and random head sets as a control.
 
-A role (`induction`, `retrieval`, `previous_token`, `duplicate_token`, `first_token`, or
-`label:NAME` for any label of headlens.labels.LABELS) resolves to the heads carrying that label,
+A role (any label of the registry of head kinds, headlens.kinds: `induction`, `retrieval`,
+`successor`, ..., also written `label:NAME`) resolves to the heads carrying that label,
 read from a `heads.json` written by `headlens classify --out` or found by classifying the model
 (headlens.classify.classify_heads, default probes).
 
@@ -24,7 +24,7 @@ from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
 from headlens.labels import LABELS
 
-ROLES = ("induction", "retrieval", "previous_token", "duplicate_token", "first_token")
+ROLES = LABELS  # every kind of the registry (headlens.kinds) is a role spec: `--heads successor`
 
 
 def role_name(spec: str) -> str | None:
