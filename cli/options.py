@@ -79,7 +79,10 @@ def lang_option(func):
 def model_info(loaded) -> dict:
     """The shape facts a report and an output file describe a model by."""
     spec = loaded.spec
-    return {"name": str(loaded.name), "family": spec.family, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
+    source = getattr(loaded, "source", None)  # a GGUF: "dequantized from Q4_1" in the report
+    quantization = {"source_format": source.format, "quantization": source.quantization} if source else {}
+    return {"name": str(loaded.name), "display_name": getattr(loaded, "display_name", str(loaded.name)),
+            **quantization, "family": spec.family, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
             "n_kv_heads": spec.n_kv_heads or spec.n_heads, "d_head": spec.d_head, "d_model": spec.d_model,
             "n_ctx": spec.n_ctx, "n_params": spec.n_params}
 

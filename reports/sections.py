@@ -82,7 +82,9 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
     params = info.get("n_params")
     missing = t("summary.not_recorded", lang)
     items = [
-        (t("summary.model", lang), info.get("name", unknown)),
+        (t("summary.model", lang), info.get("name", unknown) + (
+            f" ({t('summary.dequantized', lang, quantization=info['quantization'])})" if info.get("quantization")
+            else "")),
         (t("summary.shape", lang), shape_text(info, lang)),
         (t("summary.context", lang), t("summary.context_value", lang, d_model=info.get("d_model", unknown),
                                        n_ctx=info.get("n_ctx", unknown))),

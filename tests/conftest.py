@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -56,3 +58,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def pulled():
+    """`pulled(name)` -> the GGUF path of a named real model (headlens.named) pulled into headlens's
+    cache. Skips the test when it is not pulled (`make models`), except under CI=true, where it fails."""
+    from headlens.errors import NotPulledError
+    from headlens.named import named_gguf
+
+    def find(name: str):
+        try:
+            return named_gguf(name)
+        except NotPulledError as exc:
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"CI=true and {exc}")
+            pytest.skip(str(exc))
+
+    return find

@@ -1,0 +1,99 @@
+"""The real GGUF models (`make models`): the dequantizer on their own tensors, the pulled files'
+sha256, conversion into the cache, and greedy completions that show the weights survived."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from headlens.arch import SUPPORTED_TYPES
+from headlens.cache import file_sha256
+from headlens.dequant import dequantize
+from headlens.ggufread import read_gguf
+from headlens.named import NAMED_MODELS
+
+pytestmark = pytest.mark.real
+PROMPT = "The capital of Italy is"
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_MODELS))
+def test_dequantizer_matches_gguf_on_every_type_of_the_file(pulled, name):
+    parsed = read_gguf(pulled(name))
+    first_of_type = {}
+    for tensor in parsed.tensors:
+        first_of_type.setdefault(tensor.ggml_type, tensor)
+    for ggml_type, tensor in first_of_type.items():
+        rows = tensor.data[:64] if tensor.data.ndim > 1 else tensor.data  # [row, row_bytes]
+        ours = dequantize(rows, ggml_type)
+        reference = gguf.quants.dequantize(np.array(rows), gguf.GGMLQuantizationType(ggml_type))
+        tolerance = 4 * np.finfo(np.float32).eps * np.abs(reference).max()
+        np.testing.assert_allclose(ours, reference.astype(np.float32), rtol=0, atol=tolerance, err_msg=tensor.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NAMED_MODELS))
+def test_pulled_file_has_the_pinned_sha256(pulled, name):
+    assert file_sha256(pulled(name)) == NAMED_MODELS[name].sha256
+
+
+def complete(model, tokenizer, prompt: str = PROMPT, n: int = 2) -> str:
+    ids = tokenizer(prompt, return_tensors="pt").input_ids  # [1, pos]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1]:])
+
+
+@pytest.mark.slow
+def test_smollm2_loads_and_knows_rome(pulled):
+    from headlens.models import load_model
+
+    pulled("smollm2")
+    loaded = load_model("smollm2")
+    assert loaded.source.quantization == "Q4_1" and loaded.display_name == "smollm2"
+    spec = loaded.spec
+    assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_head) == (30, 9, 3, 64)
+    assert complete(loaded.model, loaded.tokenizer).startswith(" Rome")
+
+
+# GGUF name -> (Hugging Face name, value the HF weight holds given the GGUF's): Gemma stores norms as w + 1
+GEMMA_CHECKED = {"blk.0.attn_q.weight": ("model.layers.0.self_attn.q_proj.weight", lambda w: w),
+                 "blk.0.attn_v.weight": ("model.layers.0.self_attn.v_proj.weight", lambda w: w),
+                 "blk.0.attn_output.weight": ("model.layers.0.self_attn.o_proj.weight", lambda w: w),
+                 "blk.0.ffn_down.weight": ("model.layers.0.mlp.down_proj.weight", lambda w: w),
+                 "blk.0.attn_q_norm.weight": ("model.layers.0.self_attn.q_norm.weight", lambda w: w - 1)}
+
+
+@pytest.mark.slow
+def test_gemma3_converts_into_the_cache(pulled):
+    """Without headlens's Gemma 3 adapter: the cached float folder holds, under transformers' names,
+    what gguf's numpy reference decodes from the file (Q5_0, Q8_0, Q4_K, Q6_K and an F32 norm)."""
+    from safetensors import safe_open
+
+    from headlens.sources import gguf_folder
+
+    path = pulled("gemma3-270m")
+    folder, source = gguf_folder(path, NAMED_MODELS["gemma3-270m"].sha256)
+    assert source.quantization == "Q4_K_M"
+    tensors = {t.name: t for t in read_gguf(path).tensors}
+    with safe_open(str(folder / "model.safetensors"), framework="np") as weights:
+        for gguf_name, (hf_name, transform) in GEMMA_CHECKED.items():
+            tensor = tensors[gguf_name]
+            reference = transform(gguf.quants.dequantize(np.array(tensor.data),
+                                                         gguf.GGMLQuantizationType(tensor.ggml_type)))
+            tolerance = 4 * np.finfo(np.float32).eps * np.abs(reference).max()
+            np.testing.assert_allclose(weights.get_tensor(hf_name), reference, rtol=0, atol=tolerance,
+                                       err_msg=gguf_name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("gemma3_text" not in SUPPORTED_TYPES, reason="the Gemma 3 adapter has not landed")
+def test_gemma3_loads_through_headlens(pulled):
+    from headlens.models import load_model
+
+    pulled("gemma3-270m")
+    loaded = load_model("gemma3-270m")
+    assert loaded.source.quantization == "Q4_K_M"
+    assert (loaded.spec.n_layers, loaded.spec.n_heads, loaded.spec.n_kv_heads, loaded.spec.d_head) == (18, 4, 1, 256)
+    assert complete(loaded.model, loaded.tokenizer).startswith(" Rome")
