@@ -68,6 +68,7 @@ def smollm2():
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_own_ranks_match_a_hand_computed_ov_circuit(smollm2):
     windows = text_windows(smollm2.tokenizer, default_text(), 64, smollm2.bos_token_id, max_windows=2)
     tokens = torch.tensor(sorted({t for w in windows for t in w[1:]}))[:N_CHECK]
@@ -83,6 +84,7 @@ def test_smollm2_own_ranks_match_a_hand_computed_ov_circuit(smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_text_attention_matches_a_loop_over_positions(smollm2):
     windows = text_windows(smollm2.tokenizer, default_text(), 32, smollm2.bos_token_id, max_windows=2)
     ours = text_attention(smollm2, windows)  # [layer, head]

@@ -112,11 +112,13 @@ def scores(smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_prompts(smollm2):
     _check_prompts(smollm2.tokenizer, smollm2.bos_token_id)
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_attention_and_logit_diff_match_one_prompt_at_a_time(smollm2, scores):
     prompts = scores["prompts"][:6]
     batched = ioi_run(smollm2, prompts)
@@ -132,6 +134,7 @@ def test_smollm2_attention_and_logit_diff_match_one_prompt_at_a_time(smollm2, sc
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_copy_scores_match_a_hand_computed_ov_circuit(smollm2, scores):
     names = torch.tensor(sorted(set(name_tokens(smollm2.tokenizer).values())))
     vocab = torch.arange(smollm2.spec.d_vocab)
@@ -153,6 +156,7 @@ def _layers_to_check(scores):
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores):
     assert scores["logit_diff"] > 0  # the model does the task: IO above S on average
     heads = [Head(int(lay), int(h)) for lay, h in scores["name_mover"].nonzero().tolist()]

@@ -65,6 +65,7 @@ def smollm2():
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_smollm2_scores_match_a_hand_computed_ov_circuit(smollm2):
     from headlens.scores.ov_circuit import ov_logits
 
