@@ -47,13 +47,17 @@ def training_logs(loaded):
 def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None) -> list[dict]:
     """Each chosen head alone (read from the sweep when one was run), then all of them together."""
     from headlens.ablation.ablate import ablate_heads
+    from headlens.ablation.metrics import UNIT
 
     if sweep is not None:
         rows = sweep.set_index(["layer", "head"])
-        results = [{"heads": [str(head)], "method": "zero", "n_tokens": int(rows.loc[tuple(head), "n_tokens"]),
-                    "delta_loss": float(rows.loc[tuple(head), "delta_loss"]),
-                    "ci95": [float(rows.loc[tuple(head), "ci95_low"]), float(rows.loc[tuple(head), "ci95_high"])]}
-                   for head in heads]
+        results = []
+        for head in heads:
+            row = rows.loc[tuple(head)]
+            delta = float(row["delta_loss"])
+            results.append({"heads": [str(head)], "method": "zero", "metric": "loss", "unit": UNIT["loss"],
+                            "n_tokens": int(row["n_tokens"]), "delta": delta, "delta_loss": delta,
+                            "ci95": [float(row["ci95_low"]), float(row["ci95_high"])]})
     else:
         results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads]
     if len(heads) > 1:
@@ -120,7 +124,7 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
     if prune:
         from headlens.ablation.prune import prune_curve
 
-        pruning = prune_curve(loaded, text=text, seed=seed, progress=progress)
+        pruning = prune_curve(loaded, text=text, progress=progress)
     n_sample = viewer_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)
     if not distributed.is_main():
         return  # rank 0 alone writes

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from headlens.arch import adapter_for, check_supported
+from headlens.arch import adapter_for, check_supported, kv_group
 from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
 from headlens.hub import check_local_dir, resolve_hub
@@ -42,13 +42,12 @@ class ModelSpec:
     n_ctx: int  # maximum sequence length
     d_vocab: int  # vocabulary size of the unembedding
     n_params: int  # parameter count (tied embeddings counted once)
-    n_kv_heads: int = 0  # key/value heads per block (GQA/MQA: fewer than n_heads); 0 read as n_heads
-    family: str = "gpt2"  # the architecture adapter's family (the config's model_type)
+    n_kv_heads: int  # key/value heads per block (GQA/MQA: fewer than n_heads)
+    family: str  # the architecture adapter's family (the config's model_type)
 
     def kv_group(self, head: int) -> int:
-        """The key/value head that query head `head` reads."""
-        n_kv = self.n_kv_heads or self.n_heads
-        return head // (self.n_heads // n_kv)
+        """The key/value head that query head `head` reads (headlens.arch.kv_group)."""
+        return kv_group(head, self.n_heads, self.n_kv_heads)
 
 
 @dataclass

@@ -79,14 +79,13 @@ def _layer_io_hooks(model, store: dict):
     """Record each layer's attention input (its input norm's output), the q, k, v its attention
     used and its attention output."""
     adapter = adapter_for(model)
-    handles = []
 
     def keep(layer, key, index=None):
-        def hook(module, args, output):
+        def on_output(output):
             value = output[index] if index is not None else output
             store.setdefault(layer, {})[key] = value.detach().clone()
 
-        return hook
+        return on_output
 
     def keep_qkv(layer):
         def fn(q, k, v):  # q [batch, head, pos, d_head]; k, v [batch, kv_head, pos, d_head]
@@ -94,17 +93,13 @@ def _layer_io_hooks(model, store: dict):
 
         return fn
 
-    try:
+    with adapter.hooks() as hooks:
         for layer in range(adapter.n_layers):
             norm = get_module(adapter.layer(layer), adapter.sites.input_norm)
-            handles.append(norm.register_forward_hook(keep(layer, "x")))  # [batch, pos, d_model]
-            attn = adapter.attn(layer)
-            handles.append(attn.register_forward_hook(keep(layer, "attn_out", 0)))  # [batch, pos, d_model]
-            handles += adapter.hook_qkv(layer, keep_qkv(layer))
+            hooks.output(norm, keep(layer, "x"))  # [batch, pos, d_model]
+            hooks.output(adapter.attn(layer), keep(layer, "attn_out", 0))  # [batch, pos, d_model]
+            hooks.qkv(layer, keep_qkv(layer))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _capture_hf(model, batch: Batch) -> dict:

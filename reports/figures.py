@@ -128,16 +128,25 @@ def role_grid(frame: pd.DataFrame) -> list[list[tuple[list[str], list[str]]]]:
     return grid
 
 
-def delta_heatmap_uri(sweep: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """Layer x head heatmap of delta loss, diverging around 0 (red: the model needs the head)."""
-    grid = pivot_heads(sweep, "delta_loss")
+def plain_text(text: str) -> str:
+    """`text` as matplotlib draws it literally: a `$` would start mathtext."""
+    return text.replace("$", r"\$")
+
+
+def delta_heatmap_uri(sweep: pd.DataFrame, lang: str = DEFAULT_LANG, column: str = "delta_loss",
+                      label: str | None = None) -> str:
+    """Layer x head heatmap of one metric's change (`column`, its axis `label`: default delta loss),
+    diverging around 0 (red: the metric rose)."""
+    grid = pivot_heads(sweep, column)
     bound = float(np.nanmax(np.abs(grid.to_numpy(dtype=float)))) or 1.0
-    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label=t("fig.delta_loss", lang), lang=lang)
+    label = plain_text(label or t("fig.delta_loss", lang))
+    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label=label, lang=lang)
     return figure_uri(fig)
 
 
-def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG) -> str:
-    """Bar chart of delta loss with 95% confidence intervals; rows have label, delta, low, high."""
+def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG, label: str | None = None) -> str:
+    """Bar chart of one metric's change with 95% confidence intervals; rows have label, delta, low,
+    high; `label` names the axis (default: delta loss). Rows of two metrics never share a chart."""
     fig = Figure(figsize=(max(3.5, 0.6 * len(rows) + 1.5), 2.8))
     ax = fig.add_subplot()
     deltas = np.array([row["delta"] for row in rows], dtype=float)
@@ -147,7 +156,7 @@ def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG) -> str:
     ax.bar(range(len(rows)), deltas, yerr=np.nan_to_num(errors), capsize=4, color="#c0504d")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), [row["label"] for row in rows], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel(t("fig.delta_loss", lang))
+    ax.set_ylabel(plain_text(label or t("fig.delta_loss", lang)))
     return figure_uri(fig)
 
 

@@ -14,9 +14,10 @@ from pathlib import PurePath
 import numpy as np
 import pandas as pd
 from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, t
+from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, t
 
 from headlens import kinds
+from headlens.ablation.metrics import ALIASES, KIND, UNIT
 from headlens.labels import PROPERTIES, ROLES, label_list, rank_heads
 
 
@@ -197,22 +198,74 @@ def labelled_heads(heads: pd.DataFrame | None) -> list[tuple[int, int, list[str]
     return [(int(r.layer), int(r.head), label_list(r.labels)) for r in frame.itertuples() if label_list(r.labels)]
 
 
+def results_list(ablation) -> list[dict]:
+    """ablate_heads result(s) as a list: one dict, a list of dicts, or None."""
+    return [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
+
+
+def result_delta(result) -> float:
+    """The change of a result's (or sweep row's) metric: `delta`; a loss-only result of an older
+    release has `delta_loss`."""
+    return float(result["delta"] if "delta" in result else result["delta_loss"])
+
+
+def metric_words(metric: str, lang: str) -> tuple[str, str]:
+    """The metric's name and unit in `lang` (the catalogue's `metric.*` and `unit.*`)."""
+    name = t(f"metric.{metric}", lang) if has(f"metric.{metric}", lang) else str(metric)
+    unit_key = f"unit.{'loss' if metric == 'text' else metric}"
+    return name, t(unit_key, lang) if has(unit_key, lang) else ""
+
+
+def delta_axis(metric: str, lang: str) -> str:
+    """The axis label of a change of `metric`: "change in loss on the text (nats/token)"."""
+    name, unit = metric_words(metric, lang)
+    return t("fig.delta", lang, metric=name, unit=unit)
+
+
+def metric_heading(metric: str, lang: str) -> str:
+    """"loss on repeated tokens, in nats/token": what a block's numbers are."""
+    name, unit = metric_words(metric, lang)
+    return t("ablation.metric_heading", lang, metric=name, unit=unit)
+
+
+def sweep_block(sweep: pd.DataFrame, lang: str = DEFAULT_LANG, top_rows: int = 10, sortable: bool = True) -> str:
+    """The sweep's heatmap of the change of its metric, then the heads the model needs most (the
+    largest rise of a loss, the largest fall of the other metrics)."""
+    metric = sweep.attrs.get("metric", "text")
+    column = "delta" if "delta" in sweep else "delta_loss"
+    a_loss = KIND.get(ALIASES.get(metric, metric), "loss") == "loss"
+    top = sweep.sort_values(column, ascending=not a_loss).head(top_rows).reset_index(drop=True)
+    heatmap = figures.delta_heatmap_uri(sweep, lang, column=column, label=delta_axis(metric, lang))
+    return (f"<p>{esc(metric_heading(metric, lang))}</p>" + figure(heatmap, t("ablation.sweep_alt", lang))
+            + f"<p>{esc(t('ablation.top', lang))}</p>" + table(top, sortable=sortable, lang=lang))
+
+
+def chosen_blocks(ablation, lang: str = DEFAULT_LANG, sortable: bool = True) -> str:
+    """One chart and one table per metric of the ablate_heads results: charts never share an axis
+    across metrics."""
+    by_metric: dict[str, list[dict]] = {}
+    for row in ablation_rows(ablation):
+        by_metric.setdefault(row["metric"], []).append(row)
+    parts = []
+    for metric, rows in by_metric.items():
+        shown = pd.DataFrame([{"heads": r["label"], "method": r["method"], "n": r["n"], "delta": r["delta"],
+                               "ci95_low": r["low"], "ci95_high": r["high"]} for r in rows])
+        parts.append(f"<p><strong>{esc(metric_heading(metric, lang))}</strong></p>"
+                     + figure(figures.ablation_bars_uri(rows, lang, label=delta_axis(metric, lang)),
+                              t("ablation.bars_alt", lang), t("ablation.bars_caption", lang))
+                     + table(shown, sortable=sortable, lang=lang))
+    return "\n".join(parts)
+
+
 def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None,
                      lang: str = DEFAULT_LANG) -> str:
-    """Sweep heatmap, bars of the chosen heads with CIs, pruning curve: whichever were computed."""
+    """Sweep heatmap, bars of the chosen heads with CIs (one chart per metric), pruning curve:
+    whichever were computed."""
     parts = [f'<p class="explain">{esc(t("ablation.text", lang))}</p>']
     if sweep is not None:
-        parts.append(f"<h3>{esc(t('ablation.sweep_title', lang))}</h3>"
-                     + figure(figures.delta_heatmap_uri(sweep, lang), t("ablation.sweep_alt", lang)))
-        top = sweep.sort_values("delta_loss", ascending=False).head(10)
-        parts.append(f"<p>{esc(t('ablation.top', lang))}</p>" + table(top.reset_index(drop=True), lang=lang))
-    rows = ablation_rows(ablation)
-    if rows:
-        parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>"
-                     + figure(figures.ablation_bars_uri(rows, lang), t("ablation.bars_alt", lang),
-                              t("ablation.bars_caption", lang)))
-        parts.append(table(pd.DataFrame(rows).rename(columns={"label": "heads", "delta": "delta_loss",
-                                                              "low": "ci95_low", "high": "ci95_high"}), lang=lang))
+        parts.append(f"<h3>{esc(t('ablation.sweep_title', lang))}</h3>" + sweep_block(sweep, lang))
+    if results_list(ablation):
+        parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>" + chosen_blocks(ablation, lang))
     parts.append(control_block(ablation, lang))
     if pruning is not None:
         parts.append(f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
@@ -222,26 +275,24 @@ def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame
 
 
 def ablation_rows(ablation) -> list[dict]:
-    """ablate_heads result(s) -> bar rows. Accepts one dict or a list of dicts."""
-    if ablation is None:
-        return []
-    results = [ablation] if isinstance(ablation, dict) else list(ablation)
+    """ablate_heads result(s) -> bar rows (label, delta, low, high, method, metric, unit, n); one
+    dict or a list of dicts. A result without a metric is a loss on the text."""
     rows = []
-    for result in results:
+    for result in results_list(ablation):
         low, high = (result.get("ci95") or [float("nan"), float("nan")])[:2]
-        delta = result["delta_loss"] if "delta_loss" in result else result["delta"]  # other metrics: delta
-        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": float(delta),
-                     "low": float(low), "high": float(high), "method": result.get("method", "?"),
-                     "n_tokens": result.get("n_tokens", "?")})
+        metric = result.get("metric", "text")
+        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": result_delta(result),
+                     "low": float(low), "high": float(high), "method": result.get("method", "?"), "metric": metric,
+                     "unit": result.get("unit") or UNIT.get(ALIASES.get(metric, metric), ""),
+                     "n": result.get("n", result.get("n_tokens", "?"))})
     return rows
 
 
 def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
     """Heads chosen by role against random head sets of the same per-layer counts (Wu et al. 2024's
     control): one row per ablate_heads result that carries a `control`; empty without any."""
-    results = [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
     rows = []
-    for result in results:
+    for result in results_list(ablation):
         control = result.get("control")
         if not control:
             continue
@@ -251,7 +302,9 @@ def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
                      "method": result["method"], "delta": result["delta"],
                      "random sets": control["k"], "random median": deltas[len(deltas) // 2],
                      "random min": deltas[0], "random max": deltas[-1],
-                     "rank": f"{control['rank']} of {control['k'] + 1}", "p_value": control["p_value"]})
+                     "rank": f"{control['rank']} of {control['k'] + 1}", "p_value": control["p_value"],
+                     "possible sets": control.get("n_possible", control["k"]), "exact": bool(control.get("exact")),
+                     "smallest p": control.get("p_min", 1 / (1 + control["k"]))})
     if not rows:
         return ""
     return (f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>"

@@ -11,11 +11,9 @@ import pytest
 import torch
 from families import FAMILY_NAMES, build_family, decoder_layers, o_proj, padded_batch
 
-from headlens.ablation.ablate import ablated_sums
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.replace import replacements
-from headlens.ablation.runner import LayerRunner
-from headlens.ablation.sweep import base_sums, sweep_sums
+from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.arch import adapter_for
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.capture import lean as capture_lean
@@ -126,15 +124,19 @@ def test_a_layer_run_by_the_adapter_equals_the_models_own_layer(family):
     finally:
         for handle in handles:
             handle.remove()
-    runner = LayerRunner(model, ids, mask)
+    adapter = adapter_for(model)
+    ctx = adapter.context(ids, mask)
     real = mask[:, :, None]
+    last = adapter.n_layers - 1
     with torch.no_grad():
-        assert torch.equal(runner.embed(), seen[("in", 0)])
-        for layer in range(runner.n_layers):
-            ours = runner.block(layer, seen[("in", layer)])  # [batch, pos, d_model]
+        assert torch.equal(adapter.embed_tokens(ctx), seen[("in", 0)])
+        for layer in range(adapter.n_layers):
+            ours = adapter.block(layer, seen[("in", layer)], ctx)  # [batch, pos, d_model]
             assert ((ours - seen[("out", layer)]).abs() * real).amax() <= ATOL, layer
-        hidden = runner.adapter.final_norm()(seen[("out", runner.n_layers - 1)])
-        ours_logits = runner.adapter.unembed()(hidden)  # [batch, pos, d_vocab]
+        _, attn_out = adapter.attention(0, seen[("in", 0)], ctx)  # [batch, pos, d_model]
+        final = adapter.run_from(0, seen[("in", 0)], attn_out, ctx)  # [batch, pos, d_model]
+        assert ((final - seen[("out", last)]).abs() * real).amax() <= ATOL
+        ours_logits = adapter.unembed()(adapter.final_norm()(seen[("out", last)]))  # [batch, pos, d_vocab]
     assert ((ours_logits - logits).abs() * real).amax() <= ATOL
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from families import FAMILY_NAMES, build_family, decoder_layers, o_proj
 
-from headlens.ablation.ablate import token_losses
-from headlens.ablation.attribution import attribution_deltas
 from headlens.ablation.evalset import repeat_evalset, text_evalset
+from headlens.ablation.gradients import attribution_deltas
+from headlens.ablation.metrics import token_losses
 from headlens.ablation.prune import prune_curve
 from headlens.capture import CollectPatterns, iter_batches, run_capture
 from headlens.models import boot_bridge

@@ -58,7 +58,8 @@ def test_single_head_bars_come_from_the_sweep_rows():
     sweep = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "n_tokens": [50, 50], "delta_loss": [0.2, -0.1],
                           "ci95_low": [0.1, -0.2], "ci95_high": [0.3, 0.0]})
     rows = chosen_ablations(None, [Head(1, 2)], None, 0, False, sweep)  # one head: no joint ablation, no model
-    assert rows == [{"heads": ["1.2"], "method": "zero", "n_tokens": 50, "delta_loss": -0.1, "ci95": [-0.2, 0.0]}]
+    assert rows == [{"heads": ["1.2"], "method": "zero", "metric": "loss", "unit": "nats/token", "n_tokens": 50,
+                     "delta": -0.1, "delta_loss": -0.1, "ci95": [-0.2, 0.0]}]
 
 
 # Errors: one line on stderr, exit 2, nothing half-written

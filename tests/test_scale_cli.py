@@ -134,20 +134,16 @@ def test_bad_batch_size_is_one_line(runner, small_model_dir):
                     "--batch-size '0' is invalid")
 
 
-def _json_lines(output: str) -> list[dict]:
-    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-
-
 def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
     """The batch size changes how sequences are grouped, not the results (float32 forward passes,
     float64 sums: equal to rounding)."""
-    sweeps = [_json_lines(runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "all", "--format", "json",
-                                              "--batch-size", size, "--no-progress"]).stdout) for size in ("2", "4")]
+    args = ["ablate", str(small_model_dir), "--heads", "each", "--format", "json", "--no-progress"]
+    sweeps = [json.loads(runner.invoke(cli, [*args, "--batch-size", size]).stdout)["rows"] for size in ("2", "4")]
     assert len(sweeps[0]) == 8 and [r["heads"] for r in sweeps[0]] == [r["heads"] for r in sweeps[1]]
     assert max(abs(a["delta"] - b["delta"]) for a, b in zip(*sweeps, strict=True)) < 1e-6
-    prunes = [_json_lines(runner.invoke(cli, ["prune", str(small_model_dir), "--no-roles", "--format", "json",
-                                              "--batch-size", size, "--no-progress"]).stdout) for size in ("3", "4")]
-    steps = [[r for r in curve if "step" in r] for curve in prunes]
+    prunes = [json.loads(runner.invoke(cli, ["prune", str(small_model_dir), "--no-roles", "--format", "json",
+                                             "--batch-size", size, "--no-progress"]).stdout) for size in ("3", "4")]
+    steps = [doc["curve"] for doc in prunes]
     assert [r["heads_removed"] for r in steps[0]] == [r["heads_removed"] for r in steps[1]]
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(*steps, strict=True)) < 1e-6
 
@@ -178,7 +174,7 @@ def test_batch_size_with_approx_is_one_line(runner, small_model_dir):
 
 
 def test_batch_size_defaults_in_the_help_are_the_librarys():
-    from headlens.ablation.ablate import BATCH
+    from headlens.ablation.evalset import BATCH_SIZE as BATCH
     from headlens.classify import ClassifyConfig
 
     runner = CliRunner()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from headlens.arch.base import Adapter, LayerContext, get_module
+from headlens.arch.base import Adapter, LayerContext, get_module, kv_group
 from headlens.arch.gpt2 import GPT2Adapter
+from headlens.arch.hooks import Hooks
 from headlens.arch.llama import LlamaAdapter
 from headlens.arch.mistral import MistralAdapter
 from headlens.arch.neox import NeoXAdapter
@@ -42,5 +43,5 @@ def adapter_for(model) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "SUPPORTED_TYPES", "Adapter", "LayerContext", "Site", "Sites", "Split", "adapter_for",
-           "check_supported", "get_module"]
+__all__ = ["ADAPTERS", "SUPPORTED_TYPES", "Adapter", "Hooks", "LayerContext", "Site", "Sites", "Split", "adapter_for",
+           "check_supported", "get_module", "kv_group"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from headlens.arch import adapter_for, get_module
+from headlens.arch import adapter_for
 from headlens.devices import onloaded
 
 CHUNK = 4096  # vocabulary rows per pass through a layer's attention
@@ -76,13 +76,9 @@ def _values(adapter, layer: int, resid: torch.Tensor) -> torch.Tensor:
     ids = torch.zeros(n, 1, dtype=torch.long)  # [n, 1] (positions only; the tokens come from resid)
     ctx = adapter.context(ids, torch.ones(n, 1, dtype=torch.bool))
     seen = []
-    handles = adapter.hook_qkv(layer, lambda q, k, v: seen.append(v.detach()))
-    try:
-        block = adapter.layer(layer)
-        get_module(block, adapter.sites.attn)(get_module(block, adapter.sites.input_norm)(resid), **ctx.attn_kwargs())
-    finally:
-        for handle in handles:
-            handle.remove()
+    with adapter.hooks() as hooks:
+        hooks.qkv(layer, lambda q, k, v: seen.append(v.detach()))
+        adapter.attention(layer, resid, ctx)
     return seen[0].transpose(1, 2)  # [n, 1, kv_head, d_head]
 
 
