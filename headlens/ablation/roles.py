@@ -1,8 +1,8 @@
 """Which heads an ablation takes: explicit heads, every head at once, or the heads of a role.
 
-A spec is "3.4,5.1", "layer:3", `all` (every head, ablated together) or a role (`induction`,
-`retrieval`, `previous_token`, `duplicate_token`, `first_token`, or `label:NAME` for any label of
-headlens.labels.LABELS); `each` (every head alone) is the single-head sweep's, `sweep_heads`.
+A spec is "3.4,5.1", "layer:3", `all` (every head, ablated together) or a role (any label
+of the registry of head kinds, headlens.kinds: `induction`, `retrieval`, `successor`, ..., also
+written `label:NAME`); `each` (every head alone) is the single-head sweep's, `sweep_heads`.
 A role resolves to the heads carrying that label, read from a `heads.json` written by
 `headlens classify --out` or found by classifying the model (headlens.classify.classify_heads,
 default probes; the classifier is imported only then).
@@ -17,7 +17,7 @@ from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
 from headlens.labels import LABELS
 
-ROLES = ("induction", "retrieval", "previous_token", "duplicate_token", "first_token")
+ROLES = LABELS  # every kind of the registry (headlens.kinds) is a role spec: `--heads successor`
 EACH = "each"  # every head alone: the sweep's spec, not a set
 
 
