@@ -15,7 +15,6 @@ names, Hugging Face's own modules, TransformerLens's bridge.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +33,6 @@ from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
 # float32 recomputed in another order (our layer split vs the bridge's, hooks vs the model's own
 # path): rounding only, ~1e-6 here; a wrong norm, rotary base or mask gives >= 1e-2.
 ATOL = 1e-5
-GEMMA_270M = Path("/tmp/hf/gemma3-270m")  # the hand-converted float32 Hugging Face folder
 TEXT = " ".join([BUILTIN_TEXT] * 3)  # two windows of the 64-token context: a right-padded batch
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -228,12 +226,12 @@ def test_configs_headlens_cannot_read_are_refused_in_one_line(option, value, wor
 
 
 @pytest.fixture(scope="module")
-def gemma_270m():
-    if not (GEMMA_270M / "model.safetensors").is_file():
-        pytest.skip(f"{GEMMA_270M} is absent (a hand-converted float32 Gemma 3 270M folder)")
+def gemma_270m(pulled):
+    """Gemma 3 270M pulled into headlens's cache (`make models`), dequantized from its GGUF."""
     from headlens.models import load_model
 
-    return load_model(str(GEMMA_270M))
+    pulled("gemma3-270m")
+    return load_model("gemma3-270m")
 
 
 @pytest.mark.slow

@@ -27,10 +27,10 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ablate_heads
-from headlens.ablation.datasets import build_evalset
+from headlens.ablation.evalset import build_evalset
 from headlens.ablation.replace import heads_by_layer
-from headlens.ablation.roles import control_sets, control_summary
-from headlens.ablation.runner import LayerRunner
+from headlens.ablation.stats import control_design, control_summary
+from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for
 from headlens.arch.base import get_module
 from headlens.capture import iter_batches, run_capture
@@ -111,7 +111,7 @@ def labelled(labels, role: str) -> list[Head]:
 
 def random_sets(heads: list[Head], n_heads: int, seed: int) -> list[list[Head]]:
     """N_CONTROLS random sets with `heads`' count per layer, each different from `heads`."""
-    drawn = [s for s in control_sets(heads, n_heads, 2 * N_CONTROLS, seed) if s != heads]
+    drawn = [s for s in control_design(heads, n_heads, 2 * N_CONTROLS, seed)["sets"] if s != heads]
     assert len(drawn) >= N_CONTROLS, "too few distinct random sets"
     return drawn[:N_CONTROLS]
 
@@ -123,14 +123,14 @@ def stacked_run(model, input_ids, mask, head_sets, last_layer: int | None = None
     attention output removed); layers before the first ablated one run once for every copy.
 
     Returns the residual leaving `last_layer` (default: the last) [copies * batch, pos, d_model], copy-major
-    as LayerRunner stacks copies, its runner, and {layer: pattern [copies * batch, head, q, k]}."""
+    as the adapter stacks copies, the adapter, and {layer: pattern [copies * batch, head, q, k]}."""
     adapter = adapter_for(model)
-    runner = LayerRunner(model, input_ids, mask)
-    last = runner.n_layers - 1 if last_layer is None else last_layer
+    ctx = adapter.context(input_ids, mask)
+    last = adapter.n_layers - 1 if last_layer is None else last_layer
     first = min((h.layer for s in head_sets for h in s), default=last + 1)
     by_layer = [heads_by_layer(s) for s in head_sets]
     copies, n_rows = len(head_sets), input_ids.shape[0]
-    resid = runner.embed()  # [batch, pos, d_model]
+    resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
     patterns = {}
     for layer in range(last + 1):
         if layer == first:
@@ -140,8 +140,8 @@ def stacked_run(model, input_ids, mask, head_sets, last_layer: int | None = None
             block = adapter.layer(layer)
             attn = get_module(block, adapter.sites.attn)
             normed = get_module(block, adapter.sites.input_norm)(resid)
-            patterns[layer] = attn(normed, **runner.ctx.attn_kwargs(stacked, layer))[1]  # [rows, head, q, k]
-        z, out = runner.attention(layer, resid, stacked)  # [rows, pos, head, d_head], [rows, pos, d_model]
+            patterns[layer] = attn(normed, **ctx.attn_kwargs(stacked, layer))[1]  # [rows, head, q, k]
+        z, out = adapter.attention(layer, resid, ctx, stacked)  # [rows, pos, head, d_head], [rows, pos, d_model]
         if layer >= first:
             w_o = adapter.w_o(layer)  # [head, d_head, d_model]
             out = out.clone()
@@ -149,10 +149,10 @@ def stacked_run(model, input_ids, mask, head_sets, last_layer: int | None = None
                 rows = slice(copy * n_rows, (copy + 1) * n_rows)
                 for head in heads.get(layer, []):
                     out[rows] -= z[rows, :, head.head] @ w_o[head.head]  # [batch, pos, d_model]
-        resid = runner.finish_block(layer, resid, out)
+        resid = adapter.finish_block(layer, resid, out)
     if first > last:
         resid = resid.repeat(copies, 1, 1)
-    return resid, runner, patterns
+    return resid, adapter, patterns
 
 
 def set_means(loaded, evalset, head_sets, batch_size: int = 4) -> torch.Tensor:
@@ -164,8 +164,8 @@ def set_means(loaded, evalset, head_sets, batch_size: int = 4) -> torch.Tensor:
             rows = slice(start, min(start + batch_size, n_seq))
             for first in range(0, len(head_sets), SETS_PER_PASS):
                 group = head_sets[first:first + SETS_PER_PASS]
-                resid, runner, _ = stacked_run(loaded.model, evalset.input_ids[rows], evalset.mask[rows], group)
-                unit = runner.unit_sums(resid, evalset, rows, copies=len(group))  # [copies, n_units]
+                resid, adapter, _ = stacked_run(loaded.model, evalset.input_ids[rows], evalset.mask[rows], group)
+                unit = unit_sums(adapter, resid, evalset, rows, copies=len(group))  # [copies, n_units]
                 sums[first:first + len(group)] += unit.double().sum(-1).cpu()
     return sums / int(evalset.counted.sum())
 
