@@ -235,6 +235,7 @@ def gemma_270m(pulled):
 
 
 @pytest.mark.slow
+@pytest.mark.real
 def test_gemma_270m_validates_on_every_layer(gemma_270m):
     frame = validate_model(gemma_270m)
     assert gemma_270m.spec.family == "gemma3_text" and gemma_270m.spec.n_layers == 18
