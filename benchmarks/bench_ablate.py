@@ -129,7 +129,7 @@ def section_tl_loop() -> dict:
 
 
 def section_attribution() -> dict:
-    from headlens.ablation.attribution import attribution_deltas
+    from headlens.ablation.gradients import attribution_deltas
 
     loaded, evalset = _setup()
     _hwm_reset()

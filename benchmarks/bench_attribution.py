@@ -38,8 +38,7 @@ def _frame(deltas: torch.Tensor, column: str) -> pd.DataFrame:
 def compare(name: str, model, evalset) -> list[dict]:
     """Exact sweep, atp and atp* on one evaluation set (zero ablation): rows of the table."""
     from headlens.ablation.approx import agreement
-    from headlens.ablation.atp_star import atp_star_deltas
-    from headlens.ablation.attribution import attribution_deltas
+    from headlens.ablation.gradients import atp_star_deltas, attribution_deltas
     from headlens.ablation.sweep import base_sums, sweep_sums
     from headlens.arch import adapter_for
     from headlens.heads import all_heads
@@ -70,7 +69,7 @@ def main() -> None:
     from bench_ablate import _setup
     from planted import build_planted
 
-    from headlens.ablation.datasets import build_evalset
+    from headlens.ablation.evalset import build_evalset
     from headlens.models import load_model
 
     torch.set_num_threads(THREADS)

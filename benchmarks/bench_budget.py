@@ -6,7 +6,7 @@ seconds and CPU seconds (user + system of the process, all threads) for the load
 compared and the heads that differ listed. The machine is shared: CPU seconds are the figure that
 does not depend on the load; `uptime` is printed before and after.
 
-    .venv/bin/python benchmarks/bench_budget.py MODEL [--factor 4] [--budget N] [--out DIR]
+    .venv/bin/python benchmarks/bench_budget.py MODEL [--factor 4] [--budget N] [--max-windows W] [--out DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def cpu() -> float:
     return times.user + times.system
 
 
-def child(model: str, budget: int, out: Path) -> None:
+def child(model: str, budget: int, out: Path, max_windows: int) -> None:
     """One classify run at `budget`, every probe timed; the frame goes to out/heads_<budget>.json."""
     from headlens import kinds
     from headlens.classify import classify_heads, head_records
@@ -35,9 +35,11 @@ def child(model: str, budget: int, out: Path) -> None:
     timings = {}
 
     def timed(name, probe):
+        original = probe.run  # the bound method, before the instance attribute below hides it
+
         def run(shared):
             wall, used = time.perf_counter(), cpu()
-            result = probe.run(shared)
+            result = original(shared)
             timings[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
             return result
         return run
@@ -48,7 +50,7 @@ def child(model: str, budget: int, out: Path) -> None:
     for name, probe in list(kinds.PROBES.items()):
         object.__setattr__(probe, "run", timed(name, probe))
     wall, used = time.perf_counter(), cpu()
-    frame = classify_heads(loaded, config=ClassifyConfig(token_budget=budget))
+    frame = classify_heads(loaded, config=ClassifyConfig(token_budget=budget, max_windows=max_windows))
     timings["classify"] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
     sizes = frame.attrs["probes"]["sizes"]
     (out / f"heads_{budget}.json").write_text(json.dumps(head_records(frame), default=str))
@@ -77,22 +79,24 @@ def compare(out: Path, low: int, high: int) -> dict:
 
 def main() -> None:
     from headlens.kinds import DEFAULT_TOKEN_BUDGET
+    from headlens.labels import ClassifyConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--budget", type=int, default=DEFAULT_TOKEN_BUDGET)
     parser.add_argument("--factor", type=int, default=4)
+    parser.add_argument("--max-windows", type=int, default=ClassifyConfig.max_windows)
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_budget"))
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.child is not None:
-        child(args.model, args.child, args.out)
+        child(args.model, args.child, args.out, args.max_windows)
         return
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     for budget in (args.budget, args.budget * args.factor):
-        done = subprocess.run([sys.executable, __file__, args.model, "--out", str(args.out), "--child", str(budget)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, __file__, args.model, "--out", str(args.out), "--child", str(budget),
+                               "--max-windows", str(args.max_windows)], capture_output=True, text=True, check=True)
         print(done.stdout.strip().splitlines()[-1])
         print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(json.dumps(compare(args.out, args.budget, args.budget * args.factor), indent=1))

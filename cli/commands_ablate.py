@@ -1,6 +1,9 @@
 """`headlens ablate` and `headlens prune`: thin shells over headlens.ablation.
 
 Method and metric are checked by the library, the format by cli.options (one-line error, exit 2).
+`--format json` prints one JSON document on every path: an ablation's object, a sweep's or an
+estimate's `{..., "rows": [...]}`, prune's `{"curve": [...], ...}`. Ctrl-C during a sweep says how
+many heads were saved where, and exits 130.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import json
 
 import click
+
 from headlens.cli.options import (
     batch_size_option,
     command_line,
@@ -20,6 +24,7 @@ from headlens.cli.options import (
 )
 
 FORMATS = ("table", "json")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's status for Ctrl-C
 
 
 GENERIC_KEYS = ["n", "clean", "ablated", "delta"]
@@ -27,11 +32,11 @@ LOSS_KEYS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 ABOUT_KEYS = ["data", "reference", "resampled"]
 
 
-def _row_object(model: str, method: str, metric: str, row, about: dict) -> dict:
+def _row_object(model: str, method: str, metric: str, unit: str, row, about: dict) -> dict:
     """One sweep row as the JSON object of a single-head ablation (NaN CI bounds: null)."""
     ci = None if row["ci95_low"] != row["ci95_low"] else [row["ci95_low"], row["ci95_high"]]
     obj = {"model": model, "heads": [f"{row['layer']}.{row['head']}"], "method": method, "metric": metric,
-           **{key: row[key] for key in GENERIC_KEYS}, "ci95": ci}
+           "unit": unit, **{key: row[key] for key in GENERIC_KEYS}, "ci95": ci}
     obj.update({key: row[key] for key in LOSS_KEYS if key in row})
     obj.update(about)
     return obj
@@ -43,10 +48,10 @@ def _write_json_atomic(path, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
-def _print_frame(frame, fmt: str, to_objects) -> None:
+def _print_frame(frame, fmt: str, to_objects, head: dict, tail: dict | None = None) -> None:
+    """The frame as a table, or as one JSON document: `head`, then its rows (`to_objects`), then `tail`."""
     if fmt == "json":
-        for row in frame.to_dict("records"):
-            click.echo(json.dumps(to_objects(row)))
+        click.echo(json.dumps({**head, "rows": [to_objects(row) for row in frame.to_dict("records")], **(tail or {})}))
     else:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
 
@@ -55,11 +60,11 @@ def _batched(run, batch_size):
     """`run(size)` at `batch_size` (None: the library's default), or under auto at the largest size
     that fits, the choice reported on stderr by rank 0."""
     from headlens import distributed
-    from headlens.ablation.ablate import BATCH
+    from headlens.ablation.evalset import BATCH_SIZE
     from headlens.devices import with_largest_batch
 
     if batch_size != "auto":
-        return run(batch_size or BATCH)
+        return run(batch_size or BATCH_SIZE)
     result, chosen = with_largest_batch(run)
     if distributed.is_main():
         click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
@@ -87,10 +92,9 @@ def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
         obj.update({key: row[key] for key in ("delta_loss_approx", "graddrop", "delta") if key in row})
         return obj
 
-    _print_frame(approx, fmt, to_obj)
-    if fmt == "json":
-        click.echo(json.dumps({"check" if check else "trust": summary}))
-    else:
+    head = {"model": name, "method": options["method"], "metric": options["metric"], "approx": kind}
+    _print_frame(approx, fmt, to_obj, head, {"check" if check else "trust": summary})
+    if fmt != "json":
         click.echo(_trust_line(kind, summary))
     return approx
 
@@ -102,22 +106,26 @@ def _trust_line(kind: str, summary: dict) -> str:
             f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f} (trust the estimate only as far as this)")
 
 
+def _control_line(control: dict) -> str:
+    """How the chosen set compares with the control sets, and how many sets the design allows."""
+    deltas = sorted(control["deltas"])
+    drawn = (f"all {control['n_possible']} other sets with the same heads per layer (exact)" if control["exact"]
+             else f"{control['k']} random sets of the {control['n_possible']} others with the same heads per layer "
+                  f"(seed {control['seed']})")
+    return (f"{drawn}: delta {deltas[0]:.5f} .. {deltas[-1]:.5f}, chosen set rank {control['rank']} of "
+            f"{control['k'] + 1}, p = {control['p_value']:.3f} (smallest p possible {control['p_min']:.3f})")
+
+
 def _print_ablation(ablation: dict) -> None:
     for key, value in ablation.items():
-        if key == "control":
-            deltas = sorted(value["deltas"])
-            click.echo(f"{'control':>13}  {value['k']} random sets with the same heads per layer (seed "
-                       f"{value['seed']}): delta {deltas[0]:.5f} .. {deltas[-1]:.5f}, chosen set rank "
-                       f"{value['rank']} of {value['k'] + 1}, p = {value['p_value']:.3f}")
-        else:
-            click.echo(f"{key:>13}  {value}")
+        click.echo(f"{key:>13}  {_control_line(value) if key == 'control' else value}")
 
 
 @click.command("ablate")
 @model_argument("gpt2")
 @click.option("--heads", "spec", required=True,
-              help="L.H,L.H | layer:L (together) | all (one at a time) | a role: induction, retrieval, "
-                   "previous_token, duplicate_token, first_token, label:NAME (together)")
+              help="L.H,L.H | layer:L | all (every head) | a role: induction, retrieval, previous_token, "
+                   "duplicate_token, first_token, label:NAME: ablated together; each: every head alone (a sweep)")
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
 @click.option("--metric", default="loss", show_default=True, help="loss (= text) | repeat | logit-diff | prob | needle")
 @click.option("--text", "text_path", type=click.Path(path_type=str), default=None,
@@ -132,7 +140,7 @@ def _print_ablation(ablation: dict) -> None:
               help="heads.json from `headlens classify --out` for role heads [default: classify the model]")
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of bootstrap, probes, resampling, control")
-@format_option(*FORMATS)
+@format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
 @click.option("--out", "out", default=None, type=click.Path(file_okay=False),
               help="directory: a sweep appends each finished head there (rows.jsonl, then sweep.csv)")
 @click.option("--resume", is_flag=True, help="continue the sweep found in --out")
@@ -144,23 +152,33 @@ def _print_ablation(ablation: dict) -> None:
 @lang_option
 @progress_option
 @placement_options
-@batch_size_option(4)  # headlens.ablation.ablate.BATCH
+@batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
 def ablate_command(model, spec, method, metric, text_path, prompts_path, reference_path, bos, labels_path, control,
                    seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress, placement,
                    batch_size) -> None:
-    """What does MODEL lose without these heads? Ablate them at z and measure the metric."""
+    """What does MODEL lose without these heads? Ablate them at z and measure the metric.
+
+    `--heads each` ablates every head alone (one row per head: `--out` keeps each row, `--resume`
+    continues); any other spec ablates its heads together. `--format json` prints one JSON document."""
     from headlens import distributed
-    from headlens.ablation.ablate import ablate_heads, sweep_heads
+    from headlens.ablation.ablate import ablate_heads
+    from headlens.ablation.evalset import read_prompts
     from headlens.ablation.metrics import check_choice
-    from headlens.ablation.prompts import read_prompts
-    from headlens.ablation.roles import parse_control, read_labels, resolve_heads
+    from headlens.ablation.roles import EACH, read_labels, resolve_heads
+    from headlens.ablation.stats import parse_control
     from headlens.corpus import open_text
     from headlens.errors import ConfigError
+    from headlens.heads import all_heads
     from headlens.models import load_model
     from headlens.probes import read_text
 
     metric = check_choice(method, metric)
     k = parse_control(control)
+    each = spec.strip().lower() == EACH
+    if report_path:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path, lang)  # fail before the work, not after
     if (check or graddrop) and not approx:
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
@@ -173,27 +191,18 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
                "reference": read_text(reference_path) if reference_path else None}
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
-    heads, chosen_by = resolve_heads(loaded, spec, labels)
+    shape = loaded.spec
+    heads, chosen_by = (all_heads(shape.n_layers, shape.n_heads), None) if each else resolve_heads(loaded, spec, labels)
     if chosen_by:
         click.echo(f"{chosen_by}: {', '.join(str(h) for h in heads)}", err=True)
     sweep_df, ablation = None, None
     if approx:
-        sweep_df = _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
-    elif spec.strip().lower() == "all":
-        tries = []
-
-        def sweep(size: int):
-            tries.append(size)  # a retry at a smaller batch keeps the rows already in --out
-            return sweep_heads(loaded, progress=progress, out=out, resume=resume or len(tries) > 1,
-                               batch_size=size, **options)
-
-        sweep_df = _batched(sweep, batch_size)
-        _print_frame(sweep_df, fmt, lambda row: _row_object(str(loaded.name), method, metric, row, sweep_df.attrs))
-        if fmt != "json":
-            click.echo("; ".join(f"{key}: {sweep_df.attrs[key]}" for key in ABOUT_KEYS))
+        _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
+    elif each:
+        sweep_df = _run_sweep(loaded, options, out, resume, batch_size, fmt, progress)
     else:
         ablation = _batched(lambda size: ablate_heads(loaded, heads, progress=progress, control=k, labels=labels,
-                                                      batch_size=size, **options), batch_size)
+                                                      batch_size=size, chosen_by=chosen_by, **options), batch_size)
         if out is not None and distributed.is_main():
             from pathlib import Path
 
@@ -207,9 +216,37 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        shown = sweep_df if sweep_df is not None and "delta_loss" in sweep_df else None
-        render_report(report_path, model_info=model_info(loaded), sweep=shown, ablation=ablation, command=command,
-                      lang=lang)
+        written = render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation,
+                                command=command, lang=lang)
+        click.echo(f"headlens: wrote {written}", err=True)
+
+
+def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, progress: bool):
+    """Every head alone, printed; an interrupt says what was saved and exits EXIT_INTERRUPTED."""
+    from headlens.ablation.ablate import sweep_heads
+    from headlens.ablation.metrics import UNIT
+    from headlens.ablation.store import SweepInterrupted
+
+    tries = []
+
+    def sweep(size: int):
+        tries.append(size)  # a retry at a smaller batch keeps the rows already in --out
+        return sweep_heads(loaded, progress=progress, out=out, resume=resume or len(tries) > 1, batch_size=size,
+                           **options)
+
+    try:
+        frame = _batched(sweep, batch_size)
+    except SweepInterrupted as stop:
+        advice = "; rerun with --resume" if stop.directory is not None else ""
+        click.echo(f"headlens: interrupted: {stop}{advice}", err=True)
+        click.get_current_context().exit(EXIT_INTERRUPTED)
+    name, method, metric = str(loaded.name), options["method"], options["metric"]
+    about = {key: frame.attrs[key] for key in ABOUT_KEYS}
+    _print_frame(frame, fmt, lambda row: _row_object(name, method, metric, UNIT[metric], row, about),
+                 {"model": name, "method": method, "metric": metric, "unit": UNIT[metric], **about})
+    if fmt != "json":
+        click.echo("; ".join(f"{key}: {about[key]}" for key in ABOUT_KEYS))
+    return frame
 
 
 @click.command("prune")
@@ -223,21 +260,27 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
 @click.option("--roles/--no-roles", default=True, show_default=True,
               help="mark labelled heads and test whether they are removed later (Voita et al. 2019)")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the removal-order permutation test")
-@format_option(*FORMATS)
+@format_option(*FORMATS)  # json: one document, the steps under "curve"
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
 @placement_options
-@batch_size_option(4)  # headlens.ablation.ablate.BATCH
+@batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
 def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang,
                   progress, placement, batch_size) -> None:
-    """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step."""
+    """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step.
+
+    `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
     from headlens.corpus import open_text
     from headlens.models import load_model
 
+    if report_path:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path, lang)  # fail before the work, not after
     text = open_text(text_path) if text_path else None
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
@@ -250,10 +293,8 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
     if not distributed.is_main():  # every rank holds the same curve; rank 0 alone writes
         return
     if fmt == "json":
-        for row in curve.to_dict("records"):
-            click.echo(json.dumps(row))
-        click.echo(json.dumps({"heads_within_tolerance": n_ok, "n_heads": n_total, "tolerance": PRUNE_TOLERANCE,
-                               "removal_by_role": order}))
+        click.echo(json.dumps({"curve": curve.to_dict("records"), "heads_within_tolerance": n_ok, "n_heads": n_total,
+                               "tolerance": PRUNE_TOLERANCE, "removal_by_role": order}))
     else:
         click.echo(curve.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         click.echo(f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
@@ -262,9 +303,13 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
             click.echo(_order_line(order))
     if report_path:
         from headlens.reports import render_report
+        from headlens.reports.i18n import t
 
         command = command_line(click.get_current_context())
-        render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command, lang=lang)
+        curve.attrs.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
+        written = render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command,
+                                text_label=text_path or t("text_label.default", lang), lang=lang)
+        click.echo(f"headlens: wrote {written}", err=True)
 
 
 def _order_line(order: dict) -> str:

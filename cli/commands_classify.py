@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import click
+
 from headlens.cli.options import (
     batch_size_option,
     command_line,
@@ -15,12 +16,30 @@ from headlens.cli.options import (
     placement_options,
     progress_option,
 )
-
 from headlens.kinds import DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 
 FORMATS = ("table", "csv", "json")
+# The shortest period --seq-len accepts. With period T the induction target of a token sits T - 1 tokens back
+# and its earlier copy T back: at T = 1 the previous token, the earlier copy and the induction target are one
+# position, so previous-token, duplicate-token and induction heads cannot be told apart, and any head at the
+# fixed offset -(T - 1) scores as an induction head. The minimum puts the induction target beyond every
+# offset the positional test buckets (ClassifyConfig.max_offset = 8; Voita et al. 2019), so a positional
+# head cannot pass for an induction head: T >= max_offset + 2 = 10 (Olsson et al. 2022 use 25).
+MIN_SEQ_LEN = 10
+# Share of the memory free now that the repeat probe's random tokens may take; past it the run is refused
+# before it starts, instead of ending in an out-of-memory error after minutes of work.
+MAX_MEMORY_SHARE = 0.5
 # TABLE_COLUMNS (headlens.kinds): the columns of the table view (every column goes to csv / json).
 __all__ = ["COMMANDS", "TABLE_COLUMNS", "classify_command"]
+
+
+def _check_seq_len(ctx, param, value):
+    if value is not None and value < MIN_SEQ_LEN:
+        raise click.BadParameter(f"{value} is below {MIN_SEQ_LEN}: at a shorter period a head that looks a fixed "
+                                 f"number of tokens back (up to {MIN_SEQ_LEN - 2}, the positional test's reach) "
+                                 "scores as an induction head, and at period 1 previous-token, duplicate-token and "
+                                 "induction heads look the same")
+    return value
 
 
 @click.command("classify")
@@ -30,7 +49,9 @@ __all__ = ["COMMANDS", "TABLE_COLUMNS", "classify_command"]
                    "needle probes [default: the tiny model's held-out text]")
 @click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
-@click.option("--seq-len", type=int, default=None, help="period T of the random segment [default: 25]")
+@click.option("--seq-len", type=int, default=None, callback=_check_seq_len,
+              help=f"period T of the random segment [default: 25; at least {MIN_SEQ_LEN}, so the previous token, "
+                   "the earlier copy and the induction target are positions a positional head cannot confuse]")
 @click.option("--max-windows", type=int, default=None, help="natural-text windows scored at most [default: 32]")
 @click.option("--token-budget", type=int, default=None,
               help=f"tokens per text window and repeated sequence, at most the model's context "
@@ -60,14 +81,15 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, t
     from headlens.classify import ClassifyConfig, classify_heads
     from headlens.corpus import Corpus
     from headlens.devices import with_largest_batch
-    from headlens.labels import config_with_thresholds, rank_heads
+    from headlens.labels import rank_heads
     from headlens.models import load_model
 
     flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows,
              "token_budget": token_budget, "needle_budget": needle_budget}
     config = replace(ClassifyConfig(), **{k: v for k, v in flags.items() if v is not None},
                      **({"needles": False} if no_needles else {}))
-    config = config_with_thresholds(config, thresholds)
+    config = _with_thresholds(config, thresholds)
+    _check_work_size(config)
     text = Corpus(text_file) if text_file is not None else None
     out = _check_out_dir(out_dir) if out_dir is not None else None
     if report_path is not None:
@@ -89,12 +111,14 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, t
     _notes(frame, text)
     if out is not None:
         _write_outputs(out, frame)
+        click.echo(f"headlens: wrote {out / 'heads.csv'} and {out / 'heads.json'}", err=True)
     if report_path is not None:
         from headlens.reports import render_report
         from headlens.reports.i18n import t
 
-        render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
-                      text_label=text_file or t("text_label.default", lang), lang=lang)
+        written = render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
+                                text_label=text_file or t("text_label.default", lang), lang=lang)
+        click.echo(f"headlens: wrote {written}", err=True)
     click.echo(_render(rank_heads(frame), fmt))
 
 
@@ -119,6 +143,41 @@ def _notes(frame, text) -> None:
     if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
         click.echo("headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
                    "haystack is the held-out text shipped with headlens (needles_source = default_text)", err=True)
+
+
+def _with_thresholds(config, pairs):
+    """labels.config_with_thresholds, its range errors naming the option the user wrote, not the field."""
+    from headlens.errors import ConfigError
+    from headlens.labels import THRESHOLDS, config_with_thresholds
+
+    try:
+        return config_with_thresholds(config, pairs)
+    except ConfigError as exc:
+        message = str(exc)
+        for name, field in THRESHOLDS.items():
+            if message.startswith(f"{field} = "):
+                value = message.split(" = ", 1)[1].split(" ", 1)[0]
+                raise ConfigError(f"--threshold {name}={value} is out of range: "
+                                  f"{message.split('out of range: ', 1)[-1]}") from None
+        raise
+
+
+def _check_work_size(config) -> None:
+    """Refuse a repeat probe whose random tokens alone would take more than MAX_MEMORY_SHARE of the memory
+    free now (int64 ids: n_seq x (1 + seq_len x repeats) x 8 bytes)."""
+    import os
+
+    from headlens.errors import ConfigError
+
+    needed = config.n_seq * (1 + config.seq_len * config.repeats) * 8
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not every platform says
+        return
+    if needed > MAX_MEMORY_SHARE * free:
+        raise ConfigError(f"--n-seq {config.n_seq} is too large: its random tokens alone need "
+                          f"{needed / 2**30:,.1f} GiB and this machine has {free / 2**30:,.1f} GiB free; "
+                          f"lower --n-seq (at most about {int(MAX_MEMORY_SHARE * free // (needed // config.n_seq)):,})")
 
 
 def _check_out_dir(out_dir: str):

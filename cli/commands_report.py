@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 
 import click
+
 from headlens.cli.options import lang_option, model_argument, model_info, placement_options, progress_option
 
 
@@ -47,13 +48,17 @@ def training_logs(loaded):
 def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None) -> list[dict]:
     """Each chosen head alone (read from the sweep when one was run), then all of them together."""
     from headlens.ablation.ablate import ablate_heads
+    from headlens.ablation.metrics import UNIT
 
     if sweep is not None:
         rows = sweep.set_index(["layer", "head"])
-        results = [{"heads": [str(head)], "method": "zero", "n_tokens": int(rows.loc[tuple(head), "n_tokens"]),
-                    "delta_loss": float(rows.loc[tuple(head), "delta_loss"]),
-                    "ci95": [float(rows.loc[tuple(head), "ci95_low"]), float(rows.loc[tuple(head), "ci95_high"])]}
-                   for head in heads]
+        results = []
+        for head in heads:
+            row = rows.loc[tuple(head)]
+            delta = float(row["delta_loss"])
+            results.append({"heads": [str(head)], "method": "zero", "metric": "loss", "unit": UNIT["loss"],
+                            "n_tokens": int(row["n_tokens"]), "delta": delta, "delta_loss": delta,
+                            "ci95": [float(row["ci95_low"]), float(row["ci95_high"])]})
     else:
         results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads]
     if len(heads) > 1:
@@ -83,16 +88,15 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang,
                    progress, placement) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
-    from headlens.reports import render_report
-    from headlens.reports.i18n import t
-    from headlens.reports.render import check_output_path
-    from headlens.reports.viewer import default_viewer_tokens
-
     from headlens import distributed
     from headlens.classify import classify_heads
     from headlens.heads import parse_heads
     from headlens.models import load_model
     from headlens.probes import default_text, read_text
+    from headlens.reports import render_report
+    from headlens.reports.i18n import t
+    from headlens.reports.render import check_output_path
+    from headlens.reports.viewer import default_viewer_tokens
     from headlens.samples import sample_patterns
     from headlens.validate import validate_model
 
@@ -120,7 +124,7 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
     if prune:
         from headlens.ablation.prune import prune_curve
 
-        pruning = prune_curve(loaded, text=text, seed=seed, progress=progress)
+        pruning = prune_curve(loaded, text=text, progress=progress)
     n_sample = viewer_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)
     if not distributed.is_main():
         return  # rank 0 alone writes

@@ -6,6 +6,7 @@ import json
 import sys
 
 import click
+
 from headlens.cli.options import format_option, model_argument, placement_options
 
 EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.main)
@@ -20,9 +21,15 @@ def heads_command(spec: str, model: str) -> None:
     On a model whose query heads share key/value heads (grouped- or multi-query attention), one
     more line per key/value head names the query heads of the SPEC that read it.
     """
+    from headlens.errors import InvalidHeadError
     from headlens.heads import format_heads, parse_heads
+    from headlens.labels import LABELS
     from headlens.models import load_model
 
+    role = spec.strip().removeprefix("label:").strip()
+    if role in LABELS:
+        raise InvalidHeadError(f"{spec!r} is a role, not a list of heads: `headlens heads` takes L.H,L.H, layer:L or "
+                               f"all; roles are taken by ablate (headlens ablate {model} --heads {spec.strip()})")
     loaded = load_model(model)
     model_spec = loaded.spec
     heads = parse_heads(spec, model_spec.n_layers, model_spec.n_heads)
@@ -43,7 +50,7 @@ def _format_table(frame) -> str:
 
 
 @click.command("validate")
-@model_argument(None)
+@model_argument("tiny")
 @click.option("--text", "text_file", default=None, metavar="FILE",
               help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)")
 @format_option("table", "json")

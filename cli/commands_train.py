@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+
 from headlens.cli.options import progress_option
 
 

@@ -1,6 +1,6 @@
 """`headlens` entry point. Bad input becomes one line on stderr and exit status 2, here: every
-HeadlensError, every click usage error (unknown option, missing value), and every OSError
-(an output path that cannot be written, a file that cannot be read).
+HeadlensError, every click usage error (unknown option, missing value), every OSError
+(an output path that cannot be written, a file that cannot be read), and running out of memory.
 
 Heavy imports (torch, transformers) stay inside command bodies so `headlens --help` is instant.
 """
@@ -15,6 +15,8 @@ from headlens import __version__
 from headlens.errors import HeadlensError
 
 EXIT_BAD_INPUT = 2
+OUT_OF_MEMORY = ("out of memory: the run needs more memory than this machine has free; lower --batch-size "
+                 "(or the probe sizes: --n-seq, --max-windows) and nothing already written was changed")
 
 
 class HeadlensGroup(click.Group):
@@ -28,6 +30,12 @@ class HeadlensGroup(click.Group):
             _fail(f"{exc.format_message()}{where}")
         except (HeadlensError, UnicodeDecodeError, OSError) as exc:
             _fail(str(exc))
+        except MemoryError:
+            _fail(OUT_OF_MEMORY)
+        except RuntimeError as exc:  # torch reports a failed allocation as a RuntimeError subclass
+            if type(exc).__name__ != "OutOfMemoryError" and "can't allocate memory" not in str(exc):
+                raise
+            _fail(OUT_OF_MEMORY)
 
 
 def _fail(message: str) -> None:

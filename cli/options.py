@@ -51,7 +51,7 @@ def format_option(*choices: str, default: str = "table"):
         return value
 
     return click.option("--format", "fmt", default=default, show_default=True, callback=check,
-                        help=" | ".join(choices))
+                        metavar="|".join(choices), help=" | ".join(choices))
 
 
 def progress_option(func):
@@ -88,18 +88,21 @@ def model_info(loaded) -> dict:
 
 
 def command_line(ctx) -> str:
-    """The command as typed, rebuilt from click's parsed parameters (non-default values only)."""
+    """The command as typed: every parameter the user gave on the command line (click's parameter source),
+    with its value as parsed, so a rerun is the same run; defaults are left to the defaults."""
+    from click.core import ParameterSource
+
     words = ["headlens", ctx.info_name]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
-        if value is None or value is False or value == param.default or value == ():
-            continue
-        if param.name == "progress":
+        given = ctx.get_parameter_source(param.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        if not given or value is None or param.name == "progress":
             continue
         if isinstance(param, click.Argument):
             words.append(str(value))
-        elif value is True:
-            words.append(param.opts[0])
+        elif getattr(param, "is_flag", False):
+            if value or param.secondary_opts:  # --bos/--no-bos: the side the user chose
+                words.append(param.opts[0] if value else param.secondary_opts[0])
         else:
             for item in value if isinstance(value, tuple) else (value,):
                 words += [param.opts[0], str(item)]

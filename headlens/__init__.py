@@ -1,4 +1,4 @@
-"""headlens: what does each attention head of a GPT-2-family model do?
+"""headlens: what does each attention head of a transformer language model do?
 
 Library first: load -> capture -> score/classify -> ablate -> report, each a module.
 In a notebook, `headlens.show(result)` draws any result inline (headlens.reports.inline).

@@ -11,15 +11,17 @@ The four moves (Vaswani et al. 2017, "Attention Is All You Need", section 3.2):
 4) project the concatenation with W_O (`c_proj`) back to d_model.
 
 `CausalSelfAttention` is GPT-2's attention. `GroupedQueryAttention` is the same four moves as
-today's decoders run them (Llama, Mistral, Qwen, GPT-NeoX), with module names copied from
+today's decoders run them (Llama, Mistral, Qwen, GPT-NeoX, Gemma 3), with module names copied from
 Llama's checkpoint keys (`q_proj`, `k_proj`, `v_proj`, `o_proj`) and three additions inside move 1:
 - grouped-query attention (Ainslie et al. 2023): n_kv_heads key/value heads, each shared by
   n_heads / n_kv_heads consecutive query heads (multi-query, Shazeer 2019: one for all), and
   d_head free of d_model / n_heads;
-- an optional RMSNorm over each head's query and key (Qwen3);
+- an optional RMSNorm over each head's query and key (Qwen3; Gemma 3's multiplies by 1 + gain,
+  `norm_offset` = 1);
 - rotary positions (Su et al. 2021, "RoFormer"): each pair of dimensions (i, i + r/2) of the
   first r = rotary_dim dimensions of q and k is rotated by position x frequency (GPT-NeoX's
-  `rotary_pct` < 1 leaves the rest unrotated), so q . k depends on the relative position;
+  `rotary_pct` < 1 leaves the rest unrotated), so q . k depends on the relative position; the
+  frequencies are the layer's own (Gemma 3's sliding-window and global layers use different bases);
 and, in move 2, an optional sliding window (Mistral): keys window or more positions back are masked.
 
 `headlens.validate` feeds each layer's true input through these modules and compares the result
@@ -195,6 +197,7 @@ class AttentionWeights:
     q_norm: torch.Tensor | None = None  # [d_head] gain of the per-head RMSNorm on q (Qwen3), or None
     k_norm: torch.Tensor | None = None  # [d_head] the same for k
     norm_eps: float = 1e-6  # epsilon of those RMSNorms
+    norm_offset: float = 0.0  # added to their gains: 1 for Gemma's RMSNorm, x * (1 + gain); 0 for Qwen3's
     window: int | None = None  # sliding window: keys >= window positions back are masked; None: full
 
 
@@ -207,10 +210,15 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     return layer
 
 
-def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * gain over the last dimension, computed in float32 (Zhang & Sennrich 2019)."""
+def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * gain over the last dimension, computed in float32 (Zhang & Sennrich 2019).
+
+    With an offset (Gemma: 1) the gain is offset + gain and multiplies in float32 before the cast
+    back to x's dtype, as Hugging Face's Gemma3RMSNorm rounds; without, the Llama/Qwen order."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # [..., d]
+    if offset:
+        return (x32 * (offset + gain.float())).to(x.dtype)  # [..., d]
     return gain * x32.to(x.dtype)
 
 
@@ -242,6 +250,7 @@ class GroupedQueryAttention(nn.Module):
         self.v_proj, self.o_proj = _linear(weights.w_v, weights.b_v), _linear(weights.w_o, weights.b_o)
         self.inv_freq, self.rotary_scale = weights.inv_freq, weights.rotary_scale
         self.q_norm, self.k_norm, self.norm_eps = weights.q_norm, weights.k_norm, weights.norm_eps
+        self.norm_offset = weights.norm_offset
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> AttentionOutput:
         """x: [batch, pos, d_model], the layer's input (after its input norm); attention_mask as in
@@ -252,7 +261,8 @@ class GroupedQueryAttention(nn.Module):
         k = self.k_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)  # [batch, k_pos, kv_head, d_head]
         v = self.v_proj(x).view(batch, pos, self.n_kv_heads, self.d_head)  # [batch, k_pos, kv_head, d_head]
         if self.q_norm is not None:
-            q, k = rms_norm(q, self.q_norm, self.norm_eps), rms_norm(k, self.k_norm, self.norm_eps)
+            q = rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)  # [batch, q_pos, head, d_head]
+            k = rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)  # [batch, k_pos, kv_head, d_head]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head | kv_head, pos, d_head]
         if self.inv_freq is not None:
             q, k = rotate(q, self.inv_freq, self.rotary_scale), rotate(k, self.inv_freq, self.rotary_scale)

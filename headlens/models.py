@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from headlens.arch import adapter_for, check_supported
+from headlens.arch import adapter_for, check_supported, kv_group
 from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
 from headlens.hub import check_local_dir, resolve_hub
@@ -42,13 +42,12 @@ class ModelSpec:
     n_ctx: int  # maximum sequence length
     d_vocab: int  # vocabulary size of the unembedding
     n_params: int  # parameter count (tied embeddings counted once)
-    n_kv_heads: int = 0  # key/value heads per block (GQA/MQA: fewer than n_heads); 0 read as n_heads
-    family: str = "gpt2"  # the architecture adapter's family (the config's model_type)
+    n_kv_heads: int  # key/value heads per block (GQA/MQA: fewer than n_heads)
+    family: str  # the architecture adapter's family (the config's model_type)
 
     def kv_group(self, head: int) -> int:
-        """The key/value head that query head `head` reads."""
-        n_kv = self.n_kv_heads or self.n_heads
-        return head // (self.n_heads // n_kv)
+        """The key/value head that query head `head` reads (headlens.arch.kv_group)."""
+        return kv_group(head, self.n_heads, self.n_kv_heads)
 
 
 @dataclass
@@ -214,15 +213,25 @@ def resolve_model(name_or_path: str) -> tuple[Path, ModelSource | None, str]:
     return path, None, (path.name if local else name_or_path)
 
 
-def _load_tokenizer(path: Path):
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json")
+
+
+def _load_tokenizer(path: Path, d_vocab: int):
+    """The folder's tokenizer; without tokenizer files, the shipped GPT-2 one when the model's vocabulary
+    is GPT-2's size (a folder written for random GPT-2-shaped weights), else ModelLoadError naming the files."""
     from transformers import AutoTokenizer
 
-    if any((path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json")):
+    if any((path / f).is_file() for f in TOKENIZER_FILES):
         try:
             return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         except Exception as exc:
             raise ModelLoadError(f"tokenizer files in {path} cannot be read: {exc}") from None
-    return gpt2_tokenizer()
+    tokenizer = gpt2_tokenizer()
+    if d_vocab != len(tokenizer):
+        raise ModelLoadError(f"{path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there, and the "
+                             f"model's {d_vocab}-token vocabulary is not GPT-2's; copy the model's tokenizer files "
+                             "into the folder")
+    return tokenizer
 
 
 def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
@@ -263,6 +272,6 @@ def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
     model = _to_eager(model) if target is None else _to_eager(model).to(target)
     model.eval()
-    return LoadedModel(model=model, tokenizer=_load_tokenizer(path), spec=spec_of(model),
-                       name=name_or_path, path=path, display_name=display_name, source=source)
+    return LoadedModel(model=model, tokenizer=_load_tokenizer(path, model.get_input_embeddings().num_embeddings),
+                       spec=spec_of(model), name=name_or_path, path=path, display_name=display_name, source=source)
 

@@ -140,7 +140,8 @@ def fit_repeats(seq_len: int, repeats: int, n_ctx: int) -> int:
 
     fit = min(repeats, (n_ctx - 1) // seq_len)
     if fit < 2:
-        raise ConfigError(f"seq_len {seq_len} is too long for this model's context of {n_ctx} tokens: "
+        raise ConfigError(f"seq_len {seq_len} is too long for probe sequences of {n_ctx} tokens (the token budget "
+                          f"or the model's context, whichever is shorter): "
                           f"two copies plus BOS need 1 + 2 * seq_len <= {n_ctx}, so seq_len <= {(n_ctx - 1) // 2}")
     return fit
 

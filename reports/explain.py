@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headlens.reports.i18n import DEFAULT_LANG, t
-
 from headlens import kinds
 from headlens.labels import head_strength
+from headlens.reports.i18n import DEFAULT_LANG, t
 
 
 @dataclass(frozen=True)

@@ -11,22 +11,27 @@ import io
 
 import numpy as np
 import pandas as pd
-from headlens.reports.i18n import DEFAULT_LANG, t
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter
 
 from headlens import kinds
 from headlens.labels import label_list
+from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 
 # Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap.
 FIGURE_DPI = 80
 # Annotating every cell stays legible up to about this many cells (GPT-2 small has 144).
 MAX_ANNOTATED_CELLS = 400
+# A heatmap cell and its number: 0.75 in x 80 dpi = 60 px wide, numbers of 10 pt = 11 px (tiny's 2 x 4 map
+# comes out about 460 x 240 px, readable without zooming).
+CELL_INCHES, CELL_FONT_POINTS = 0.75, 10
 # A rise of the best prefix-matching score (range 0..1) between two checkpoints that counts as a phase
-# change: REFERENCES records 0.04 -> 0.63 within ~125 steps; a run with no induction head drifts by ~0.001.
+# change (Olsson et al. 2022 see induction heads form within a small share of training); a run with no
+# induction head drifts by ~0.001.
 PHASE_LOW, PHASE_HIGH, PHASE_WINDOW_SHARE = 0.2, 0.5, 0.2  # < 0.2 -> > 0.5 within 1/5 of training
 
 
@@ -52,11 +57,14 @@ def _heatmap(grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: 
     import seaborn as sns
 
     n_layers, n_heads = grid.shape
-    fig = Figure(figsize=(max(3.5, 0.55 * n_heads + 1.6), max(2.2, 0.42 * n_layers + 1.0)))
+    fig = Figure(figsize=(max(5.0, CELL_INCHES * n_heads + 2.0), max(3.0, 0.7 * CELL_INCHES * n_layers + 1.4)))
     ax = fig.add_subplot()
-    annotate = grid.size <= MAX_ANNOTATED_CELLS
-    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annotate, fmt=".2f",
-                annot_kws={"fontsize": 7}, linewidths=0.5, linecolor="white", cbar_kws={"label": label})
+    values = grid.to_numpy(dtype=float)  # [layer, head]
+    annot = (np.vectorize(lambda v: "" if np.isnan(v) else number(v, lang))(values)
+             if grid.size <= MAX_ANNOTATED_CELLS else False)  # numbers in the report's language
+    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annot, fmt="",
+                annot_kws={"fontsize": CELL_FONT_POINTS}, linewidths=0.5, linecolor="white", cbar_kws={"label": label})
+    ax.collections[0].colorbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: short_number(v, lang)))
     ax.set_xlabel(t("fig.head", lang))
     ax.set_ylabel(t("fig.layer", lang))
     return fig, ax
@@ -74,7 +82,7 @@ def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: fl
         colorbar = ax.collections[0].colorbar
         if vmin <= threshold <= vmax:
             colorbar.ax.axhline(threshold, color="red", linewidth=2)
-        ax.set_title(t("fig.outlined", lang, threshold=f"{threshold:g}"), fontsize=8)
+        ax.set_title(t("fig.outlined", lang, threshold=short_number(threshold, lang)), fontsize=8)
     return figure_uri(fig)
 
 
@@ -118,26 +126,38 @@ def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
 
 
 def role_grid(frame: pd.DataFrame) -> list[list[tuple[list[str], list[str]]]]:
-    """[layer][head] -> (the head's roles, its properties), in LABELS order."""
+    """[layer][head] -> (the head's roles, its properties), in LABELS order; `positional` is left out
+    beside previous- or current-token, which are positional heads of a named offset."""
     n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
     grid = [[([], []) for _ in range(n_heads)] for _ in range(n_layers)]
     for row in frame.itertuples():
         names = label_list(getattr(row, "labels", []))
-        grid[int(row.layer)][int(row.head)] = ([n for n in names if n in kinds.ROLES],
-                                               [n for n in names if n in kinds.PROPERTIES])
+        roles = [n for n in names if n in kinds.ROLES]
+        if {"previous_token", "current_token"} & set(roles):  # a fixed offset of -1 / 0: positional implied
+            roles = [n for n in roles if n != "positional"]
+        grid[int(row.layer)][int(row.head)] = (roles, [n for n in names if n in kinds.PROPERTIES])
     return grid
 
 
-def delta_heatmap_uri(sweep: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """Layer x head heatmap of delta loss, diverging around 0 (red: the model needs the head)."""
-    grid = pivot_heads(sweep, "delta_loss")
+def plain_text(text: str) -> str:
+    """`text` as matplotlib draws it literally: a `$` would start mathtext."""
+    return text.replace("$", r"\$")
+
+
+def delta_heatmap_uri(sweep: pd.DataFrame, lang: str = DEFAULT_LANG, column: str = "delta_loss",
+                      label: str | None = None) -> str:
+    """Layer x head heatmap of one metric's change (`column`, its axis `label`: default delta loss),
+    diverging around 0 (red: the metric rose)."""
+    grid = pivot_heads(sweep, column)
     bound = float(np.nanmax(np.abs(grid.to_numpy(dtype=float)))) or 1.0
-    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label=t("fig.delta_loss", lang), lang=lang)
+    label = plain_text(label or t("fig.delta_loss", lang))
+    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label=label, lang=lang)
     return figure_uri(fig)
 
 
-def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG) -> str:
-    """Bar chart of delta loss with 95% confidence intervals; rows have label, delta, low, high."""
+def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG, label: str | None = None) -> str:
+    """Bar chart of one metric's change with 95% confidence intervals; rows have label, delta, low,
+    high; `label` names the axis (default: delta loss). Rows of two metrics never share a chart."""
     fig = Figure(figsize=(max(3.5, 0.6 * len(rows) + 1.5), 2.8))
     ax = fig.add_subplot()
     deltas = np.array([row["delta"] for row in rows], dtype=float)
@@ -147,7 +167,7 @@ def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG) -> str:
     ax.bar(range(len(rows)), deltas, yerr=np.nan_to_num(errors), capsize=4, color="#c0504d")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), [row["label"] for row in rows], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel(t("fig.delta_loss", lang))
+    ax.set_ylabel(plain_text(label or t("fig.delta_loss", lang)))
     return figure_uri(fig)
 
 

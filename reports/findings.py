@@ -3,7 +3,9 @@
 Findings open with a layers x heads map coloured by role, then list, for every role of the registry
 (headlens.kinds.ROLES) that some head earned, how many heads and the strongest TOP_HEADS (ranked by
 the kind's first evidence score), with the scores that earned the label and, where the report
-ablated that head alone (a sweep or a single-head ablation), the change in loss without it.
+ablated that head alone (a sweep or a single-head ablation), the change of its metric without
+it, in the metric's unit; where the page ablated a role's heads together (against random head
+sets), the role's block cites that result and its control.
 First-token sinks are a property, not a role (headlens.labels): they are summarised in one
 paragraph and never counted as heads with a role. Then the probe sizes under the token budget
 and where each probe's input came from. Grouped-query models (a `kv_group` column: the key/value
@@ -16,13 +18,13 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, has, number, t
-from headlens.reports.sections import esc, figure, section, table
 
 from headlens import kinds
 from headlens.labels import ROLES, head_strength, label_list, roles_of
 from headlens.probe_runs import SOURCE_DEFAULT, SOURCE_GIVEN
+from headlens.reports import explain, figures
+from headlens.reports.i18n import DEFAULT_LANG, has, number, short_number, t
+from headlens.reports.sections import esc, figure, metric_words, result_delta, results_list, section, table
 
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
 TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
@@ -32,17 +34,16 @@ SINK_EXAMPLES = 5  # strongest first-token sinks named in their summary
 def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dict]:
     """{"L.H": {delta, low, high, metric}} for every head ablated alone; the sweep wins over a single run."""
     found = {}
-    results = [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
-    for result in results:
+    for result in results_list(ablation):
         if len(result.get("heads", [])) == 1:
             low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
-            found[str(result["heads"][0])] = {"delta": float(result["delta_loss"]), "low": float(low),
+            found[str(result["heads"][0])] = {"delta": result_delta(result), "low": float(low),
                                               "high": float(high), "metric": result.get("metric", "text")}
     if sweep is not None:
         metric = sweep.attrs.get("metric", "text")
         for row in sweep.to_dict("records"):
             found[f"{int(row['layer'])}.{int(row['head'])}"] = {
-                "delta": float(row["delta_loss"]), "low": float(row.get("ci95_low", math.nan)),
+                "delta": result_delta(row), "low": float(row.get("ci95_low", math.nan)),
                 "high": float(row.get("ci95_high", math.nan)), "metric": row.get("metric", metric)}
     return found
 
@@ -58,10 +59,9 @@ def score_text(row: dict, column: str, lang: str) -> str | None:
 
 def ablation_text(found: dict, lang: str) -> str:
     """"ablation raises the loss on the text by 2.10 nats/token (95% CI 1.90 to 2.30)"."""
-    metric_key = f"metric.{found['metric']}"
-    metric = t(metric_key, lang) if has(metric_key, lang) else str(found["metric"])
+    metric, unit = metric_words(found["metric"], lang)
     key = "findings.ablation_up" if found["delta"] >= 0 else "findings.ablation_down"
-    text = t(key, lang, metric=metric, delta=number(abs(found["delta"]), lang))
+    text = t(key, lang, metric=metric, unit=unit, delta=number(abs(found["delta"]), lang))
     if not (math.isnan(found["low"]) or math.isnan(found["high"])):
         text += f" ({t('findings.ci', lang, low=number(found['low'], lang), high=number(found['high'], lang))})"
     return text
@@ -81,6 +81,31 @@ def head_line(row: dict, role: str, ablations: dict, lang: str) -> str:
     return f'<li data-head="{esc(head)}">{before}<strong>{esc(head)}</strong>{after}</li>'
 
 
+def role_evidence(result: dict, lang: str) -> str:
+    """A role's heads ablated together, and where that change falls among its control sets."""
+    metric, unit = metric_words(result.get("metric", "text"), lang)
+    delta = result_delta(result)
+    change = t("findings.together_up" if delta >= 0 else "findings.together_down", lang, metric=metric, unit=unit,
+               delta=number(abs(delta), lang))
+    low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
+    if not (math.isnan(float(low)) or math.isnan(float(high))):
+        change += f" ({t('findings.ci', lang, low=number(low, lang), high=number(high, lang))})"
+    text = t("findings.role_ablation", lang, n=len(result["heads"]), change=change)
+    control = result.get("control")
+    if control:
+        key = "findings.role_control_exact" if control.get("exact") else "findings.role_control_random"
+        text += " " + t(key, lang, k=control["k"], n_possible=control.get("n_possible", control["k"]),
+                        rank=control["rank"], n_sets=control["k"] + 1, p=number(control["p_value"], lang, 3),
+                        p_min=number(control.get("p_min", 1 / (1 + control["k"])), lang, 3))
+    return text
+
+
+def role_results(role: str, heads: list[str], ablation) -> list[dict]:
+    """The results that ablated this role's heads together: chosen for the role, or exactly its heads."""
+    return [r for r in results_list(ablation) if r.get("role") == role
+            or (len(r.get("heads", [])) > 1 and sorted(map(str, r["heads"])) == sorted(heads))]
+
+
 def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str = DEFAULT_LANG) -> str:
     """The head map, then per role how many heads and the strongest (with their key scores and
     ablation evidence), then the first-token sinks summarised, the probe sizes and sources."""
@@ -97,7 +122,7 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
         if rows:
-            parts.append(role_block(role, rows, ablations, lang))
+            parts.append(role_block(role, rows, ablations, lang, ablation))
     parts.append(sinks_block(records, labels, heads.attrs, lang))
     parts.append(sizes_text(heads.attrs, lang))
     parts.append(sources_table(heads, lang))
@@ -105,23 +130,31 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
 
 
-def head_map(heads: pd.DataFrame, lang: str) -> str:
-    """The layers x heads map coloured by role (figures.role_map_uri); "" without labels."""
+def head_map(heads: pd.DataFrame, lang: str, anchor: str | None = "head-map") -> str:
+    """The layers x heads map coloured by role (figures.role_map_uri) in a div with id `anchor` (None:
+    no id, for inline views that may repeat); "" without labels."""
     if "labels" not in heads or heads.empty:
         return ""
     uri = figures.role_map_uri(heads, lang)
-    return f'<div id="head-map">{figure(uri, t("findings.map_alt", lang), t("findings.map_caption", lang))}</div>'
+    ident = f' id="{esc(anchor)}"' if anchor else ""
+    return (f'<div class="head-map"{ident}>'
+            f'{figure(uri, t("findings.map_alt", lang), t("findings.map_caption", lang))}</div>')
 
 
-def role_block(role: str, rows: list[dict], ablations: dict, lang: str) -> str:
-    """One role: its name, what it means, its TOP_HEADS strongest heads, how many more."""
+def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None) -> str:
+    """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, and the
+    ablation of its heads together (with its control) where the page holds one."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
     items = "".join(head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS])
     more = (f'<p class="more">{esc(t("findings.more", lang, n=len(rows) - TOP_HEADS))}</p>'
             if len(rows) > TOP_HEADS else "")
     heading = t("findings.role_heading", lang, role=t(kinds.BY_LABEL[role].name_key, lang), n=len(rows))
+    names = [f"{int(row['layer'])}.{int(row['head'])}" for row in rows]
+    evidence = "".join(f'<p class="evidence">{esc(role_evidence(result, lang))}</p>'
+                       for result in role_results(role, names, ablation))
     return (f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
-            f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p><ul>{items}</ul>{more}</div>')
+            f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p><ul>{items}</ul>{more}'
+            f'{evidence}</div>')
 
 
 def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang: str) -> str:
@@ -134,7 +167,7 @@ def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang:
     strongest = ", ".join(f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
                           for row, _ in sinks[:SINK_EXAMPLES])
     text = t("findings.sinks", lang, n_sinks=len(sinks), n_heads=len(records),
-             threshold=f"{threshold:g}" if threshold is not None else "?",
+             threshold=short_number(threshold, lang) if threshold is not None else "?",
              n_sink_only=sum(1 for _, names in sinks if not roles_of(names)), heads=strongest)
     return (f'<div class="role property" id="role-first_token"><h3>{esc(t("findings.sinks_title", lang))}</h3>'
             f"<p>{esc(text)}</p></div>")

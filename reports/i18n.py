@@ -47,10 +47,37 @@ def has(key: str, lang: str = DEFAULT_LANG) -> bool:
     return key in catalogue(lang)
 
 
+# One number convention per language: English writes 462,464 and 0.96; Spanish writes 462 464 (a no-break
+# space between thousands, so it cannot be read as a decimal) and 0,96 (RAE, Ortografía 2010, § 8.2.2.1).
+DECIMAL_MARK = {"en": ".", "es": ","}
+THOUSANDS_MARK = {"en": ",", "es": "\u00a0"}
+
+
+def _localize(text: str, lang: str) -> str:
+    """A number written the English way ("1,234.5") in `lang`'s convention."""
+    return text.replace(",", "\0").replace(".", DECIMAL_MARK[lang]).replace("\0", THOUSANDS_MARK[lang])
+
+
 def number(value: float, lang: str = DEFAULT_LANG, digits: int = 2) -> str:
-    """A decimal number as that language writes it (Spanish: decimal comma)."""
-    text = f"{value:.{digits}f}"
-    return text.replace(".", ",") if lang == "es" else text
+    """A decimal number with `digits` decimals as that language writes it (Spanish: decimal comma)."""
+    return _localize(f"{value:,.{digits}f}", lang)
+
+
+def short_number(value: float, lang: str = DEFAULT_LANG, spec: str = "g") -> str:
+    """A number in the shortest form `spec` gives ("0.4", "2.384e-07"), in `lang`'s convention."""
+    return _localize(f"{value:{spec}}", lang)
+
+
+def percent(share: float, lang: str = DEFAULT_LANG) -> str:
+    """A share as a percentage: "5%" in English, "5 %" in Spanish (a no-break space before the sign)."""
+    return short_number(100 * share, lang) + ("%" if lang == "en" else "\u00a0%")
+
+
+def integer(value: int, lang: str = DEFAULT_LANG) -> str:
+    """A whole number with `lang`'s thousands separator (Spanish groups only numbers of 5 digits or more)."""
+    if lang == "es" and abs(int(value)) < 10_000:
+        return str(int(value))
+    return _localize(f"{int(value):,}", lang)
 
 
 def column_heading(column: str, lang: str = DEFAULT_LANG) -> str:

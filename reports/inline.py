@@ -2,11 +2,12 @@
 
 `view(result)` wraps a library result in an object that renders itself as the last expression of a cell
 (IPython calls its `_repr_html_`); `show(result)` displays it at once. Recognised results: the classify_heads
-frame (score heatmaps + label table), a sweep_heads frame (delta-loss heatmap), an ablate_heads dict or a list
-of them (bars with 95% CIs), a prune_curve frame, a validate_model frame, load_training_log's (log, heads) pair
-and a sample_patterns dict (the report's interactive attention viewer). Return types of the library are
-untouched: the views only read them. Prose comes from the reports' message catalogue (headlens.reports.i18n) in
-the language asked for (`lang="en"` or `"es"`); only the viewer's static caption is this module's own.
+frame (score heatmaps + label table), a sweep_heads frame (heatmap of its metric's change), an ablate_heads
+dict or a list of them (bars with 95% CIs, one chart per metric), a prune_curve frame, a validate_model frame,
+load_training_log's (log, heads) pair and a sample_patterns dict (the report's interactive attention viewer).
+Return types of the library are untouched: the views only read them. Prose comes from the reports' message
+catalogue (headlens.reports.i18n) in the language asked for (`lang="en"` or `"es"`); only the viewer's static
+caption is this module's own.
 
 Self-contained, as the report is: figures are PNG data URIs, the style and the script are inline. The viewer
 runs report.js's `attentionViewer(suffix)` on elements whose ids end in a suffix drawn afresh at every render,
@@ -22,7 +23,8 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
-from headlens.reports import explain, figures, sections
+
+from headlens.reports import explain, figures, findings, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, safe_json, viewer_payload
 
@@ -114,7 +116,7 @@ def attention_sample(loaded, text: str, max_tokens: int | None = None, repeat: b
 # What each result looks like
 
 def _is_ablation(value) -> bool:
-    return isinstance(value, dict) and "delta_loss" in value and "heads" in value
+    return isinstance(value, dict) and "heads" in value and ("delta" in value or "delta_loss" in value)
 
 
 def kind_of(result) -> str:
@@ -134,7 +136,7 @@ def kind_of(result) -> str:
             return "validation"
         if {"layer", "head"} <= columns and ("labels" in columns or columns & {s.column for s in explain.SCORES}):
             return "heads"
-        if {"layer", "head", "delta_loss"} <= columns:
+        if {"layer", "head"} <= columns and columns & {"delta", "delta_loss"}:
             return "sweep"
     raise TypeError(f"headlens cannot display a {type(result).__name__} of this shape: it shows the results of "
                     "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model, load_training_log "
@@ -164,8 +166,9 @@ def esc(text: str) -> str:
 
 
 def heads_html(frame: pd.DataFrame, lang: str) -> str:
-    """One heatmap per score present (explain.SCORES), with its threshold, then the label table."""
-    parts = [f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
+    """The role map (findings.head_map), one heatmap per score present (explain.SCORES) with its
+    threshold, then the label table."""
+    parts = [findings.head_map(frame, lang, anchor=None), f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
     for info, uri, cut in sections.score_heatmaps(frame, lang):
         parts.append(f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
                      f'{sections.figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
@@ -180,24 +183,21 @@ def heads_html(frame: pd.DataFrame, lang: str) -> str:
 
 
 def sweep_html(frame: pd.DataFrame, lang: str) -> str:
-    """The delta-loss heatmap, then the heads whose ablation raises the loss most."""
-    top = frame.sort_values("delta_loss", ascending=False).head(SWEEP_TOP_ROWS).reset_index(drop=True)
+    """The heatmap of the change of the sweep's metric, then the heads the model needs most."""
     return (f'<p class="explain">{esc(t("ablation.text", lang))}</p><p><strong>'
             f'{esc(t("ablation.sweep_title", lang))}</strong></p>'
-            + sections.figure(figures.delta_heatmap_uri(frame, lang), t("ablation.sweep_alt", lang))
-            + f"<p>{esc(t('ablation.top', lang))}</p>" + sections.table(top, sortable=False, lang=lang))
+            + sections.sweep_block(frame, lang, top_rows=SWEEP_TOP_ROWS, sortable=False))
 
 
 def ablation_html(result, lang: str) -> str:
-    """Bars of delta loss with their 95% CIs, then every number of each ablation."""
-    results = [result] if isinstance(result, dict) else list(result)
-    rows = sections.ablation_rows(results)
-    keys = ["heads", "method", "metric", "n_tokens", "loss", "loss_ablated", "delta_loss"]
-    frame = pd.DataFrame([{**{key: r.get(key) for key in keys}, "ci95_low": row["low"], "ci95_high": row["high"]}
-                          for r, row in zip(results, rows, strict=True)])
+    """Per metric: bars of the change with their 95% CIs, then every number of each ablation."""
+    results = sections.results_list(result)
+    keys = ["heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "n_tokens", "loss", "loss_ablated",
+            "delta_loss", "ci95"]
+    frame = pd.DataFrame([{key: r.get(key) for key in keys if any(key in other for other in results)}
+                          for r in results])
     return (f'<p class="explain">{esc(t("ablation.text", lang))}</p>'
-            + sections.figure(figures.ablation_bars_uri(rows, lang), t("ablation.bars_alt", lang),
-                              t("ablation.bars_caption", lang))
+            + sections.chosen_blocks(results, lang, sortable=False)
             + sections.table(frame, sortable=False, lang=lang))
 
 

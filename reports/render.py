@@ -10,17 +10,17 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
-import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 
 import pandas as pd
-from headlens.reports import findings, sections, thumbnails
-from headlens.reports import viewer as viewer_mod
-from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 
 from headlens import __version__, files
 from headlens.errors import HeadlensError, OutputPathError
+from headlens.reports import findings, sections, thumbnails
+from headlens.reports import viewer as viewer_mod
+from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 
 # Characters of the sample text quoted in the summary (the viewer holds the tokens themselves).
 TEXT_EXCERPT_CHARS = 600
@@ -59,15 +59,23 @@ def check_output_path(path, lang: str = DEFAULT_LANG) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputPathError(t("error.cannot_create_folder", lang, path=path, reason=exc.strerror or exc)) from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(t("error.folder_not_writable", lang, path=path, folder=parent))
+    try:  # the real test (os.access says yes to root on a read-only file system)
+        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".check")
+    except OSError:
+        raise OutputPathError(t("error.folder_not_writable", lang, path=path, folder=parent)) from None
+    probe.close()
     return path
 
 
 def write_atomic(path: Path, text: str, lang: str = DEFAULT_LANG) -> None:
-    """headlens.files.write_atomic, with a failure reported as OutputPathError."""
+    """headlens.files.write_atomic, with a failure reported once, as OutputPathError in `lang`."""
     try:
         files.write_atomic(path, text)
+    except OutputPathError as exc:
+        reason = exc.__context__.strerror if isinstance(exc.__context__, OSError) else None
+        if not reason:
+            raise
+        raise OutputPathError(t("error.cannot_write", lang, path=path, reason=reason)) from None
     except OSError as exc:
         raise OutputPathError(t("error.cannot_write", lang, path=path, reason=exc.strerror or exc)) from None
 
@@ -77,7 +85,7 @@ def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=No
                   lang: str = DEFAULT_LANG) -> Path:
     """Write one self-contained HTML report to `path` and return it.
 
-    Inputs are the library's results (schemas in notes/contracts): `heads` from classify_heads,
+    Inputs are the library's results (each schema in its function's docstring): `heads` from classify_heads,
     `sweep` from sweep_heads, `ablation` an ablate_heads dict (or a list of them), `pruning` from
     prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
     load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]).
@@ -101,7 +109,7 @@ def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=No
 def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruning, validation, training,
                viewer, lang: str = DEFAULT_LANG) -> str:
     """The whole HTML document as a string: what the heads do first, then the details in reading order."""
-    excerpt = (viewer or {}).get("text")
+    excerpt = once((viewer or {}).get("text"), bool((viewer or {}).get("repeated")))
     if isinstance(excerpt, str) and len(excerpt) > TEXT_EXCERPT_CHARS:
         excerpt = excerpt[:TEXT_EXCERPT_CHARS] + " [...]"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -115,7 +123,8 @@ def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruni
     if heads is not None:
         add("findings", findings.findings_section(heads, sweep, ablation, lang))
     add("summary", sections.summary_section(model_info, version=__version__, date=date, command=command,
-                                            text_label=text_label, text_excerpt=excerpt, lang=lang))
+                                            text_label=text_label, text_excerpt=excerpt, lang=lang,
+                                            repeated=excerpt != (viewer or {}).get("text")))
     if heads is not None:
         add("kv-groups", findings.kv_groups_section(heads, lang))
         add("scores", sections.scores_section(heads, lang))
@@ -124,12 +133,22 @@ def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruni
         add("viewer", viewer_mod.viewer_section(viewer, heads, lang))
     if sweep is not None or ablation is not None or pruning is not None:
         add("ablation", sections.ablation_section(sweep, ablation, pruning, lang))
+        if sweep is None and ablation is None:  # a pruning page: named for what it holds
+            nav[-1] = ("ablation", t("nav.pruning", lang))
     if validation is not None:
         add("validation", sections.validation_section(validation, lang))
     if training is not None:
         add("training", sections.training_section(training, lang))
     return page_html(title=t("page.title", lang, name=sections.display_name(model_info)), nav=nav, body=body,
                      lang=lang)
+
+
+def once(text, repeated: bool):
+    """A repeated sample's text (the segment twice, no separator) as its one segment; other text as it is."""
+    if not repeated or not isinstance(text, str) or len(text) % 2:
+        return text
+    half = len(text) // 2
+    return text[:half] if text[:half] == text[half:] else text
 
 
 def page_html(*, title: str, nav: list[tuple[str, str]], body: list[str], lang: str) -> str:

@@ -62,6 +62,19 @@ function msg(key, values) {
 
 // The viewer whose elements have the ids viewer-data, viewer-app, ... followed by `suffix`: a report holds
 // one (suffix ""); a notebook page may hold several, each with its own suffix (headlens.reports.inline).
+(function zoomClose() {
+  // An enlarged pattern (a checked .zoom-toggle) closes on Escape or on a click anywhere outside it.
+  function close(except) {
+    var toggles = document.querySelectorAll(".zoom-toggle");
+    for (var i = 0; i < toggles.length; i++) { if (toggles[i] !== except) { toggles[i].checked = false; } }
+  }
+  document.addEventListener("keydown", function (e) { if (e.key === "Escape") { close(null); } });
+  document.addEventListener("click", function (e) {
+    var label = e.target.closest ? e.target.closest("label.zoom") : null;
+    close(label ? label.querySelector(".zoom-toggle") : null);
+  });
+})();
+
 function attentionViewer(suffix) {
   var dataEl = document.getElementById("viewer-data" + suffix);
   if (!dataEl) { return; }
@@ -112,35 +125,40 @@ function attentionViewer(suffix) {
     state.layer = parseInt(p[0], 10); state.head = parseInt(p[1], 10); draw();
   });
 
-  // About 1000 px for a row of heads; at least one pixel per token.
+  // About 1000 px for a row of heads; at least one pixel per token. Heads that do not fit in one row wrap into
+  // further blocks of rows (heads 0-4, then 5-7), so the grid never runs past the page.
   var cellWidth = Math.max(1, Math.floor(Math.floor(1000 / H) / P));
+  var perRow = Math.max(1, Math.min(H, Math.floor(1000 / (P * cellWidth))));
   var canvases = [];
-  var grid = document.createElement("table");
-  grid.className = "viewer-grid";
-  var headRow = grid.insertRow();
-  headRow.appendChild(document.createElement("th"));
-  for (var hh = 0; hh < H; hh++) {
-    var th = document.createElement("th"); th.textContent = msg("grid_head", { head: hh }); headRow.appendChild(th);
-  }
-  for (var ll = 0; ll < L; ll++) {
-    var row = grid.insertRow();
-    var rowHead = document.createElement("th"); rowHead.textContent = msg("grid_layer", { layer: ll });
-    row.appendChild(rowHead);
-    canvases.push([]);
-    for (var hc = 0; hc < H; hc++) {
-      var cell = row.insertCell();
-      var canvas = document.createElement("canvas");
-      canvas.width = P * cellWidth; canvas.height = 12;
-      canvas.title = ll + "." + hc + (data.labels[ll + "." + hc] ? " " + data.labels[ll + "." + hc] : "");
-      canvas.setAttribute("data-head", ll + "." + hc);
-      canvas.addEventListener("click", (function (a, b) {
-        return function () { state.layer = a; state.head = b; draw(); };
-      })(ll, hc));
-      cell.appendChild(canvas);
-      canvases[ll].push(canvas);
+  for (var l0 = 0; l0 < L; l0++) { canvases.push([]); }
+  for (var first = 0; first < H; first += perRow) {
+    var last = Math.min(H, first + perRow);
+    var grid = document.createElement("table");
+    grid.className = "viewer-grid";
+    var headRow = grid.insertRow();
+    headRow.appendChild(document.createElement("th"));
+    for (var hh = first; hh < last; hh++) {
+      var th = document.createElement("th"); th.textContent = msg("grid_head", { head: hh }); headRow.appendChild(th);
     }
+    for (var ll = 0; ll < L; ll++) {
+      var row = grid.insertRow();
+      var rowHead = document.createElement("th"); rowHead.textContent = msg("grid_layer", { layer: ll });
+      row.appendChild(rowHead);
+      for (var hc = first; hc < last; hc++) {
+        var cell = row.insertCell();
+        var canvas = document.createElement("canvas");
+        canvas.width = P * cellWidth; canvas.height = 12;
+        canvas.title = ll + "." + hc + (data.labels[ll + "." + hc] ? " " + data.labels[ll + "." + hc] : "");
+        canvas.setAttribute("data-head", ll + "." + hc);
+        canvas.addEventListener("click", (function (a, b) {
+          return function () { state.layer = a; state.head = b; draw(); };
+        })(ll, hc));
+        cell.appendChild(canvas);
+        canvases[ll][hc] = canvas;
+      }
+    }
+    gridEl.appendChild(grid);
   }
-  gridEl.appendChild(grid);
 
   function drawStrip(canvas, layer, head) {
     var ctx = canvas.getContext("2d");

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
-from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, t
 
 from headlens import kinds
+from headlens.ablation.metrics import ALIASES, KIND, UNIT
 from headlens.labels import PROPERTIES, ROLES, label_list, rank_heads
+from headlens.reports import explain, figures
+from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, t
 
 
 def esc(value) -> str:
@@ -34,19 +36,27 @@ def figure(uri: str, alt: str, caption: str = "") -> str:
     return f'<figure><img src="{uri}" alt="{esc(alt)}">{cap}</figure>'
 
 
+# Columns whose cells are names from the code or the command line (a setting, a metric, a method, a
+# validated quantity and its reference): shown as code, the same in every language.
+IDENTIFIER_COLUMNS = {"setting", "method", "metric", "quantity", "reference"}
+
+
 def format_cell(value, lang: str = DEFAULT_LANG) -> tuple[str, str]:
-    """(shown text, sort key) of one table cell."""
+    """(shown text, sort key) of one table cell, numbers in `lang`'s convention."""
+    if value is None:
+        return t("cell.unset", lang), ""
     if isinstance(value, (list, tuple, np.ndarray)):
-        text = ", ".join(str(v) for v in value)
+        text = "; ".join(format_cell(v, lang)[0] for v in value)
         return text, text
     if isinstance(value, (bool, np.bool_)):
         return t("cell.yes" if value else "cell.no", lang), str(int(value))
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "", "-inf"
-        return (f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"), repr(float(value))
+        return (short_number(value, lang, ".4g") if abs(value) < 1e4 else integer(round(value), lang)), repr(
+            float(value))
     if isinstance(value, (int, np.integer)):
-        return str(value), str(int(value))
+        return integer(value, lang), str(int(value))
     return str(value), str(value)
 
 
@@ -57,11 +67,13 @@ def table(frame: pd.DataFrame, *, sortable: bool = True, row_class=None, lang: s
     head = "".join(f'<th scope="col" data-column="{esc(column)}" title="{esc(column)}">'
                    f"{esc(column_heading(column, lang))}</th>" for column in frame.columns)
     rows = []
+    code = [column in IDENTIFIER_COLUMNS for column in frame.columns]
     for values in frame.itertuples(index=False, name=None):  # keeps each column's dtype (iterrows does not)
         cells = []
-        for value in values:
+        for value, is_code in zip(values, code, strict=True):
             text, key = format_cell(value, lang)
-            cells.append(f'<td data-sort="{esc(key)}">{esc(text)}</td>')
+            shown = f"<code>{esc(text)}</code>" if is_code else esc(text)
+            cells.append(f'<td data-sort="{esc(key)}">{shown}</td>')
         css = row_class(dict(zip(frame.columns, values, strict=True))) if row_class else ""
         rows.append(f"<tr{f' class={chr(34)}{esc(css)}{chr(34)}' if css else ''}>{''.join(cells)}</tr>")
     cls = (' class="sortable"' if sortable else "") + (f' id="{esc(table_id)}"' if table_id else "")
@@ -75,7 +87,8 @@ def details(summary: str, body: str) -> str:
 
 
 def summary_section(model_info: dict, *, version: str, date: str, command: str | None,
-                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG) -> str:
+                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG,
+                    repeated: bool = False) -> str:
     """Model, shape, parameter count, text used, version, date and the command that rebuilds the page."""
     info = model_info
     unknown = "?"
@@ -88,7 +101,7 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
         (t("summary.shape", lang), shape_text(info, lang)),
         (t("summary.context", lang), t("summary.context_value", lang, d_model=info.get("d_model", unknown),
                                        n_ctx=info.get("n_ctx", unknown))),
-        (t("summary.parameters", lang), f"{params:,}" if isinstance(params, int) else (params or unknown)),
+        (t("summary.parameters", lang), integer(params, lang) if isinstance(params, int) else (params or unknown)),
         (t("summary.text_used", lang), text_label or missing),
         (t("summary.version", lang), version),
         (t("summary.date", lang), date),
@@ -97,7 +110,8 @@ def summary_section(model_info: dict, *, version: str, date: str, command: str |
     body = f'<table class="summary">{rows}</table>'
     body += f"<p>{esc(t('summary.reproduce', lang))}</p><pre class=\"command\">{esc(command or missing)}</pre>"
     if text_excerpt:
-        body += f"<p>{esc(t('summary.sample', lang))}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
+        heading = t("summary.sample_repeated" if repeated else "summary.sample", lang)
+        body += f"<p>{esc(heading)}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
     return section("summary", t("summary.title", lang), body)
 
 
@@ -130,7 +144,8 @@ def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
         threshold = thresholds.get(info.column)
         uri = figures.score_heatmap_uri(heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
                                         lang=lang)
-        cut = " " + t("scores.threshold", lang, threshold=f"{threshold:g}") if threshold is not None else ""
+        cut = ("" if threshold is None else
+               " " + t("scores.threshold", lang, threshold=short_number(threshold, lang)))
         yield info, uri, cut
 
 
@@ -150,7 +165,8 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     parts.append(table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"])))
     settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
     if settings:
-        frame = pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
+        frame = pd.DataFrame({"setting": list(settings),
+                              "value": pd.Series(list(settings.values()), dtype=object)})
         parts.append(details(t("scores.settings", lang), table(frame, sortable=False, lang=lang)))
     return section("scores", t("scores.title", lang), "\n".join(parts))
 
@@ -197,65 +213,157 @@ def labelled_heads(heads: pd.DataFrame | None) -> list[tuple[int, int, list[str]
     return [(int(r.layer), int(r.head), label_list(r.labels)) for r in frame.itertuples() if label_list(r.labels)]
 
 
+def results_list(ablation) -> list[dict]:
+    """ablate_heads result(s) as a list: one dict, a list of dicts, or None."""
+    return [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
+
+
+def result_delta(result) -> float:
+    """The change of a result's (or sweep row's) metric: `delta`; a loss-only result of an older
+    release has `delta_loss`."""
+    return float(result["delta"] if "delta" in result else result["delta_loss"])
+
+
+def metric_words(metric: str, lang: str) -> tuple[str, str]:
+    """The metric's name and unit in `lang` (the catalogue's `metric.*` and `unit.*`)."""
+    name = t(f"metric.{metric}", lang) if has(f"metric.{metric}", lang) else str(metric)
+    unit_key = f"unit.{'loss' if metric == 'text' else metric}"
+    return name, t(unit_key, lang) if has(unit_key, lang) else ""
+
+
+def delta_axis(metric: str, lang: str) -> str:
+    """The axis label of a change of `metric`: "change in loss on the text (nats/token)"."""
+    name, unit = metric_words(metric, lang)
+    return t("fig.delta", lang, metric=name, unit=unit)
+
+
+def metric_heading(metric: str, lang: str) -> str:
+    """"loss on repeated tokens, in nats/token": what a block's numbers are."""
+    name, unit = metric_words(metric, lang)
+    return t("ablation.metric_heading", lang, metric=name, unit=unit)
+
+
+def sweep_block(sweep: pd.DataFrame, lang: str = DEFAULT_LANG, top_rows: int = 10, sortable: bool = True) -> str:
+    """The sweep's heatmap of the change of its metric, then the heads the model needs most (the
+    largest rise of a loss, the largest fall of the other metrics)."""
+    metric = sweep.attrs.get("metric", "text")
+    column = "delta" if "delta" in sweep else "delta_loss"
+    a_loss = KIND.get(ALIASES.get(metric, metric), "loss") == "loss"
+    top = sweep.sort_values(column, ascending=not a_loss).head(top_rows).reset_index(drop=True)
+    heatmap = figures.delta_heatmap_uri(sweep, lang, column=column, label=delta_axis(metric, lang))
+    return (f"<p>{esc(metric_heading(metric, lang))}</p>" + figure(heatmap, t("ablation.sweep_alt", lang))
+            + f"<p>{esc(t('ablation.top', lang))}</p>" + table(top, sortable=sortable, lang=lang))
+
+
+def chosen_blocks(ablation, lang: str = DEFAULT_LANG, sortable: bool = True) -> str:
+    """One chart and one table per metric of the ablate_heads results: charts never share an axis
+    across metrics."""
+    by_metric: dict[str, list[dict]] = {}
+    for row in ablation_rows(ablation):
+        by_metric.setdefault(row["metric"], []).append(row)
+    parts = []
+    for metric, rows in by_metric.items():
+        shown = pd.DataFrame([{"heads": r["label"], "method": r["method"], "n": r["n"], "delta": r["delta"],
+                               "ci95_low": r["low"], "ci95_high": r["high"]} for r in rows])
+        parts.append(f"<p><strong>{esc(metric_heading(metric, lang))}</strong></p>"
+                     + figure(figures.ablation_bars_uri(rows, lang, label=delta_axis(metric, lang)),
+                              t("ablation.bars_alt", lang), t("ablation.bars_caption", lang))
+                     + table(shown, sortable=sortable, lang=lang))
+    return "\n".join(parts)
+
+
 def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None,
                      lang: str = DEFAULT_LANG) -> str:
-    """Sweep heatmap, bars of the chosen heads with CIs, pruning curve: whichever were computed."""
+    """Sweep heatmap, bars of the chosen heads with CIs (one chart per metric), pruning curve:
+    whichever were computed."""
     parts = [f'<p class="explain">{esc(t("ablation.text", lang))}</p>']
     if sweep is not None:
-        parts.append(f"<h3>{esc(t('ablation.sweep_title', lang))}</h3>"
-                     + figure(figures.delta_heatmap_uri(sweep, lang), t("ablation.sweep_alt", lang)))
-        top = sweep.sort_values("delta_loss", ascending=False).head(10)
-        parts.append(f"<p>{esc(t('ablation.top', lang))}</p>" + table(top.reset_index(drop=True), lang=lang))
-    rows = ablation_rows(ablation)
-    if rows:
-        parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>"
-                     + figure(figures.ablation_bars_uri(rows, lang), t("ablation.bars_alt", lang),
-                              t("ablation.bars_caption", lang)))
-        parts.append(table(pd.DataFrame(rows).rename(columns={"label": "heads", "delta": "delta_loss",
-                                                              "low": "ci95_low", "high": "ci95_high"}), lang=lang))
+        parts.append(f"<h3>{esc(t('ablation.sweep_title', lang))}</h3>" + sweep_block(sweep, lang))
+    if results_list(ablation):
+        parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>" + chosen_blocks(ablation, lang))
     parts.append(control_block(ablation, lang))
     if pruning is not None:
         parts.append(f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
-                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang)))
+                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang))
+                     + pruning_summary(pruning, lang))
         parts.append(details(t("ablation.pruning_table", lang), table(pruning.reset_index(drop=True), lang=lang)))
-    return section("ablation", t("ablation.title", lang), "\n".join(parts))
+    only_pruning = sweep is None and not ablation_rows(ablation)
+    return section("ablation", t("pruning.title" if only_pruning else "ablation.title", lang), "\n".join(parts))
+
+
+def pruning_summary(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+    """What the CLI prints under the curve, from its attrs: heads that can go within the tolerance, and
+    whether labelled heads are removed later (the role-order permutation test); "" when not recorded."""
+    facts, lines = pruning.attrs, []
+    if "heads_within" in facts:
+        lines.append(t("pruning.within", lang, n_ok=facts["heads_within"], n_total=facts.get("n_heads", "?"),
+                       tolerance=percent(facts.get("tolerance", 0.05), lang),
+                       loss=short_number(float(pruning["loss"].iloc[0]), lang, ".4f")))
+    order = facts.get("removal_by_role")
+    if order:
+        if order.get("p_value") is None:
+            lines.append(t("pruning.order_none", lang, n_labelled=order["n_labelled"],
+                           n_unlabelled=order["n_unlabelled"]))
+        else:
+            lines.append(t("pruning.order", lang, n_labelled=order["n_labelled"], n_unlabelled=order["n_unlabelled"],
+                           labelled=short_number(order["mean_rank_labelled"], lang, ".2f"),
+                           unlabelled=short_number(order["mean_rank_unlabelled"], lang, ".2f"),
+                           p=short_number(order["p_value"], lang, ".4g")))
+    return "".join(f"<p>{esc(line)}</p>" for line in lines)
 
 
 def ablation_rows(ablation) -> list[dict]:
-    """ablate_heads result(s) -> bar rows. Accepts one dict or a list of dicts."""
-    if ablation is None:
-        return []
-    results = [ablation] if isinstance(ablation, dict) else list(ablation)
+    """ablate_heads result(s) -> bar rows (label, delta, low, high, method, metric, unit, n); one
+    dict or a list of dicts. A result without a metric is a loss on the text."""
     rows = []
-    for result in results:
+    for result in results_list(ablation):
         low, high = (result.get("ci95") or [float("nan"), float("nan")])[:2]
-        delta = result["delta_loss"] if "delta_loss" in result else result["delta"]  # other metrics: delta
-        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": float(delta),
-                     "low": float(low), "high": float(high), "method": result.get("method", "?"),
-                     "n_tokens": result.get("n_tokens", "?")})
+        metric = result.get("metric", "text")
+        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": result_delta(result),
+                     "low": float(low), "high": float(high), "method": result.get("method", "?"), "metric": metric,
+                     "unit": result.get("unit") or UNIT.get(ALIASES.get(metric, metric), ""),
+                     "n": result.get("n", result.get("n_tokens", "?"))})
     return rows
 
 
 def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
     """Heads chosen by role against random head sets of the same per-layer counts (Wu et al. 2024's
     control): one row per ablate_heads result that carries a `control`; empty without any."""
-    results = [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
     rows = []
-    for result in results:
+    for result in results_list(ablation):
         control = result.get("control")
         if not control:
             continue
         deltas = sorted(control["deltas"])
-        rows.append({"heads": result.get("chosen_by", ",".join(map(str, result["heads"]))),
+        rows.append({"heads": chosen_by_text(result, lang),
                      "chosen": ",".join(map(str, result["heads"])), "metric": result["metric"],
                      "method": result["method"], "delta": result["delta"],
-                     "random sets": control["k"], "random median": deltas[len(deltas) // 2],
-                     "random min": deltas[0], "random max": deltas[-1],
-                     "rank": f"{control['rank']} of {control['k'] + 1}", "p_value": control["p_value"]})
+                     "random_sets": control["k"], "random_median": deltas[len(deltas) // 2],
+                     "random_min": deltas[0], "random_max": deltas[-1],
+                     "rank": t("ablation.rank", lang, rank=control["rank"], n=control["k"] + 1),
+                     "p_value": control["p_value"], "possible_sets": control.get("n_possible", control["k"]),
+                     "exact": bool(control.get("exact")), "smallest_p": control.get("p_min", 1 / (1 + control["k"]))})
     if not rows:
         return ""
     return (f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>"
             + table(pd.DataFrame(rows), lang=lang))
+
+
+# ablate_heads's `chosen_by` for a role ("heads labelled induction by the labels given"), read back into
+# the catalogue's words; any other text is shown as it is.
+CHOSEN_BY = re.compile(r"heads labelled (?P<role>\S+) by (?P<source>the labels given|classifying the model.*)")
+
+
+def chosen_by_text(result: dict, lang: str = DEFAULT_LANG) -> str:
+    """How a result's heads were chosen, in `lang`; the head list when they were given by hand."""
+    chosen_by = result.get("chosen_by")
+    if not chosen_by:
+        return ",".join(map(str, result["heads"]))
+    found = CHOSEN_BY.fullmatch(chosen_by)
+    if not found:
+        return chosen_by
+    source = "ablation.source_given" if found["source"] == "the labels given" else "ablation.source_classified"
+    return t("ablation.chosen_role", lang, role=found["role"], source=t(source, lang))
 
 
 def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
@@ -277,10 +385,16 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
     the body of the page's training section and of the inline view."""
     log, heads = training
     change = figures.phase_change_step(log)
-    rule = t("training.rule", lang, low=f"{figures.PHASE_LOW:g}", high=f"{figures.PHASE_HIGH:g}",
-             share=f"{figures.PHASE_WINDOW_SHARE:.0%}")
+    rule = t("training.rule", lang, low=short_number(figures.PHASE_LOW, lang),
+             high=short_number(figures.PHASE_HIGH, lang),
+             share=percent(figures.PHASE_WINDOW_SHARE, lang))
     note = (t("training.change", lang, step=change, rule=rule) if change is not None
             else t("training.no_change", lang, rule=rule))
+    icl = log["icl_score"].dropna() if "icl_score" in log else ()
+    if len(icl):  # the sign the plot shows, said in words beside "more negative is better"
+        last = float(icl.iloc[-1])
+        note += " " + t("training.icl_last", lang, value=short_number(last, lang, "+.3f"),
+                        verdict=t("training.icl_gain" if last < 0 else "training.icl_no_gain", lang))
     return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
             + figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
 

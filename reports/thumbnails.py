@@ -10,6 +10,7 @@ it: a checkbox and CSS alone, so it works from file://, without JavaScript and u
 from __future__ import annotations
 
 import numpy as np
+
 from headlens.reports import figures
 from headlens.reports.i18n import DEFAULT_LANG, number, t
 from headlens.reports.sections import esc, labelled_heads, section

@@ -12,7 +12,8 @@ import json
 import math
 
 import numpy as np
-from headlens.reports.i18n import DEFAULT_LANG, js_messages, t
+
+from headlens.reports.i18n import DEFAULT_LANG, js_messages, number, t
 from headlens.reports.sections import esc, labelled_heads, section
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 64 tokens (~0.8 MB of base64),
@@ -47,6 +48,7 @@ def viewer_payload(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> dict:
     first = next(iter(labels), "0.0")
     return {
         "tokens": [str(t) for t in viewer["tokens"]],
+        "ids": [int(i) for i in viewer.get("ids", [])],  # the token ids the model read (checkable by a peer)
         "n_layers": int(patterns.shape[0]),
         "n_heads": int(patterns.shape[1]),
         "pos": int(patterns.shape[2]),
@@ -61,6 +63,16 @@ def messages_block(lang: str = DEFAULT_LANG) -> str:
     return f'<script type="application/json" id="report-messages">{safe_json(js_messages(lang))}</script>'
 
 
+def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
+    """What a repeated sample is, and why: the text's start twice, or random tokens twice when the model
+    does not copy the text (headlens.samples.choose_repeated measured it)."""
+    if viewer.get("sample") != "random_tokens":
+        return t("viewer.repeated", lang, shown=shown)
+    first, second = viewer.get("copy_loss") or (float("nan"), float("nan"))
+    return t("viewer.repeated_random", lang, period=(shown - 1) // 2, shown=shown,
+             first=number(first, lang), second=number(second, lang))
+
+
 def viewer_section(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> str:
     """Tokens to click, a layer x head grid of attention rows, and one chosen head's weights on the tokens."""
     payload = viewer_payload(viewer, heads, lang)
@@ -69,7 +81,7 @@ def viewer_section(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> str:
     cut = (t("viewer.cut", lang, total=total, shown=shown) if isinstance(total, int) and total > shown
            else t("viewer.all", lang, shown=shown))
     if viewer.get("repeated"):
-        cut = t("viewer.repeated", lang, shown=shown)
+        cut = repeated_caption(viewer, shown, lang)
     body = f"""<p>{esc(t("viewer.intro", lang, cut=cut))}</p>
 <noscript><p class="note">{esc(t("viewer.noscript", lang))}</p></noscript>
 <div id="viewer-app" hidden>

@@ -3,7 +3,10 @@
 Between them they cover grouped-query attention (8 query heads over 2 key/value heads),
 multi-query attention (4 over 1), head_dim != d_model / n_heads (Qwen3), sliding windows shorter
 than the test sequences (Mistral, Qwen2's upper layers), q/k/v biases (Qwen2), per-head q/k
-norms (Qwen3), partial rotary with a parallel residual and full rotary without (GPT-NeoX).
+norms (Qwen3), partial rotary with a parallel residual and full rotary without (GPT-NeoX), and
+Gemma 3's mix: sliding-window and global layers with their own rotary bases (the global one with
+linear rope scaling), (1 + w) RMSNorms on q, k and around attention and MLP, query_pre_attn_scalar
+!= d_head, scaled embeddings.
 Every 1-d parameter (biases, norm gains) gets noise on top of its init (zeros and ones), so a
 step that skipped a bias or a gain would show.
 """
@@ -37,7 +40,24 @@ def family_configs() -> dict:
                                              num_hidden_layers=2, num_attention_heads=4,
                                              max_position_embeddings=N_CTX, rotary_pct=1.0,
                                              use_parallel_residual=False, initializer_range=0.15),
+        "gemma3_text-mqa": gemma3_config(),
     }
+
+
+def gemma3_config():
+    """Gemma 3's shape in small: 4 layers (sliding, sliding, global, sliding; window 5), 4 query heads
+    over 1 key/value head, head_dim 24 != 64 / 4, Q K^T scaled by 32^-0.5, sliding layers' rotary
+    base 10, global layers' 10,000 with linear scaling x4. `architectures` as a checkpoint's
+    config.json names it (TransformerLens's bridge picks its adapter by that name)."""
+    from transformers import Gemma3TextConfig
+
+    sliding, full = "sliding_attention", "full_attention"
+    return Gemma3TextConfig(**{**_COMMON, "num_hidden_layers": 4}, num_attention_heads=4, num_key_value_heads=1,
+                            head_dim=24, query_pre_attn_scalar=32, sliding_window=5,
+                            layer_types=[sliding, sliding, full, sliding],
+                            rope_parameters={sliding: {"rope_type": "default", "rope_theta": 10.0},
+                                             full: {"rope_type": "linear", "factor": 4.0, "rope_theta": 10_000.0}},
+                            architectures=["Gemma3ForCausalLM"])
 
 
 FAMILY_NAMES = list(family_configs())

@@ -77,6 +77,7 @@ class Planted:
 
     loaded: object  # headlens LoadedModel
     positions: dict[str, tuple[int, int]]  # role -> (layer, head)
+    subspaces: dict | None = None  # "pos", "tok", "prev", "out", "junk": bases [d_model, width]; "s0", "gain"
 
 
 def place_roles(seed: int) -> dict[str, tuple[int, int]]:
@@ -164,7 +165,8 @@ def build_planted(seed: int, copy_sign: float = 1.0) -> Planted:
             state[prefix + "c_proj.weight"] = w_o
         for name, param in loaded.model.named_parameters():
             param.copy_(state[name].to(param.dtype))
-    return Planted(loaded, roles)
+    subspaces = {"pos": b_pos, "tok": b_tok, "prev": b_prev, "out": b_out, "junk": b_junk, "s0": s0, "gain": gain}
+    return Planted(loaded, roles, subspaces)
 
 
 def _plant(role, q, k, v, rows, b_q, gain, s0, subspaces, copy_sign) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.ablation.ablate import ablate_heads, ablated_sums, sweep_heads, token_losses
+from headlens.ablation.ablate import ablate_heads, sweep_heads
 from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
+from headlens.ablation.metrics import token_losses
+from headlens.ablation.sweep import ablated_sums
 from headlens.heads import Head, all_heads
 
 # The bar for agreement with the TransformerLens bridge (a different forward implementation).
@@ -42,7 +44,6 @@ def _bridge_sums(bridge, evalset: EvalSet, heads: list[Head]) -> torch.Tensor:
 
 
 def _deltas_vs_bridge(loaded, evalset, heads):
-    from headlens.ablation.runner import LayerRunner  # noqa: F401  (the fast path is exercised below)
     from headlens.ablation.sweep import base_sums, sweep_sums
     from headlens.models import boot_bridge
 
@@ -112,7 +113,7 @@ def test_every_head_of_a_layer_equals_zeroing_the_layer_z(strong_model):
 
 def test_result_keys_and_ci(strong_model):
     result = ablate_heads(strong_model, "0.1,1.2", metric="repeat", seed=5)
-    assert list(result)[:9] == ["model", "heads", "method", "metric", "n", "clean", "ablated", "delta", "ci95"]
+    assert list(result)[:10] == ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]
     assert {"n_tokens", "loss", "loss_ablated", "delta_loss", "data", "reference", "resampled"} <= set(result)
     low, high = result["ci95"]
     assert low <= result["delta_loss"] <= high

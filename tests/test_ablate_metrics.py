@@ -11,9 +11,9 @@ import torch
 from strong import sample_text
 
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.ablation.datasets import build_evalset
-from headlens.ablation.prompts import read_prompts
-from headlens.ablation.roles import control_sets, read_labels, resolve_heads
+from headlens.ablation.evalset import build_evalset, read_prompts
+from headlens.ablation.roles import read_labels, resolve_heads
+from headlens.ablation.stats import control_design
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
 from headlens.probes import needle_prompts, random_token_range
@@ -118,7 +118,7 @@ def _prompt_values(loaded, heads, metric: str) -> float:
 def test_prompt_metrics_equal_a_plain_computation(strong_model, prompts_file, metric):
     heads = [Head(0, 2)]
     result = ablate_heads(strong_model, heads, metric=metric, prompts=read_prompts(prompts_file))
-    assert list(result)[:9] == ["model", "heads", "method", "metric", "n", "clean", "ablated", "delta", "ci95"]
+    assert list(result)[:10] == ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]
     assert result["n"] == 3 and result["resampled"] == "3 prompts"
     # prob is ~1e-5 on a random model's 50,257 tokens: compare it relatively (float32 rounding)
     close = {"rel": 1e-4} if metric == "prob" else {"abs": SAME_ATOL}
@@ -193,15 +193,19 @@ def test_role_selection_picks_exactly_the_labelled_heads(strong_model, tmp_path)
 
 
 def test_random_control_is_seeded_and_keeps_per_layer_counts(strong_model):
-    heads = [Head(0, 1), Head(1, 0), Head(1, 3)]
-    sets = control_sets(heads, 4, 30, seed=5)
-    assert sets == control_sets(heads, 4, 30, seed=5) and sets != control_sets(heads, 4, 30, seed=6)
+    heads = [Head(0, 1), Head(1, 0), Head(1, 3)]  # 4 x 6 - 1 = 23 other sets: 20 of them are drawn
+
+    def control_sets(k, seed):
+        return control_design(heads, 4, k, seed)["sets"]
+
+    sets = control_sets(20, seed=5)
+    assert sets == control_sets(20, seed=5) and sets != control_sets(20, seed=6)
     for chosen in sets:
         assert [h.layer for h in chosen] == [0, 1, 1] and len(set(chosen)) == 3
-    assert len({tuple(s) for s in sets}) > 5  # genuinely random sets
+    assert len({tuple(s) for s in sets}) == 20 and heads not in sets  # distinct, none the chosen set
     result = ablate_heads(strong_model, heads, metric="repeat", control=4, seed=5)
     control = result["control"]
-    assert control["sets"] == [[str(h) for h in s] for s in control_sets(heads, 4, 4, seed=5)]
+    assert control["sets"] == [[str(h) for h in s] for s in control_sets(4, seed=5)]
     for names, delta in zip(control["sets"], control["deltas"], strict=True):
         alone = ablate_heads(strong_model, names and ",".join(names), metric="repeat", seed=5)
         assert delta == pytest.approx(alone["delta"], abs=1e-9)
@@ -224,9 +228,8 @@ def test_resuming_a_store_of_the_old_rule_is_refused(strong_model, tmp_path):
 
 
 def test_role_experiments_and_their_report_block(strong_model, tmp_path):
-    from headlens.reports import render_report
-
     from headlens.ablation.ablate import role_experiments
+    from headlens.reports import render_report
 
     results = role_experiments(strong_model, control=3, seed=1, labels=LABELS)
     assert [(r["metric"], r["heads"]) for r in results] == [("repeat", ["1.1", "1.2"]), ("needle", ["1.1"])]

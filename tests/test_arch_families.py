@@ -11,11 +11,9 @@ import pytest
 import torch
 from families import FAMILY_NAMES, build_family, decoder_layers, o_proj, padded_batch
 
-from headlens.ablation.ablate import ablated_sums
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.replace import replacements
-from headlens.ablation.runner import LayerRunner
-from headlens.ablation.sweep import base_sums, sweep_sums
+from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.arch import adapter_for
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.capture import lean as capture_lean
@@ -100,7 +98,8 @@ def test_sliding_window_is_respected(family):
     ids, mask = padded_batch()
     attentions, _, _ = _hf_eager(family.model, ids, mask)
     windows = [adapter.sliding_window(layer) for layer in range(adapter.n_layers)]
-    expected = {"mistral-window": [7, 7, 7], "qwen2-window": [None, 6, 6]}.get(family.name, [None] * len(windows))
+    expected = {"mistral-window": [7, 7, 7], "qwen2-window": [None, 6, 6],
+                "gemma3_text-mqa": [5, 5, None, 5]}.get(family.name, [None] * len(windows))
     assert windows == expected
     for layer, window in enumerate(windows):
         if window is not None:  # no weight on keys window or more positions back
@@ -126,15 +125,19 @@ def test_a_layer_run_by_the_adapter_equals_the_models_own_layer(family):
     finally:
         for handle in handles:
             handle.remove()
-    runner = LayerRunner(model, ids, mask)
+    adapter = adapter_for(model)
+    ctx = adapter.context(ids, mask)
     real = mask[:, :, None]
+    last = adapter.n_layers - 1
     with torch.no_grad():
-        assert torch.equal(runner.embed(), seen[("in", 0)])
-        for layer in range(runner.n_layers):
-            ours = runner.block(layer, seen[("in", layer)])  # [batch, pos, d_model]
+        assert torch.equal(adapter.embed_tokens(ctx), seen[("in", 0)])
+        for layer in range(adapter.n_layers):
+            ours = adapter.block(layer, seen[("in", layer)], ctx)  # [batch, pos, d_model]
             assert ((ours - seen[("out", layer)]).abs() * real).amax() <= ATOL, layer
-        hidden = runner.adapter.final_norm()(seen[("out", runner.n_layers - 1)])
-        ours_logits = runner.adapter.unembed()(hidden)  # [batch, pos, d_vocab]
+        _, attn_out = adapter.attention(0, seen[("in", 0)], ctx)  # [batch, pos, d_model]
+        final = adapter.run_from(0, seen[("in", 0)], attn_out, ctx)  # [batch, pos, d_model]
+        assert ((final - seen[("out", last)]).abs() * real).amax() <= ATOL
+        ours_logits = adapter.unembed()(adapter.final_norm()(seen[("out", last)]))  # [batch, pos, d_vocab]
     assert ((ours_logits - logits).abs() * real).amax() <= ATOL
 
 
@@ -214,10 +217,10 @@ def test_stacked_sweep_on_a_padded_batch_equals_the_naive_loop(family):
 
 def test_an_unsupported_model_type_is_one_line_naming_the_supported_families(tmp_path):
     from click.testing import CliRunner
-    from headlens.cli.main import cli
     from transformers import BertConfig
 
     from headlens.arch import SUPPORTED_TYPES
+    from headlens.cli.main import cli
     from headlens.errors import UnsupportedModelError
     from headlens.models import build_model
 
@@ -225,8 +228,8 @@ def test_an_unsupported_model_type_is_one_line_naming_the_supported_families(tmp
         build_model(BertConfig(num_hidden_layers=1))
     message = str(info.value)
     assert "\n" not in message and "'bert' is not supported" in message
-    assert all(name in message for name in ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"))
-    assert set(SUPPORTED_TYPES) == {"gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"}
+    assert all(name in message for name in ("gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"))
+    assert set(SUPPORTED_TYPES) == {"gemma3_text", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"}
     (tmp_path / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
     result = CliRunner().invoke(cli, ["heads", "all", "--model", str(tmp_path)])
     assert result.exit_code == 2

@@ -12,9 +12,9 @@ import pytest
 import torch
 from families import FAMILY_NAMES, build_family, decoder_layers, o_proj
 
-from headlens.ablation.ablate import token_losses
-from headlens.ablation.attribution import attribution_deltas
 from headlens.ablation.evalset import repeat_evalset, text_evalset
+from headlens.ablation.gradients import attribution_deltas
+from headlens.ablation.metrics import token_losses
 from headlens.ablation.prune import prune_curve
 from headlens.capture import CollectPatterns, iter_batches, run_capture
 from headlens.models import boot_bridge
@@ -64,10 +64,21 @@ def test_attention_scores_equal_detect_head(family, name, make):
 
 
 def _final_norm_gain(model) -> tuple[torch.Tensor, bool]:
-    """(gain, centres): GPT-NeoX ends in a LayerNorm, the Llama-style families in an RMSNorm."""
+    """(gain, centres): GPT-NeoX ends in a LayerNorm, the Llama-style families in an RMSNorm,
+    Gemma 3 in an RMSNorm that multiplies by 1 + weight."""
     if model.config.model_type == "gpt_neox":
         return model.gpt_neox.final_layer_norm.weight.detach(), True
+    if model.config.model_type == "gemma3_text":
+        return 1 + model.model.norm.weight.detach(), False
     return model.model.norm.weight.detach(), False
+
+
+def _attn_out_gain(model, layer: int) -> torch.Tensor | float:
+    """Gemma 3 normalises the attention output before the residual add; its 1/rms is common to
+    every logit (dropped, like the final norm's), its gain (1 + weight) is on the direct path."""
+    if model.config.model_type == "gemma3_text":
+        return 1 + model.model.layers[layer].post_attention_layernorm.weight.detach()
+    return 1.0
 
 
 def test_copying_equals_the_direct_path_through_the_whole_vocabulary(family):
@@ -93,7 +104,7 @@ def test_copying_equals_the_direct_path_through_the_whole_vocabulary(family):
             scores = []
             for b, q in queries.nonzero().tolist():
                 key = int(pattern[b, head, q, 1:].argmax()) + 1  # BOS column excluded
-                out = cols @ z[b, q, head]  # [d_model]
+                out = (cols @ z[b, q, head]) * _attn_out_gain(model, layer)  # [d_model]
                 u = (out - out.mean() if centres else out) * gain  # [d_model]
                 logits = w_u @ u  # [d_vocab]
                 s = (logits[tokens[b, key]] - logits.mean()) / logits.std(unbiased=False)
@@ -169,8 +180,8 @@ def test_classify_reports_each_query_heads_key_value_group():
 
 def test_heads_command_lists_key_value_groups(tmp_path):
     from click.testing import CliRunner
-    from headlens.cli.main import cli
 
+    from headlens.cli.main import cli
     from headlens.models import save_model
 
     directory = save_model(build_family("llama-mqa"), tmp_path / "mqa")

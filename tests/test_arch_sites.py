@@ -88,3 +88,11 @@ def test_split_rules_put_each_element_at_its_head(kind, layout):
         out = to_heads(hooked, Split(kind, part=part, parts=PARTS), HEADS_N, D_HEAD)  # [batch, head, pos, d_head]
         expected = _labelled(("batch", "head", "pos", "dim"), sizes) + part * 100  # [batch, head, pos, d_head]
         assert torch.equal(out, expected)
+
+
+def test_the_spec_and_the_adapter_give_the_same_key_value_groups(family):
+    adapter = adapter_for(family.model)
+    per_group = adapter.n_heads // adapter.n_kv_heads
+    expected = [h // per_group for h in range(adapter.n_heads)]  # consecutive query heads share K/V
+    assert [family.spec.kv_group(h) for h in range(adapter.n_heads)] == expected
+    assert [adapter.kv_group(h) for h in range(adapter.n_heads)] == expected

@@ -7,7 +7,7 @@ import pytest
 import torch
 from families import FAMILY_NAMES, build_family
 
-from headlens.arch.rotary import RotaryAdapter
+from headlens.arch import adapter_for
 from headlens.errors import ValidationFailed
 from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
 
@@ -35,7 +35,8 @@ def test_validation_passes_on_every_layer_against_every_reference(family):
 
 
 def test_validation_fails_when_one_weight_is_perturbed(family, monkeypatch):
-    original = RotaryAdapter.attention_weights
+    adapter_class = type(adapter_for(family.model))  # a RotaryAdapter, or one with its own attention_weights
+    original = adapter_class.attention_weights
 
     def perturbed(self, layer):
         weights = original(self, layer)
@@ -44,7 +45,7 @@ def test_validation_fails_when_one_weight_is_perturbed(family, monkeypatch):
             weights.w_k[:, 0] += PERTURBATION  # input feature 0 into every key unit
         return weights
 
-    monkeypatch.setattr(RotaryAdapter, "attention_weights", perturbed)
+    monkeypatch.setattr(adapter_class, "attention_weights", perturbed)
     with pytest.raises(ValidationFailed) as info:
         validate_model(family, TEXT)
     frame = info.value.frame
@@ -59,8 +60,8 @@ def test_validate_command_on_a_grouped_query_model(tmp_path):
     import json
 
     from click.testing import CliRunner
-    from headlens.cli.main import cli
 
+    from headlens.cli.main import cli
     from headlens.models import save_model
 
     directory = save_model(build_family("qwen3-mqa"), tmp_path / "qwen3")

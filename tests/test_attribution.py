@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from headlens.ablation.approx import agreement, approx_sweep, spot_check
-from headlens.ablation.atp_star import atp_star_deltas
-from headlens.ablation.attribution import attribution_deltas
 from headlens.ablation.evalset import repeat_evalset
+from headlens.ablation.gradients import atp_star_deltas, attribution_deltas
 from headlens.ablation.replace import replacements
 from headlens.errors import ConfigError
 from headlens.models import shipped_path
@@ -94,7 +93,7 @@ def test_graddrop_without_a_drop_is_attribution_and_scores_are_unsigned(strong_m
     """Nothing dropped, the GradDrop pass is plain attribution patching (a separate implementation);
     last-layer heads score |AtP|; first-layer heads score |AtP with layer 1's write detached|,
     which differs from |AtP| (layer 1's paths are gone)."""
-    from headlens.ablation.graddrop import _attribution, graddrop_scores
+    from headlens.ablation.gradients import _attribution, graddrop_scores
 
     evalset = repeat_evalset(strong_model, seed=2, n_seq=3, seq_len=10)
     reps = [None, None]

@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from headlens.reports.i18n import t
+import torch
 
-from headlens.labels import LABELS
+from headlens.heads import Head
+from headlens.labels import LABELS, roles_of
+from headlens.reports.i18n import t
 
 pytestmark = pytest.mark.browser
 
@@ -31,6 +33,9 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgr
 MIN_PIXEL_STD = 10.0
 # The viewer stores weights to 1/255 and the CSS alpha is printed with 3 decimals.
 ALPHA_ATOL = 1 / 255 + 1e-3
+# The viewer's sample shows induction when each labelled induction head's mean attention on the induction
+# target is this many times what uniform attention over the visible keys would put there.
+UNIFORM_FACTOR = 5.0
 NASTY_TEXT = ('Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
               "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n")
 
@@ -121,6 +126,7 @@ def embedded_report(request, tmp_path_factory):
     """`headlens report tiny` (the embedded model) through the CLI, as `make demo` runs it, in English
     and in Spanish (every browser test runs on both)."""
     from click.testing import CliRunner
+
     from headlens.cli.main import cli
 
     out = tmp_path_factory.mktemp(f"browser-{request.param}") / "report.html"
@@ -205,6 +211,57 @@ def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
     assert page_events(driver)["errors"] == []
 
 
+# The viewer's sample: the heads labelled induction do induction on it, measured with transformers directly
+# on the token ids the page shows.
+
+def induction_target_attention(attentions, ids: list[int], heads) -> dict:
+    """Per head, the mean attention on induction targets (key k with ids[k-1] == ids[q], k - 1 < q) over the
+    queries that have one, and what uniform attention over keys 0..q would put there. Computed from the
+    model's own output_attentions (a tuple of [1, head, q, k] per layer), independently of headlens."""
+    pos = len(ids)
+    targets = [[k for k in range(1, q + 1) if ids[k - 1] == ids[q]] for q in range(pos)]
+    queries = [q for q in range(pos) if targets[q]]
+    uniform = sum(len(targets[q]) / (q + 1) for q in queries) / len(queries)
+    out = {}
+    for head in heads:
+        pattern = attentions[head.layer][0, head.head].double()  # [q, k]
+        out[head] = sum(float(pattern[q, targets[q]].sum()) for q in queries) / len(queries)
+    return {"attention": out, "uniform": uniform, "n_queries": len(queries)}
+
+
+def viewer_data(html: str) -> dict:
+    match = re.search(r'<script type="application/json" id="viewer-data">(.*?)</script>', html, re.S)
+    return json.loads(match.group(1))
+
+
+def check_viewer_shows_induction(html: str, model) -> dict:
+    """The page's viewer sample (its token ids) through a transformers model directly (eager attention,
+    output_attentions; no headlens hook): each head the page labels induction attends to the induction target
+    more than UNIFORM_FACTOR x uniform."""
+    data = viewer_data(html)
+    heads = [Head(*map(int, key.split("."))) for key, names in data["labels"].items()
+             if "induction" in names.split(", ")]
+    assert heads, "the page labels no induction head"
+    assert len(data["ids"]) == data["pos"] == len(data["tokens"])
+    with torch.no_grad():
+        attentions = model(torch.tensor([data["ids"]]), output_attentions=True).attentions
+    measured = induction_target_attention(attentions, data["ids"], heads)
+    for head, value in measured["attention"].items():
+        assert value > UNIFORM_FACTOR * measured["uniform"], (str(head), value, measured["uniform"])
+    return measured
+
+
+def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
+    from transformers import AutoModelForCausalLM
+
+    from headlens.models import shipped_path
+
+    model = AutoModelForCausalLM.from_pretrained(str(shipped_path("tiny")), attn_implementation="eager",
+                                                 dtype=torch.float32)
+    measured = check_viewer_shows_induction(embedded_report.read_text(encoding="utf-8"), model)
+    assert measured["n_queries"] > 10
+
+
 def test_label_table_sorts_on_click(driver, embedded_report):
     open_page(driver, embedded_report)
     table = driver.find_element("css selector", "#scores table.sortable")
@@ -236,9 +293,11 @@ def test_labelled_heads_come_first_and_the_switch_hides_roleless_rows(driver, em
     open_page(driver, embedded_report)
     rows = all_rows(driver)
     kinds = [cls for _, _, cls in rows]
-    n_labelled = kinds.count("labelled")
-    assert n_labelled > 0 and kinds == ["labelled"] * n_labelled + ["unlabelled"] * (len(rows) - n_labelled)
-    roles = [LABELS.index(labels.split(", ")[0]) for _, labels, cls in rows if cls == "labelled"]
+    n_labelled, n_property = kinds.count("labelled"), kinds.count("property")
+    # heads with a role, then heads that are only first-token sinks (a property), then the rest
+    assert n_labelled > 0 and kinds == (["labelled"] * n_labelled + ["property"] * n_property
+                                        + ["unlabelled"] * (len(rows) - n_labelled - n_property))
+    roles = [LABELS.index(roles_of(labels.split(", "))[0]) for _, labels, cls in rows if cls == "labelled"]
     assert roles == sorted(roles)  # grouped by role (LABELS order)
     switch = driver.find_element("id", "label-switch")
     assert switch.is_displayed()
@@ -264,14 +323,54 @@ def test_clicking_a_pattern_enlarges_it(driver, embedded_report):
     assert image.size["width"] == before
 
 
+def test_an_enlarged_pattern_closes_on_escape_and_on_a_click_elsewhere(driver, embedded_report):
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(driver, embedded_report)
+    image = driver.find_element("css selector", "#thumbnails .thumb img")
+    driver.execute_script("arguments[0].scrollIntoView()", image)
+    before = image.size["width"]
+    image.click()
+    assert image.size["width"] > 1.5 * before
+    driver.find_element("css selector", "body").send_keys(Keys.ESCAPE)
+    assert image.size["width"] == before
+    image.click()
+    assert image.size["width"] > 1.5 * before
+    driver.execute_script("document.querySelector('h1').click()")  # anywhere outside the pattern
+    assert image.size["width"] == before
+
+
+@pytest.fixture(scope="module")
+def gqa_report(tmp_path_factory):
+    """`headlens report tiny-gqa`: 8 heads a layer, whose strips in one row would be 1,600 px wide."""
+    from click.testing import CliRunner
+
+    from headlens.cli.main import cli
+
+    out = tmp_path_factory.mktemp("browser-gqa") / "report.html"
+    result = CliRunner().invoke(cli, ["report", "tiny-gqa", "--controls", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_head_strips_wrap_inside_the_page(driver, gqa_report):
+    """Every head's strip is there, and none reaches past the page's 1,200 px column."""
+    open_page(driver, gqa_report)
+    canvases = driver.find_elements("css selector", "#viewer-grid canvas")
+    assert len(canvases) == 2 * 8  # tiny-gqa: 2 layers x 8 heads
+    right = driver.execute_script("return document.body.getBoundingClientRect().right")
+    for canvas in canvases:
+        assert driver.execute_script("return arguments[0].getBoundingClientRect().right", canvas) <= right + 1
+
+
 @pytest.fixture(scope="module")
 def planted_report(tmp_path_factory):
     """The planted model (tests/planted.py, seed 0) classified and reported: its labelled heads are known
     by construction."""
-    from headlens.reports import render_report
     from planted import PLANTED_TEXT, build_planted
 
     from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.reports import render_report
     from headlens.samples import sample_patterns
 
     planted = build_planted(0)
@@ -298,7 +397,6 @@ def test_summary_lists_every_planted_head_and_no_other(driver, planted_report):
 @pytest.fixture(scope="module")
 def nasty_report(small_model, tmp_path_factory):
     from headlens.reports import render_report
-
     from headlens.samples import sample_patterns
 
     spec = small_model.spec

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from headlens.cli.main import cli
 from planted import PLANTED_TEXT
 
 from headlens import probes
 from headlens.classify import SCORE_COLUMNS, SOURCE_COLUMNS, ClassifyConfig, classify_heads
+from headlens.cli.main import cli
 from headlens.errors import ConfigError
 from headlens.labels import LABELS, config_with_thresholds, label_head, rank_heads
 
@@ -181,15 +182,41 @@ def test_cli_bad_text_is_one_line_exit_2(small_model_dir, tmp_path, content, mes
 
 @pytest.mark.parametrize("args, message", [
     (["--threshold", "bogus=0.3"], "unknown threshold 'bogus'"),
-    (["--threshold", "retrieval=2"], "retrieval_min = 2.0 is out of range"),
+    (["--threshold", "retrieval=2"], "--threshold retrieval=2.0 is out of range"),
     (["--threshold", "copying=abc"], "not a number"),
     (["--format", "xml"], "unknown format 'xml'"),
     (["--seq-len", "100"], "seq_len 100 is too long"),
+    (["--seq-len", "20", "--token-budget", "32"], "seq_len 20 is too long for probe sequences of 32 tokens"),
+    (["--token-budget", "4"], "token_budget = 4 is out of range"),
 ])
 def test_cli_bad_options_are_one_line_exit_2(small_model_dir, text_file, args, message):
     result = _run([str(small_model_dir), "--text", str(text_file), "--no-progress", *args])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_token_budget_sizes_every_probe(small_model):
+    config = ClassifyConfig(n_seq=2, max_windows=2, seq_len=10, token_budget=32)
+    frame = classify_heads(small_model, text=PLANTED_TEXT, config=config)
+    info = frame.attrs["probes"]
+    assert info["sizes"] == {"n_ctx": 128, "token_budget": 32, "window": 32, "repeat_context": 32,
+                             "needle_context": 32, "capped": True}
+    assert info["longest_window"] == 32 and info["n_windows"] == 2  # BOS + 31 text tokens
+    assert info["repeats"] == 3  # 1 + 3 * 10 <= 32
+    assert info["n_needle_tests"] > 0 and info["longest_needle_prompt"] <= 32 and info["needle_len"] == 4
+    longer = classify_heads(small_model, text=PLANTED_TEXT, config=replace(config, needle_budget=128))
+    assert longer.attrs["probes"]["sizes"]["needle_context"] == 128
+    assert 32 < longer.attrs["probes"]["longest_needle_prompt"] <= 128  # long-context needles stay available
+
+
+def test_cli_says_when_a_budget_cut_the_context(small_model_dir, text_file):
+    args = [str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2", "--no-progress"]
+    cut = _run([*args, "--token-budget", "64", "--no-needles"])
+    assert cut.exit_code == 0, cut.output
+    assert "probes sized by a token budget, not the model's context of 128" in cut.stderr
+    assert "at most 64 tokens" in cut.stderr and "--token-budget" in cut.stderr
+    whole = _run([*args, "--no-needles"])
+    assert whole.exit_code == 0 and "token budget" not in whole.stderr  # the default budget covers the whole context
 
 
 def test_cli_unwritable_out_fails_before_work_and_keeps_old_files(small_model_dir, text_file, tmp_path):

@@ -10,8 +10,8 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from headlens.cli.main import cli
 
+from headlens.cli.main import cli
 from headlens.heads import parse_heads
 from headlens.models import SHIPPED_MODELS, load_model, shipped_path
 

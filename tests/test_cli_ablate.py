@@ -12,9 +12,10 @@ import time
 import pytest
 import torch
 from click.testing import CliRunner
+
 from headlens.cli.main import cli
 
-KEYS = ["model", "heads", "method", "metric", "n", "clean", "ablated", "delta", "ci95"]  # every metric
+KEYS = ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]  # every metric
 LOSS_KEYS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]  # loss metrics, besides
 ABOUT = ["data", "reference", "resampled"]  # what was measured, in words
 
@@ -56,10 +57,13 @@ def test_layer_set_and_table(small_model_dir, text_file):
 
 def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
     report = tmp_path / "r.html"
-    result = run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat",
+    result = run("ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat",
                  "--format", "json", "--report", str(report))
     assert result.exit_code == 0, result.output
-    objs = [json.loads(line) for line in result.stdout.splitlines()]
+    doc = json.loads(result.stdout)  # one document
+    assert {key: doc[key] for key in ("method", "metric", "unit")} == {"method": "zero", "metric": "repeat",
+                                                                       "unit": "nats/token"}
+    objs = doc["rows"]
     assert [o["heads"] for o in objs] == [[f"{layer}.{head}"] for layer in range(2) for head in range(4)]
     assert all(list(o) == KEYS + LOSS_KEYS + ABOUT for o in objs)
     assert report.is_file() and "<html" in report.read_text(encoding="utf-8").lower()
@@ -71,12 +75,12 @@ def test_approx_check_reports_agreement(small_model_dir):
     assert result.exit_code == 0, result.output
     assert "pearson" in result.stdout and "spearman" in result.stdout and "delta_loss_approx" in result.stdout
     assert "atp vs the exact sweep" in result.stdout
-    star = run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat", "--approx", "atp*",
+    star = run("ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat", "--approx", "atp*",
                "--format", "json")
     assert star.exit_code == 0, star.output
-    lines = [json.loads(line) for line in star.stdout.splitlines()]
-    assert all(o["approx"] == "atp*" for o in lines[:-1]) and len(lines) == 9
-    trust = lines[-1]["trust"]
+    doc = json.loads(star.stdout)
+    assert all(o["approx"] == "atp*" for o in doc["rows"]) and len(doc["rows"]) == 8
+    trust = doc["trust"]
     assert trust["kind"] == "spot check" and {"spearman", "top10_overlap", "n_heads", "n_seq"} <= set(trust)
 
 
@@ -114,7 +118,7 @@ def test_prune_command(small_model_dir, text_file):
 
 def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_path):
     """A real kill (SIGKILL) of a sweep subprocess mid-run, then --resume."""
-    args = ["ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat"]
+    args = ["ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat"]
     full = run(*args, "--out", str(tmp_path / "full"))
     assert full.exit_code == 0, full.output
     out = tmp_path / "killed"
@@ -156,7 +160,7 @@ def _one_line_error(result):
     (["--heads", "0.1", "--metric", "bleu"], "unknown metric"),
     (["--heads", "0.1", "--format", "xml"], "unknown format"),
     (["--heads", "all", "--check"], "--approx"),
-    (["--heads", "all", "--resume"], "--out"),
+    (["--heads", "each", "--resume"], "--out"),
     (["--heads", "0.1", "--metric", "prob"], "--prompts"),
     (["--heads", "0.1", "--control", "random:x"], "random:K"),
     (["--heads", "label:bogus"], "unknown label"),
@@ -189,6 +193,6 @@ def test_resume_from_other_settings(small_model_dir, tmp_path):
 
     out = str(tmp_path / "sweep")  # a started zero-ablation sweep of the same model (one head done)
     sweep_heads(load_model(str(small_model_dir)), metric="repeat", heads=[Head(0, 0)], out=out)
-    line = _one_line_error(run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat",
+    line = _one_line_error(run("ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat",
                                "--method", "mean", "--out", out, "--resume"))
     assert "other settings" in line

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 from click.testing import CliRunner
+
 from headlens.cli.commands_report import reproduce_command
 from headlens.cli.main import cli
 
@@ -51,14 +52,15 @@ def test_report_end_to_end_on_a_small_model(small_report, small_model_dir):
 
 def test_single_head_bars_come_from_the_sweep_rows():
     import pandas as pd
-    from headlens.cli.commands_report import chosen_ablations
 
+    from headlens.cli.commands_report import chosen_ablations
     from headlens.heads import Head
 
     sweep = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "n_tokens": [50, 50], "delta_loss": [0.2, -0.1],
                           "ci95_low": [0.1, -0.2], "ci95_high": [0.3, 0.0]})
     rows = chosen_ablations(None, [Head(1, 2)], None, 0, False, sweep)  # one head: no joint ablation, no model
-    assert rows == [{"heads": ["1.2"], "method": "zero", "n_tokens": 50, "delta_loss": -0.1, "ci95": [-0.2, 0.0]}]
+    assert rows == [{"heads": ["1.2"], "method": "zero", "metric": "loss", "unit": "nats/token", "n_tokens": 50,
+                     "delta": -0.1, "delta_loss": -0.1, "ci95": [-0.2, 0.0]}]
 
 
 # Errors: one line on stderr, exit 2, nothing half-written

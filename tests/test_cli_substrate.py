@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
-from headlens.cli.main import cli
 
 from headlens import __version__
+from headlens.cli.main import cli
 from headlens.models import load_model
 from headlens.validate import BUILTIN_TEXT
 

@@ -164,6 +164,7 @@ def test_a_corpus_evalset_stops_reading_at_the_window_cap(small_model, folder):
 
 def test_cli_ablate_and_prune_read_a_folder_and_refuse_it_for_the_needle_metric(small_model_dir, folder, jsonl):
     from click.testing import CliRunner
+
     from headlens.cli.main import cli
 
     runner = CliRunner()

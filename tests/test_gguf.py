@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from headlens.cli.main import cli
 
 from headlens import named
 from headlens.cache import RECORD, cache_root, file_sha256
+from headlens.cli.main import cli
 from headlens.models import gpt2_tokenizer, load_model
 
 N_VOCAB = 512  # GPT-2's first 512 tokens: the 256 bytes and the merges that build the next 256

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from headlens.reports import inline
 
 import headlens
+from headlens.reports import inline
 
 NASTY_TEXT = ('Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
               "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n")

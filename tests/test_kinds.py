@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from headlens.cli.commands_classify import TABLE_COLUMNS
-from headlens.reports import explain
 
 from headlens import kinds
+from headlens.cli.commands_classify import TABLE_COLUMNS
 from headlens.labels import THRESHOLDS, ClassifyConfig, label_head, rank_heads
 from headlens.probe_runs import probe_sizes
+from headlens.reports import explain
 
 CATALOGUES = {lang: json.loads((Path(explain.__file__).parent / f"messages_{lang}.json").read_text(encoding="utf-8"))
               for lang in ("en", "es")}

@@ -11,6 +11,11 @@ from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
 
 # Mask invariance compares float32 results of the same ops on differently shaped batches.
 PADDING_ATOL = 1e-6
+# Identities between two attention implementations are checked in float64: each output sums <= 64 products of
+# values below ~10, so summation-order differences are ~64 * 10 * 2.2e-16 ~ 1e-13; 1e-10 leaves margin while a
+# real mistake (a wrong head, a missing mask) moves outputs by ~1e-2. In float32 the same sums differ by ~1e-6
+# between CPUs (AVX-512 vs AVX2 reduction order), which is why these do not compare in float32.
+FLOAT64_ATOL = 1e-10
 # A perturbation of W_QKV far above float32 noise (weights are ~N(0, 0.02)).
 PERTURBATION = 0.05
 PERTURBED_LAYER = 1
@@ -158,13 +163,13 @@ def test_indivisible_heads_are_refused():
 # GroupedQueryAttention: rotary positions, shared key/value heads, q/k norms ---------------
 
 
-def _gqa_weights(n_heads=4, n_kv_heads=1, d_model=32, d_head=8, seed=0, **extra):
+def _gqa_weights(n_heads=4, n_kv_heads=1, d_model=32, d_head=8, seed=0, dtype=torch.float32, **extra):
     from headlens.mha import AttentionWeights
 
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen) * 0.3
+        return (torch.randn(*shape, generator=gen) * 0.3).to(dtype)
 
     return AttentionWeights(w_q=rand(n_heads * d_head, d_model), w_k=rand(n_kv_heads * d_head, d_model),
                             w_v=rand(n_kv_heads * d_head, d_model), w_o=rand(d_model, n_heads * d_head),
@@ -177,16 +182,17 @@ def test_plain_grouped_attention_equals_gpt2_attention(small_model):
     from headlens.mha import AttentionWeights, GroupedQueryAttention
 
     gpt2 = CausalSelfAttention.from_gpt2(small_model.model.transformer.h[0].attn, small_model.model.config, 0)
+    gpt2 = gpt2.double()
     w_q, w_k, w_v = gpt2.c_attn.weight.split(64)  # 3 x [d_model, d_model]
     b_q, b_k, b_v = gpt2.c_attn.bias.split(64)
     weights = AttentionWeights(w_q, w_k, w_v, gpt2.c_proj.weight, b_q, b_k, b_v, gpt2.c_proj.bias, n_heads=4,
                                n_kv_heads=4, scale=gpt2.scale)
-    x = torch.randn(2, 9, 64)  # [batch, pos, d_model]
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [batch, pos, d_model]
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False
     ours, ref = GroupedQueryAttention(weights)(x, mask), gpt2(x, mask)
     for got, want in zip(ours, ref, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(got, want, atol=FLOAT64_ATOL, rtol=0)
 
 
 def test_shared_key_value_heads_equal_copied_ones():
@@ -195,14 +201,14 @@ def test_shared_key_value_heads_equal_copied_ones():
 
     from headlens.mha import GroupedQueryAttention
 
-    mqa = _gqa_weights(n_kv_heads=1, inv_freq=1.0 / 100 ** (torch.arange(0, 8, 2) / 8))
+    mqa = _gqa_weights(n_kv_heads=1, inv_freq=1.0 / 100 ** (torch.arange(0, 8, 2) / 8), dtype=torch.float64)
     tiled = replace(mqa, n_kv_heads=4, w_k=mqa.w_k.repeat(4, 1), w_v=mqa.w_v.repeat(4, 1), b_k=mqa.b_k.repeat(4),
                     b_v=mqa.b_v.repeat(4))
-    x = torch.randn(2, 11, 32)  # [batch, pos, d_model]
+    x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)  # [batch, pos, d_model]
     ours, ref = GroupedQueryAttention(mqa)(x), GroupedQueryAttention(tiled)(x)
     assert ours.pattern.shape == (2, 4, 11, 11) and ours.z.shape == (2, 11, 4, 8)
     for got, want in zip(ours, ref, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(got, want, atol=FLOAT64_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("rotary_dim", [8, 4])

@@ -12,6 +12,9 @@ from headlens.classify import ClassifyConfig, classify_heads
 # but the first queries of a window have fewer keys; 0.98 leaves room for those edge positions only.
 PLANTED_MASS_MIN = 0.98
 CONFIG = ClassifyConfig(n_seq=4, seed=0)
+# The fast loop's planted-ground-truth check: one seed, two repeat sequences and no needle probe (so the
+# induction head's label is induction alone); the slow tests cover three seeds with every probe.
+FAST_CONFIG = ClassifyConfig(n_seq=2, seed=0, needles=False)
 
 
 @pytest.fixture(scope="module", params=[0, 1, 2])
@@ -22,6 +25,16 @@ def planted_result(request):
 
 def _labels(frame, layer, head):
     return frame[(frame["layer"] == layer) & (frame["head"] == head)].iloc[0]
+
+
+def test_planted_roles_are_recovered_and_no_other_head_is_labelled():
+    planted = build_planted(0)
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=FAST_CONFIG)
+    expected = {planted.positions[role]: [name for name in labels if name != "retrieval"]
+                for role, labels in EXPECTED_LABELS.items()}
+    for layer in range(N_LAYERS):
+        for head in range(N_HEADS):
+            assert _labels(frame, layer, head)["labels"] == expected.get((layer, head), []), (layer, head)
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ import pytest
 import torch
 from strong import sample_text
 
-from headlens.ablation.attribution import head_importance, normalize_by_layer
 from headlens.ablation.evalset import EvalSet, text_evalset
+from headlens.ablation.gradients import head_importance, normalize_by_layer
 from headlens.ablation.prune import heads_within, prune_curve
 from headlens.errors import ConfigError, InputTextError
 

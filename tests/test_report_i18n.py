@@ -10,10 +10,10 @@ from html.parser import HTMLParser
 from importlib import resources
 
 import pytest
-from headlens.reports import EmptyReportError, i18n, render_report
 from test_reports import MODEL_INFO, heads_frame, sweep_frame, training_pair, validation_frame, viewer_dict
 
 from headlens.errors import ConfigError, OutputPathError
+from headlens.reports import EmptyReportError, i18n, render_report
 
 # English function words that are not Spanish words: a sentence left in English carries some of them.
 ENGLISH_WORDS = {"the", "and", "of", "with", "is", "are", "from", "this", "that", "each", "every", "which", "to",
@@ -91,16 +91,20 @@ def spanish_page(tmp_path_factory):
     viewer, ablation, validation, training."""
     heads = heads_frame().assign(kv_group=[0, 0, 1, 0, 0, 1])
     heads.attrs["sources"] = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
-    heads.attrs["config"] = {"positional_min": 0.9}
+    heads.attrs["config"] = {"positional_min": 0.9, "needles": True, "token_low": None, "token_range": [32, 127]}
     one = {"heads": ["0.1"], "method": "zero", "metric": "text", "n_tokens": 200, "delta_loss": 0.2, "ci95": [0.1, 0.3]}
+    controlled = {"heads": ["1.0", "1.2"], "method": "zero", "metric": "repeat", "n_tokens": 300, "delta": 3.21,
+                  "delta_loss": 3.21, "ci95": [3.1, 3.3], "chosen_by": "heads labelled induction by the labels given",
+                  "control": {"k": 20, "deltas": [1.7, 2.7, 3.21], "rank": 7, "p_value": 0.333, "seed": 0}}
     import pandas as pd
 
     pruning = pd.DataFrame({"step": [0, 1], "n_removed": [0, 1], "fraction_removed": [0.0, 1 / 6],
                             "heads_removed": ["", "0.1"], "loss": [3.0, 3.1]})
     validation = validation_frame(fail_layer=1)
     validation.attrs.update(text_source="texto-dado", n_tokens=42)
-    path = render_report(tmp_path_factory.mktemp("es") / "es.html", model_info={**MODEL_INFO, "name": "modelo"},
-                         heads=heads, sweep=sweep_frame(), ablation=[one], pruning=pruning, validation=validation,
+    path = render_report(tmp_path_factory.mktemp("es") / "es.html",
+                         model_info={**MODEL_INFO, "name": "modelo", "n_params": 462464}, heads=heads,
+                         sweep=sweep_frame(), ablation=[one, controlled], pruning=pruning, validation=validation,
                          training=training_pair(), viewer=viewer_dict(), command="headlens report modelo",
                          text_label="texto.txt", lang="es")
     return path.read_text(encoding="utf-8")
@@ -111,7 +115,7 @@ def test_spanish_report_has_every_section_in_spanish(spanish_page):
     for section_id in ("findings", "summary", "kv-groups", "scores", "thumbnails", "viewer", "ablation",
                        "validation", "training"):
         assert f'<section id="{section_id}">' in spanish_page
-    assert "Qué hacen las cabezas" in spanish_page and "solo etiquetadas" in spanish_page
+    assert "Qué hacen las cabezas" in spanish_page and "con un papel (" in spanish_page
 
 
 def test_spanish_report_contains_no_sentence_of_the_english_catalogue(spanish_page):
@@ -133,6 +137,38 @@ def test_spanish_report_has_no_english_words_outside_data_and_citations(spanish_
     assert words & ENGLISH_WORDS == set()
     english = f"<p>{i18n.t('thumbs.scale', 'en')}</p>"  # the detector itself: an English sentence is caught
     assert set(re.findall(r"[a-z']+", visible_text(english).lower())) & ENGLISH_WORDS
+
+
+def words(text: str) -> set[str]:
+    """Lower-case words of prose; names with an underscore (previous_token, n_seq) are identifiers."""
+    return {word for word in re.findall(r"[a-z_']+", text.lower()) if "_" not in word and len(word) > 1}
+
+
+def table_text(page: str) -> str:
+    """What every table of the page shows, cells and headings, leaving out <code> (names from the code)."""
+    tables = " ".join(re.findall(r"<table.*?</table>", page, flags=re.S))
+    return html_lib.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"<code>.*?</code>", " ", tables, flags=re.S)))
+
+
+def test_spanish_tables_hold_no_english_word_of_the_catalogue(spanish_page):
+    english, spanish = i18n.catalogue("en"), i18n.catalogue("es")
+    strip = re.compile(r"\{\w+\}")
+    english_only = words(strip.sub(" ", " ".join(english.values()))) - words(strip.sub(" ", " ".join(spanish.values())))
+    shown = table_text(spanish_page)
+    assert "Roles frente a cabezas al azar" in spanish_page and "7 de 21" in shown  # the controls table is there
+    assert words(shown) & english_only == set()
+    # the detector itself: the English page's tables are caught
+    assert words(table_text(spanish_page.replace("cabezas etiquetadas", "heads labelled"))) & english_only
+
+
+def test_spanish_numbers_use_one_convention(spanish_page):
+    """Decimal comma, and a thousands separator that cannot be read as a decimal (462 464, not 462,464)."""
+    shown = html_lib.unescape(spanish_page)
+    assert "462\u00a0464" in shown and "462,464" not in shown and "462.464" not in shown
+    assert "Umbral: 0,9" in shown and "Umbral: 0.9" not in shown  # thresholds too
+    settings = table_text(spanish_page.split('id="scores"')[1].split("</section>")[0].split("<details>")[-1])
+    assert "0,9" in settings and "True" not in settings and "None" not in settings
+    assert "sí" in settings and "sin fijar" in settings
 
 
 def test_page_script_has_no_prose_of_its_own():

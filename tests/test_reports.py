@@ -1,4 +1,4 @@
-"""Report rendering from small hand-made frames of the library's schemas (notes/contracts)."""
+"""Report rendering from small hand-made frames of the library's schemas (classify_heads, sweep_heads, ...)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+
+from headlens.errors import OutputPathError
 from headlens.reports import EmptyReportError, explain, figures, findings, render_report, sections, thumbnails
 from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
-
-from headlens.errors import OutputPathError
 
 N_LAYERS, N_HEADS, POS = 2, 3, 5
 MODEL_INFO = {"name": "hand-made", "n_layers": N_LAYERS, "n_heads": N_HEADS, "d_head": 16, "d_model": 48,
@@ -110,7 +110,7 @@ def test_classifier_settings_are_listed_when_recorded():
     heads = heads_frame()
     heads.attrs.update(config={"positional_min": 0.9}, probes={"n_windows": 7})
     html = sections.scores_section(heads)
-    assert "<td data-sort=\"positional_min\">positional_min</td>" in html and "n_windows" in html
+    assert "<td data-sort=\"positional_min\"><code>positional_min</code></td>" in html and "n_windows" in html
 
 
 def test_thresholds_from_frame_attrs_override_defaults():
@@ -282,7 +282,8 @@ def test_kv_groups_show_shared_heads_and_whether_roles_agree():
                                (layer, head), [])}
                           for layer in range(2) for head in range(4)])
     html = findings.kv_groups_section(heads)
-    assert "4 groups of query heads; all heads took the same role(s) in 1, different roles in 1" in html
+    assert ("Of its 4 groups of query heads, 1 have heads that all took the same role(s), 1 have heads with "
+            "different roles, and 2 have no head with a role.") in html
     assert "0.0, 0.1" in html and "1.0: induction; 1.1: -" in html
     one_per_group = heads.assign(kv_group=heads["head"])  # multi-head attention: nothing to show
     assert findings.kv_groups_section(one_per_group) == "" and findings.kv_groups_section(heads_frame()) == ""
@@ -377,10 +378,15 @@ def test_unwritable_folder_raises(tmp_path, monkeypatch):
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes anywhere: deny through os.access instead
-        real_access = os.access
-        monkeypatch.setattr(render_module.os, "access",
-                            lambda path, mode: False if Path(path) == folder else real_access(path, mode))
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes anywhere: refuse the probe file instead
+        real_temp = render_module.tempfile.NamedTemporaryFile
+
+        def refuse(*args, dir=None, **kwargs):
+            if Path(dir) == folder:
+                raise PermissionError(13, "Permission denied")
+            return real_temp(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(render_module.tempfile, "NamedTemporaryFile", refuse)
     try:
         with pytest.raises(OutputPathError, match="not writable"):
             render_report(folder / "r.html", model_info=MODEL_INFO, validation=validation_frame())
@@ -441,14 +447,42 @@ def test_sample_patterns_match_hf_eager_attention(small_model):
     assert torch.allclose(sample["patterns"], reference, atol=PATTERN_ATOL)
 
 
-def test_repeated_sample_is_the_start_twice(small_model):
-    from headlens.samples import sample_patterns
+def test_repeated_sample_is_the_start_twice_when_the_model_copies_it(small_model, monkeypatch):
+    from headlens import samples
 
-    sample = sample_patterns(small_model, "one two three four five six seven eight nine ten", 9, repeat=True)
+    # A random-weights model does not copy text: with the ratio raised past any loss, the text is taken.
+    monkeypatch.setattr(samples, "COPY_LOSS_RATIO", float("inf"))
+    sample = samples.sample_patterns(small_model, "one two three four five six seven eight nine ten", 9,
+                                     repeat=True)
     tokens = sample["tokens"]
-    assert len(tokens) == 9 and sample["repeated"]
-    assert tokens[1:5] == tokens[5:9]
+    assert len(tokens) == 9 and sample["repeated"] and sample["sample"] == samples.SAMPLE_TEXT
+    assert tokens[1:5] == tokens[5:9] and sample["ids"][1:5] == sample["ids"][5:9]
     assert "".join(tokens[1:5]) == "one two three four"
+
+
+def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(small_model):
+    """Random weights copy nothing: the second copy's loss is about the first's, so the sample is a segment
+    of random tokens twice, and the losses that decided it are recorded (measured here independently)."""
+    import torch
+
+    from headlens.probes import random_token_range
+    from headlens.samples import SAMPLE_RANDOM, sample_patterns
+
+    text = "one two three four five six seven eight nine ten"
+    sample = sample_patterns(small_model, text, 9, repeat=True)
+    ids = sample["ids"]
+    assert sample["sample"] == SAMPLE_RANDOM and len(ids) == 9 and ids[1:5] == ids[5:9]
+    low, high = random_token_range(small_model.spec.d_vocab)
+    assert all(low <= i < high for i in ids[1:])
+    body = small_model.tokenizer(text, add_special_tokens=False)["input_ids"][:4]
+    repeated = torch.tensor([[small_model.bos_token_id] + body * 2])  # [1, 9]
+    with torch.no_grad():
+        logits = small_model.model(repeated).logits[0, :-1]  # [8, d_vocab]
+    losses = torch.nn.functional.cross_entropy(logits, repeated[0, 1:], reduction="none")  # [8]
+    first, second = sample["copy_loss"]
+    assert first == pytest.approx(float(losses[1:4].mean()), rel=1e-5)  # tokens 2-4 of the first copy
+    assert second == pytest.approx(float(losses[5:8].mean()), rel=1e-5)  # tokens 2-4 of the second copy
+    assert second > 0.5 * first
 
 
 def test_default_viewer_tokens_fit_the_budget():

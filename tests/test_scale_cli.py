@@ -7,8 +7,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from headlens.cli.main import cli
 from strong import sample_text
+
+from headlens.cli.main import cli
 
 PLACEMENT = ("--device", "--dtype", "--device-map", "--max-memory", "--offload-folder")
 FAST = ["--n-seq", "2", "--no-needles", "--format", "json", "--no-progress"]
@@ -108,9 +109,9 @@ def test_largest_batch_halves_on_out_of_memory():
 
 def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch):
     """A forward pass of more than 4 sequences 'runs out of memory': auto settles on 4."""
-    import headlens.classify
+    import headlens.probe_runs
 
-    real = headlens.classify.run_capture
+    real = headlens.probe_runs.run_capture
 
     def capped(model, batches, reducers, **kwargs):
         def checked():
@@ -120,7 +121,7 @@ def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch
                 yield batch
         real(model, checked(), reducers, **kwargs)
 
-    monkeypatch.setattr(headlens.classify, "run_capture", capped)
+    monkeypatch.setattr(headlens.probe_runs, "run_capture", capped)
     args = ["classify", str(small_model_dir), "--n-seq", "8", "--no-needles", "--format", "json", "--no-progress"]
     auto = runner.invoke(cli, [*args, "--batch-size", "auto"])
     assert auto.exit_code == 0, auto.output
@@ -134,20 +135,16 @@ def test_bad_batch_size_is_one_line(runner, small_model_dir):
                     "--batch-size '0' is invalid")
 
 
-def _json_lines(output: str) -> list[dict]:
-    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-
-
 def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
     """The batch size changes how sequences are grouped, not the results (float32 forward passes,
     float64 sums: equal to rounding)."""
-    sweeps = [_json_lines(runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "all", "--format", "json",
-                                              "--batch-size", size, "--no-progress"]).stdout) for size in ("2", "4")]
+    args = ["ablate", str(small_model_dir), "--heads", "each", "--format", "json", "--no-progress"]
+    sweeps = [json.loads(runner.invoke(cli, [*args, "--batch-size", size]).stdout)["rows"] for size in ("2", "4")]
     assert len(sweeps[0]) == 8 and [r["heads"] for r in sweeps[0]] == [r["heads"] for r in sweeps[1]]
     assert max(abs(a["delta"] - b["delta"]) for a, b in zip(*sweeps, strict=True)) < 1e-6
-    prunes = [_json_lines(runner.invoke(cli, ["prune", str(small_model_dir), "--no-roles", "--format", "json",
-                                              "--batch-size", size, "--no-progress"]).stdout) for size in ("3", "4")]
-    steps = [[r for r in curve if "step" in r] for curve in prunes]
+    prunes = [json.loads(runner.invoke(cli, ["prune", str(small_model_dir), "--no-roles", "--format", "json",
+                                             "--batch-size", size, "--no-progress"]).stdout) for size in ("3", "4")]
+    steps = [doc["curve"] for doc in prunes]
     assert [r["heads_removed"] for r in steps[0]] == [r["heads_removed"] for r in steps[1]]
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(*steps, strict=True)) < 1e-6
 
@@ -178,7 +175,7 @@ def test_batch_size_with_approx_is_one_line(runner, small_model_dir):
 
 
 def test_batch_size_defaults_in_the_help_are_the_librarys():
-    from headlens.ablation.ablate import BATCH
+    from headlens.ablation.evalset import BATCH_SIZE as BATCH
     from headlens.classify import ClassifyConfig
 
     runner = CliRunner()

@@ -22,7 +22,8 @@ import re
 import pytest
 import torch
 
-from headlens.ablation.ablate import ablation_hooks, token_losses
+from headlens.ablation.metrics import token_losses
+from headlens.ablation.replace import ablation_hooks
 from headlens.capture import forward, iter_batches, run_capture
 from headlens.heads import Head, parse_heads
 from headlens.models import load_model, shipped_path

@@ -28,7 +28,7 @@ from headlens.training import (
     train_tiny,
 )
 
-# Contract columns of training_log.csv (notes/contracts.md), in order.
+# Columns of training_log.csv (headlens.training.loop.LOG_COLUMNS), in order.
 CONTRACT_LOG_COLUMNS = ["step", "tokens_seen", "train_loss", "heldout_loss", "icl_score", "best_induction_score",
                         "best_prev_token_score", "repeat_loss_first", "repeat_loss_second"]
 # A micro recipe: 2 layers x 2 heads, 64-token context, batch 4; 6 steps, checkpoint every 3.
@@ -235,13 +235,26 @@ def test_cli_trains_the_default_recipe_for_two_steps(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "trained 4 steps" in result.stdout  # two stages of 2 steps
+    assert "trained 2 steps" in result.stdout  # --steps is the total: one step in each of the two stages
     log, _ = load_training_log(out)
-    assert log["step"].tolist() == [0, 2, 4]  # stage 2's log continues stage 1's
-    assert log["lr"].iloc[-1] == pytest.approx(lr_at(1, recipe("gpt2", steps=2)))
+    assert log["step"].tolist() == [0, 1, 2]  # stage 2's log continues stage 1's
+    assert log["lr"].iloc[-1] == pytest.approx(lr_at(0, recipe("gpt2", steps=1)))
     for folder in (out, out / "stage1"):
         assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     assert json.loads((out / "train_config.json").read_text())["init_from"] == str(out / "stage1")
+
+
+def test_steps_are_the_total_shared_over_the_stages_in_the_recipe_proportion():
+    from headlens.errors import ConfigError
+    from headlens.training.config import stages
+    from headlens.training.loop import split_steps
+
+    tiny = list(stages("gpt2"))  # 3,000 + 600 steps
+    assert split_steps(5, tiny) == [4, 1] and split_steps(2, tiny) == [1, 1]
+    assert split_steps(sum(s.steps for s in tiny), tiny) == [s.steps for s in tiny]
+    assert split_steps(5, list(stages("llama"))) == [5]
+    with pytest.raises(ConfigError, match="steps=1 is invalid"):
+        split_steps(1, tiny)
 
 
 # Episodes -------------------------------------------------------------------------------------

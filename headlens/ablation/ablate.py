@@ -1,133 +1,32 @@
-"""Ablation of heads at the right site: z, the input of the output projection.
+"""Ablating heads at z: a set of heads together (`ablate_heads`), or every head alone (`sweep_heads`).
 
-Zeroing a slice of the attention module's *output* mixes heads (nnsight #525, ACDC PR #82);
-a head's own output is z = the input of the output projection (GPT-2 `attn.c_proj`, Llama
-`o_proj`, GPT-NeoX `dense`; TransformerLens `hook_z`), reached through the architecture
-adapter's `hook_z`. The shared output bias b_O stays.
-
-Every result reports the metric's `clean` and `ablated` means over `n` scored positions, their
-change `delta` and a paired bootstrap `ci95` (headlens.ablation.evalset); loss metrics also keep
-`n_tokens`, `loss`, `loss_ablated`, `delta_loss`.
+The site is a head's own output z, the input of the output projection (headlens.ablation.replace).
+Every result reports its `metric` and that metric's `unit` (headlens.ablation.metrics.UNIT), the
+metric's `clean` and `ablated` means over `n` scored positions, their change `delta` and a paired
+bootstrap `ci95` (headlens.ablation.stats); loss metrics also keep `n_tokens`, `loss`,
+`loss_ablated`, `delta_loss`.
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Sequence
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.datasets import build_evalset
-from headlens.ablation.evalset import bootstrap_ci, head_seed
-from headlens.ablation.metrics import KIND, check_choice, is_loss
-from headlens.ablation.replace import heads_by_layer, layer_replacement, replacements
-from headlens.ablation.roles import control_sets, control_summary, model_labels, resolve_heads
-from headlens.ablation.runner import scored_values
-from headlens.ablation.store import SweepStore
-from headlens.ablation.sweep import base_sums, sweep_sums
-from headlens.arch import adapter_for
+from headlens.ablation.evalset import BATCH_SIZE, build_evalset
+from headlens.ablation.metrics import UNIT, check_choice, is_loss
+from headlens.ablation.replace import replacements
+from headlens.ablation.roles import model_labels, resolve_heads
+from headlens.ablation.stats import control_design, control_summary, head_seed, summarize
+from headlens.ablation.store import SweepInterrupted, SweepStore
+from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.errors import HeadlensError
 from headlens.heads import Head, all_heads
 
 
-@contextlib.contextmanager
-def ablation_hooks(model, heads: Sequence[Head], replacement: dict[Head, torch.Tensor] | None = None):
-    """Within the block, each head's z is replaced: by 0 (zero ablation), or by
-    `replacement[head]` (a tensor broadcastable to [batch, pos, d_head]: mean or resampled z).
-
-    Hooks are removed on exit, error included.
-    """
-    adapter = adapter_for(model)
-    handles = []
-
-    def make_edit(layer_heads: list[Head]):
-        def edit(z: torch.Tensor) -> torch.Tensor:
-            z = z.clone()  # [batch, pos, head, d_head]
-            for head in layer_heads:
-                if replacement is not None and head in replacement:
-                    z[:, :, head.head] = replacement[head].to(z.dtype)
-                else:
-                    z[:, :, head.head] = 0.0
-            return z
-
-        return edit
-
-    try:
-        for layer, layer_heads in heads_by_layer(heads).items():
-            handles.append(adapter.hook_z(layer, make_edit(layer_heads)))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def token_losses(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy per position: [batch, pos - 1], NaN where the target is padding.
-
-    logits [batch, pos, d_vocab]; position t predicts token t + 1.
-    """
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [batch, pos-1, d_vocab]
-    loss = -logp.gather(-1, input_ids[:, 1:, None])[..., 0]  # [batch, pos-1]
-    valid = mask[:, 1:] & mask[:, :-1]
-    return loss.masked_fill(~valid, float("nan"))
-
-
 def model_label(loaded) -> str:
     return str(loaded.name)
-
-
-def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 4,
-                 shard_batches: bool = False) -> torch.Tensor:
-    """Per-unit sums of the metric [n_units] with `heads` ablated together, by hooks on the
-    full forward pass of the base model (the plain way: the reference the fast sweep is checked against).
-
-    `shard_batches` (a collective: every rank must call it with the same arguments): each rank runs
-    every world_size-th batch and the batches' sums are added in batch order on every rank, so the
-    result equals one process's exactly."""
-    adapter = adapter_for(model)
-    device = next(model.parameters()).device
-    total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
-    n_seq = evalset.input_ids.shape[0]
-    starts = range(0, n_seq, batch_size)
-    parts = {}  # batch index -> (first unit, its sums over its units) when sharded
-    with torch.no_grad():
-        for index, start in (distributed.shard(enumerate(starts)) if shard_batches else enumerate(starts)):
-            rows = slice(start, min(start + batch_size, n_seq))
-            replacement = {}
-            for head in heads:
-                rep = layer_replacement(reps[head.layer], rows)
-                if rep is not None:
-                    replacement[head] = rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
-            ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
-            with ablation_hooks(model, heads, replacement):
-                hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model], final norm applied
-            seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored pairs
-            values = scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos)  # [n_scored]
-            units = evalset.units[rows].to(device)[seq, pos].cpu()  # [n_scored]
-            batch_sums = torch.zeros_like(total).index_add_(0, units, values.double().cpu())  # [n_units]
-            if not shard_batches:
-                total += batch_sums  # batches in order: the sum sum_in_order reproduces
-            elif len(units):
-                low, high = int(units.min()), int(units.max()) + 1  # this batch's units (others get + 0.0)
-                parts[index] = (low, batch_sums[low:high])
-    return distributed.sum_in_order(parts, total) if shard_batches else total
-
-
-def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, seed: int, metric: str) -> dict:
-    """`n`, `clean`, `ablated`, `delta` (means over scored positions) and the paired bootstrap
-    `ci95` (None with fewer than 2 units); loss metrics add `n_tokens`, `loss`, `loss_ablated`,
-    `delta_loss` (the same numbers under their loss names)."""
-    n = int(counts.sum())
-    clean = float(base.double().sum() / n)
-    after = float(ablated.double().sum() / n)
-    out = {"n": n, "clean": clean, "ablated": after, "delta": after - clean,
-           "ci95": bootstrap_ci(base, ablated, counts, seed)}
-    if KIND[metric] == "loss":
-        out.update(n_tokens=n, loss=clean, loss_ablated=after, delta_loss=after - clean)
-    return out
 
 
 def describe(evalset, method: str) -> dict:
@@ -138,30 +37,29 @@ def describe(evalset, method: str) -> dict:
     return {"data": evalset.description, "reference": reference, "resampled": evalset.unit_label}
 
 
-# Ablating a set of heads, and every head alone ---------------------------------------------------
-
-BATCH = 4  # sequences per forward pass
-
-
 def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text: str | None = None,
                  seed: int = 0, progress: bool = False, prompts: list[dict] | None = None,
                  reference: str | None = None, bos: bool = True, control: int = 0,
-                 labels: dict | None = None, batch_size: int = BATCH) -> dict:
+                 labels: dict | None = None, batch_size: int = BATCH_SIZE, chosen_by: str | None = None) -> dict:
     """Ablate a set of heads together; how does the metric change?
 
-    heads: list of Head, a spec string ("3.4,5.1", "layer:3") or a role (headlens.ablation.roles).
-    metric, text, prompts, reference, bos: the evaluation set (headlens.ablation.datasets).
-    Returns `model`, `heads` (["L.H"]), `method`, `metric`, `n`, `clean`, `ablated`, `delta`,
+    heads: list of Head, a spec string ("3.4,5.1", "layer:3", `all` = every head together) or a
+    role (headlens.ablation.roles); `each` (every head alone) is `sweep_heads`.
+    metric, text, prompts, reference, bos: the evaluation set (headlens.ablation.evalset).
+    Returns `model`, `heads` (["L.H"]), `method`, `metric`, `unit`, `n`, `clean`, `ablated`, `delta`,
     `ci95` ([low, high] paired bootstrap, seeded; None below 2 units), the loss keys for loss
-    metrics, then `data`, `reference`, `resampled` (in words), `chosen_by` for a role, and with
-    `control` = K > 0 the K random same-layer-count sets (headlens.ablation.roles.control_summary).
+    metrics, then `data`, `reference`, `resampled` (in words), `chosen_by` for a role (or as given,
+    for heads a caller resolved from one), and with `control` = K > 0 the random same-layer-count
+    sets (headlens.ablation.stats: `k`, `n_possible`, `exact`, `rank`, `p_value`, `p_min`, ...).
     `progress` shows a bar over the forward passes; `batch_size` sequences go through each forward pass.
     """
     metric = check_choice(method, metric)
-    heads, chosen_by = resolve_heads(loaded, heads, labels)
+    heads, resolved_by = resolve_heads(loaded, heads, labels)
+    chosen_by = resolved_by or chosen_by
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
     model = loaded.model
-    sets = control_sets(heads, loaded.spec.n_heads, control, seed) if control else []
+    design = control_design(heads, loaded.spec.n_heads, control, seed) if control else None
+    sets = design["sets"] if design else []
     bar = tqdm(total=2 + len(sets), desc="ablate", unit="pass", leave=False) if progress else None
     reps = replacements(model, evalset, method, seed, batch_size=batch_size)
     counts = evalset.unit_counts()  # [n_units]
@@ -175,14 +73,15 @@ def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text
     try:
         base = run([])
         result = {"model": model_label(loaded), "heads": [str(h) for h in heads], "method": method,
-                  "metric": metric}
-        result.update(summarize(base, run(heads), counts, seed, metric))
+                  "metric": metric, "unit": UNIT[metric]}
+        result.update(summarize(base, run(heads), counts, seed, is_loss(metric)))
         result.update(describe(evalset, method))
         if chosen_by:
             result["chosen_by"] = chosen_by
-        if sets:
+        if design is not None:
             deltas = [float((run(s) - base).sum() / counts.sum()) for s in sets]
-            result["control"] = control_summary(result["delta"], deltas, sets, seed)
+            result["control"] = control_summary(result["delta"], deltas, sets, seed, design["n_possible"],
+                                                design["exact"])
     finally:
         if bar is not None:
             bar.close()
@@ -192,15 +91,16 @@ def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text
 def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
                 progress: bool = False, out=None, resume: bool = False, heads=None,
                 prompts: list[dict] | None = None, reference: str | None = None, bos: bool = True,
-                batch_size: int = BATCH):
+                batch_size: int = BATCH_SIZE):
     """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep
     (`batch_size` evaluation sequences per forward pass).
 
     Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
     `ablated`, `delta`, `ci95_low`, `ci95_high` (NaN below 2 bootstrap units), and for loss
-    metrics `n_tokens`, `loss`, `loss_ablated`, `delta_loss`. `frame.attrs` holds `data`,
-    `reference`, `resampled`. With `out` (a directory) each finished row is appended durably;
-    `resume=True` continues a sweep found there (headlens.ablation.store).
+    metrics `n_tokens`, `loss`, `loss_ablated`, `delta_loss`. `frame.attrs` holds `metric`, `unit`,
+    `data`, `reference`, `resampled`. With `out` (a directory) each finished row is appended durably;
+    `resume=True` continues a sweep found there (headlens.ablation.store). An interrupt (Ctrl-C)
+    raises SweepInterrupted, a KeyboardInterrupt that says how many rows were saved where.
     """
     metric = check_choice(method, metric)
     spec = loaded.spec
@@ -217,14 +117,18 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | 
     todo = list(distributed.shard(h for h in heads if h not in rows))
     skip = set(heads) - set(todo)
     if todo:
-        _sweep_rows(loaded.model, evalset, method, seed, heads, rows, store, progress and distributed.is_main(),
-                    skip, batch_size)
+        try:
+            _sweep_rows(loaded.model, evalset, method, seed, heads, rows, store,
+                        progress and distributed.is_main(), skip, batch_size)
+        except KeyboardInterrupt:
+            saved = len(rows) if store is None else sum(h in store.done for h in heads)
+            raise SweepInterrupted(saved, len(heads), None if store is None else store.dir) from None
     for part in distributed.all_gather({h: rows[h] for h in todo}):
         rows.update(part)
     columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
     frame = pd.DataFrame([rows[h] for h in heads], columns=columns)
     frame = frame.sort_values(["layer", "head"], ignore_index=True)
-    frame.attrs.update(describe(evalset, method))
+    frame.attrs.update(metric=metric, unit=UNIT[metric], **describe(evalset, method))
     if store is not None and distributed.is_main():
         store.write_table(frame)
     return frame
@@ -252,7 +156,7 @@ SWEEP_COLUMNS = ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", 
 LOSS_COLUMNS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 
 
-def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int = BATCH) -> None:
+def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int) -> None:
     """Fill `rows` (head -> row dict) for the heads not in `skip` (done, or another rank's),
     appending each to `store`."""
     reps = replacements(model, evalset, method, seed, batch_size=batch_size)
@@ -260,7 +164,7 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip
     base = base_sums(model, evalset, batch_size)  # [n_units]
 
     def on_head(head: Head, sums: torch.Tensor) -> None:
-        summary = summarize(base, sums, counts, head_seed(seed, *head), evalset.metric)
+        summary = summarize(base, sums, counts, head_seed(seed, *head), is_loss(evalset.metric))
         low, high = summary.pop("ci95") or (float("nan"), float("nan"))
         row = {"layer": head.layer, "head": head.head, **summary, "ci95_low": low, "ci95_high": high}
         rows[head] = row
@@ -290,5 +194,5 @@ def role_experiments(loaded, control: int = 20, seed: int = 0, labels: dict | No
         if any(role in names for names in labels.values()):
             result = ablate_heads(loaded, role, metric=metric, seed=seed, progress=progress, control=control,
                                   labels=labels)
-            results.append({**result, "chosen_by": f"heads labelled {role} by {source}"})
+            results.append({**result, "chosen_by": f"heads labelled {role} by {source}", "role": role})
     return results

@@ -1,10 +1,10 @@
 """Every single-head ablation estimated from gradients, and its agreement with the exact sweep.
 
 - `atp`: attribution patching (Nanda 2023; Syed et al. 2023, arXiv 2310.10348), one forward and
-  one backward pass per batch (headlens.ablation.attribution.attribution_deltas);
-- `atp*`: AtP* (Kramar et al. 2024, arXiv 2403.00745) at the z site
-  (headlens.ablation.atp_star): the QK fix for later heads' attention; its GradDrop score
-  (headlens.ablation.graddrop, unsigned, for ranking) is an extra column on request.
+  one backward pass per batch;
+- `atp*`: AtP* (Kramar et al. 2024, arXiv 2403.00745) at the z site: the QK fix for later heads'
+  attention; its GradDrop score (unsigned, for ranking) is an extra column on request
+  (all three in headlens.ablation.gradients).
 `agreement` compares an estimate with exact deltas: Pearson, Spearman and the overlap of the ten
 heads with the largest absolute change.
 """
@@ -14,10 +14,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headlens.ablation.atp_star import atp_star_deltas
-from headlens.ablation.attribution import attribution_deltas
-from headlens.ablation.datasets import build_evalset
-from headlens.ablation.graddrop import graddrop_scores
+from headlens.ablation.evalset import BATCH_SIZE, build_evalset
+from headlens.ablation.gradients import atp_star_deltas, attribution_deltas, graddrop_scores
 from headlens.ablation.metrics import DIFFERENTIABLE, check_choice, is_loss
 from headlens.ablation.replace import replacements
 from headlens.ablation.sweep import base_sums, sweep_sums
@@ -27,7 +25,7 @@ from headlens.heads import Head
 APPROX_METHODS = ("atp", "atp*")
 TOP_K = 10  # heads compared by top10_overlap
 SPOT_HEADS = 12  # heads ablated exactly by the spot check
-SPOT_SEQS = 4  # sequences of the spot check (the last ones of the evaluation set)
+SPOT_SEQS = BATCH_SIZE  # sequences of the spot check (the last ones of the evaluation set): one batch
 ESTIMATES = {"atp": attribution_deltas, "atp*": atp_star_deltas}
 
 
@@ -36,7 +34,7 @@ def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str |
                  bos: bool = True, graddrop: bool = False) -> pd.DataFrame:
     """Every single-head ablation delta estimated by `approx` (APPROX_METHODS). DataFrame:
     `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), and with
-    `graddrop` the unsigned GradDrop score (headlens.ablation.graddrop), sorted by (layer, head)."""
+    `graddrop` the unsigned GradDrop score (headlens.ablation.gradients), sorted by (layer, head)."""
     metric = check_choice(method, metric)
     if approx not in APPROX_METHODS:
         raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(APPROX_METHODS)}")
@@ -44,7 +42,7 @@ def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str |
         raise ConfigError(f"metric {metric} has no gradient (a top-1 hit): --approx needs one of "
                           f"{', '.join(DIFFERENTIABLE)}")
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
-    reps = replacements(loaded.model, evalset, method, seed, batch_size=4)
+    reps = replacements(loaded.model, evalset, method, seed, batch_size=BATCH_SIZE)
     deltas = ESTIMATES[approx](loaded.model, evalset, reps)  # [layer, head]
     dropped = graddrop_scores(loaded.model, evalset, reps) if graddrop else None  # [layer, head]
     rows = []
@@ -86,7 +84,7 @@ def spot_check(loaded, method: str = "zero", metric: str = "loss", text: str | N
     gen = torch.Generator().manual_seed(seed)
     picks = torch.randperm(spec.n_layers * spec.n_heads, generator=gen)[:SPOT_HEADS].tolist()
     heads = sorted(Head(i // spec.n_heads, i % spec.n_heads) for i in picks)
-    reps = replacements(loaded.model, part, method, seed, batch_size=4)
+    reps = replacements(loaded.model, part, method, seed, batch_size=BATCH_SIZE)
     estimate = ESTIMATES[approx](loaded.model, part, reps)  # [layer, head]
     base = base_sums(loaded.model, part)  # [n_units]
     exact = {}

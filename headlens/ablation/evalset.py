@@ -1,42 +1,63 @@
-"""What an ablation is measured on: scored positions, the units the bootstrap resamples, the CI.
+"""What an ablation is measured on: the evaluation set of each metric, and its reference set.
 
 An `EvalSet` holds right-padded token sequences and which next-token predictions count
 (`counted`: position t scores the prediction of token t + 1, the metric's target; prompts carry
-their target as the last token). Sets of each kind:
-- `text_evalset`: natural text cut into consecutive windows of at most the model's context
+their target as the last token), and the bootstrap unit of each (headlens.ablation.stats). The set
+of each metric (`build_evalset`):
+- `loss` (alias `text`): natural text cut into consecutive windows of at most the model's context
   (BOS prepended unless `bos=False`); every window is evaluated, a short text is one short
-  window; at least 2 tokens of text are needed (one prediction);
-- `repeat_evalset`: random tokens repeated twice, BOS first (Olsson et al. 2022); only the second
+  window; at least 2 tokens of text are needed (one prediction); or the targets of a prompts file;
+- `repeat`: random tokens repeated twice, BOS first (Olsson et al. 2022); only the second
   copy counts, without its first token (TransformerLens `evals.induction_loss`: `loss[:, seq_len + 1:]`);
-- prompts and needles: headlens.ablation.prompts.
-Mean and resample ablation draw z from a reference set: by default the evaluation set itself
-(every position), or a separate text (headlens.ablation.datasets).
+- `logit-diff` and `prob`: a prompts file (`--prompts FILE.jsonl`), one JSON object per line,
+  `{"prompt": ..., "target": ..., "foil": ...}` (`foil` optional, needed by `logit-diff`), e.g. the
+  indirect-object prompt "After John and Mary went to the store, Mary gave a bottle of milk to"
+  with target " John" and foil " Mary" (Wang et al. 2022). Each prompt is scored at its last
+  position; the target is appended as one more token, so the set reuses the next-token layout;
+- `needle`: the needle-in-a-haystack tests of the retrieval probe (headlens.probes.needle_prompts,
+  Wu et al. 2024 adapted to small contexts), scored teacher-forced: the sequence is the prompt
+  followed by the rest of the needle, and each asked-for needle token counts 1 when it is the
+  model's top prediction given the true earlier ones. Free greedy decoding (the retrieval probe's)
+  would let one miss derail the rest; teacher forcing scores each token alone.
+Reference set (mean and resample ablation draw z from it): by default the evaluation set itself,
+every real position; or the windows of a separate reference text (`reference`), kept apart from the
+evaluation as Wang et al. 2022 do for mean ablation.
 
-Confidence intervals: a paired percentile bootstrap of the change (Efron & Tibshirani 1993). With
-at least MIN_SEQUENCES sequences the bootstrap resamples whole sequences; with fewer (one long
-window, a short text) it resamples blocks of consecutive scored tokens inside the sequences
-(non-overlapping block bootstrap, Kunsch 1989), which keeps short-range dependence within a
-block. `unit_label` says which.
+Every pass over a set's sequences goes `batch_size` sequences at a time (`batches`, default
+BATCH_SIZE).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from headlens.ablation.metrics import KIND
+from headlens.ablation.metrics import KIND, PROMPT_METRICS, canonical_metric
+from headlens.ablation.stats import assign_units
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
-from headlens.probes import check_text, default_text, random_token_range, repeated_random_tokens, text_windows
+from headlens.probes import (
+    check_text,
+    default_text,
+    needle_prompts,
+    random_token_range,
+    repeated_random_tokens,
+    text_windows,
+)
 
-N_BOOTSTRAP = 1000  # bootstrap resamples for every CI
+BATCH_SIZE = 4  # evaluation sequences per forward (and backward) pass, every ablation computation
 MAX_TEXT_WINDOWS = 32  # windows evaluated at most; `description` states the cap when it applies
-MIN_SEQUENCES = 10  # fewer sequences than this: the bootstrap resamples token blocks instead
-MAX_BLOCK = 32  # tokens per bootstrap block (fewer when the text has under 20 blocks' worth)
 REPEAT_N_SEQ = 16  # repeated-random-token sequences in the evaluation set
 REPEAT_SEQ_LEN = 25  # tokens per copy (Olsson et al.: 25 random tokens)
+
+
+def batches(n_seq: int, batch_size: int = BATCH_SIZE) -> list[slice]:
+    """The consecutive slices of `batch_size` sequences (the last one shorter) covering `n_seq`."""
+    return [slice(start, min(start + batch_size, n_seq)) for start in range(0, n_seq, batch_size)]
 
 
 @dataclass
@@ -82,27 +103,6 @@ class EvalSet:
     def unit_counts(self) -> torch.Tensor:
         """Scored positions per bootstrap unit: [n_units]."""
         return torch.bincount(self.units[self.counted], minlength=self.n_units)
-
-
-def assign_units(counted: torch.Tensor, metric: str) -> tuple[torch.Tensor, str]:
-    """Bootstrap unit of every counted position: [n_seq, pos - 1] long (-1 where not counted),
-    and what the units are. Sequences when there are MIN_SEQUENCES of them, else blocks of
-    B = min(MAX_BLOCK, max(1, n_tokens // 20)) consecutive counted tokens of a sequence."""
-    n_seq = counted.shape[0]
-    units = torch.full(counted.shape, -1, dtype=torch.long)  # [n_seq, pos-1]
-    noun = "prompts" if metric in ("logit-diff", "prob") or int(counted.sum(1).max()) <= 1 else "sequences"
-    if n_seq >= MIN_SEQUENCES or noun == "prompts":
-        rows = torch.arange(n_seq)[:, None].expand_as(counted)  # [n_seq, pos-1]
-        units[counted] = rows[counted]
-        return units, f"{n_seq} {noun}"
-    block = min(MAX_BLOCK, max(1, int(counted.sum()) // 20))
-    next_unit = 0
-    for seq in range(n_seq):
-        cols = torch.nonzero(counted[seq])[:, 0]  # [n_counted_seq]
-        ids = torch.arange(len(cols)) // block + next_unit  # [n_counted_seq]
-        units[seq, cols] = ids
-        next_unit = int(ids.max()) + 1 if len(ids) else next_unit
-    return units, f"{next_unit} blocks of up to {block} consecutive tokens ({n_seq} sequence{'s' * (n_seq > 1)})"
 
 
 def pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,24 +170,131 @@ def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: in
     return EvalSet(ids, mask, counted, "repeat", digest, description)
 
 
-def bootstrap_ci(base_sum: torch.Tensor, ablated_sum: torch.Tensor, counts: torch.Tensor,
-                 seed: int, n_boot: int = N_BOOTSTRAP) -> list[float] | None:
-    """Paired 95% percentile CI of the change of the mean, resampling bootstrap units.
+def read_prompts(path) -> list[dict]:
+    """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
 
-    base_sum, ablated_sum, counts: [n_units] per-unit sums of the metric's values and scored
-    positions; the same resampled units serve base and ablated (paired). None with < 2 units.
-    """
-    n = counts.shape[0]
-    if n < 2:
-        return None
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n, (n_boot, n), generator=gen)  # [n_boot, n_units]
-    tokens = counts.double()[idx].sum(1)  # [n_boot]
-    delta = (ablated_sum.double()[idx].sum(1) - base_sum.double()[idx].sum(1)) / tokens  # [n_boot]
-    low, high = torch.quantile(delta, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return [float(low), float(high)]
+    InputTextError naming the line for bad JSON, a non-object, a missing or non-string field;
+    blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputTextError(f"prompts file not found: {path}")
+    text = check_text(path.read_bytes(), str(path))
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputTextError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise InputTextError(f"{where}: expected an object like {{\"prompt\": ..., \"target\": ...}}")
+        for key in ("prompt", "target"):
+            if not isinstance(obj.get(key), str) or not obj[key]:
+                raise InputTextError(f"{where}: missing or empty string field {key!r}")
+        foil = obj.get("foil")
+        if foil is not None and (not isinstance(foil, str) or not foil):
+            raise InputTextError(f"{where}: field 'foil' must be a non-empty string")
+        prompts.append({"prompt": obj["prompt"], "target": obj["target"], "foil": foil, "line": where})
+    if not prompts:
+        raise InputTextError(f"{path} holds no prompts")
+    return prompts
 
 
-def head_seed(seed: int, layer: int, head: int) -> int:
-    """A bootstrap seed per head that does not depend on sweep order (resume gives equal CIs)."""
-    return (seed * 1_000_003 + layer * 1009 + head) % (2**63 - 1)
+def _one_token(tokenizer, text: str, field: str, where: str) -> int:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise InputTextError(f"{where}: {field} {text!r} is {len(ids)} tokens; give a single token "
+                             "(often a word with its leading space, e.g. \" John\")")
+    return int(ids[0])
+
+
+def prompt_evalset(loaded, prompts: list[dict], metric: str) -> EvalSet:
+    """One sequence per prompt, BOS + prompt + target, scoring the prediction of the target."""
+    tok, bos, n_ctx = loaded.tokenizer, loaded.bos_token_id, loaded.spec.n_ctx
+    seqs, targets, foils = [], [], []
+    for item in prompts:
+        ids = tok(item["prompt"], add_special_tokens=False)["input_ids"]
+        target = _one_token(tok, item["target"], "target", item["line"])
+        foil = _one_token(tok, item["foil"], "foil", item["line"]) if item["foil"] is not None else -1
+        if metric == "logit-diff" and foil < 0:
+            raise InputTextError(f"{item['line']}: metric logit-diff needs a 'foil' on every line")
+        if 2 + len(ids) > n_ctx:
+            raise InputTextError(f"{item['line']}: prompt is {len(ids)} tokens; this model's context of {n_ctx} "
+                                 f"holds at most {n_ctx - 2} (with BOS and the target)")
+        seqs.append([bos, *ids, target])
+        targets.append(target)
+        foils.append(foil)
+    ids, mask = pad(seqs, bos)
+    last = mask.sum(1) - 2  # [n_seq] the position that predicts the target
+    counted = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)  # [n_seq, pos-1]
+    counted[torch.arange(len(seqs)), last] = True
+    foil_ids = torch.zeros_like(counted, dtype=torch.long)  # [n_seq, pos-1]
+    foil_ids[torch.arange(len(seqs)), last] = torch.tensor(foils).clamp(min=0)
+    digest = hashlib.sha256(json.dumps([[p["prompt"], p["target"], p["foil"]] for p in prompts]).encode()).hexdigest()
+    description = f"{len(seqs)} prompt{'s' * (len(seqs) > 1)}, BOS first, scored at the last position"
+    return EvalSet(ids, mask, counted, metric, digest, description, foils=foil_ids if min(foils) >= 0 else None)
+
+
+def needle_evalset(loaded, text: str | None, seed: int = 0, needle_len: int = 16, restate: int = 4) -> EvalSet:
+    """Needle-in-a-haystack tests in `text` (default: the shipped held-out text), teacher-forced:
+    each asked-for needle token (after the `restate` restated ones) is one scored position."""
+    text = default_text() if text is None else check_text(text)
+    spec = loaded.spec
+    needle_len = min(needle_len, max(2, spec.n_ctx // 8))
+    restate = min(restate, needle_len - 1)
+    hay = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    tests = needle_prompts(hay, spec.n_ctx, loaded.bos_token_id, random_token_range(spec.d_vocab),
+                           needle_len=needle_len, restate=restate, seed=seed)
+    seqs = [test.prompt + test.needle[test.restate:] for test in tests]
+    ids, mask = pad(seqs, loaded.bos_token_id)
+    counted = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)  # [n_seq, pos-1]
+    for row, test in enumerate(tests):
+        first = len(test.prompt) - 1  # the prompt's last token predicts the first asked-for needle token
+        counted[row, first:first + len(test.needle) - test.restate] = True
+    if int(counted.sum()) == 0:
+        raise ConfigError("needle metric: no needle token to score")
+    digest = hashlib.sha256(f"needle|{seed}|{needle_len}|{restate}|".encode() + text.encode("utf-8")).hexdigest()
+    description = (f"{len(tests)} needle-in-a-haystack tests ({needle_len}-token needles, {restate} restated), "
+                   "teacher-forced")
+    return EvalSet(ids, mask, counted, "needle", digest, description)
+
+
+def build_evalset(loaded, metric: str, text: str | None = None, seed: int = 0, prompts: list[dict] | None = None,
+                  reference: str | None = None, bos: bool = True) -> EvalSet:
+    """The evaluation set of `metric` (see the module docstring); `prompts` from `read_prompts`;
+    `reference` a text for mean / resample ablation."""
+    metric = canonical_metric(metric)
+    if text is not None and not isinstance(text, str) and metric == "needle":
+        raise ConfigError("metric needle reads one text: give --text a text file (a folder or JSON Lines "
+                          "file of documents goes with the loss metric)")
+    if prompts is not None:
+        if metric not in PROMPT_METRICS:
+            raise ConfigError(f"metric {metric} does not score prompts: with --prompts choose one of "
+                              f"{', '.join(PROMPT_METRICS)}")
+        evalset = prompt_evalset(loaded, prompts, metric)
+    elif metric in ("logit-diff", "prob"):
+        raise ConfigError(f"metric {metric} scores prompts: give --prompts FILE.jsonl "
+                          "(lines of {\"prompt\": ..., \"target\": ..., \"foil\": ...})")
+    elif metric == "loss":
+        evalset = text_evalset(loaded, text, bos=bos)
+    elif metric == "repeat":
+        evalset = repeat_evalset(loaded, seed=seed)
+    else:
+        evalset = needle_evalset(loaded, text, seed=seed)
+    if reference is not None:
+        with_reference(loaded, evalset, reference)
+    return evalset
+
+
+def with_reference(loaded, evalset: EvalSet, text: str, label: str = "the reference text") -> EvalSet:
+    """Attach the windows of `text` (BOS first, at most MAX_TEXT_WINDOWS) as the reference set."""
+    text = check_text(text, label)
+    bos = loaded.bos_token_id
+    windows = text_windows(loaded.tokenizer, text, loaded.spec.n_ctx, bos, max_windows=MAX_TEXT_WINDOWS)
+    evalset.reference_ids, evalset.reference_mask = pad(windows, bos)
+    n_pos = int(evalset.reference_mask.sum())
+    evalset.reference_label = f"{label} ({len(windows)} windows, {n_pos} positions)"
+    evalset.data_hash = hashlib.sha256(evalset.data_hash.encode() + b"|ref|" + text.encode("utf-8")).hexdigest()
+    return evalset

@@ -21,9 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.ablate import BATCH, ablated_sums
-from headlens.ablation.attribution import head_importance, normalize_by_layer
-from headlens.ablation.evalset import EvalSet, text_evalset
+from headlens.ablation.evalset import BATCH_SIZE, EvalSet, text_evalset
+from headlens.ablation.gradients import head_importance, normalize_by_layer
+from headlens.ablation.sweep import ablated_sums
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, format_heads
 
@@ -41,7 +41,7 @@ def _split(evalset: EvalSet, part: int) -> EvalSet:
 
 
 def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, progress: bool = False,
-                labels: dict | None = None, batch_size: int = BATCH):
+                labels: dict | None = None, batch_size: int = BATCH_SIZE):
     """The pruning curve: columns `step`, `n_removed`, `fraction_removed`, `heads_removed`
     ("L.H,..." removed so far), `step_heads` (removed at this step, least important first),
     `loss` (exact mean next-token loss with the removed heads zero-ablated) and, with `labels`
@@ -88,7 +88,7 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
     return pd.DataFrame(rows)
 
 
-def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int, batch_size: int = BATCH) -> list[Head]:
+def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int, batch_size: int = BATCH_SIZE) -> list[Head]:
     """The `per_step` least important kept heads (Michel et al.), marked removed in `keep`."""
     n_heads = keep.shape[1]
     importance = head_importance(model, importance_set, keep, batch_size, shard_batches=True)  # [layer, head]

@@ -1,14 +1,26 @@
-"""What an ablated head's z becomes: zero, the mean over a reference set, or a resampled z."""
+"""What an ablated head's z becomes, and the hooks that put it there.
+
+A head's own output is z, the input of the output projection (GPT-2 `attn.c_proj`, Llama `o_proj`,
+GPT-NeoX `dense`; TransformerLens `hook_z`), reached through the architecture adapter's `hook_z`:
+zeroing a slice of the attention module's *output* would mix heads (nnsight #525, ACDC PR #82).
+The shared output bias b_O stays.
+- `replacements`: per layer, what z becomes: zero, the mean over a reference set, or a resampled z;
+- `z_change`: z' - z, the change every linear shortcut adds (the sweep, attribution, AtP*, GradDrop);
+- `ablation_hooks`: the heads' z replaced within a block; `z_edit_hooks`: every layer's z edited by
+  a function (gates, gradient probes), the weights frozen.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
 
-from headlens.ablation.runner import LayerRunner
+from headlens.ablation.evalset import batches
 from headlens.arch import adapter_for
 from headlens.errors import ConfigError
+from headlens.heads import Head
 
 Replacement = torch.Tensor | None  # per layer: [n_seq, pos, head, d_head], [1, 1, head, d_head] or None (zero)
 
@@ -16,16 +28,15 @@ Replacement = torch.Tensor | None  # per layer: [n_seq, pos, head, d_head], [1, 
 def capture_z(model, input_ids: torch.Tensor, mask: torch.Tensor, batch_size: int,
               on_z: Callable[[int, slice, torch.Tensor], None]) -> None:
     """Run a set of sequences layer by layer; call on_z(layer, rows, z [batch, pos, head, d_head])."""
-    n_layers = adapter_for(model).n_layers
+    adapter = adapter_for(model)
     with torch.no_grad():
-        for start in range(0, input_ids.shape[0], batch_size):
-            rows = slice(start, min(start + batch_size, input_ids.shape[0]))
-            runner = LayerRunner(model, input_ids[rows], mask[rows])
-            resid = runner.embed()
-            for layer in range(n_layers):
-                z, out = runner.attention(layer, resid)
+        for rows in batches(input_ids.shape[0], batch_size):
+            ctx = adapter.context(input_ids[rows], mask[rows])
+            resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
+            for layer in range(adapter.n_layers):
+                z, out = adapter.attention(layer, resid, ctx)  # [batch, pos, head, d_head], [batch, pos, d_model]
                 on_z(layer, rows, z)
-                resid = runner.finish_block(layer, resid, out)
+                resid = adapter.finish_block(layer, resid, out)
 
 
 def _reference(evalset) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -108,3 +119,62 @@ def heads_by_layer(heads: Sequence) -> dict[int, list]:
     for head in heads:
         by_layer.setdefault(head.layer, []).append(head)
     return by_layer
+
+
+def z_change(z: torch.Tensor, rep: Replacement) -> torch.Tensor:
+    """z' - z: the replacement (0 for None) minus z, in z's shape and dtype; z [batch, pos, head, d_head]
+    (or one head's [batch, pos, d_head] with its slice of the replacement)."""
+    return -z if rep is None else rep.to(z.dtype).expand_as(z) - z
+
+
+@contextlib.contextmanager
+def ablation_hooks(model, heads: Sequence[Head], replacement: dict[Head, torch.Tensor] | None = None):
+    """Within the block, each head's z is replaced: by 0 (zero ablation), or by
+    `replacement[head]` (a tensor broadcastable to [batch, pos, d_head]: mean or resampled z).
+
+    Hooks are removed on exit, error included.
+    """
+    adapter = adapter_for(model)
+    handles = []
+
+    def make_edit(layer_heads: list[Head]):
+        def edit(z: torch.Tensor) -> torch.Tensor:
+            z = z.clone()  # [batch, pos, head, d_head]
+            for head in layer_heads:
+                if replacement is not None and head in replacement:
+                    z[:, :, head.head] = replacement[head].to(z.dtype)
+                else:
+                    z[:, :, head.head] = 0.0
+            return z
+
+        return edit
+
+    try:
+        for layer, layer_heads in heads_by_layer(heads).items():
+            handles.append(adapter.hook_z(layer, make_edit(layer_heads)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def z_edit_hooks(model, edit: Callable[[int, torch.Tensor], torch.Tensor]):
+    """Within the block, layer L's z becomes edit(L, z), z: [batch, pos, head, d_head];
+    weights are frozen (requires_grad False) and restored on exit."""
+    handles, frozen = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            frozen.append(param)
+            param.requires_grad_(False)
+
+    adapter = adapter_for(model)
+    try:
+        for layer in range(adapter.n_layers):
+            handles.append(adapter.hook_z(layer, lambda z, layer=layer: edit(layer, z)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for param in frozen:
+            param.requires_grad_(True)

@@ -1,15 +1,11 @@
-"""Heads chosen by role, and random head sets as a control.
+"""Which heads an ablation takes: explicit heads, every head at once, or the heads of a role.
 
-A role (`induction`, `retrieval`, `previous_token`, `duplicate_token`, `first_token`, or
-`label:NAME` for any label of headlens.labels.LABELS) resolves to the heads carrying that label,
-read from a `heads.json` written by `headlens classify --out` or found by classifying the model
-(headlens.classify.classify_heads, default probes).
-
-The control (Wu et al. 2024: knocking out retrieval heads breaks needle retrieval, knocking out
-as many random heads barely changes it) draws K random head sets with the chosen set's per-layer
-counts, seeded, and places the chosen set's change among theirs: `rank` (1 = the largest
-absolute change of the K + 1 sets) and the empirical p-value (1 + #{|control| >= |chosen|}) /
-(K + 1) (Phipson & Smyth 2010).
+A spec is "3.4,5.1", "layer:3", `all` (every head, ablated together) or a role (any label
+of the registry of head kinds, headlens.kinds: `induction`, `retrieval`, `successor`, ..., also
+written `label:NAME`); `each` (every head alone) is the single-head sweep's, `sweep_heads`.
+A role resolves to the heads carrying that label, read from a `heads.json` written by
+`headlens classify --out` or found by classifying the model (headlens.classify.classify_heads,
+default probes; the classifier is imported only then).
 """
 
 from __future__ import annotations
@@ -17,14 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from headlens.classify import classify_heads
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
 from headlens.labels import LABELS
 
-ROLES = ("induction", "retrieval", "previous_token", "duplicate_token", "first_token")
+ROLES = LABELS  # every kind of the registry (headlens.kinds) is a role spec: `--heads successor`
+EACH = "each"  # every head alone: the sweep's spec, not a set
 
 
 def role_name(spec: str) -> str | None:
@@ -55,6 +49,8 @@ def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[He
     """`labels` checked against the model's shape, or the labels of classifying the model."""
     spec = loaded.spec
     if labels is None:
+        from headlens.classify import classify_heads  # the whole probe stack, needed only here
+
         frame = classify_heads(loaded)
         return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
     outside = [h for h in labels if h.layer >= spec.n_layers or h.head >= spec.n_heads]
@@ -66,10 +62,14 @@ def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[He
 
 def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> tuple[list[Head], str | None]:
     """Heads of a spec ("3.4,5.1", "layer:3", "all", a role, `label:NAME`, or a list of heads)
-    and, for a role, how they were chosen (in words). ConfigError when no head has the role."""
+    and, for a role, how they were chosen (in words). ConfigError when no head has the role, and
+    for `each` (one head at a time is a sweep: sweep_heads)."""
     shape = loaded.spec
     if not isinstance(spec, str):
         return sorted(Head(*h) for h in spec), None
+    if spec.strip().lower() == EACH:
+        raise ConfigError("heads 'each' means every head alone, one at a time: that is sweep_heads "
+                          "(`headlens ablate --heads each`); 'all' ablates every head together")
     role = role_name(spec)
     if role is None:
         return parse_heads(spec, shape.n_layers, shape.n_heads), None
@@ -79,35 +79,3 @@ def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> 
     if not heads:
         raise ConfigError(f"no head of this model is labelled {role} by {source}")
     return heads, f"heads labelled {role} by {source}"
-
-
-def control_sets(heads: list[Head], n_heads: int, k: int, seed: int) -> list[list[Head]]:
-    """K random head sets with the same number of heads in each layer as `heads`, seeded."""
-    gen = torch.Generator().manual_seed(seed)
-    counts = {}
-    for head in heads:
-        counts[head.layer] = counts.get(head.layer, 0) + 1
-    sets = []
-    for _ in range(k):
-        picked = [Head(layer, int(h)) for layer, c in sorted(counts.items())
-                  for h in torch.randperm(n_heads, generator=gen)[:c]]
-        sets.append(sorted(picked))
-    return sets
-
-
-def parse_control(spec: str | None) -> int:
-    """K of `random:K` (0 for None); ConfigError otherwise."""
-    if spec is None:
-        return 0
-    kind, _, value = str(spec).partition(":")
-    if kind.strip() != "random" or not value.strip().isdigit() or int(value) < 1:
-        raise ConfigError(f"control {spec!r} is not understood: give random:K with K >= 1 (e.g. random:20)")
-    return int(value)
-
-
-def control_summary(chosen: float, deltas: list[float], sets: list[list[Head]], seed: int) -> dict:
-    """Where the chosen set's change falls among the control sets' changes."""
-    larger = sum(abs(d) > abs(chosen) for d in deltas)
-    at_least = sum(abs(d) >= abs(chosen) for d in deltas)
-    return {"k": len(deltas), "seed": seed, "sets": [[str(h) for h in s] for s in sets], "deltas": deltas,
-            "rank": 1 + larger, "p_value": (1 + at_least) / (1 + len(deltas))}

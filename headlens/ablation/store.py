@@ -28,6 +28,16 @@ ROWS = "rows.jsonl"
 TABLE = "sweep.csv"
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by an interrupt (Ctrl-C): `n_done` of `n_heads` rows finished, kept in
+    `directory` (None: the sweep had no store, nothing was kept)."""
+
+    def __init__(self, n_done: int, n_heads: int, directory: Path | None):
+        where = f"saved in {directory}" if directory is not None else "done, none saved (no --out)"
+        super().__init__(f"{n_done} of {n_heads} heads {where}")
+        self.n_done, self.n_heads, self.directory = n_done, n_heads, directory
+
+
 class SweepStore:
     """Rows of one sweep in a directory; `done` holds the finished rows, keyed by head."""
 

@@ -1,11 +1,18 @@
-"""Exact single-head sweeps without rerunning the whole model per head.
+"""Exact ablation sums: a set of heads ablated together, and every head alone without rerunning the
+whole model per head.
 
-Ablating head h of layer L cannot change anything before layer L's output projection: the
-residual stream entering L, L's attention pattern and every other head's z stay as they are.
-So the sweep walks the model once, layer by layer; at layer L it keeps the residual stream and
-L's attention output, and per head only adds the change of that head's share of c_proj,
-(z_h' - z_h) @ W_O[h] (exact: the output projection is linear and its bias stays), then runs L's MLP and
-layers L+1.. onward. Several heads share one forward pass as stacked copies of the batch.
+- `ablated_sums`: the heads' z replaced by hooks on the full forward pass of the base model (the
+  plain way: the reference the fast sweep is checked against);
+- `sweep_sums`: ablating head h of layer L cannot change anything before layer L's output
+  projection: the residual stream entering L, L's attention pattern and every other head's z stay
+  as they are. So the sweep walks the model once, layer by layer; at layer L it keeps the residual
+  stream and L's attention output, and per head only adds the change of that head's share of the
+  output projection, (z_h' - z_h) @ W_O[h] (exact: the projection is linear and its bias stays),
+  then runs L's MLP and layers L+1.. onward. Several heads share one forward pass as stacked copies
+  of the batch.
+Layers run through the architecture adapter (headlens.arch): the same modules and attention as
+`model(...)`, with the causal + padding mask built by transformers' own mask functions, so a split
+run reproduces the full forward pass.
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from headlens.ablation.replace import Replacement, heads_by_layer, layer_replacement
-from headlens.ablation.runner import LayerRunner
+from headlens import distributed
+from headlens.ablation.evalset import BATCH_SIZE, batches
+from headlens.ablation.metrics import position_values
+from headlens.ablation.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.arch import adapter_for
 from headlens.devices import is_offloaded, onloaded
 from headlens.heads import Head
@@ -23,32 +32,47 @@ from headlens.heads import Head
 # Ablations stacked into one forward pass: on CPU stacking did not pay (benchmarks/bench_ablate.py,
 # BENCHMARKS.md).
 HEADS_PER_PASS = 1
-BATCH_SIZE = 4  # evaluation sequences per forward pass
 
 
-def _batches(n_seq: int, batch_size: int) -> list[slice]:
-    return [slice(start, min(start + batch_size, n_seq)) for start in range(0, n_seq, batch_size)]
+def scored_values(hidden: torch.Tensor, lm_head, evalset, rows: slice, seq: torch.Tensor,
+                  pos: torch.Tensor) -> torch.Tensor:
+    """The metric's value at scored pairs (seq, pos) of the batch `rows`: [..., n_scored];
+    hidden [..., n_scored, d_model] after the final norm. The target is token pos + 1."""
+    device = hidden.device
+    targets = evalset.input_ids[rows].to(device)[seq, pos + 1]  # [n_scored]
+    foils = None if evalset.foils is None else evalset.foils[rows].to(device)[seq, pos]  # [n_scored]
+    return position_values(hidden, lm_head, targets, foils, evalset.kind)
+
+
+def unit_sums(adapter, resid: torch.Tensor, evalset, rows: slice, copies: int = 1) -> torch.Tensor:
+    """Sums of the metric's values over each bootstrap unit from the final residual of `copies`
+    stacked copies of the batch `rows` of `evalset`: [copies, n_units].
+
+    Only scored positions go through the final norm and the unembedding (both act per position,
+    so this is exact): the repeat metric scores under half of them.
+    """
+    keep = evalset.counted[rows].to(resid.device)  # [batch, pos-1]
+    seq, pos = torch.nonzero(keep, as_tuple=True)  # scored (sequence, position) pairs
+    picked = resid.view(copies, -1, *resid.shape[1:])[:, seq, pos]  # [copies, n_scored, d_model]
+    hidden = adapter.final_norm()(picked)  # [copies, n_scored, d_model]
+    values = scored_values(hidden, adapter.unembed(), evalset, rows, seq, pos)  # [copies, n_scored]
+    units = evalset.units[rows].to(resid.device)[seq, pos]  # [n_scored]
+    sums = torch.zeros(copies, evalset.n_units, dtype=values.dtype, device=values.device)  # [copies, n_units]
+    return sums.index_add_(1, units, values)
 
 
 def base_sums(model, evalset, batch_size: int = BATCH_SIZE) -> torch.Tensor:
     """Per-unit sums of the metric's values for the unablated model, run block by block: [n_units]."""
+    adapter = adapter_for(model)
     total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
     with torch.no_grad():
-        for rows in _batches(evalset.input_ids.shape[0], batch_size):
-            runner = LayerRunner(model, evalset.input_ids[rows], evalset.mask[rows])
-            resid = runner.embed()
-            for layer in range(runner.n_layers):
-                resid = runner.block(layer, resid)
-            total += runner.unit_sums(resid, evalset, rows)[0].double().cpu()
+        for rows in batches(evalset.input_ids.shape[0], batch_size):
+            ctx = adapter.context(evalset.input_ids[rows], evalset.mask[rows])
+            resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
+            for layer in range(adapter.n_layers):
+                resid = adapter.block(layer, resid, ctx)
+            total += unit_sums(adapter, resid, evalset, rows)[0].double().cpu()
     return total
-
-
-def _ablated_out(attn_out: torch.Tensor, z: torch.Tensor, rep: Replacement, w_o: torch.Tensor,
-                 head: Head) -> torch.Tensor:
-    """Attention output with head h's z replaced: [batch, pos, d_model]. w_o: [head, d_head, d_model]."""
-    z_h = z[:, :, head.head]  # [batch, pos, d_head]
-    new = torch.zeros_like(z_h) if rep is None else rep[:, :, head.head].expand_as(z_h)
-    return attn_out + (new - z_h) @ w_o[head.head]  # [batch, pos, d_model]
 
 
 def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement],
@@ -63,41 +87,82 @@ def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement
     pending = {layer for layer, hs in by_layer.items() if any(h not in skip for h in hs)}
     if not pending:
         return
-    n_seq = evalset.input_ids.shape[0]
-    rows_list = _batches(n_seq, batch_size)
+    adapter = adapter_for(model)
+    rows_list = batches(evalset.input_ids.shape[0], batch_size)
     with torch.no_grad():
-        runners = [LayerRunner(model, evalset.input_ids[rows], evalset.mask[rows]) for rows in rows_list]
-        states = [runner.embed() for runner in runners]  # residual entering the current layer
+        ctxs = [adapter.context(evalset.input_ids[rows], evalset.mask[rows]) for rows in rows_list]
+        states = [adapter.embed_tokens(ctx) for ctx in ctxs]  # residual entering the current layer
         for layer in range(max(pending) + 1):
-            attn = [runner.attention(layer, state) for runner, state in zip(runners, states, strict=True)]  # (z, out)
+            attn = [adapter.attention(layer, state, ctx) for ctx, state in zip(ctxs, states, strict=True)]  # (z, out)
             if layer in pending:
                 layer_heads = by_layer[layer]
                 for start in range(0, len(layer_heads), heads_per_pass):
                     group = layer_heads[start:start + heads_per_pass]
                     if all(h in skip for h in group):
                         continue
-                    sums = _group_sums(model, evalset, runners, rows_list, states, attn, reps[layer], group)
+                    sums = _group_sums(adapter, evalset, ctxs, rows_list, states, attn, reps[layer], group)
                     for head, head_sums in zip(group, sums, strict=True):
                         if head not in skip:
                             on_head(head, head_sums)
                             if bar is not None:
                                 bar.update(1)
-            states = [runner.finish_block(layer, state, out)
-                      for runner, state, (_, out) in zip(runners, states, attn, strict=True)]
+            states = [adapter.finish_block(layer, state, out) for state, (_, out) in zip(states, attn, strict=True)]
 
 
-def _group_sums(model, evalset, runners, rows_list, states, attn, rep, group) -> list[torch.Tensor]:
+def _ablated_out(attn_out: torch.Tensor, z: torch.Tensor, rep: Replacement, w_o: torch.Tensor,
+                 head: Head) -> torch.Tensor:
+    """Attention output with head h's z replaced: [batch, pos, d_model]. w_o: [head, d_head, d_model]."""
+    rep_h = None if rep is None else rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
+    return attn_out + z_change(z[:, :, head.head], rep_h) @ w_o[head.head]  # [batch, pos, d_model]
+
+
+def _group_sums(adapter, evalset, ctxs, rows_list, states, attn, rep, group) -> list[torch.Tensor]:
     """Per-unit sums [n_units] for each head of `group`, its ablations stacked as batch copies."""
     total = torch.zeros(len(group), evalset.n_units, dtype=torch.float64)  # [copies, n_units]
     copies = len(group)
-    adapter = adapter_for(model)
-    with onloaded(adapter.z_module(group[0].layer)):  # a layer accelerate offloaded: its W_O, copied
-        w_o = adapter.w_o(group[0].layer)  # [head, d_head, d_model]
-        w_o = w_o.clone() if is_offloaded(adapter.z_module(group[0].layer)) else w_o
-    for runner, rows, state, (z, out) in zip(runners, rows_list, states, attn, strict=True):
+    layer = group[0].layer
+    with onloaded(adapter.z_module(layer)):  # a layer accelerate offloaded: its W_O, copied
+        w_o = adapter.w_o(layer)  # [head, d_head, d_model]
+        w_o = w_o.clone() if is_offloaded(adapter.z_module(layer)) else w_o
+    for ctx, rows, state, (z, out) in zip(ctxs, rows_list, states, attn, strict=True):
         rep_rows = layer_replacement(rep, rows)
         outs = torch.cat([_ablated_out(out, z, rep_rows, w_o, h) for h in group])  # [copies * batch, pos, d_model]
         resid = state.repeat(copies, 1, 1) if copies > 1 else state  # [copies * batch, pos, d_model]
-        final = runner.run_from(group[0].layer, resid, outs, copies=copies)  # [copies * batch, pos, d_model]
-        total += runner.unit_sums(final, evalset, rows, copies=copies).double().cpu()
+        final = adapter.run_from(layer, resid, outs, ctx, copies=copies)  # [copies * batch, pos, d_model]
+        total += unit_sums(adapter, final, evalset, rows, copies=copies).double().cpu()
     return list(total)
+
+
+def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = BATCH_SIZE,
+                 shard_batches: bool = False) -> torch.Tensor:
+    """Per-unit sums of the metric [n_units] with `heads` ablated together, by hooks on the
+    full forward pass of the base model.
+
+    `shard_batches` (a collective: every rank must call it with the same arguments): each rank runs
+    every world_size-th batch and the batches' sums are added in batch order on every rank, so the
+    result equals one process's exactly."""
+    adapter = adapter_for(model)
+    device = next(model.parameters()).device
+    total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
+    indexed = enumerate(batches(evalset.input_ids.shape[0], batch_size))
+    parts = {}  # batch index -> (first unit, its sums over its units) when sharded
+    with torch.no_grad():
+        for index, rows in (distributed.shard(indexed) if shard_batches else indexed):
+            replacement = {}
+            for head in heads:
+                rep = layer_replacement(reps[head.layer], rows)
+                if rep is not None:
+                    replacement[head] = rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
+            ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
+            with ablation_hooks(model, heads, replacement):
+                hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model], final norm applied
+            seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored pairs
+            values = scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos)  # [n_scored]
+            units = evalset.units[rows].to(device)[seq, pos].cpu()  # [n_scored]
+            batch_sums = torch.zeros_like(total).index_add_(0, units, values.double().cpu())  # [n_units]
+            if not shard_batches:
+                total += batch_sums  # batches in order: the sum sum_in_order reproduces
+            elif len(units):
+                low, high = int(units.min()), int(units.max()) + 1  # this batch's units (others get + 0.0)
+                parts[index] = (low, batch_sums[low:high])
+    return distributed.sum_in_order(parts, total) if shard_batches else total

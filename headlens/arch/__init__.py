@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from headlens.arch.base import Adapter, LayerContext, get_module
+from headlens.arch.base import Adapter, LayerContext, get_module, kv_group
+from headlens.arch.gemma3 import Gemma3Adapter
 from headlens.arch.gpt2 import GPT2Adapter
+from headlens.arch.hooks import Hooks
 from headlens.arch.llama import LlamaAdapter
 from headlens.arch.mistral import MistralAdapter
 from headlens.arch.neox import NeoXAdapter
@@ -13,6 +15,7 @@ from headlens.errors import UnsupportedModelError
 
 # model_type -> adapter class. Adding a family is adding a module and a line here.
 ADAPTERS: dict[str, type[Adapter]] = {
+    "gemma3_text": Gemma3Adapter,
     "gpt2": GPT2Adapter,
     "gpt_neox": NeoXAdapter,
     "llama": LlamaAdapter,
@@ -42,5 +45,5 @@ def adapter_for(model) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "SUPPORTED_TYPES", "Adapter", "LayerContext", "Site", "Sites", "Split", "adapter_for",
-           "check_supported", "get_module"]
+__all__ = ["ADAPTERS", "SUPPORTED_TYPES", "Adapter", "Hooks", "LayerContext", "Site", "Sites", "Split", "adapter_for",
+           "check_supported", "get_module", "kv_group"]

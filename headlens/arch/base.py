@@ -4,15 +4,16 @@ Every stage of headlens that touches a head reads it through an `Adapter` and no
 family's facts are data, its `Sites` table (headlens.arch.sites: q, k, v, z and o rows with their
 hook directions and split rules, the norms, the rotary module and function); the adapter derives
 everything else from it:
+- `hooks()`: the scoped hook context (headlens.arch.hooks) every hook is registered in;
 - `hook_z(L, fn)`: the one place the z site (the output projection's input) is wired. fn sees z
   [batch, pos, head, d_head] (TransformerLens `hook_z`) and may return a replacement (ablation, gates);
 - `w_o(L)`: each head's slice of the output projection, [head, d_head, d_model];
 - `hook_qkv(L, fn)`: the layer's own queries, keys and values after every position and norm
   transform (rotary, q/k norm), q [batch, head, pos, d_head], k and v [batch, kv_head, pos, d_head]
   (the lean capture path rebuilds patterns from them);
-- `context(ids, mask)` + `attention` + `finish_block`: one decoder layer run on a given residual
-  stream (the exact suffix sweep), `final_norm` (`final_norm_centres`: LayerNorm or RMSNorm) +
-  `unembed` for the logits;
+- `context(ids, mask)` + `attention` + `finish_block` (`block`, `run_from`): one decoder layer,
+  or the layers from one on, run on a given residual stream (the exact suffix sweep);
+  `final_norm` (`final_norm_centres`: LayerNorm or RMSNorm) + `unembed` for the logits;
 - `attention_weights(L)`: the layer's attention weights for the from-scratch attention (headlens.mha);
 - `sliding_window(L)`: how far back a layer's queries see (None: full causal attention).
 Heads are always query heads (`L.H`, H < n_heads); `kv_group(H)` is the key/value head H reads.
@@ -20,45 +21,23 @@ Heads are always query heads (`L.H`, H < n_heads); `kv_group(H)` is the key/valu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from headlens.arch.sites import CONV1D, INPUT, NORMED, Site, Sites, row_weights, to_heads
+from headlens.arch.context import FULL, SLIDING, LayerContext, layer_context
+from headlens.arch.hooks import Hooks
+from headlens.arch.sites import CONV1D, INPUT, NORMED, Site, Sites, get_module, row_weights, to_heads
 from headlens.mha import GroupedQueryAttention
 
 ZFn = Any  # Callable[[torch.Tensor], torch.Tensor | None]: z [batch, pos, head, d_head] -> new z or None
-FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the layer types
 
 
-@dataclass
-class LayerContext:
-    """What every layer of one batch needs besides its residual stream."""
-
-    input_ids: torch.Tensor  # [batch, pos]
-    mask: torch.Tensor  # [batch, pos] bool, True on real tokens
-    position_ids: torch.Tensor  # [1, pos]
-    attn_mask: torch.Tensor | None  # additive or bool causal + padding mask from transformers, or None
-    extra: dict  # family-specific keyword arguments of the attention module (rotary cos/sin, ...)
-    layer_masks: dict = field(default_factory=dict)  # layer -> its own mask where it differs (sliding window)
-
-    def attn_kwargs(self, copies: int = 1, layer: int | None = None) -> dict:
-        """Keyword arguments of the attention module of `layer` for `copies` stacked copies of the batch."""
-        mask = self.layer_masks.get(layer, self.attn_mask)
-        if mask is not None and copies > 1:
-            mask = mask.repeat(copies, *([1] * (mask.dim() - 1)))  # [copies * batch, 1, q_pos, k_pos]
-        return {"attention_mask": mask, **self.extra}
-
-
-def get_module(root: nn.Module, path: str) -> nn.Module:
-    """`root.a.b[3].c` for path "a.b.3.c" (empty path: root)."""
-    module = root
-    for part in filter(None, path.split(".")):
-        module = module[int(part)] if part.isdigit() else getattr(module, part)
-    return module
+def kv_group(head: int, n_heads: int, n_kv_heads: int) -> int:
+    """The key/value head that query head `head` reads: each is shared by n_heads / n_kv_heads
+    consecutive query heads (GQA/MQA, Ainslie et al. 2023; Hugging Face `repeat_kv`)."""
+    return head // (n_heads // n_kv_heads)
 
 
 class Adapter:
@@ -102,7 +81,7 @@ class Adapter:
 
     def kv_group(self, head: int) -> int:
         """The key/value head that query head `head` reads (GQA/MQA share one among several)."""
-        return head // (self.n_heads // self.n_kv_heads)
+        return kv_group(head, self.n_heads, self.n_kv_heads)
 
     @property
     def parallel_residual(self) -> bool:
@@ -145,7 +124,20 @@ class Adapter:
         """True if the final norm subtracts the mean (LayerNorm), False for RMSNorm (no centring)."""
         return isinstance(self.final_norm(), nn.LayerNorm)
 
+    def final_norm_gain(self) -> torch.Tensor | None:
+        """The final norm's per-dimension gain as it multiplies, [d_model] (None: no gain)."""
+        return getattr(self.final_norm(), "weight", None)
+
+    def attn_out_gain(self, layer: int) -> torch.Tensor | None:
+        """Gain [d_model] of a norm between `layer`'s attention output and the residual add (None:
+        the output is added as it is). The direct path of a head's output runs through it."""
+        return None
+
     # Hook sites ---------------------------------------------------------------------------
+    def hooks(self) -> Hooks:
+        """A scoped hook context on this model (headlens.arch.hooks): `with adapter.hooks() as hooks:`."""
+        return Hooks(self)
+
     def hook_site(self, layer: int, site: Site, fn):
         """Hook `site` of `layer` in its direction: fn(tensor) sees the module's first input (INPUT)
         or its output (OUTPUT); a tensor it returns replaces it. Returns the handle (remove it)."""
@@ -258,21 +250,8 @@ class Adapter:
     # Running one layer --------------------------------------------------------------------
     def context(self, input_ids: torch.Tensor, mask: torch.Tensor) -> LayerContext:
         """Masks (and rotary cos/sin, for families with a rotary module) built as the base
-        model's forward builds them."""
-        device = next(self.model.parameters()).device
-        ids, mask = input_ids.to(device), mask.to(device)  # [batch, pos]
-        position_ids = torch.arange(ids.shape[1], device=device)[None]  # [1, pos]
-        embeds = self.embed()(ids)  # [batch, pos, d_model]
-        kwargs = dict(config=self.trunk().config, inputs_embeds=embeds, attention_mask=mask.long(), cache=None,
-                      position_ids=position_ids)
-        types = self.layer_types()
-        full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
-        sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None
-        layer_masks = {layer: sliding for layer, kind in enumerate(types) if kind == SLIDING}
-        extra = {}
-        if self.sites.rotary_emb is not None:
-            extra["position_embeddings"] = get_module(self.model, self.sites.rotary_emb)(embeds, position_ids)
-        return LayerContext(ids, mask, position_ids, full, extra=extra, layer_masks=layer_masks)
+        model's forward builds them (headlens.arch.context)."""
+        return layer_context(self, input_ids, mask)
 
     def embed_tokens(self, ctx: LayerContext) -> torch.Tensor:
         """Residual stream entering layer 0: [batch, pos, d_model]."""
@@ -288,12 +267,10 @@ class Adapter:
         """z [batch, pos, head, d_head] and the attention output [batch, pos, d_model] of a layer."""
         block = self.layer(layer)
         seen: list[torch.Tensor] = []
-        handle = self.hook_z(layer, lambda z: seen.append(z))
-        try:
+        with self.hooks() as hooks:
+            hooks.z(layer, seen.append)
             out = get_module(block, self.sites.attn)(get_module(block, self.sites.input_norm)(resid),
                                                      **ctx.attn_kwargs(copies, layer))[0]
-        finally:
-            handle.remove()
         return seen[0], out
 
     def finish_block(self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
@@ -304,6 +281,20 @@ class Adapter:
             return mlp(norm(resid)) + attn_out + resid  # [batch, pos, d_model]
         mid = resid + attn_out
         return mid + mlp(norm(mid))  # [batch, pos, d_model]
+
+    def block(self, layer: int, resid: torch.Tensor, ctx: LayerContext, copies: int = 1) -> torch.Tensor:
+        """Residual leaving `layer` from the residual entering it: its attention, then `finish_block`."""
+        _, out = self.attention(layer, resid, ctx, copies)
+        return self.finish_block(layer, resid, out)
+
+    def run_from(self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor, ctx: LayerContext,
+                 copies: int = 1) -> torch.Tensor:
+        """Final residual from layer `layer`'s input and (edited) attention output: its MLP, then
+        every later layer. [copies * batch, pos, d_model]"""
+        resid = self.finish_block(layer, resid, attn_out)
+        for later in range(layer + 1, self.n_layers):
+            resid = self.block(later, resid, ctx, copies)
+        return resid
 
     def run_trunk(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The base model's final hidden state (final norm applied): [batch, pos, d_model]."""

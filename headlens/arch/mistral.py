@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformers.models.mistral import modeling_mistral
 
-from headlens.arch.base import FULL, SLIDING
+from headlens.arch.context import FULL, SLIDING
 from headlens.arch.llama import LlamaAdapter, llama_sites
 
 

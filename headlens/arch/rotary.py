@@ -14,7 +14,8 @@ attention (headlens.mha.GroupedQueryAttention) needs.
 
 from __future__ import annotations
 
-from headlens.arch.base import FULL, SLIDING, Adapter, get_module
+from headlens.arch.base import Adapter, get_module
+from headlens.arch.context import FULL, SLIDING
 from headlens.mha import AttentionWeights
 
 __all__ = ["FULL", "SLIDING", "RotaryAdapter"]

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 INPUT, OUTPUT = "input", "output"  # hook directions: a forward pre-hook or a forward hook
 HEADS, NORMED, FUSED, FUSED_HEADS = "heads", "normed", "fused", "fused_heads"  # split rules
@@ -80,6 +81,14 @@ class Sites:
     scale: Callable | None = None  # scale(config, layer) of Q K^T; None: the attention module's `scaling`
     parallel_residual: str | None = None  # config flag: attention and MLP both read the block's input
     scratch: Callable | None = None  # scratch(attn, config, layer): the family's own headlens.mha attention
+
+
+def get_module(root: nn.Module, path: str) -> nn.Module:
+    """`root.a.b[3].c` for path "a.b.3.c" (empty path: root)."""
+    module = root
+    for part in filter(None, path.split(".")):
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    return module
 
 
 def to_heads(tensor: torch.Tensor, split: Split, n_heads: int, d_head: int) -> torch.Tensor:

@@ -57,11 +57,11 @@ class LeanLayer:
     batch), then stops checking.
     """
 
-    def __init__(self, layer: int, adapter, blocks: bool, batch_ref: list, dispatch, verify: bool):
+    def __init__(self, layer: int, adapter, blocks: bool, hooks, dispatch, verify: bool):
         self.layer, self.n_heads = layer, adapter.n_heads
         self.scale = adapter.attention_scale(layer)
         self.window = adapter.sliding_window(layer)
-        self.blocks, self.batch_ref, self.dispatch = blocks, batch_ref, dispatch
+        self.blocks, self.hooks, self.dispatch = blocks, hooks, dispatch  # hooks.batch: the batch being run
         self.verify = verify
         self._expected: list[tuple[int, torch.Tensor]] = []  # (first row, pattern @ V) of the checked blocks
 
@@ -70,7 +70,7 @@ class LeanLayer:
         rebuilt in float32 whatever the model's dtype (Hugging Face eager attention also takes
         its softmax in float32), so reducers accumulate float32 weights."""
         q, k, v = (t.detach().float() for t in (q, k, v))
-        mask = self.batch_ref[0].mask.to(q.device)  # [batch, pos]
+        mask = self.hooks.batch.mask.to(q.device)  # [batch, pos]
         batch, _, pos, _ = q.shape
         step = block_rows(batch, self.n_heads, pos) if self.blocks else pos
         groups = self.n_heads // k.shape[1]
@@ -90,7 +90,7 @@ class LeanLayer:
         if not self._expected:
             return
         z = z.detach().transpose(1, 2)  # [batch, head, pos, d_head]
-        real = self.batch_ref[0].mask.to(z.device)[:, None, :, None]  # [batch, 1, pos, 1]
+        real = self.hooks.batch.mask.to(z.device)[:, None, :, None]  # [batch, 1, pos, 1]
         err, scale = 0.0, 1.0
         for start, expected in self._expected:
             rows = slice(start, start + expected.shape[2])
@@ -102,15 +102,13 @@ class LeanLayer:
                                  f"model's z (max error {err:.2e}); run the capture with recompute_patterns=False")
 
 
-def lean_hooks(adapter, needs: dict[int, set[str]], reducers, batch_ref: list, dispatch, check: bool) -> list:
-    """Register the lean path's hooks for every layer that needs patterns; returns the handles."""
-    handles = []
+def lean_hooks(hooks, needs: dict[int, set[str]], reducers, dispatch, check: bool) -> None:
+    """Add the lean path's hooks to `hooks` (headlens.arch.hooks.Hooks) for every layer that needs patterns."""
     for layer, kinds in needs.items():
         if "pattern" not in kinds:
             continue
         wanting = [r for r in reducers if "pattern" in r.wants and (r.layers is None or layer in r.layers)]
-        lean = LeanLayer(layer, adapter, takes_blocks(wanting), batch_ref, dispatch, verify=check)
-        handles += adapter.hook_qkv(layer, lean.on_qkv)
+        lean = LeanLayer(layer, hooks.adapter, takes_blocks(wanting), hooks, dispatch, verify=check)
+        hooks.qkv(layer, lean.on_qkv)
         if check:
-            handles.append(adapter.hook_z(layer, lean.on_z))
-    return handles
+            hooks.z(layer, lean.on_z)

@@ -6,8 +6,8 @@ Sites come from the model's architecture adapter (headlens.arch):
   every pattern reducer takes blocks of query rows): rebuilt from the layer's own Q and K;
 - z: the input of the output projection, `Adapter.hook_z`  # [batch, pos, head, d_head]
 On a TransformerLens `TransformerBridge`: `blocks.{L}.attn.hook_pattern` and `hook_z`.
-Hooks are GLOBAL state (TransformerLens docs), so they are only ever installed inside a
-context manager that removes them on exit, error included.
+Hooks are GLOBAL state (TransformerLens docs), so they are only ever installed inside one
+scoped `Hooks` context (headlens.arch.hooks) that removes them on exit, error included.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens.arch import adapter_for
+from headlens.arch.hooks import Hooks
 from headlens.capture.bridge import bridge_hooks, is_bridge, n_layers_of
 from headlens.capture.lean import lean_hooks, takes_blocks
 from headlens.capture.reducers import Batch, Reducer, check_pattern
@@ -26,12 +27,11 @@ from headlens.errors import CaptureError
 
 
 @contextlib.contextmanager
-def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bool = True,
-                  recompute_patterns: bool = False):
-    """Install the hooks that feed `reducers`; removes them on exit, error or not.
-
-    `batch_ref[0]` must hold the Batch being run when the forward pass happens.
-    `recompute_patterns` (HF models only, run with sdpa): the lean path, headlens.capture.lean.
+def capture_hooks(model, reducers: Sequence[Reducer], check: bool = True, recompute_patterns: bool = False):
+    """Install the hooks that feed `reducers` in one scoped `Hooks` context (headlens.arch.hooks:
+    removed on exit, error or not) and yield it: set `hooks.batch` to the Batch being run before
+    each forward pass. `recompute_patterns` (HF models only, run with sdpa): the lean path,
+    headlens.capture.lean.
     """
     n_layers = n_layers_of(model)
     needs: dict[int, set[str]] = {}
@@ -42,46 +42,45 @@ def capture_hooks(model, reducers: Sequence[Reducer], batch_ref: list, check: bo
                                    f"(0-{n_layers - 1})")
             needs.setdefault(layer, set()).update(reducer.wants)
     checked: set[int] = set()
+    bridge = is_bridge(model)
+    with Hooks(None if bridge else adapter_for(model)) as hooks:
+        def dispatch(layer: int, kind: str, value: torch.Tensor, q_start: int | None = None) -> None:
+            batch = hooks.batch
+            if kind == "pattern" and check and layer not in checked:
+                check_pattern(value, batch.mask, layer, q_start or 0)
+                if (q_start or 0) + value.shape[-2] >= value.shape[-1]:  # the last block of the layer
+                    checked.add(layer)
+            extra = {} if q_start is None else {"q_start": q_start}
+            for reducer in reducers:
+                if kind in reducer.wants and (reducer.layers is None or layer in reducer.layers):
+                    reducer.update(layer, batch, **{kind: value}, **extra)
 
-    def dispatch(layer: int, kind: str, value: torch.Tensor, q_start: int | None = None) -> None:
-        batch = batch_ref[0]
-        if kind == "pattern" and check and layer not in checked:
-            check_pattern(value, batch.mask, layer, q_start or 0)
-            if (q_start or 0) + value.shape[-2] >= value.shape[-1]:  # the last block of the layer
-                checked.add(layer)
-        extra = {} if q_start is None else {"q_start": q_start}
-        for reducer in reducers:
-            if kind in reducer.wants and (reducer.layers is None or layer in reducer.layers):
-                reducer.update(layer, batch, **{kind: value}, **extra)
-
-    if is_bridge(model):
-        with bridge_hooks(model, needs, dispatch):
-            yield
-        return
-    handles = []
-    try:
-        adapter = adapter_for(model)
-        if recompute_patterns:
-            handles += lean_hooks(adapter, needs, reducers, batch_ref, dispatch, check)
-        for layer, kinds in needs.items():
-            if "pattern" in kinds and not recompute_patterns:
-                handles.append(adapter.attn(layer).register_forward_hook(_hf_pattern_hook(layer, dispatch)))
-            if "z" in kinds:
-                handles.append(adapter.hook_z(layer, lambda z, layer=layer: dispatch(layer, "z", z)))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+        if bridge:
+            hooks.enter(bridge_hooks(model, needs, dispatch))
+        else:
+            _hf_hooks(hooks, needs, reducers, dispatch, check, recompute_patterns)
+        yield hooks
 
 
-def _hf_pattern_hook(layer, dispatch):
-    def hook(module, args, output):
-        pattern = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if pattern is None:
-            raise CaptureError("the model returned no attention pattern: load it with attn_implementation='eager'")
-        dispatch(layer, "pattern", pattern)  # [batch, head, q_pos, k_pos]
+def _hf_hooks(hooks: Hooks, needs: dict[int, set[str]], reducers, dispatch, check: bool, recompute: bool) -> None:
+    """The Hugging Face model's capture hooks, on the adapter's sites."""
+    adapter = hooks.adapter
+    if recompute:
+        lean_hooks(hooks, needs, reducers, dispatch, check)
+    for layer, kinds in needs.items():
+        if "pattern" in kinds and not recompute:
+            hooks.output(adapter.attn(layer),  # pattern [batch, head, q_pos, k_pos]
+                         lambda out, layer=layer: dispatch(layer, "pattern", attention_pattern(out)))
+        if "z" in kinds:
+            hooks.z(layer, lambda z, layer=layer: dispatch(layer, "z", z))
 
-    return hook
+
+def attention_pattern(output) -> torch.Tensor:
+    """The pattern [batch, head, q_pos, k_pos] an eager attention module returns as output[1]."""
+    pattern = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+    if pattern is None:
+        raise CaptureError("the model returned no attention pattern: load it with attn_implementation='eager'")
+    return pattern
 
 
 @contextlib.contextmanager
@@ -115,7 +114,6 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
     if progress:
 
         iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
-    batch_ref: list = [None]
     if recompute_patterns and is_bridge(model):
         raise CaptureError("recompute_patterns is for Hugging Face models: a TransformerBridge builds its own patterns")
     recompute = recompute_patterns
@@ -123,9 +121,9 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
         recompute = (not is_bridge(model)
                      and any("pattern" in r.wants for r in reducers) and takes_blocks(reducers))
     implementation = attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
-    with torch.no_grad(), implementation, capture_hooks(model, reducers, batch_ref, check, recompute):
+    with torch.no_grad(), implementation, capture_hooks(model, reducers, check, recompute) as hooks:
         for batch in iterator:
-            batch_ref[0] = batch
+            hooks.batch = batch
             _forward_trunk(model, batch)
 
 

@@ -10,7 +10,9 @@ made signed so anti-induction (copy-suppressing) heads come out negative:
   column is excluded, as in the positional score), t* = token[j*], o = z_h[q] W_O^h:
     u = (o - mean(o)) * gamma_f     the direct path through the final LayerNorm (its 1/sigma
                                     scale is positive and common to all logits, so dropped);
-                                    an RMSNorm (Llama, Mistral, Qwen) does not centre: u = o * gamma_f
+                                    an RMSNorm (Llama, Mistral, Qwen) does not centre: u = o * gamma_f;
+                                    Gemma 3 normalises the attention output before the residual
+                                    add: o = z_h[q] W_O^h * gamma_a (its 1/rms dropped likewise)
     l = u W_U^T                     direct-path logits, [d_vocab]
     s = (l[t*] - mean(l)) / std(l)  the attended token's standard score among the vocabulary
     copying(q) = erf(s / sqrt(2))   in [-1, 1]: the Gaussian rank of t*'s logit, mapped to
@@ -53,7 +55,7 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
         w_u = unembed.weight.detach()  # [d_vocab, d_model]
         w_u = w_u.clone() if is_offloaded(unembed) else w_u  # offloaded: kept for the whole run
     with onloaded(final_norm):
-        gamma = final_norm.weight.detach().float().clone()  # [d_model]
+        gamma = adapter.final_norm_gain().detach().float().clone()  # [d_model]
     d_vocab, d_model = w_u.shape
     total = torch.zeros(d_model, dtype=torch.float64, device=w_u.device)  # [d_model]
     gram = torch.zeros(d_model, d_model, dtype=torch.float64, device=w_u.device)  # [d_model, d_model]
@@ -162,13 +164,17 @@ class CopyingReducer(Reducer):
         self.counts[layer] += len(b_idx)
 
     def _layer_maps(self, layer: int):
-        """Per head A = centre(W_O) * gamma_f [d_head, d_model] (no centring under an RMSNorm), A m [d_head]
+        """Per head A = centre(W_O * gamma_a) * gamma_f [d_head, d_model] (gamma_a: the gain of a norm on the
+        attention output, Gemma's; no centring under an RMSNorm), A m [d_head]
         and A C A^T [d_head, d_head]: mean and variance of the direct-path logits from z alone
         (d_head^2, not d_model^2, per query). Only the small A m and A C A^T are kept across batches
         (A C A^T costs a d_model^2 product); A itself, as large as the layer's W_O, is rebuilt per
         call (elementwise). W_O of a layer accelerate offloaded is loaded for the read and copied."""
         with onloaded(self.adapter.z_module(layer)):
             w_o = self.adapter.w_o(layer).detach().to("cpu", torch.float32, copy=True)  # [head, d_head, d_model]
+        gain = self.adapter.attn_out_gain(layer)  # a norm before the residual add (Gemma): its gain is on the path
+        if gain is not None:
+            w_o = w_o * gain.detach().to("cpu", torch.float32)  # [head, d_head, d_model]
         if self.stats["centre"]:
             w_o = w_o - w_o.mean(-1, keepdim=True)  # [head, d_head, d_model]
         a = w_o * self.stats["gamma"]  # [head, d_head, d_model]

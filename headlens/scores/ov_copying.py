@@ -11,7 +11,8 @@ Here:
   the change of the head's value v(x) - v(0) through the adapter's `hook_qkv`, so any family's
   projections (and grouped key/value heads) are used as the model uses them;
 - W_U is the unembedding with the final norm's gain folded in (and, for LayerNorm, its centring
-  folded into W_O); biases are dropped: eigenvalues are a property of the linear map.
+  folded into W_O; for Gemma 3, the gain of the norm on the attention output folded into W_O);
+  biases are dropped: eigenvalues are a property of the linear map.
 The nonzero eigenvalues of (W_E W_V)(W_O W_U), a [d_vocab, d_vocab] matrix of rank d_head, equal
 those of (W_O W_U)(W_E W_V), [d_head, d_head]: the score costs two thin matmuls per head, even at
 GPT-2's 50,257 tokens.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from headlens.arch import adapter_for, get_module
+from headlens.arch import adapter_for
 from headlens.devices import onloaded
 
 CHUNK = 4096  # vocabulary rows per pass through a layer's attention
@@ -37,6 +38,9 @@ def ov_copying_scores(model) -> torch.Tensor:
             values = _token_values(adapter, layer)  # [d_vocab, kv_head, d_head]
             with onloaded(adapter.z_module(layer)):  # W_O of a layer accelerate offloaded, copied
                 w_o = adapter.w_o(layer).double()  # [head, d_head, d_model]
+            gain = adapter.attn_out_gain(layer)  # a norm on the attention output (Gemma): its gain is on the path
+            if gain is not None:
+                w_o = w_o * gain.detach().double()  # [head, d_head, d_model]
             if isinstance(adapter.final_norm(), torch.nn.LayerNorm):
                 w_o = w_o - w_o.mean(-1, keepdim=True)  # LayerNorm's centring, folded in
             for head in range(adapter.n_heads):
@@ -52,7 +56,7 @@ def _folded_unembed(adapter) -> torch.Tensor:
     """The unembedding with the final norm's gain folded in: [d_model, d_vocab] (float64)."""
     with onloaded(adapter.unembed()), onloaded(adapter.final_norm()):
         w_u = adapter.unembed().weight.detach().double()  # [d_vocab, d_model]
-        gain = getattr(adapter.final_norm(), "weight", None)
+        gain = adapter.final_norm_gain()
         if gain is not None:
             w_u = w_u * gain.detach().double()  # [d_vocab, d_model]
     return w_u.T
@@ -60,12 +64,15 @@ def _folded_unembed(adapter) -> torch.Tensor:
 
 def _token_values(adapter, layer: int) -> torch.Tensor:
     """v(x) - v(0) of every token embedding x as layer `layer`'s heads read it (input norm
-    applied, no position): [d_vocab, kv_head, d_head] (float64)."""
-    embed = adapter.embed().weight.detach()  # [d_vocab, d_model]
-    zero = torch.zeros(1, 1, embed.shape[1], dtype=embed.dtype, device=embed.device)  # [1, 1, d_model]
+    applied, no position): [d_vocab, kv_head, d_head] (float64). x is the embedding module's
+    output (Gemma 3 scales the table by sqrt(d_model) there)."""
+    module = adapter.embed()
+    weight = module.weight  # [d_vocab, d_model]
+    zero = torch.zeros(1, 1, weight.shape[1], dtype=weight.dtype, device=weight.device)  # [1, 1, d_model]
     v0 = _values(adapter, layer, zero)  # [1, 1, kv_head, d_head]
-    parts = [(_values(adapter, layer, embed[start:start + CHUNK, None]) - v0)[:, 0]
-             for start in range(0, embed.shape[0], CHUNK)]  # [chunk, kv_head, d_head] each
+    parts = [(_values(adapter, layer, module(torch.arange(start, min(start + CHUNK, weight.shape[0]),
+                                                          device=weight.device)[:, None]).detach()) - v0)[:, 0]
+             for start in range(0, weight.shape[0], CHUNK)]  # [chunk, kv_head, d_head] each
     return torch.cat(parts).double()
 
 
@@ -76,13 +83,9 @@ def _values(adapter, layer: int, resid: torch.Tensor) -> torch.Tensor:
     ids = torch.zeros(n, 1, dtype=torch.long)  # [n, 1] (positions only; the tokens come from resid)
     ctx = adapter.context(ids, torch.ones(n, 1, dtype=torch.bool))
     seen = []
-    handles = adapter.hook_qkv(layer, lambda q, k, v: seen.append(v.detach()))
-    try:
-        block = adapter.layer(layer)
-        get_module(block, adapter.sites.attn)(get_module(block, adapter.sites.input_norm)(resid), **ctx.attn_kwargs())
-    finally:
-        for handle in handles:
-            handle.remove()
+    with adapter.hooks() as hooks:
+        hooks.qkv(layer, lambda q, k, v: seen.append(v.detach()))
+        adapter.attention(layer, resid, ctx)
     return seen[0].transpose(1, 2)  # [n, 1, kv_head, d_head]
 
 

@@ -11,7 +11,7 @@ GPT-2 contexts in `headlens.probes.needle_prompts`.
 Decoding, as Wu et al.'s code does it: the prompt is prefilled once into the model's key/value
 cache, then each step feeds one token and reads each head's attention row of that new token
 only. The prefill runs with sdpa (no [pos, pos] pattern is ever built) and rebuilds just the
-last query's row from the layer's own Q and K (`Adapter.hook_qkv`, `mha.pattern_rows`); the
+last query's row from the layer's own Q and K (`Hooks.qkv`, `mha.pattern_rows`); the
 decode steps run eager attention on one query row, [batch, head, 1, k_pos]. A TransformerLens
 bridge has no cache here: it re-runs the whole sequence each step (`cache=False`).
 """
@@ -29,6 +29,7 @@ from headlens.capture import (
     Batch,
     Reducer,
     attention_implementation,
+    attention_pattern,
     capture_hooks,
     forward,
     is_bridge,
@@ -122,11 +123,10 @@ def count_copy_paste(group, steps: Iterator[Step], n_layers: int, n_heads: int) 
 def decode_uncached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
     """Greedy decoding of `ids` [test, pos] with one full forward per token (works on a bridge)."""
     reducer = LastQueryArgmax()
-    batch_ref: list = [None]
-    with capture_hooks(model, [reducer], batch_ref, check=False):
+    with capture_hooks(model, [reducer], check=False) as hooks:
         for _ in range(n_steps):
             batch = Batch(ids, torch.ones_like(ids, dtype=torch.bool))
-            batch_ref[0] = batch
+            hooks.batch = batch
             if is_bridge(model):
                 w = forward(model, batch)[:, -1].argmax(-1).cpu()  # [test]
             else:
@@ -147,13 +147,15 @@ def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
     adapter = adapter_for(model)
     kv = DynamicCache()  # full-length layers: a sliding-window model masks, the cache keeps every key
     keys: dict[int, torch.Tensor] = {}
-    with attention_implementation(model, "sdpa"), _last_row_hooks(adapter, keys):
+    with attention_implementation(model, "sdpa"), adapter.hooks() as hooks:
+        for layer in range(adapter.n_layers):
+            hooks.qkv(layer, _last_row(adapter, layer, keys))
         w = _logits(model, input_ids=ids, cache=kv, use_cache=True).argmax(-1).cpu()  # [test]
     yield w, dict(keys)
     n_keys: dict[int, int] = {}
-    handles = [adapter.attn(layer).register_forward_hook(_new_row_hook(layer, keys, n_keys))
-               for layer in range(adapter.n_layers)]
-    try:
+    with adapter.hooks() as hooks:
+        for layer in range(adapter.n_layers):
+            hooks.output(adapter.attn(layer), _new_row(layer, keys, n_keys))
         for step in range(1, n_steps):
             logits = _logits(model, input_ids=w[:, None], cache=kv, use_cache=True)  # [test, d_vocab]
             w = logits.argmax(-1).cpu()  # [test]
@@ -162,48 +164,32 @@ def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
                 raise CaptureError(f"the cached attention rows span {sorted(spans)} keys, not the whole sequence "
                                    f"({ids.shape[1] + step}): decode with cache=False")
             yield w, dict(keys)
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-class _last_row_hooks:
-    """Context: `Adapter.hook_qkv` on every layer, writing the argmax key of the last query row
-    (rebuilt with mha.pattern_rows from the layer's own Q and K) into `keys[layer]` [batch, head]."""
+def _last_row(adapter, layer: int, keys: dict):
+    """fn(q, k, v) for `Hooks.qkv`: the argmax key of the last query row (rebuilt with
+    mha.pattern_rows from the layer's own Q and K) into `keys[layer]` [batch, head]."""
+    scale, window = adapter.attention_scale(layer), adapter.sliding_window(layer)
 
-    def __init__(self, adapter, keys: dict):
-        self.adapter, self.keys, self.handles = adapter, keys, []
+    def on_qkv(q, k, v):
+        pos = q.shape[2]
+        mask = torch.ones(q.shape[0], pos, dtype=torch.bool, device=q.device)  # [batch, pos]
+        row = pattern_rows(q, k, mask, scale, pos - 1, pos, window)  # [batch, head, 1, k_pos]
+        keys[layer] = row[:, :, 0].argmax(-1).cpu()  # [batch, head]
 
-    def __enter__(self):
-        for layer in range(self.adapter.n_layers):
-            scale, window = self.adapter.attention_scale(layer), self.adapter.sliding_window(layer)
-
-            def on_qkv(q, k, v, layer=layer, scale=scale, window=window):
-                pos = q.shape[2]
-                mask = torch.ones(q.shape[0], pos, dtype=torch.bool, device=q.device)  # [batch, pos]
-                row = pattern_rows(q, k, mask, scale, pos - 1, pos, window)  # [batch, head, 1, k_pos]
-                self.keys[layer] = row[:, :, 0].argmax(-1).cpu()  # [batch, head]
-
-            self.handles += self.adapter.hook_qkv(layer, on_qkv)
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self.handles:
-            handle.remove()
+    return on_qkv
 
 
-def _new_row_hook(layer: int, keys: dict, n_keys: dict):
-    """Forward hook on an eager attention module: the new query's argmax key [batch, head] into
-    `keys[layer]`, the number of keys its row spans into `n_keys[layer]`."""
+def _new_row(layer: int, keys: dict, n_keys: dict):
+    """fn(output) for `Hooks.output` on an eager attention module: the new query's argmax key
+    [batch, head] into `keys[layer]`, the number of keys its row spans into `n_keys[layer]`."""
 
-    def hook(module, args, output):
-        pattern = output[1] if isinstance(output, tuple) and len(output) > 1 else None  # [batch, head, 1, k_pos]
-        if pattern is None:
-            raise CaptureError("the model returned no attention pattern: load it with attn_implementation='eager'")
+    def on_output(output):
+        pattern = attention_pattern(output)  # [batch, head, 1, k_pos]
         keys[layer] = pattern[:, :, -1].argmax(-1).cpu()  # [batch, head]
         n_keys[layer] = pattern.shape[-1]
 
-    return hook
+    return on_output
 
 
 def _logits(model, **inputs) -> torch.Tensor:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from headlens.errors import OutputPathError
+from headlens.errors import ConfigError, OutputPathError
 from headlens.files import write_atomic
 from headlens.training.config import TrainConfig, stages
 from headlens.training.data import byte_tokenizer, load_corpus, lr_at, sample_batch
@@ -100,7 +100,8 @@ def train_tiny(out_dir, steps: int | None = None, seed: int | None = None, progr
     """Train a tiny model from scratch; write the model (HF format), checkpoints and the logs to out_dir.
 
     Runs `config` alone when given, else the stages of `arch`'s shipped recipe ("gpt2": tiny,
-    "llama": tiny-gqa); `steps` and `seed` override every stage's fields. Stage k of n > 1 runs in
+    "llama": tiny-gqa); `steps` is the total, shared over the stages in the recipe's
+    proportion (split_steps); `seed` overrides every stage's. Stage k of n > 1 runs in
     out_dir/stage{k} and starts from stage k - 1's model; the last stage runs in out_dir itself and
     its logs continue the earlier stages' (steps counted from the start of the recipe). Every
     `checkpoint_every` steps (and at the end) the weights go to checkpoints/step_NNNNN/ and one row
@@ -108,8 +109,10 @@ def train_tiny(out_dir, steps: int | None = None, seed: int | None = None, progr
     (HEAD_COLUMNS). The final model, tokenizer and train_config.json land in out_dir itself.
     Deterministic on CPU for a given seed and thread count (`config.threads`).
     """
-    overrides = {k: v for k, v in (("steps", steps), ("seed", seed)) if v is not None}
+    overrides = {"seed": seed} if seed is not None else {}
     plan = [replace(config, **overrides)] if config else list(stages(arch or "gpt2", **overrides))
+    if steps is not None:
+        plan = [replace(stage, steps=n) for stage, n in zip(plan, split_steps(steps, plan), strict=True)]
     out_dir = _prepare_out_dir(out_dir)
     threads = torch.get_num_threads()
     previous, offset = None, 0
@@ -126,6 +129,18 @@ def train_tiny(out_dir, steps: int | None = None, seed: int | None = None, progr
     return out_dir
 
 
+def split_steps(steps: int, plan: list[TrainConfig]) -> list[int]:
+    """`steps` in all, shared over the stages of `plan` in the recipe's proportion (tiny: 3,000 + 600),
+    each stage at least one step. ConfigError when there are fewer steps than stages."""
+    if steps < len(plan):
+        raise ConfigError(f"steps={steps!r} is invalid: must be at least {len(plan)}, one per stage of the recipe")
+    total, shares = sum(stage.steps for stage in plan), []
+    for index, stage in enumerate(plan[:-1]):
+        later = len(plan) - index - 1  # stages after this one, one step each at least
+        shares.append(min(max(1, round(steps * stage.steps / total)), steps - sum(shares) - later))
+    return [*shares, steps - sum(shares)]
+
+
 class _TrainingRun:
     """Model, optimizer, data and log of one run; `run` trains and checkpoints."""
 
@@ -133,6 +148,7 @@ class _TrainingRun:
         self.out_dir, self.config, self.offset = out_dir, config, offset
         self.tokenizer = byte_tokenizer()
         self.model, self.corpus = build_model(config, self.tokenizer), load_corpus()
+        self.model.loss_type = "ForCausalLM"  # transformers' next-token loss, named so it is not guessed (and warned)
         self.probes = build_probes(self.tokenizer, config)
         self.gen = torch.Generator().manual_seed(config.seed)
         decay, no_decay = [], []

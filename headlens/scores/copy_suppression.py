@@ -1,0 +1,100 @@
+"""Copy-suppression (negative) heads: attend to the token the model predicts, and lower its logit.
+
+McDougall et al. 2023, "Copy Suppression: Comprehensively Understanding an Attention Head"
+(arXiv 2310.04625; GPT-2 small 10.7, also 11.10). Two parts, both measured:
+- OV, negative copying through the full circuit W_U W_OV W_EE (headlens.scores.ov_circuit): for
+  tokens t of natural text, the head's output from W_EE(t) gives t itself one of the lowest
+  logits of the whole vocabulary. `cs_ov_score` = share of the sampled tokens ranked in the
+  bottom BOTTOM_K = 10 (a random map puts a token there with chance 10 / d_vocab);
+- QK, on natural text: at query positions where the model's own top-1 prediction is the true
+  next token and already occurs earlier in the context (the naive copying copy suppression acts
+  on), `predicted_attention` = the head's attention mass on those earlier copies (mean over such
+  positions; position 0, the BOS sink, is not a copy). Requiring a correct prediction keeps the
+  positions where the model predicts from its context, not from a guess spread over it.
+A head is a copy-suppression head when cs_ov_score >= CS_OV_MIN and predicted_attention >=
+CS_ATTENTION_MIN. The paper fixes neither cut-off; ours: CS_OV_MIN = 0.5 (most tokens suppress
+themselves, as for 10.7) and CS_ATTENTION_MIN = 0.3 (a third of the head's attention on the
+predicted token's copies, where a head spreading attention evenly over a 64-token window puts
+about 1/64 per copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.errors import InputTextError
+from headlens.probes import text_windows
+from headlens.scores.ov_circuit import own_ranks
+
+BOTTOM_K = 10  # "among the lowest logits": the token's own logit ranks in the bottom 10 of d_vocab
+CS_OV_MIN = 0.5  # share of tokens (ours; see the module docstring)
+CS_ATTENTION_MIN = 0.3  # attention mass on the predicted token's earlier copies (ours)
+N_TOKENS = 64  # sampled distinct text tokens for the OV part (each costs one full-vocabulary pass per head)
+WINDOW = 64  # tokens per natural-text window (BOS included)
+MAX_WINDOWS = 8
+
+
+def sample_tokens(windows: list[list[int]], bos_id: int | None, n: int = N_TOKENS, seed: int = 0) -> torch.Tensor:
+    """Up to n distinct tokens of the windows (BOS left out), a seeded sample: [n] int64."""
+    distinct = sorted({t for w in windows for t in w if t != bos_id})
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(distinct), generator=gen)[:n]
+    return torch.tensor(distinct)[order.sort().values]
+
+
+def negative_copy_share(below: torch.Tensor, k: int = BOTTOM_K) -> torch.Tensor:
+    """Share of tokens whose own logit has fewer than k vocabulary tokens below it:
+    below [..., n] -> [...] (float64)."""
+    return (below < k).double().mean(-1)
+
+
+def predicted_attention(pattern: torch.Tensor, input_ids: torch.Tensor, predicted: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention sums on earlier copies of the predicted token, and how many positions count.
+
+    pattern [batch, head, q_pos, k_pos]; input_ids, predicted (the model's top-1 at each position)
+    and mask [batch, pos]. A query position counts when its prediction occurs at some key position
+    1..q (position 0 is the BOS sink). Returns (mass summed over counted positions [head], count).
+    """
+    pos = input_ids.shape[1]
+    copies = predicted[:, :, None] == input_ids[:, None, :]  # [batch, q_pos, k_pos]
+    causal = torch.ones(pos, pos, dtype=torch.bool).tril()  # [q_pos, k_pos]
+    causal[:, 0] = False
+    copies = copies & causal & mask[:, None, :] & mask[:, :, None]  # [batch, q_pos, k_pos]
+    counted = copies.any(-1)  # [batch, q_pos]
+    mass = (pattern.double() * copies[:, None]).sum(-1)  # [batch, head, q_pos]
+    return (mass * counted[:, None]).sum((0, 2)), int(counted.sum())  # [head], count
+
+
+def text_attention(loaded, windows: list[list[int]]) -> torch.Tensor:
+    """predicted_attention of every head, averaged over the counted positions: [n_layers, n_heads]."""
+    model = loaded.model
+    device = next(model.parameters()).device
+    ids = torch.tensor([w for w in windows if len(w) == len(windows[0])])  # [batch, pos]: full windows only
+    mask = torch.ones_like(ids, dtype=torch.bool)  # [batch, pos]
+    with torch.no_grad():
+        out = model(input_ids=ids.to(device), output_attentions=True)
+    top1 = out.logits.argmax(-1).cpu()  # [batch, pos]
+    predicted = torch.full_like(top1, -1)  # [batch, pos]: -1 (never a token) where the prediction is wrong
+    correct = top1[:, :-1] == ids[:, 1:]  # [batch, pos - 1]
+    predicted[:, :-1] = torch.where(correct, top1[:, :-1], -1)
+    sums, count = [], 0
+    for pattern in out.attentions:  # each [batch, head, q_pos, k_pos]
+        mass, count = predicted_attention(pattern.cpu(), ids, predicted, mask)
+        sums.append(mass)
+    if count == 0:
+        raise InputTextError("no position of the text predicts a token that occurs earlier in its window")
+    return torch.stack(sums) / count  # [layer, head]
+
+
+def copy_suppression_scores(loaded, text: str, seed: int = 0, window: int = WINDOW) -> dict:
+    """`cs_ov_score` and `predicted_attention` of every head ([n_layers, n_heads] float64 each),
+    `copy_suppression` (bool, both cut-offs met), and `n_tokens` sampled for the OV part."""
+    window = min(window, loaded.spec.n_ctx)
+    windows = text_windows(loaded.tokenizer, text, window, loaded.bos_token_id, max_windows=MAX_WINDOWS)
+    tokens = sample_tokens(windows, loaded.bos_token_id, seed=seed)  # [n]
+    _, below = own_ranks(loaded.model, tokens)  # [layer, head, n]
+    ov = negative_copy_share(below)  # [layer, head]
+    attention = text_attention(loaded, windows)  # [layer, head]
+    return {"cs_ov_score": ov, "predicted_attention": attention, "n_tokens": len(tokens),
+            "copy_suppression": (ov >= CS_OV_MIN) & (attention >= CS_ATTENTION_MIN)}

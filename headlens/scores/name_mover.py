@@ -1,0 +1,148 @@
+"""Name-mover and negative name-mover heads, on indirect-object-identification (IOI) prompts.
+
+Wang et al. 2022, "Interpretability in the Wild: a Circuit for Indirect Object Identification in
+GPT-2 small" (arXiv 2211.00593). An IOI prompt names two people, repeats one (the subject S) and
+ends where the other (the indirect object IO) comes next: "When Mary and John went to the store,
+John gave a drink to" -> " Mary". Name movers attend from the last token (END) to IO and copy it;
+negative name movers attend to IO and write it down (GPT-2 small: 9.9, 10.0, 9.6; negative 10.7,
+11.10). Per head:
+- `io_attention`: attention from END to IO, mean over prompts; `s_attention` to S1 + S2;
+- `name_copy_score`: share of the names whose own logit is in the top COPY_TOP_K = 5 of the
+  vocabulary under the head's OV circuit (Wang et al.'s copy score); `name_negative_copy_score`:
+  share in the bottom 5 (their negative copy score). Wang et al. apply the OV circuit to the
+  residual after MLP0 at the name's position in a prompt; we use the effective embedding W_EE
+  (headlens.scores.ov_circuit), the same MLP0 output without layer 0's attention.
+The model's own IOI logit difference, logit(IO) - logit(S) at END (mean over prompts), says
+whether the model does the task at all.
+
+Labels: a head is a name mover when io_attention >= IO_ATTENTION_MIN, io_attention >
+s_attention and name_copy_score >= COPY_MIN; a negative name mover with name_negative_copy_score
+>= COPY_MIN instead. The paper fixes neither cut-off; ours: IO_ATTENTION_MIN = 0.2 (three times the
+~1/15 a head spreading attention over a 15-token prompt puts on one token) and COPY_MIN = 0.5
+(Wang et al. report copy scores above 90% for their name movers and under 20% for most heads).
+
+Prompts for any tokenizer: NAMES are kept when " Name" is one token; prompts are built piece by
+piece (template text tokenized, each name its single id), so the name positions are known exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.errors import ConfigError
+from headlens.scores.ov_circuit import own_ranks
+
+COPY_TOP_K = 5  # Wang et al.: the name among the top 5 logits of the head's OV output
+IO_ATTENTION_MIN = 0.2  # ours (see the module docstring)
+COPY_MIN = 0.5  # ours
+N_PROMPTS = 48
+NAMES = ("Mary John Tom James Anne Paul Mark Lisa Sarah David Michael Laura Kate Peter Emma Alice Daniel Susan "
+         "Robert Linda Helen Jack George Rachel Adam Karen Steven Amy Brian Jessica").split()
+# {0} and {1} are the two names in order, {s} the repeated subject; each placeholder stands for
+# " Name" (with its space). ABBA prompts put IO first, BABA prompts S first (Wang et al.).
+TEMPLATES = (
+    "When{0} and{1} went to the store,{s} gave a drink to",
+    "When{0} and{1} went to the park,{s} gave a ball to",
+    "After{0} and{1} went to the office,{s} handed a letter to",
+    "While{0} and{1} were working at the school,{s} gave a book to",
+    "Then,{0} and{1} went to the market.{s} gave an apple to",
+    "After the meeting,{0} and{1} went to the hospital.{s} gave a flower to",
+    "Friends{0} and{1} found a ring at the beach.{s} gave it to",
+    "When{0} and{1} got a snack at the cafe,{s} decided to give it to",
+)
+
+
+def name_tokens(tokenizer) -> dict[str, int]:
+    """Name -> the single token id of " Name", for the NAMES this tokenizer spells in one token."""
+    out = {}
+    for name in NAMES:
+        ids = tokenizer(" " + name, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1:
+            out[name] = int(ids[0])
+    return out
+
+
+def ioi_prompts(tokenizer, bos_id: int | None, n: int = N_PROMPTS, seed: int = 0) -> list[dict]:
+    """n IOI prompts, half ABBA, half BABA, seeded: dicts with `text`, `ids` (BOS first), `io`,
+    `s` (token ids), `io_pos`, `s1_pos`, `s2_pos` (positions in ids) and `target`, `foil` (" IO",
+    " S": the prompt format of headlens.ablation.prompts)."""
+    names = name_tokens(tokenizer)
+    if len(names) < 2:
+        raise ConfigError(f"this tokenizer spells {len(names)} of the {len(NAMES)} IOI names as one token; need 2")
+    gen = torch.Generator().manual_seed(seed)
+    keys = sorted(names)
+    prompts = []
+    for index in range(n):
+        template = TEMPLATES[int(torch.randint(len(TEMPLATES), (1,), generator=gen))]
+        io, s = (keys[int(i)] for i in torch.randperm(len(keys), generator=gen)[:2])
+        order = (io, s) if index % 2 == 0 else (s, io)
+        prompts.append(_build(tokenizer, bos_id, template, order, io, s, names))
+    return prompts
+
+
+def _build(tokenizer, bos_id, template, order, io, s, names) -> dict:
+    """One prompt, token by token: the template's text pieces tokenized, each name its own id."""
+    filled = {"0": order[0], "1": order[1], "s": s}
+    ids = [bos_id] if bos_id is not None else []
+    where: dict[str, list[int]] = {io: [], s: []}
+    rest = template
+    while "{" in rest:
+        text, _, tail = rest.partition("{")
+        slot, _, rest = tail.partition("}")
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        where[filled[slot]].append(len(ids))
+        ids.append(names[filled[slot]])
+    ids += tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
+    text = template.replace("{0}", " " + order[0]).replace("{1}", " " + order[1]).replace("{s}", " " + s)
+    return {"text": text, "ids": ids, "io": names[io], "s": names[s], "io_pos": where[io][0],
+            "s1_pos": where[s][0], "s2_pos": where[s][1], "target": " " + io, "foil": " " + s}
+
+
+def end_attention(pattern: torch.Tensor, positions: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Attention from each prompt's last position to `positions`: pattern [batch, head, q_pos,
+    k_pos], positions [batch, m] key positions (summed), last [batch] -> [batch, head]."""
+    rows = pattern[torch.arange(pattern.shape[0]), :, last]  # [batch, head, k_pos]
+    return rows.gather(-1, positions[:, None, :].expand(-1, rows.shape[1], -1)).sum(-1)  # [batch, head]
+
+
+def ioi_run(loaded, prompts: list[dict]) -> dict:
+    """One forward pass over the prompts (right-padded): `io_attention`, `s_attention`
+    [n_layers, n_heads] (means over prompts) and the model's `logit_diff` (mean) and `logit_diffs` [n]."""
+    model = loaded.model
+    device = next(model.parameters()).device
+    length = max(len(p["ids"]) for p in prompts)
+    ids = torch.zeros(len(prompts), length, dtype=torch.long)  # [batch, pos]
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, : len(p["ids"])], mask[row, : len(p["ids"])] = torch.tensor(p["ids"]), 1
+    last = mask.sum(1) - 1  # [batch]
+    with torch.no_grad():
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_attentions=True)
+    io = torch.tensor([[p["io_pos"]] for p in prompts])  # [batch, 1]
+    s = torch.tensor([[p["s1_pos"], p["s2_pos"]] for p in prompts])  # [batch, 2]
+    io_att = torch.stack([end_attention(a.cpu().double(), io, last).mean(0) for a in out.attentions])
+    s_att = torch.stack([end_attention(a.cpu().double(), s, last).mean(0) for a in out.attentions])
+    final = out.logits[torch.arange(len(prompts)), last.to(out.logits.device)].double().cpu()  # [batch, d_vocab]
+    rows = torch.arange(len(prompts))
+    diffs = final[rows, [p["io"] for p in prompts]] - final[rows, [p["s"] for p in prompts]]  # [batch]
+    return {"io_attention": io_att, "s_attention": s_att, "logit_diff": float(diffs.mean()), "logit_diffs": diffs}
+
+
+def name_mover_scores(loaded, n: int = N_PROMPTS, seed: int = 0) -> dict:
+    """ioi_run's entries plus `name_copy_score`, `name_negative_copy_score` [n_layers, n_heads],
+    `name_mover`, `negative_name_mover` (bool [n_layers, n_heads]) and the `prompts`."""
+    prompts = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed)
+    result = ioi_run(loaded, prompts)
+    names = torch.tensor(sorted(set(name_tokens(loaded.tokenizer).values())))  # [n_names]
+    above, below = own_ranks(loaded.model, names)  # [layer, head, n_names]
+    copy, negative = (above < COPY_TOP_K).double().mean(-1), (below < COPY_TOP_K).double().mean(-1)
+    attends = (result["io_attention"] >= IO_ATTENTION_MIN) & (result["io_attention"] > result["s_attention"])
+    result.update(name_copy_score=copy, name_negative_copy_score=negative, prompts=prompts,
+                  name_mover=attends & (copy >= COPY_MIN), negative_name_mover=attends & (negative >= COPY_MIN))
+    return result
+
+
+def ablation_prompts(prompts: list[dict]) -> list[dict]:
+    """The prompts in headlens.ablation.prompts' format, for ablate_heads(metric="logit-diff")."""
+    return [{"prompt": p["text"], "target": p["target"], "foil": p["foil"], "line": f"IOI prompt {n}"}
+            for n, p in enumerate(prompts, start=1)]

@@ -1,0 +1,82 @@
+"""A head's OV circuit applied to chosen tokens: W_U W_OV W_EE, read from the weights.
+
+The effective embedding W_EE(t) = x + MLP0(norm(x)), x = W_E t, is the residual stream a token
+leaves layer 0 with when layer 0's attention is left out (McDougall et al. 2023, "Copy
+Suppression", arXiv 2310.04625, section 3; Gould et al. 2023, "Successor Heads", arXiv
+2312.09230, use the same effective embedding). Layer L's head h reads it through the layer's
+input norm and its value projection (v(x) - v(0), so biases drop out: the circuit is a linear map,
+as in headlens.scores.ov_copying), writes z_h W_O^h, and the unembedding reads that with the final
+norm's gain folded in (and LayerNorm's centring applied). Families differ only through the
+architecture adapter: any tokenizer, any supported model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.arch import adapter_for
+from headlens.devices import onloaded
+from headlens.scores.ov_copying import _folded_unembed, _values
+
+VOCAB_CHUNK = 8192  # unembedding columns per matmul when ranking over the whole vocabulary
+
+
+def effective_embedding(adapter, token_ids: torch.Tensor) -> torch.Tensor:
+    """W_EE of `token_ids` [n]: [n, d_model] (float32 or the model's dtype)."""
+    embed = adapter.embed()
+    device = embed.weight.device
+    with torch.no_grad():
+        x = embed(token_ids.to(device)[:, None])  # [n, 1, d_model]
+        zero = torch.zeros_like(x)  # [n, 1, d_model]: layer 0's attention left out
+        return adapter.finish_block(0, x, zero)[:, 0]  # [n, d_model]
+
+
+def head_outputs(model, token_ids: torch.Tensor) -> torch.Tensor:
+    """Every head's OV output for each token's effective embedding, before the unembedding:
+    [n_layers, n_heads, n, d_model] (float64; LayerNorm centring applied when the final norm centres)."""
+    adapter = adapter_for(model)
+    resid = effective_embedding(adapter, token_ids)[:, None]  # [n, 1, d_model]
+    zero = torch.zeros(1, 1, resid.shape[-1], dtype=resid.dtype, device=resid.device)  # [1, 1, d_model]
+    outs = []
+    with torch.no_grad():
+        for layer in range(adapter.n_layers):
+            v = (_values(adapter, layer, resid) - _values(adapter, layer, zero))[:, 0].double()  # [n, kv_head, d_head]
+            with onloaded(adapter.z_module(layer)):
+                w_o = adapter.w_o(layer).double().to(v.device)  # [head, d_head, d_model]
+            groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)], device=v.device)
+            z = v[:, groups]  # [n, head, d_head]
+            out = torch.einsum("nhd,hdm->hnm", z, w_o)  # [head, n, d_model]
+            if adapter.final_norm_centres:
+                out = out - out.mean(-1, keepdim=True)  # LayerNorm's centring
+            outs.append(out)
+    return torch.stack(outs)  # [layer, head, n, d_model]
+
+
+def ov_logits(model, token_ids: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Logits of the tokens `columns` [c] written by every head's OV circuit from each of
+    `token_ids` [n]: [n_layers, n_heads, n, c] (float64)."""
+    w_u = _folded_unembed(adapter_for(model))  # [d_model, d_vocab]
+    outs = head_outputs(model, token_ids)  # [layer, head, n, d_model]
+    return outs @ w_u[:, columns.to(w_u.device)].to(outs.device)  # [layer, head, n, c]
+
+
+def own_ranks(model, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each token's own logit falls in its OV output over the whole vocabulary:
+    (above, below), each [n_layers, n_heads, n] int64: how many vocabulary tokens get a strictly
+    larger (smaller) logit than the token itself. above < k: the token is in the top k. Ranked in
+    float32 (a full-vocabulary pass per head is the cost; float32 ties only where logits tie exactly)."""
+    w_u = _folded_unembed(adapter_for(model))  # [d_model, d_vocab]
+    outs = head_outputs(model, token_ids)  # [layer, head, n, d_model]
+    w_u = w_u.to(outs.device).float()
+    own = torch.einsum("lhnm,mn->lhn", outs.float(), w_u[:, token_ids.to(w_u.device)])  # [layer, head, n]
+    above = torch.zeros(own.shape, dtype=torch.long, device=own.device)  # [layer, head, n]
+    below = torch.zeros_like(above)
+    for layer in range(outs.shape[0]):
+        rows = outs[layer].float()  # [head, n, d_model]
+        for start in range(0, w_u.shape[1], VOCAB_CHUNK):
+            logits = rows @ w_u[:, start:start + VOCAB_CHUNK]  # [head, n, chunk]
+            cols = torch.arange(start, start + logits.shape[-1], device=logits.device)  # [chunk]
+            other = token_ids.to(cols.device)[:, None] != cols[None]  # [n, chunk]: not the token itself
+            above[layer] += ((logits > own[layer, ..., None]) & other).sum(-1)
+            below[layer] += ((logits < own[layer, ..., None]) & other).sum(-1)
+    return above.cpu(), below.cpu()

@@ -1,0 +1,169 @@
+"""Name movers (headlens.scores.name_mover): the IOI prompts for two tokenizers, the END attention
+on a synthetic pattern, and on SmolLM2 the scores against per-prompt forward passes and a
+hand-written OV circuit, and the causal check: ablating the labelled heads lowers the IOI logit
+difference more than random head sets with the same per-layer counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llama_ov import load_smollm2, manual_ov_logits
+from planted import N_HEADS, N_LAYERS, place_roles
+from planted_kinds import build_planted_ioi, ioi_slots
+
+from headlens.ablation.ablate import ablate_heads
+from headlens.errors import ConfigError
+from headlens.heads import Head
+from headlens.models import gpt2_tokenizer
+from headlens.scores.name_mover import (
+    COPY_TOP_K,
+    ablation_prompts,
+    end_attention,
+    ioi_prompts,
+    ioi_run,
+    name_mover_scores,
+    name_tokens,
+)
+
+N_CONTROL = 20  # random head sets (p-value floor 1/21)
+
+
+def _check_prompts(tokenizer, bos):
+    prompts = ioi_prompts(tokenizer, bos, n=12)
+    for n, p in enumerate(prompts):
+        ids = p["ids"]
+        assert ids[0] == bos and ids[p["io_pos"]] == p["io"]
+        assert ids[p["s1_pos"]] == ids[p["s2_pos"]] == p["s"] != p["io"]
+        assert (p["io_pos"] < p["s1_pos"]) == (n % 2 == 0)  # ABBA, then BABA
+        assert tokenizer.decode(ids[1:]) == p["text"]
+    return prompts
+
+
+def test_gpt2_prompts_hold_the_names_where_they_say():
+    _check_prompts(gpt2_tokenizer(), 50256)
+
+
+def test_end_attention_reads_the_last_real_position():
+    pattern = torch.zeros(2, 1, 4, 4)  # [batch, head, q_pos, k_pos]
+    pattern[0, 0, 3, 1] = 0.75
+    pattern[1, 0, 2, 1] = 0.5  # prompt 1 is one token shorter (right padding)
+    got = end_attention(pattern, torch.tensor([[1], [1]]), torch.tensor([3, 2]))
+    assert got[:, 0].tolist() == [0.75, 0.5]
+
+
+# Errors
+class _NoNames:
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1] * len(text)}  # every character its own token
+
+
+def test_a_tokenizer_without_single_token_names_is_a_config_error():
+    with pytest.raises(ConfigError, match="one token"):
+        ioi_prompts(_NoNames(), 0)
+
+
+# A planted name mover ------------------------------------------------------------------------------------------
+
+PLANTED_SEEDS = [seed for seed in range(10) if ioi_slots(place_roles(seed))][:2]
+
+
+@pytest.fixture(scope="module", params=PLANTED_SEEDS)
+def planted(request):
+    planted = build_planted_ioi(request.param)
+    return planted, name_mover_scores(planted.loaded)
+
+
+@pytest.mark.slow
+def test_planted_name_mover_is_the_only_one(planted):
+    planted, scores = planted
+    mover = planted.positions["name_mover"]
+    assert scores["name_mover"].shape == (N_LAYERS, N_HEADS)
+    assert [tuple(x) for x in scores["name_mover"].nonzero().tolist()] == [mover]
+    assert not scores["negative_name_mover"].any()
+    assert float(scores["name_copy_score"][mover]) == 1.0  # OV copies TOK into OUT exactly
+    # The induction head copies as well, but does not look at the indirect object from END.
+    induction = planted.positions["induction"]
+    assert float(scores["name_copy_score"][induction]) == 1.0 and not scores["name_mover"][induction]
+    assert scores["logit_diff"] > 0  # the planted circuit does the task
+
+
+@pytest.mark.slow
+def test_ablating_the_planted_name_mover_lowers_the_logit_diff_most(planted):
+    planted, scores = planted
+    mover = Head(*planted.positions["name_mover"])
+    result = ablate_heads(planted.loaded, [mover], metric="logit-diff", prompts=ablation_prompts(scores["prompts"]),
+                          control=N_CONTROL, seed=0)
+    assert result["delta"] < 0
+    others = [d for d, s in zip(result["control"]["deltas"], result["control"]["sets"], strict=True)
+              if s != [str(mover)]]  # with 3 heads a layer, some random sets are the mover itself
+    assert others and result["delta"] < min(others)
+
+
+# SmolLM2 ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_smollm2()
+
+
+@pytest.fixture(scope="module")
+def scores(smollm2):
+    return name_mover_scores(smollm2)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_prompts(smollm2):
+    _check_prompts(smollm2.tokenizer, smollm2.bos_token_id)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_attention_and_logit_diff_match_one_prompt_at_a_time(smollm2, scores):
+    prompts = scores["prompts"][:6]
+    batched = ioi_run(smollm2, prompts)
+    io = torch.zeros_like(batched["io_attention"])
+    diffs = []
+    with torch.no_grad():
+        for p in prompts:
+            out = smollm2.model(input_ids=torch.tensor([p["ids"]]), output_attentions=True)
+            io += torch.stack([a[0, :, -1, p["io_pos"]].double() for a in out.attentions]) / len(prompts)
+            diffs.append(float(out.logits[0, -1, p["io"]] - out.logits[0, -1, p["s"]]))
+    assert torch.allclose(batched["io_attention"], io, atol=1e-5)  # float32 softmax, padded vs unpadded
+    assert batched["logit_diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_copy_scores_match_a_hand_computed_ov_circuit(smollm2, scores):
+    names = torch.tensor(sorted(set(name_tokens(smollm2.tokenizer).values())))
+    vocab = torch.arange(smollm2.spec.d_vocab)
+    with torch.no_grad():
+        for layer in _layers_to_check(scores):
+            logits = manual_ov_logits(smollm2.model, names, vocab, layer)  # [head, n, d_vocab]
+            own = logits.gather(-1, names.expand(logits.shape[0], -1)[..., None])  # [head, n, 1]
+            copy = ((logits > own).sum(-1) < COPY_TOP_K).double().mean(-1)  # [head]
+            negative = ((logits < own).sum(-1) < COPY_TOP_K).double().mean(-1)
+            # float32 ranks vs float64 here: at most one name may sit on the top-5 boundary
+            assert (scores["name_copy_score"][layer] - copy).abs().max() <= 1 / len(names), layer
+            assert (scores["name_negative_copy_score"][layer] - negative).abs().max() <= 1 / len(names), layer
+
+
+def _layers_to_check(scores):
+    """The layers of the labelled heads, or of the best-copying head when none is labelled."""
+    labelled = (scores["name_mover"] | scores["negative_name_mover"]).nonzero()[:, 0].unique().tolist()
+    return labelled[:3] or [int(scores["name_copy_score"].flatten().argmax()) // scores["name_copy_score"].shape[1]]
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores):
+    assert scores["logit_diff"] > 0  # the model does the task: IO above S on average
+    heads = [Head(int(lay), int(h)) for lay, h in scores["name_mover"].nonzero().tolist()]
+    if not heads:
+        pytest.skip("SmolLM2 has no head labelled name_mover at the module's cut-offs")
+    result = ablate_heads(smollm2, heads, metric="logit-diff", prompts=ablation_prompts(scores["prompts"]),
+                          control=N_CONTROL, seed=0)
+    assert result["delta"] < 0
+    assert result["control"]["rank"] == 1  # a larger change than every random set
+    assert result["delta"] < min(result["control"]["deltas"])  # and downwards
