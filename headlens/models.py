@@ -216,11 +216,32 @@ def resolve_model(name_or_path: str) -> tuple[Path, ModelSource | None, str]:
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json")
 
 
-def _load_tokenizer(path: Path, d_vocab: int):
+# Special tokens a converted folder's tokenizer_config.json names, handed to PreTrainedTokenizerFast as they are.
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token")
+
+
+def converted_tokenizer(path: Path):
+    """The tokenizer of a folder headlens converted from a GGUF, read straight from its tokenizer.json.
+
+    AutoTokenizer re-derives the family's tokenizer class from that file (Gemma 3: ~2.5x longer, mostly
+    a second parse of its 262,144-entry vocabulary); the file already holds the whole pipeline
+    (normalizer, BPE, BOS template), so the fast tokenizer built from it gives the same ids
+    (tests/test_gguf_real.py compares the two on both named models)."""
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    special = {key: config[key] for key in _SPECIAL_TOKEN_KEYS if isinstance(config.get(key), str)}
+    return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **special)
+
+
+def _load_tokenizer(path: Path, d_vocab: int, converted: bool = False):
     """The folder's tokenizer; without tokenizer files, the shipped GPT-2 one when the model's vocabulary
-    is GPT-2's size (a folder written for random GPT-2-shaped weights), else ModelLoadError naming the files."""
+    is GPT-2's size (a folder written for random GPT-2-shaped weights), else ModelLoadError naming the files.
+    `converted`: a folder headlens wrote from a GGUF (converted_tokenizer)."""
     from transformers import AutoTokenizer
 
+    if converted and all((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return converted_tokenizer(path)
     if any((path / f).is_file() for f in TOKENIZER_FILES):
         try:
             return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
@@ -272,6 +293,7 @@ def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
     model = _to_eager(model) if target is None else _to_eager(model).to(target)
     model.eval()
-    return LoadedModel(model=model, tokenizer=_load_tokenizer(path, model.get_input_embeddings().num_embeddings),
-                       spec=spec_of(model), name=name_or_path, path=path, display_name=display_name, source=source)
+    tokenizer = _load_tokenizer(path, model.get_input_embeddings().num_embeddings, converted=source is not None)
+    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec_of(model), name=name_or_path, path=path,
+                       display_name=display_name, source=source)
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from headlens.arch import SUPPORTED_TYPES
 from headlens.cache import file_sha256
 from headlens.dequant import dequantize
 from headlens.ggufread import read_gguf
@@ -88,7 +87,6 @@ def test_gemma3_converts_into_the_cache(pulled):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("gemma3_text" not in SUPPORTED_TYPES, reason="the Gemma 3 adapter has not landed")
 def test_gemma3_loads_through_headlens(pulled):
     from headlens.models import load_model
 
@@ -96,4 +94,29 @@ def test_gemma3_loads_through_headlens(pulled):
     loaded = load_model("gemma3-270m")
     assert loaded.source.quantization == "Q4_K_M"
     assert (loaded.spec.n_layers, loaded.spec.n_heads, loaded.spec.n_kv_heads, loaded.spec.d_head) == (18, 4, 1, 256)
-    assert complete(loaded.model, loaded.tokenizer).startswith(" Rome")
+    # Gemma 3 270M is a small base model: after the bare prompt it continues " the capital of" (" Rome" ranks
+    # 4th), so it is given one worked example first, as a few-shot prompt.
+    prompt = "The capital of France is Paris. " + PROMPT
+    assert complete(loaded.model, loaded.tokenizer, prompt).startswith(" Rome")
+
+
+# Texts with what tokenizers trip on: leading and repeated spaces, newlines, tabs, accents, CJK, digits.
+TOKENIZER_TEXTS = ["The capital of Italy is", " leading space", "two  spaces\n\n\tand a tab", "ünïcödé 東京 12345", ""]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NAMED_MODELS))
+def test_converted_tokenizer_gives_autotokenizers_ids(pulled, name):
+    """The fast path (the converted folder's tokenizer.json read directly) against transformers'
+    AutoTokenizer on the same folder: the same ids, BOS included, and the same special tokens."""
+    from transformers import AutoTokenizer
+
+    from headlens.models import converted_tokenizer, resolve_model
+
+    pulled(name)
+    folder, source, _ = resolve_model(name)
+    assert source is not None
+    ours, peer = converted_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
+    for text in TOKENIZER_TEXTS:
+        assert ours(text)["input_ids"] == peer(text)["input_ids"], text
+    assert (ours.bos_token_id, ours.eos_token_id, len(ours)) == (peer.bos_token_id, peer.eos_token_id, len(peer))

@@ -16,7 +16,7 @@ import torch
 
 from headlens.arch import adapter_for
 from headlens.devices import onloaded
-from headlens.scores.ov_copying import _folded_unembed, _values
+from headlens.scores.ov_copying import folded_unembed, value_change
 
 VOCAB_CHUNK = 8192  # unembedding columns per matmul when ranking over the whole vocabulary
 
@@ -35,12 +35,11 @@ def head_outputs(model, token_ids: torch.Tensor) -> torch.Tensor:
     """Every head's OV output for each token's effective embedding, before the unembedding:
     [n_layers, n_heads, n, d_model] (float64; LayerNorm centring applied when the final norm centres)."""
     adapter = adapter_for(model)
-    resid = effective_embedding(adapter, token_ids)[:, None]  # [n, 1, d_model]
-    zero = torch.zeros(1, 1, resid.shape[-1], dtype=resid.dtype, device=resid.device)  # [1, 1, d_model]
+    resid = effective_embedding(adapter, token_ids)  # [n, d_model]
     outs = []
     with torch.no_grad():
         for layer in range(adapter.n_layers):
-            v = (_values(adapter, layer, resid) - _values(adapter, layer, zero))[:, 0].double()  # [n, kv_head, d_head]
+            v = value_change(adapter, layer, resid).double()  # [n, kv_head, d_head]
             with onloaded(adapter.z_module(layer)):
                 w_o = adapter.w_o(layer).double().to(v.device)  # [head, d_head, d_model]
             groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)], device=v.device)
@@ -55,7 +54,7 @@ def head_outputs(model, token_ids: torch.Tensor) -> torch.Tensor:
 def ov_logits(model, token_ids: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     """Logits of the tokens `columns` [c] written by every head's OV circuit from each of
     `token_ids` [n]: [n_layers, n_heads, n, c] (float64)."""
-    w_u = _folded_unembed(adapter_for(model))  # [d_model, d_vocab]
+    w_u = folded_unembed(adapter_for(model))  # [d_model, d_vocab]
     outs = head_outputs(model, token_ids)  # [layer, head, n, d_model]
     return outs @ w_u[:, columns.to(w_u.device)].to(outs.device)  # [layer, head, n, c]
 
@@ -65,7 +64,7 @@ def own_ranks(model, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     (above, below), each [n_layers, n_heads, n] int64: how many vocabulary tokens get a strictly
     larger (smaller) logit than the token itself. above < k: the token is in the top k. Ranked in
     float32 (a full-vocabulary pass per head is the cost; float32 ties only where logits tie exactly)."""
-    w_u = _folded_unembed(adapter_for(model))  # [d_model, d_vocab]
+    w_u = folded_unembed(adapter_for(model))  # [d_model, d_vocab]
     outs = head_outputs(model, token_ids)  # [layer, head, n, d_model]
     w_u = w_u.to(outs.device).float()
     own = torch.einsum("lhnm,mn->lhn", outs.float(), w_u[:, token_ids.to(w_u.device)])  # [layer, head, n]
