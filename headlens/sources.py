@@ -28,6 +28,7 @@ class ModelSource:
 
 def find_gguf(name_or_path: str) -> tuple[Path, str | None, str] | None:
     """(GGUF path, its sha256 when known without hashing, display name), or None for a non-GGUF model."""
+    name_or_path = str(name_or_path)  # a pathlib.Path is accepted as load_model accepts it
     if name_or_path in NAMED_MODELS:
         return named_gguf(name_or_path), NAMED_MODELS[name_or_path].sha256, name_or_path
     if name_or_path.startswith(PREFIX):

@@ -21,7 +21,7 @@ FAST = ClassifyConfig(n_seq=2, max_windows=2)
 
 def _scores(**overrides) -> dict:
     base = {"positional_share": 0.1, "positional_offset": -3, "first_token_score": 0.1, "duplicate_token_score": 0.1,
-            "prefix_matching_score": 0.1, "copying_score": 0.0, "retrieval_score": 0.0}
+            "prefix_matching_score": 0.1, "copying_score": 0.0, "retrieval_score": 0.0, "successor_score": 0.0}
     return {**base, **overrides}
 
 

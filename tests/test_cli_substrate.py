@@ -161,7 +161,6 @@ def test_validate_text_too_short_for_a_window(runner, small_model_dir, tmp_path)
     (["validate", "tiny", "--format", "csv"], "unknown format 'csv'"),
     (["ablate", "tiny", "--bogus"], "No such option '--bogus'"),
     (["ablate", "tiny"], "Missing option '--heads'"),
-    (["validate"], "no model given"),
     (["heads", "0.0", "tiny", "--model", "gpt2"], "two models given"),
     (["no-such-command"], "No such command"),
 ])
