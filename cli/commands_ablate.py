@@ -116,9 +116,18 @@ def _control_line(control: dict) -> str:
             f"{control['k'] + 1}, p = {control['p_value']:.3f} (smallest p possible {control['p_min']:.3f})")
 
 
+# Keys the text output leaves out: the loss metric's names for n, clean, ablated and delta (JSON keeps both).
+_LOSS_ALIASES = ("n_tokens", "loss", "loss_ablated", "delta_loss")
+# Keys shown under a clearer name: "resampled" is what the bootstrap resampled, not --method resample.
+_TEXT_NAMES = {"resampled": "bootstrap over"}
+
+
 def _print_ablation(ablation: dict) -> None:
     for key, value in ablation.items():
-        click.echo(f"{key:>13}  {_control_line(value) if key == 'control' else value}")
+        if key in _LOSS_ALIASES:
+            continue
+        name = _TEXT_NAMES.get(key, key)
+        click.echo(f"{name:>14}  {_control_line(value) if key == 'control' else value}")
 
 
 @click.command("ablate")
@@ -245,7 +254,7 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
     _print_frame(frame, fmt, lambda row: _row_object(name, method, metric, UNIT[metric], row, about),
                  {"model": name, "method": method, "metric": metric, "unit": UNIT[metric], **about})
     if fmt != "json":
-        click.echo("; ".join(f"{key}: {about[key]}" for key in ABOUT_KEYS))
+        click.echo("; ".join(f"{_TEXT_NAMES.get(key, key)}: {about[key]}" for key in ABOUT_KEYS))
     return frame
 
 

@@ -98,7 +98,7 @@ def score_text(run: ProbeRun) -> ProbeResult:
     stream_heads(loaded.model, distributed.shard(batches), [prev, cur, first, argmax])
     distributed.all_reduce_totals([prev, cur, first, argmax])
     if facts["n_windows"] == 0:
-        raise InputTextError(f"text is too short: {facts['n_text_tokens']} tokens, need at least "
+        raise InputTextError(f"text is too short: {probes.n_tokens(facts['n_text_tokens'])}, need at least "
                              f"{probes.MIN_TEXT_TOKENS} in one document")
     offset, share = argmax.result()
     scores = {"prev_token_score": prev.result(), "prev_token_std": prev.seq_std(),

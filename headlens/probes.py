@@ -30,6 +30,12 @@ def repeated_random_tokens(n_seq: int, seq_len: int, repeats: int, low: int, hig
 
 # Natural text ---------------------------------------------------------------------------
 
+
+def n_tokens(n: int) -> str:
+    """"1 token", "2 tokens": a count of tokens in a message."""
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
 # Share of NUL / control bytes above which a file is taken for binary, not text.
 _BINARY_CONTROL_SHARE = 0.01
 DEFAULT_TEXT_NAME = "heldout.txt"  # held-out evaluation text shipped beside the tiny model
@@ -61,8 +67,10 @@ def check_text(raw: bytes | str, where: str = "text") -> str:
             raise InputTextError(f"{where} is not valid UTF-8 (byte {exc.start}): give a UTF-8 text file") from None
     else:
         text = raw
-    if not text.strip():
+    if not text:
         raise InputTextError(f"{where} is empty")
+    if not text.strip():
+        raise InputTextError(f"{where} holds only white space: give some text")
     control = sum(1 for ch in text if ord(ch) < 32 and ch not in "\n\r\t\f")
     if control > _BINARY_CONTROL_SHARE * len(text):
         raise InputTextError(f"{where} looks binary ({control} control characters): give a UTF-8 text file")
@@ -96,7 +104,7 @@ def text_windows(tokenizer, text: str | Sequence[int], window: int, bos_id: int 
         if max_windows is not None and len(windows) >= max_windows:
             break
     if not windows:
-        raise InputTextError(f"text is too short: {len(ids)} token(s), need at least {min_tokens}")
+        raise InputTextError(f"text is too short: {n_tokens(len(ids))}, need at least {min_tokens}")
     return windows
 
 
@@ -212,6 +220,6 @@ def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, 
             prompts.append(NeedlePrompt(prompt, len(head), needle, restate, context, float(depth)))
     if not prompts:
         need = needle_haystack_min(n_ctx, bos_id, needle_len, restate, lengths)
-        raise InputTextError(f"text is too short for the needle-in-a-haystack probe: {len(haystack_ids)} tokens, "
+        raise InputTextError(f"text is too short for the needle-in-a-haystack probe: {n_tokens(len(haystack_ids))}, "
                              f"need at least {need} for the shortest haystack")
     return prompts

@@ -168,3 +168,23 @@ def test_command_line_records_every_option_given_and_nothing_else():
     assert seen["line"] == "headlens demo tiny --no-bos --seed 0 --threshold a=1 --threshold b=2"
     CliRunner().invoke(demo, [])
     assert seen["line"] == "headlens demo"
+
+
+def test_a_whitespace_only_file_is_called_white_space_and_one_token_is_singular(tmp_path):
+    from headlens.errors import InputTextError
+    from headlens.probes import check_text, n_tokens
+
+    with pytest.raises(InputTextError, match="only white space"):
+        check_text(b" \n\t ", "blank.txt")
+    with pytest.raises(InputTextError, match="is empty"):
+        check_text(b"", "empty.txt")
+    assert (n_tokens(1), n_tokens(2)) == ("1 token", "2 tokens")
+
+
+def test_ablate_text_output_prints_each_figure_once():
+    result = CliRunner().invoke(cli, ["ablate", "tiny", "--heads", "1.0", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    names = [line.split()[0] for line in result.output.splitlines() if line.strip()]
+    for alias in ("n_tokens", "loss", "loss_ablated", "delta_loss", "resampled"):
+        assert alias not in names, result.output
+    assert "delta" in names and "bootstrap" in names

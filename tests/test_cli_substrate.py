@@ -132,7 +132,7 @@ def test_hub_id_offline_without_cache(runner, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("content, fragment", [
     (b"", "is empty"),
-    (b"  \n\t\n", "is empty"),
+    (b"  \n\t\n", "only white space"),
     (b"caf\xe9 au lait\n", "not valid UTF-8"),
     (b"\x7fELF\x02\x01\x01\x00\x00\x00binary", "binary"),
     (bytes(range(1, 32)) * 20, "binary"),
