@@ -500,7 +500,7 @@ def test_sample_patterns_errors(small_model):
 
     with pytest.raises(ConfigError, match="max_tokens"):
         sample_patterns(small_model, "text", max_tokens=1)
-    with pytest.raises(InputTextError, match="empty"):
+    with pytest.raises(InputTextError, match="white space"):
         sample_patterns(small_model, "   ")
 
 
