@@ -31,9 +31,10 @@ class LayerContext:
         return {"attention_mask": mask, **self.extra}
 
 
-def layer_context(adapter, input_ids: torch.Tensor, mask: torch.Tensor) -> LayerContext:
-    """Masks (and rotary cos/sin, for families with a rotary module: the table's `rotary_emb`)
-    built as the base model's forward builds them."""
+def causal_masks(adapter, input_ids: torch.Tensor, mask: torch.Tensor):
+    """What every family's layer context starts from, built as the base model's forward builds it:
+    (ids, mask, position_ids [1, pos], embeds [batch, pos, d_model], the full-attention mask or None,
+    {layer: sliding-window mask} for the sliding layers)."""
     device = next(adapter.model.parameters()).device
     ids, mask = input_ids.to(device), mask.to(device)  # [batch, pos]
     position_ids = torch.arange(ids.shape[1], device=device)[None]  # [1, pos]
@@ -44,6 +45,13 @@ def layer_context(adapter, input_ids: torch.Tensor, mask: torch.Tensor) -> Layer
     full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
     sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None
     layer_masks = {layer: sliding for layer, kind in enumerate(types) if kind == SLIDING}
+    return ids, mask, position_ids, embeds, full, layer_masks
+
+
+def layer_context(adapter, input_ids: torch.Tensor, mask: torch.Tensor) -> LayerContext:
+    """Masks (causal_masks) and rotary cos/sin, for families with a rotary module (the table's
+    `rotary_emb`)."""
+    ids, mask, position_ids, embeds, full, layer_masks = causal_masks(adapter, input_ids, mask)
     extra = {}
     if adapter.sites.rotary_emb is not None:
         extra["position_embeddings"] = get_module(adapter.model, adapter.sites.rotary_emb)(embeds, position_ids)

@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.models.gemma3 import modeling_gemma3
 
 from headlens.arch.base import FULL, SLIDING, LayerContext, get_module
+from headlens.arch.context import causal_masks
 from headlens.arch.llama import LLAMA_SITES
 from headlens.arch.rotary import RotaryAdapter
 from headlens.arch.sites import NORMED, Site, Split
@@ -88,21 +88,14 @@ class Gemma3Adapter(RotaryAdapter):
         """Masks as the base adapter builds them, and each layer its layer type's rotary cos/sin, as
         Gemma3TextModel.forward computes them: the rotary module takes the layer type
         (`rotary_emb(x, position_ids, layer_type)`), so the base adapter's one call cannot serve."""
-        device = next(self.model.parameters()).device
-        ids, mask = input_ids.to(device), mask.to(device)  # [batch, pos]
-        position_ids = torch.arange(ids.shape[1], device=device)[None]  # [1, pos]
-        embeds = self.embed()(ids)  # [batch, pos, d_model]
-        kwargs = dict(config=self.trunk().config, inputs_embeds=embeds, attention_mask=mask.long(), cache=None,
-                      position_ids=position_ids)
+        ids, mask, position_ids, embeds, full, layer_masks = causal_masks(self, input_ids, mask)
         types = self.layer_types()
-        full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
-        sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None
         rotary = get_module(self.model, self.sites.rotary_emb)
         cos_sin = {kind: rotary(embeds, position_ids, kind) for kind in set(types)}  # 2 x [1, pos, d_head]
         # As with the masks: the global layers' cos/sin by default, a sliding layer's own where it differs
         default = cos_sin[FULL] if FULL in cos_sin else cos_sin[SLIDING]
         return Gemma3Context(ids, mask, position_ids, full, extra={"position_embeddings": default},
-                             layer_masks={layer: sliding for layer, kind in enumerate(types) if kind == SLIDING},
+                             layer_masks=layer_masks,
                              layer_extra={layer: {"position_embeddings": cos_sin[kind]}
                                           for layer, kind in enumerate(types) if cos_sin[kind] is not default})
 
