@@ -52,7 +52,9 @@ def test_layer_set_and_table(small_model_dir, text_file):
     result = run("ablate", "--model", str(small_model_dir), "--heads", "layer:1", "--method", "mean",
                  "--text", text_file)
     assert result.exit_code == 0, result.output
-    assert "delta_loss" in result.stdout and "'1.0', '1.1', '1.2', '1.3'" in result.stdout
+    rows = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
+    assert rows["heads"] == "['1.0', '1.1', '1.2', '1.3']" and rows["metric"] == "loss"
+    assert float(rows["delta"]) == pytest.approx(float(rows["ablated"]) - float(rows["clean"]), abs=1e-9)
 
 
 def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
