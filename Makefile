@@ -29,12 +29,14 @@ models: $(STAMP)
 
 test: $(STAMP) models
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q tests
 
 # Everything except the `slow`, `browser` and `notebook` tests: the edit-test loop (one planted-ground-truth
 # test stays in it: tests/test_planted.py).
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q tests -m "not slow and not browser and not notebook"
 
 # Debian's chromium + chromium-driver for the browser tests (tests/test_browser.py, marked `browser`);
@@ -45,3 +47,4 @@ browser:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .

@@ -105,13 +105,20 @@ def section_exact(heads_per_pass: int | None = None, layer: int | None = None) -
     start, cpu = time.perf_counter(), time.process_time()
     base = base_sums(loaded.model, evalset)
     found = {}
-    sweep_sums(loaded.model, evalset, heads, [None] * spec.n_layers, lambda h, s: found.update({h: s}),
-               heads_per_pass=k)
+    sweep_sums(
+        loaded.model, evalset, heads, [None] * spec.n_layers, lambda h, s: found.update({h: s}), heads_per_pass=k
+    )
     wall = time.perf_counter() - start
     deltas = [float((found[h] - base).sum() / evalset.n_tokens) for h in heads]
     flops = sweep_flops(spec, N_SEQ, SEQ_LEN, evalset.n_tokens) if layer is None else None
-    return {"wall_s": wall, "cpu_s": time.process_time() - cpu, "peak_mb": _hwm_mb() - rss0, "deltas": deltas,
-            "flops": flops, "heads_per_pass": k}
+    return {
+        "wall_s": wall,
+        "cpu_s": time.process_time() - cpu,
+        "peak_mb": _hwm_mb() - rss0,
+        "deltas": deltas,
+        "flops": flops,
+        "heads_per_pass": k,
+    }
 
 
 def section_tl_loop() -> dict:
@@ -124,8 +131,12 @@ def section_tl_loop() -> dict:
     rss0 = _rss_mb()
     start, cpu = time.perf_counter(), time.process_time()
     deltas = zero_ablation_deltas(bridge, tokens, range(loaded.spec.n_layers), loaded.spec.n_heads)
-    return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
-            "peak_mb": _hwm_mb() - rss0, "deltas": deltas}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": time.process_time() - cpu,
+        "peak_mb": _hwm_mb() - rss0,
+        "deltas": deltas,
+    }
 
 
 def section_attribution() -> dict:
@@ -136,8 +147,12 @@ def section_attribution() -> dict:
     rss0 = _rss_mb()
     start, cpu = time.perf_counter(), time.process_time()
     deltas = attribution_deltas(loaded.model, evalset, [None] * loaded.spec.n_layers)
-    return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
-            "peak_mb": _hwm_mb() - rss0, "deltas": deltas.flatten().tolist()}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": time.process_time() - cpu,
+        "peak_mb": _hwm_mb() - rss0,
+        "deltas": deltas.flatten().tolist(),
+    }
 
 
 def section_tiny() -> dict:
@@ -156,8 +171,12 @@ def section_tiny() -> dict:
         start = time.perf_counter()
         approx = approx_sweep(loaded, metric=metric, approx="atp")
         t_approx = time.perf_counter() - start
-        out[metric] = {"exact_s": t_exact, "approx_s": t_approx, **agreement(exact, approx),
-                       "n_tokens": int(exact.n_tokens.iloc[0])}
+        out[metric] = {
+            "exact_s": t_exact,
+            "approx_s": t_approx,
+            **agreement(exact, approx),
+            "n_tokens": int(exact.n_tokens.iloc[0]),
+        }
     return out
 
 
@@ -188,26 +207,39 @@ def main(quick: bool = False) -> None:
     rate = max(rate_before, rate_after)
     floor = exact["flops"] / (rate * 1e9)
     per_cpu = max(before["gflop_per_cpu_s"], after["gflop_per_cpu_s"])
-    print(f"CPU-time view: exact sweep {exact['cpu_s']:.1f} CPU s vs floor {exact['flops'] / per_cpu / 1e9:.1f} "
-          f"CPU s at {per_cpu:.1f} GFLOP per CPU-second: ratio {exact['cpu_s'] * per_cpu * 1e9 / exact['flops']:.2f}")
+    print(
+        f"CPU-time view: exact sweep {exact['cpu_s']:.1f} CPU s vs floor {exact['flops'] / per_cpu / 1e9:.1f} "
+        f"CPU s at {per_cpu:.1f} GFLOP per CPU-second: ratio {exact['cpu_s'] * per_cpu * 1e9 / exact['flops']:.2f}"
+    )
     diff = max(abs(a - b) for a, b in zip(exact["deltas"], tl["deltas"], strict=True))
     x, y = exact["deltas"], attribution["deltas"]
     print(f"fp32 matmul 2048^2: {rate_before:.1f} GFLOP/s before, {rate_after:.1f} after")
     print("| sweep (144 heads, 4 x 128 tokens) | wall s | CPU s | peak MB above model | wall vs exact |")
     print("|---|---|---|---|---|")
-    for label, res in ((f"exact, headlens (heads/pass {exact['heads_per_pass']})", exact),
-                       ("TransformerLens run_with_hooks loop", tl), ("attribution patching", attribution)):
-        print(f"| {label} | {res['wall_s']:.2f} | {res['cpu_s']:.2f} | {res['peak_mb']:.0f} | "
-              f"{res['wall_s'] / exact['wall_s']:.3f} |")
+    for label, res in (
+        (f"exact, headlens (heads/pass {exact['heads_per_pass']})", exact),
+        ("TransformerLens run_with_hooks loop", tl),
+        ("attribution patching", attribution),
+    ):
+        print(
+            f"| {label} | {res['wall_s']:.2f} | {res['cpu_s']:.2f} | {res['peak_mb']:.0f} | "
+            f"{res['wall_s'] / exact['wall_s']:.3f} |"
+        )
     print(f"max |delta exact - delta TL| = {diff:.2e}")
-    print(f"exact sweep FLOPs {exact['flops'] / 1e12:.2f} TFLOP; floor at {rate:.1f} GFLOP/s = {floor:.1f} s; "
-          f"wall / floor = {exact['wall_s'] / floor:.2f}")
-    print(f"TL loop / exact: wall {tl['wall_s'] / exact['wall_s']:.2f}x, CPU {tl['cpu_s'] / exact['cpu_s']:.2f}x; "
-          f"exact / attribution: wall {exact['wall_s'] / attribution['wall_s']:.1f}x, "
-          f"CPU {exact['cpu_s'] / attribution['cpu_s']:.1f}x")
+    print(
+        f"exact sweep FLOPs {exact['flops'] / 1e12:.2f} TFLOP; floor at {rate:.1f} GFLOP/s = {floor:.1f} s; "
+        f"wall / floor = {exact['wall_s'] / floor:.2f}"
+    )
+    print(
+        f"TL loop / exact: wall {tl['wall_s'] / exact['wall_s']:.2f}x, CPU {tl['cpu_s'] / exact['cpu_s']:.2f}x; "
+        f"exact / attribution: wall {exact['wall_s'] / attribution['wall_s']:.1f}x, "
+        f"CPU {exact['cpu_s'] / attribution['cpu_s']:.1f}x"
+    )
     print(f"attribution vs exact: pearson {pd.Series(x).corr(pd.Series(y)):.3f}, spearman {_spearman(x, y):.3f}")
-    print(f"heads per pass, layer-{PASSES_LAYER} heads only (wall s): "
-          + ", ".join(f"{k}: {v:.2f}" for k, v in passes.items()))
+    print(
+        f"heads per pass, layer-{PASSES_LAYER} heads only (wall s): "
+        + ", ".join(f"{k}: {v:.2f}" for k, v in passes.items())
+    )
     print(f"tiny model: {json.dumps(tiny)}")
 
 

@@ -47,9 +47,18 @@ def smollm_shaped():
 
     from headlens.models import build_model
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return build_model(config, seed=0, name="smollm-135m-shaped-random")
 
 
@@ -130,9 +139,12 @@ def run_exact(layers: list[int]) -> dict:
     found = {}
     sweep_sums(loaded.model, evalset, heads, [None] * loaded.spec.n_layers, lambda h, s: found.update({h: s}))
     wall = time.perf_counter() - start
-    return {"wall_s": wall, "cpu_s": time.process_time() - cpu,
-            "peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
-            "deltas": [float((found[h] - base).sum() / evalset.n_tokens) for h in heads]}
+    return {
+        "wall_s": wall,
+        "cpu_s": time.process_time() - cpu,
+        "peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
+        "deltas": [float((found[h] - base).sum() / evalset.n_tokens) for h in heads],
+    }
 
 
 def run_tl_loop(layers: list[int]) -> dict:
@@ -146,8 +158,12 @@ def run_tl_loop(layers: list[int]) -> dict:
     base_kb = reset_peak()
     start, cpu = time.perf_counter(), time.process_time()
     deltas = zero_ablation_deltas(bridge, tokens, layers, n_heads)
-    return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
-            "peak_mb": (status_kb("VmHWM") - base_kb) / 1024, "deltas": deltas}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": time.process_time() - cpu,
+        "peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
+        "deltas": deltas,
+    }
 
 
 def _child(args: list[str], env=None) -> dict:
@@ -161,19 +177,27 @@ def capture_table(rounds: int, repeats: int) -> None:
     for _ in range(rounds):
         for variant in CAPTURE_VARIANTS:
             runs[variant].append(_child(["--capture", variant, "--repeats", str(repeats)], env))
-    summary = {v: {"min_s": min(t for r in rs for t in r["times"]),
-                   "median_s": statistics.median(t for r in rs for t in r["times"]),
-                   "min_cpu_s": min(t for r in rs for t in r["cpu_times"]),
-                   "added_peak_mb": statistics.median(r["added_peak_mb"] for r in rs)} for v, rs in runs.items()}
+    summary = {
+        v: {
+            "min_s": min(t for r in rs for t in r["times"]),
+            "median_s": statistics.median(t for r in rs for t in r["times"]),
+            "min_cpu_s": min(t for r in rs for t in r["cpu_times"]),
+            "added_peak_mb": statistics.median(r["added_peak_mb"] for r in rs),
+        }
+        for v, rs in runs.items()
+    }
     print(f"capture, 1 x {CAPTURE_TOKENS} tokens; {rounds} subprocess(es) x (1 + {repeats}) passes per variant")
     print("| variant | min s | median s | min CPU s | added peak MB |\n|---|---|---|---|---|")
     for variant, s in summary.items():
-        print(f"| {variant} | {s['min_s']:.2f} | {s['median_s']:.2f} | {s['min_cpu_s']:.2f} | "
-              f"{s['added_peak_mb']:.0f} |")
+        print(
+            f"| {variant} | {s['min_s']:.2f} | {s['median_s']:.2f} | {s['min_cpu_s']:.2f} | {s['added_peak_mb']:.0f} |"
+        )
     cap, fwd, tl = summary["capture_prev"], summary["hf_forward"], summary["bridge_patterns"]
-    print(f"time (b)/(a): min {cap['min_s'] / fwd['min_s']:.2f}, median {cap['median_s'] / fwd['median_s']:.2f}, "
-          f"CPU {cap['min_cpu_s'] / fwd['min_cpu_s']:.2f} (target <= 1.3);\n"
-          f"added peak (b)/(c) = {cap['added_peak_mb'] / tl['added_peak_mb']:.3f} (target <= 0.25)")
+    print(
+        f"time (b)/(a): min {cap['min_s'] / fwd['min_s']:.2f}, median {cap['median_s'] / fwd['median_s']:.2f}, "
+        f"CPU {cap['min_cpu_s'] / fwd['min_cpu_s']:.2f} (target <= 1.3);\n"
+        f"added peak (b)/(c) = {cap['added_peak_mb'] / tl['added_peak_mb']:.3f} (target <= 0.25)"
+    )
     print(json.dumps({"capture": runs}))
 
 
@@ -186,9 +210,11 @@ def sweep_table(layers: list[int]) -> None:
     print("| sweep | wall s | CPU s | peak MB |\n|---|---|---|---|")
     for label, res in (("exact, headlens", exact), ("TransformerLens run_with_hooks loop", tl)):
         print(f"| {label} | {res['wall_s']:.1f} | {res['cpu_s']:.1f} | {res['peak_mb']:.0f} |")
-    print(f"TL loop / exact: wall {tl['wall_s'] / exact['wall_s']:.2f}x, CPU {tl['cpu_s'] / exact['cpu_s']:.2f}x "
-          f"(target >= 1.5); max |delta exact - delta TL| = {diff:.2e} (target <= 1e-4); "
-          f"largest |delta| {max(abs(d) for d in tl['deltas']):.3e}")
+    print(
+        f"TL loop / exact: wall {tl['wall_s'] / exact['wall_s']:.2f}x, CPU {tl['cpu_s'] / exact['cpu_s']:.2f}x "
+        f"(target >= 1.5); max |delta exact - delta TL| = {diff:.2e} (target <= 1e-4); "
+        f"largest |delta| {max(abs(d) for d in tl['deltas']):.3e}"
+    )
 
 
 def main() -> None:
@@ -210,8 +236,10 @@ def main() -> None:
         print(json.dumps(run_tl_loop([int(x) for x in args.tl_loop.split(",")])))
     else:
         layers = [int(x) for x in args.layers.split(",")] if args.layers else list(range(30))
-        print(f"Llama, SmolLM-135M shape (30 x 9 query heads over 3 kv heads, d_model 576), random weights, "
-              f"float32, {THREADS} threads, torch {torch.__version__}")
+        print(
+            f"Llama, SmolLM-135M shape (30 x 9 query heads over 3 kv heads, d_model 576), random weights, "
+            f"float32, {THREADS} threads, torch {torch.__version__}"
+        )
         if args.skip != "capture":
             capture_table(args.rounds, args.repeats)
         if args.skip != "sweep":

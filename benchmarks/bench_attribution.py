@@ -31,8 +31,13 @@ def _timed(fn):
 
 def _frame(deltas: torch.Tensor, column: str) -> pd.DataFrame:
     n_layers, n_heads = deltas.shape
-    return pd.DataFrame([{"layer": layer, "head": head, column: float(deltas[layer, head])}
-                         for layer in range(n_layers) for head in range(n_heads)])
+    return pd.DataFrame(
+        [
+            {"layer": layer, "head": head, column: float(deltas[layer, head])}
+            for layer in range(n_layers)
+            for head in range(n_heads)
+        ]
+    )
 
 
 def compare(name: str, model, evalset) -> list[dict]:
@@ -50,8 +55,12 @@ def compare(name: str, model, evalset) -> list[dict]:
         base, found = base_sums(model, evalset), {}
         heads = all_heads(adapter.n_layers, adapter.n_heads)
         sweep_sums(model, evalset, heads, zero, lambda h, s: found.update({h: float((s - base).sum())}))
-        return torch.tensor([[found[(layer, head)] / evalset.n_tokens for head in range(adapter.n_heads)]
-                             for layer in range(adapter.n_layers)])
+        return torch.tensor(
+            [
+                [found[(layer, head)] / evalset.n_tokens for head in range(adapter.n_heads)]
+                for layer in range(adapter.n_layers)
+            ]
+        )
 
     exact, t_exact, c_exact = _timed(exact_deltas)
     reference = _frame(exact, "delta")
@@ -59,9 +68,19 @@ def compare(name: str, model, evalset) -> list[dict]:
     for label, fn in (("atp", attribution_deltas), ("atp*", atp_star_deltas)):
         deltas, wall, cpu = _timed(lambda fn=fn: fn(model, evalset, zero))
         found = agreement(reference, _frame(deltas, "delta_approx"))
-        rows.append({"model": name, "method": label, "wall_s": wall, "cpu_s": cpu, "x_faster": t_exact / wall,
-                     "spearman": found["spearman"], "pearson": found["pearson"],
-                     "top_overlap": found["top10_overlap"], "top_k": found["top_k"]})
+        rows.append(
+            {
+                "model": name,
+                "method": label,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "x_faster": t_exact / wall,
+                "spearman": found["spearman"],
+                "pearson": found["pearson"],
+                "top_overlap": found["top10_overlap"],
+                "top_k": found["top_k"],
+            }
+        )
     return rows
 
 

@@ -42,6 +42,7 @@ def child(model: str, budget: int, out: Path, max_windows: int) -> None:
             result = original(shared)
             timings[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
             return result
+
         return run
 
     wall, used = time.perf_counter(), cpu()
@@ -54,17 +55,28 @@ def child(model: str, budget: int, out: Path, max_windows: int) -> None:
     timings["classify"] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
     sizes = frame.attrs["probes"]["sizes"]
     (out / f"heads_{budget}.json").write_text(json.dumps(head_records(frame), default=str))
-    print(json.dumps({"budget": budget, "sizes": sizes, "timings": timings,
-                      "n_needle_retrieved": int(frame["n_needle_retrieved"].iloc[0]),
-                      "n_needle_tests": int(frame["n_needle_tests"].iloc[0])}))
+    print(
+        json.dumps(
+            {
+                "budget": budget,
+                "sizes": sizes,
+                "timings": timings,
+                "n_needle_retrieved": int(frame["n_needle_retrieved"].iloc[0]),
+                "n_needle_tests": int(frame["n_needle_tests"].iloc[0]),
+            }
+        )
+    )
 
 
 def compare(out: Path, low: int, high: int) -> dict:
     """Heads whose labels differ between the two budgets, and the label counts at each."""
     a = {(r["layer"], r["head"]): r["labels"] for r in json.loads((out / f"heads_{low}.json").read_text())}
     b = {(r["layer"], r["head"]): r["labels"] for r in json.loads((out / f"heads_{high}.json").read_text())}
-    differ = {f"{layer}.{head}": {str(low): a[layer, head], str(high): b[layer, head]}
-              for layer, head in sorted(a) if a[layer, head] != b[layer, head]}
+    differ = {
+        f"{layer}.{head}": {str(low): a[layer, head], str(high): b[layer, head]}
+        for layer, head in sorted(a)
+        if a[layer, head] != b[layer, head]
+    }
 
     def counts(labels):
         found = {}
@@ -73,8 +85,12 @@ def compare(out: Path, low: int, high: int) -> dict:
                 found[name] = found.get(name, 0) + 1
         return found
 
-    return {"n_heads": len(a), "n_differ": len(differ), "differ": differ,
-            "counts": {str(low): counts(a), str(high): counts(b)}}
+    return {
+        "n_heads": len(a),
+        "n_differ": len(differ),
+        "differ": differ,
+        "counts": {str(low): counts(a), str(high): counts(b)},
+    }
 
 
 def main() -> None:
@@ -95,8 +111,22 @@ def main() -> None:
         return
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     for budget in (args.budget, args.budget * args.factor):
-        done = subprocess.run([sys.executable, __file__, args.model, "--out", str(args.out), "--child", str(budget),
-                               "--max-windows", str(args.max_windows)], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                args.model,
+                "--out",
+                str(args.out),
+                "--child",
+                str(budget),
+                "--max-windows",
+                str(args.max_windows),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         print(done.stdout.strip().splitlines()[-1])
         print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(json.dumps(compare(args.out, args.budget, args.budget * args.factor), indent=1))

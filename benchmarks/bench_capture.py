@@ -109,16 +109,24 @@ def run_variant(variant: str, repeats: int) -> dict:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"variant": variant, "times": times, "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
-            "first_pass_added_mb": first_kb / 1024, "base_rss_mb": base_kb / 1024}
+    return {
+        "variant": variant,
+        "times": times,
+        "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
+        "first_pass_added_mb": first_kb / 1024,
+        "base_rss_mb": base_kb / 1024,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="fresh subprocesses per variant")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per subprocess")
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="leave glibc's dynamic mmap threshold alone (noisier peaks; for comparison)")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc's dynamic mmap threshold alone (noisier peaks; for comparison)",
+    )
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args()
     if args.variant:
@@ -128,36 +136,53 @@ def main() -> None:
     env = dict(os.environ) if args.default_malloc else {**os.environ, **CHILD_ENV}
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            out = subprocess.run([sys.executable, __file__, "--variant", variant, "--repeats", str(args.repeats)],
-                                 capture_output=True, text=True, check=True, env=env)
+            out = subprocess.run(
+                [sys.executable, __file__, "--variant", variant, "--repeats", str(args.repeats)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+            )
             runs[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    summary = {v: {"min_s": min(t for r in rs for t in r["times"]),
-                   "median_s": statistics.median(t for r in rs for t in r["times"]),
-                   "added_peak_mb": statistics.median(r["added_peak_mb"] for r in rs),
-                   "first_pass_added_mb": statistics.median(r["first_pass_added_mb"] for r in rs),
-                   "base_rss_mb": statistics.median(r["base_rss_mb"] for r in rs)} for v, rs in runs.items()}
-    print(f"GPT-2-small shape (GPT2Config(), seed 0), batch 1 x {N_TOKENS} tokens, float32, 2 threads; "
-          f"{args.rounds} subprocesses x (1 + {args.repeats}) passes per variant; "
-          f"{'default glibc malloc' if args.default_malloc else 'mmap threshold pinned at 1 MiB'}")
-    print(f"{'variant':<16} {'min s':>7} {'median s':>9} {'added peak MB':>14} {'(1st pass)':>11} "
-          f"{'base RSS MB':>12}")
+    summary = {
+        v: {
+            "min_s": min(t for r in rs for t in r["times"]),
+            "median_s": statistics.median(t for r in rs for t in r["times"]),
+            "added_peak_mb": statistics.median(r["added_peak_mb"] for r in rs),
+            "first_pass_added_mb": statistics.median(r["first_pass_added_mb"] for r in rs),
+            "base_rss_mb": statistics.median(r["base_rss_mb"] for r in rs),
+        }
+        for v, rs in runs.items()
+    }
+    print(
+        f"GPT-2-small shape (GPT2Config(), seed 0), batch 1 x {N_TOKENS} tokens, float32, 2 threads; "
+        f"{args.rounds} subprocesses x (1 + {args.repeats}) passes per variant; "
+        f"{'default glibc malloc' if args.default_malloc else 'mmap threshold pinned at 1 MiB'}"
+    )
+    print(f"{'variant':<16} {'min s':>7} {'median s':>9} {'added peak MB':>14} {'(1st pass)':>11} {'base RSS MB':>12}")
     for variant, s in summary.items():
-        print(f"{variant:<16} {s['min_s']:>7.2f} {s['median_s']:>9.2f} {s['added_peak_mb']:>14.0f} "
-              f"{s['first_pass_added_mb']:>11.0f} {s['base_rss_mb']:>12.0f}")
+        print(
+            f"{variant:<16} {s['min_s']:>7.2f} {s['median_s']:>9.2f} {s['added_peak_mb']:>14.0f} "
+            f"{s['first_pass_added_mb']:>11.0f} {s['base_rss_mb']:>12.0f}"
+        )
 
     def ratio(key, num, den):
         return summary[num][key] / summary[den][key]
 
     for key in ("min_s", "median_s"):
-        print(f"time {key}: (b)/(a) = {ratio(key, 'capture_prev', 'hf_forward'):.2f} (target <= 1.3); "
-              f"(b)/(a') = {ratio(key, 'capture_prev', 'hf_trunk'):.2f}; "
-              f"(b')/(a) = {ratio(key, 'capture_eager', 'hf_forward'):.2f}")
+        print(
+            f"time {key}: (b)/(a) = {ratio(key, 'capture_prev', 'hf_forward'):.2f} (target <= 1.3); "
+            f"(b)/(a') = {ratio(key, 'capture_prev', 'hf_trunk'):.2f}; "
+            f"(b')/(a) = {ratio(key, 'capture_eager', 'hf_forward'):.2f}"
+        )
     key = "added_peak_mb"
-    print(f"added peak: (b)/(c) = {ratio(key, 'capture_prev', 'bridge_patterns'):.3f} (target <= 0.25); "
-          f"(b')/(c) = {ratio(key, 'capture_eager', 'bridge_patterns'):.3f}; "
-          f"(a)/(c) = {ratio(key, 'hf_forward', 'bridge_patterns'):.3f}; "
-          f"(a')/(c) = {ratio(key, 'hf_trunk', 'bridge_patterns'):.3f}; "
-          f"(b)/(c') = {ratio(key, 'capture_prev', 'bridge_all'):.3f}")
+    print(
+        f"added peak: (b)/(c) = {ratio(key, 'capture_prev', 'bridge_patterns'):.3f} (target <= 0.25); "
+        f"(b')/(c) = {ratio(key, 'capture_eager', 'bridge_patterns'):.3f}; "
+        f"(a)/(c) = {ratio(key, 'hf_forward', 'bridge_patterns'):.3f}; "
+        f"(a')/(c) = {ratio(key, 'hf_trunk', 'bridge_patterns'):.3f}; "
+        f"(b)/(c') = {ratio(key, 'capture_prev', 'bridge_all'):.3f}"
+    )
     print(json.dumps({"summary": summary, "runs": runs}))
 
 

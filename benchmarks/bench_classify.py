@@ -70,12 +70,20 @@ def _ours(loaded, sequences, batch_size: int):
 
     def step():
         prev, dup, prefix = prev_token_reducer(n, h), duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
-        others = [current_token_reducer(n, h), first_token_reducer(n, h), ArgmaxOffsetReducer(n, h),
-                  CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))]
+        others = [
+            current_token_reducer(n, h),
+            first_token_reducer(n, h),
+            ArgmaxOffsetReducer(n, h),
+            CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1)),
+        ]
         batches = iter_batches(sequences, batch_size, pad_id=loaded.bos_token_id)
         stream_heads(loaded.model, batches, [prev, dup, prefix, *others])
-        return {"previous_token_head": prev.mul_score(), "duplicate_token_head": dup.mul_score(),
-                "induction_head": prefix.mul_score(), "copying": others[-1].result()}
+        return {
+            "previous_token_head": prev.mul_score(),
+            "duplicate_token_head": dup.mul_score(),
+            "induction_head": prefix.mul_score(),
+            "copying": others[-1].result(),
+        }
 
     torch.set_num_threads(2)
     return step
@@ -93,8 +101,10 @@ def _tl(loaded, sequences, texts):
 
     def step():
         with torch.no_grad():
-            return {name: detect_head(bridge, texts, name)
-                    for name in ("previous_token_head", "duplicate_token_head", "induction_head")}
+            return {
+                name: detect_head(bridge, texts, name)
+                for name in ("previous_token_head", "duplicate_token_head", "induction_head")
+            }
 
     return step
 
@@ -118,9 +128,15 @@ def run_side(side: str, repeats: int, batch_size: int = BATCH) -> dict:
         start = time.perf_counter()
         scores = step()
         times.append(time.perf_counter() - start)
-    return {"side": side, "seconds": statistics.median(times), "times": times,
-            "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024, "base_rss_mb": base_kb / 1024,
-            "tokens": [len(s) for s in sequences], "scores": {k: v.tolist() for k, v in scores.items()}}
+    return {
+        "side": side,
+        "seconds": statistics.median(times),
+        "times": times,
+        "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
+        "base_rss_mb": base_kb / 1024,
+        "tokens": [len(s) for s in sequences],
+        "scores": {k: v.tolist() for k, v in scores.items()},
+    }
 
 
 def main() -> None:
@@ -128,8 +144,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per side")
     parser.add_argument("--rounds", type=int, default=3, help="fresh subprocess pairs (medians over them)")
     parser.add_argument("--batch", type=int, default=BATCH, help="our sequences per forward pass")
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="leave glibc's dynamic mmap threshold alone (noisier peaks)")
+    parser.add_argument(
+        "--default-malloc", action="store_true", help="leave glibc's dynamic mmap threshold alone (noisier peaks)"
+    )
     parser.add_argument("--side", choices=["ours", "tl"], help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args()
     if args.side:
@@ -141,24 +158,42 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"ours": [], "tl": []}
     for _ in range(args.rounds):  # fresh subprocesses, sides alternated, so load changes hit both
         for side in ("ours", "tl"):
-            out = subprocess.run([sys.executable, __file__, "--side", side, "--repeats", str(args.repeats),
-                                  "--batch", str(args.batch)], capture_output=True, text=True, check=True, env=env)
+            out = subprocess.run(
+                [sys.executable, __file__, "--side", side, "--repeats", str(args.repeats), "--batch", str(args.batch)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+            )
             runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
     ours, tl = runs["ours"][0], runs["tl"][0]
-    diffs = {name: (torch.tensor(ours["scores"][name]) - torch.tensor(tl["scores"][name])).abs().max().item()
-             for name in tl["scores"]}
-    med = {side: {"seconds": statistics.median(t for r in rs for t in r["times"]),
-                  "peak": statistics.median(r["added_peak_mb"] for r in rs)} for side, rs in runs.items()}
-    print(f"GPT-2-small shape (GPT2Config(), seed 0, random weights), {N_PROMPTS} prompts of "
-          f"{min(ours['tokens'])}-{max(ours['tokens'])} tokens, float32, 2 threads, {args.rounds} rounds x "
-          f"{args.repeats} passes, our batch {args.batch}, "
-          f"{'default malloc' if args.default_malloc else 'mmap threshold 1 MiB'}")
+    diffs = {
+        name: (torch.tensor(ours["scores"][name]) - torch.tensor(tl["scores"][name])).abs().max().item()
+        for name in tl["scores"]
+    }
+    med = {
+        side: {
+            "seconds": statistics.median(t for r in rs for t in r["times"]),
+            "peak": statistics.median(r["added_peak_mb"] for r in rs),
+        }
+        for side, rs in runs.items()
+    }
+    print(
+        f"GPT-2-small shape (GPT2Config(), seed 0, random weights), {N_PROMPTS} prompts of "
+        f"{min(ours['tokens'])}-{max(ours['tokens'])} tokens, float32, 2 threads, {args.rounds} rounds x "
+        f"{args.repeats} passes, our batch {args.batch}, "
+        f"{'default malloc' if args.default_malloc else 'mmap threshold 1 MiB'}"
+    )
     print(f"{'side':<6} {'median s':>9} {'median peak MB':>15}  per round: seconds / added peak MB")
     for side, rs in runs.items():
-        print(f"{side:<6} {med[side]['seconds']:>9.2f} {med[side]['peak']:>15.0f}  "
-              + ", ".join(f"{statistics.median(r['times']):.2f} / {r['added_peak_mb']:.0f}" for r in rs))
-    print(f"speed-up tl/ours = {med['tl']['seconds'] / med['ours']['seconds']:.2f}x (target >= 3); "
-          f"added peak ours/tl = {med['ours']['peak'] / med['tl']['peak']:.3f} (target <= 0.5)")
+        print(
+            f"{side:<6} {med[side]['seconds']:>9.2f} {med[side]['peak']:>15.0f}  "
+            + ", ".join(f"{statistics.median(r['times']):.2f} / {r['added_peak_mb']:.0f}" for r in rs)
+        )
+    print(
+        f"speed-up tl/ours = {med['tl']['seconds'] / med['ours']['seconds']:.2f}x (target >= 3); "
+        f"added peak ours/tl = {med['ours']['peak'] / med['tl']['peak']:.3f} (target <= 0.5)"
+    )
     print("max |ours mul - detect_head|: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
 
 

@@ -77,7 +77,8 @@ def load(name: str):
 
         folder, _, _ = resolve_model(name)
         return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32), AutoTokenizer.from_pretrained(
-            str(folder))
+            str(folder)
+        )
 
 
 def peer_load(path) -> float:
@@ -103,8 +104,10 @@ def main() -> None:
     for name in args.names:
         path = named_gguf(name)
         numpy_s, torch_s = decode_all(path, True), decode_all(path, False)
-        print(f"{name}: decode every tensor: gguf numpy {numpy_s:.1f} s, headlens torch {torch_s:.1f} s "
-              f"({numpy_s / torch_s:.1f}x)")
+        print(
+            f"{name}: decode every tensor: gguf numpy {numpy_s:.1f} s, headlens torch {torch_s:.1f} s "
+            f"({numpy_s / torch_s:.1f}x)"
+        )
         first, second = headlens_loads(name, path)
         print(f"{name}: headlens first load (convert + cache) {first:.1f} s, second load (cache) {second:.1f} s")
         if args.peer:

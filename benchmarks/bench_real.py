@@ -67,8 +67,10 @@ def evalsets(loaded, args) -> dict:
     from headlens.ablation.evalset import repeat_evalset, text_evalset
     from headlens.probes import default_text
 
-    return {"loss": text_evalset(loaded, default_text(), window=args.text_tokens, max_windows=args.text_windows),
-            "repeat": repeat_evalset(loaded, seed=0, n_seq=args.repeat_seqs, seq_len=args.repeat_len)}
+    return {
+        "loss": text_evalset(loaded, default_text(), window=args.text_tokens, max_windows=args.text_windows),
+        "repeat": repeat_evalset(loaded, seed=0, n_seq=args.repeat_seqs, seq_len=args.repeat_len),
+    }
 
 
 def exact_deltas(loaded, evalset) -> torch.Tensor:
@@ -78,16 +80,27 @@ def exact_deltas(loaded, evalset) -> torch.Tensor:
 
     spec, found = loaded.spec, {}
     base = base_sums(loaded.model, evalset)  # [n_units]
-    sweep_sums(loaded.model, evalset, all_heads(spec.n_layers, spec.n_heads), [None] * spec.n_layers,
-               lambda h, s: found.update({(h[0], h[1]): float((s - base).sum())}))
-    return torch.tensor([[found[(layer, head)] / evalset.n_tokens for head in range(spec.n_heads)]
-                         for layer in range(spec.n_layers)])  # [layer, head]
+    sweep_sums(
+        loaded.model,
+        evalset,
+        all_heads(spec.n_layers, spec.n_heads),
+        [None] * spec.n_layers,
+        lambda h, s: found.update({(h[0], h[1]): float((s - base).sum())}),
+    )
+    return torch.tensor(
+        [[found[(layer, head)] / evalset.n_tokens for head in range(spec.n_heads)] for layer in range(spec.n_layers)]
+    )  # [layer, head]
 
 
 def _frame(deltas: torch.Tensor, column: str) -> pd.DataFrame:
     n_layers, n_heads = deltas.shape
-    return pd.DataFrame([{"layer": layer, "head": head, column: float(deltas[layer, head])}
-                         for layer in range(n_layers) for head in range(n_heads)])
+    return pd.DataFrame(
+        [
+            {"layer": layer, "head": head, column: float(deltas[layer, head])}
+            for layer in range(n_layers)
+            for head in range(n_heads)
+        ]
+    )
 
 
 def run_attribution(args) -> dict:
@@ -100,8 +113,15 @@ def run_attribution(args) -> dict:
         if metric not in args.metrics.split(","):
             continue
         exact, wall, cpu = _timed(lambda evalset=evalset: exact_deltas(loaded, evalset))
-        rows = {"exact": {"wall_s": wall, "cpu_s": cpu, "n_tokens": int(evalset.n_tokens),
-                          "shape": list(evalset.input_ids.shape), "description": evalset.description}}
+        rows = {
+            "exact": {
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "n_tokens": int(evalset.n_tokens),
+                "shape": list(evalset.input_ids.shape),
+                "description": evalset.description,
+            }
+        }
         reference = _frame(exact, "delta")
         for kind in ("atp", "atp*"):
             estimate = ESTIMATES[kind]
@@ -115,7 +135,7 @@ def prompts(args) -> list[str]:
     from headlens.probes import default_text
 
     text, n = default_text(), args.passage_chars
-    return [text[i * n:(i + 1) * n] * 2 for i in range(args.prompts)]
+    return [text[i * n : (i + 1) * n] * 2 for i in range(args.prompts)]
 
 
 def _ours_step(loaded, sequences):
@@ -142,8 +162,7 @@ def run_classify_side(side: str, args) -> dict:
 
     loaded, texts = _load(), prompts(args)
     if side == "ours":
-        sequences = [[loaded.bos_token_id] + loaded.tokenizer(t, add_special_tokens=False)["input_ids"]
-                     for t in texts]
+        sequences = [[loaded.bos_token_id] + loaded.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         step = _ours_step(loaded, sequences)
     else:
         bridge = boot_bridge(loaded)
@@ -157,8 +176,14 @@ def run_classify_side(side: str, args) -> dict:
     step()  # warm-up
     base_kb = reset_peak()
     scores, wall, cpu = _timed(step)
-    return {"side": side, "wall_s": wall, "cpu_s": cpu, "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
-            "tokens": sequences, "scores": {k: v.tolist() for k, v in scores.items()}}
+    return {
+        "side": side,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "added_peak_mb": (status_kb("VmHWM") - base_kb) / 1024,
+        "tokens": sequences,
+        "scores": {k: v.tolist() for k, v in scores.items()},
+    }
 
 
 def weights_mb() -> float:
@@ -170,8 +195,9 @@ def whole_classify() -> dict:
     """`headlens classify smollm2` under /usr/bin/time -v: wall, CPU and peak RSS."""
     cli = os.path.join(os.path.dirname(sys.executable), "headlens")
     start = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-v", cli, "classify", MODEL, "--format", "csv"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["/usr/bin/time", "-v", cli, "classify", MODEL, "--format", "csv"], capture_output=True, text=True, check=True
+    )
     wall = time.perf_counter() - start
     fields = dict(line.strip().split(": ", 1) for line in done.stderr.splitlines() if ": " in line)
     cpu = float(fields["User time (seconds)"]) + float(fields["System time (seconds)"])
@@ -223,14 +249,20 @@ def run_sweep(args) -> dict:
     del loaded
     deltas, wall, cpu = _timed(lambda: zero_ablation_deltas(bridge, evalset.input_ids, range(n_layers), n_heads))
     after = matmul_rate()
-    return {"exact": ours, "tl": {"wall_s": wall, "cpu_s": cpu, "deltas": deltas}, "flops": flops,
-            "rate": {"before": before, "after": after}, "shape": [n_seq, pos]}
+    return {
+        "exact": ours,
+        "tl": {"wall_s": wall, "cpu_s": cpu, "deltas": deltas},
+        "flops": flops,
+        "rate": {"before": before, "after": after},
+        "shape": [n_seq, pos],
+    }
 
 
 def _child(args: list[str], raw: str | None = None) -> dict:
     """Run a child mode in a fresh process; with `raw`, also append its JSON to that file."""
-    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                          env={**os.environ, **CHILD_ENV})
+    done = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env={**os.environ, **CHILD_ENV}
+    )
     if done.returncode:
         sys.exit(f"child {args} failed:\n{done.stderr[-3000:]}")
     line = done.stdout.strip().splitlines()[-1]
@@ -245,23 +277,29 @@ def _verdict(met: bool) -> str:
 
 
 def print_attribution(found: dict) -> None:
-    print("| metric | data | method | wall s | CPU s | exact / method (wall, CPU) | Spearman | Pearson | "
-          "top-10 recall |\n|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| metric | data | method | wall s | CPU s | exact / method (wall, CPU) | Spearman | Pearson | "
+        "top-10 recall |\n|---|---|---|---|---|---|---|---|---|"
+    )
     for metric, rows in found.items():
         exact = rows["exact"]
         data = f"{exact['shape'][0]} x {exact['shape'][1]} tokens, {exact['n_tokens']} scored"
         print(f"| {metric} | {data} | exact sweep | {exact['wall_s']:.1f} | {exact['cpu_s']:.1f} | 1 | | | |")
         for kind in ("atp", "atp*"):
             r = rows[kind]
-            print(f"| {metric} | {data} | {kind} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                  f"{exact['wall_s'] / r['wall_s']:.1f}x, {exact['cpu_s'] / r['cpu_s']:.1f}x | "
-                  f"{r['spearman']:.3f} | {r['pearson']:.3f} | {r['top10_overlap']:.1f} (k={r['top_k']}) |")
+            print(
+                f"| {metric} | {data} | {kind} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                f"{exact['wall_s'] / r['wall_s']:.1f}x, {exact['cpu_s'] / r['cpu_s']:.1f}x | "
+                f"{r['spearman']:.3f} | {r['pearson']:.3f} | {r['top10_overlap']:.1f} (k={r['top_k']}) |"
+            )
     for metric, rows in found.items():
         star = rows["atp*"]
-        print(f"{metric}: atp* Spearman {star['spearman']:.3f} (>= 0.8 {_verdict(star['spearman'] >= 0.8)}), "
-              f"top-10 recall {star['top10_overlap']:.1f} (>= 0.8 {_verdict(star['top10_overlap'] >= 0.8)}), "
-              f"{rows['exact']['cpu_s'] / star['cpu_s']:.1f}x faster in CPU time "
-              f"(>= 20 {_verdict(rows['exact']['cpu_s'] / star['cpu_s'] >= 20)})")
+        print(
+            f"{metric}: atp* Spearman {star['spearman']:.3f} (>= 0.8 {_verdict(star['spearman'] >= 0.8)}), "
+            f"top-10 recall {star['top10_overlap']:.1f} (>= 0.8 {_verdict(star['top10_overlap'] >= 0.8)}), "
+            f"{rows['exact']['cpu_s'] / star['cpu_s']:.1f}x faster in CPU time "
+            f"(>= 20 {_verdict(rows['exact']['cpu_s'] / star['cpu_s'] >= 20)})"
+        )
 
 
 def print_classify(ours: dict, tl: dict, whole: dict | None, weights: float) -> None:
@@ -275,13 +313,18 @@ def print_classify(ours: dict, tl: dict, whole: dict | None, weights: float) -> 
     speed, cpu = tl["wall_s"] / ours["wall_s"], tl["cpu_s"] / ours["cpu_s"]
     mem = ours["added_peak_mb"] / tl["added_peak_mb"]
     worst = max(diffs.values())
-    print(f"TL / headlens: wall {speed:.2f}x, CPU {cpu:.2f}x (>= 3 {_verdict(cpu >= 3)}); added peak ours / TL "
-          f"{mem:.3f} (<= 0.5 {_verdict(mem <= 0.5)}); max |diff| "
-          + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()) + f" (<= 1e-4 {_verdict(worst <= 1e-4)})")
+    print(
+        f"TL / headlens: wall {speed:.2f}x, CPU {cpu:.2f}x (>= 3 {_verdict(cpu >= 3)}); added peak ours / TL "
+        f"{mem:.3f} (<= 0.5 {_verdict(mem <= 0.5)}); max |diff| "
+        + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
+        + f" (<= 1e-4 {_verdict(worst <= 1e-4)})"
+    )
     if whole:
-        print(f"whole `headlens classify {MODEL}`: {whole['wall_s']:.0f} s wall, {whole['cpu_s']:.0f} CPU s, "
-              f"peak RSS {whole['peak_rss_mb']:.0f} MB; float32 weights {weights:.0f} MB = "
-              f"{weights / whole['peak_rss_mb']:.0%} of it")
+        print(
+            f"whole `headlens classify {MODEL}`: {whole['wall_s']:.0f} s wall, {whole['cpu_s']:.0f} CPU s, "
+            f"peak RSS {whole['peak_rss_mb']:.0f} MB; float32 weights {weights:.0f} MB = "
+            f"{weights / whole['peak_rss_mb']:.0%} of it"
+        )
 
 
 def print_sweep(found: dict) -> None:
@@ -291,16 +334,20 @@ def print_sweep(found: dict) -> None:
     per_cpu = max(found["rate"]["before"]["gflop_per_cpu_s"], found["rate"]["after"]["gflop_per_cpu_s"])
     floor, floor_cpu = found["flops"] / (rate * 1e9), found["flops"] / (per_cpu * 1e9)
     n_seq, pos = found["shape"]
-    print(f"270 heads, {n_seq} x {pos} tokens of natural text; fp32 matmul {rate:.1f} GFLOP/s best wall, "
-          f"{per_cpu:.1f} GFLOP per CPU-s; sweep {found['flops'] / 1e12:.2f} TFLOP")
+    print(
+        f"270 heads, {n_seq} x {pos} tokens of natural text; fp32 matmul {rate:.1f} GFLOP/s best wall, "
+        f"{per_cpu:.1f} GFLOP per CPU-s; sweep {found['flops'] / 1e12:.2f} TFLOP"
+    )
     print("| sweep | wall s | CPU s |\n|---|---|---|")
     print(f"| exact, headlens | {exact['wall_s']:.1f} | {exact['cpu_s']:.1f} |")
     print(f"| TL run_with_hooks loop | {tl['wall_s']:.1f} | {tl['cpu_s']:.1f} |")
     print(f"| FLOP floor | {floor:.1f} | {floor_cpu:.1f} |")
     peer = tl["cpu_s"] / exact["cpu_s"]
-    print(f"TL / exact: wall {tl['wall_s'] / exact['wall_s']:.2f}x, CPU {peer:.2f}x (>= 1.5 {_verdict(peer >= 1.5)}); "
-          f"exact / floor: wall {exact['wall_s'] / floor:.2f}, CPU {exact['cpu_s'] / floor_cpu:.2f} "
-          f"(<= 1.6 {_verdict(exact['cpu_s'] / floor_cpu <= 1.6)}); max |delta exact - delta TL| = {diff:.2e}")
+    print(
+        f"TL / exact: wall {tl['wall_s'] / exact['wall_s']:.2f}x, CPU {peer:.2f}x (>= 1.5 {_verdict(peer >= 1.5)}); "
+        f"exact / floor: wall {exact['wall_s'] / floor:.2f}, CPU {exact['cpu_s'] / floor_cpu:.2f} "
+        f"(<= 1.6 {_verdict(exact['cpu_s'] / floor_cpu <= 1.6)}); max |delta exact - delta TL| = {diff:.2e}"
+    )
 
 
 def parse_args():
@@ -337,8 +384,10 @@ def main() -> None:
         print(json.dumps(child_main(args)))
         return
     passed = [a for a in sys.argv[1:] if a not in SECTIONS]
-    print(f"{MODEL} (SmolLM2-135M-Instruct, Q4_1 dequantized to float32), {THREADS} thread per process, "
-          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"{MODEL} (SmolLM2-135M-Instruct, Q4_1 dequantized to float32), {THREADS} thread per process, "
+        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     for section in SECTIONS:
         if section not in args.sections:
             continue

@@ -22,13 +22,33 @@ def synthetic_frames(n_layers: int, n_heads: int, seed: int = 0):
     from headlens.reports import explain
 
     rng = np.random.default_rng(seed)
-    rows = [{"layer": layer, "head": head, "labels": ["positional", "first_token"], "positional_offset": -1,
-             **{info.column: float(rng.uniform(info.vmin, info.vmax)) for info in explain.SCORES}}
-            for layer in range(n_layers) for head in range(n_heads)]
+    rows = [
+        {
+            "layer": layer,
+            "head": head,
+            "labels": ["positional", "first_token"],
+            "positional_offset": -1,
+            **{info.column: float(rng.uniform(info.vmin, info.vmax)) for info in explain.SCORES},
+        }
+        for layer in range(n_layers)
+        for head in range(n_heads)
+    ]
     deltas = rng.normal(0, 0.05, len(rows))
-    sweep = pd.DataFrame([{"layer": r["layer"], "head": r["head"], "n_tokens": 4000, "loss": 3.0,
-                           "loss_ablated": 3.0 + d, "delta_loss": d, "ci95_low": d - 0.01, "ci95_high": d + 0.01}
-                          for r, d in zip(rows, deltas, strict=True)])
+    sweep = pd.DataFrame(
+        [
+            {
+                "layer": r["layer"],
+                "head": r["head"],
+                "n_tokens": 4000,
+                "loss": 3.0,
+                "loss_ablated": 3.0 + d,
+                "delta_loss": d,
+                "ci95_low": d - 0.01,
+                "ci95_high": d + 0.01,
+            }
+            for r, d in zip(rows, deltas, strict=True)
+        ]
+    )
     return pd.DataFrame(rows), sweep
 
 
@@ -48,12 +68,20 @@ def main() -> None:
     sampled = time.perf_counter()
     heads, sweep = synthetic_frames(spec.n_layers, spec.n_heads)
     with tempfile.TemporaryDirectory() as folder:
-        path = render_report(Path(folder) / "report.html", model_info={"name": loaded.name, **spec.__dict__},
-                             heads=heads, sweep=sweep, viewer=viewer, command="benchmarks/bench_report.py")
+        path = render_report(
+            Path(folder) / "report.html",
+            model_info={"name": loaded.name, **spec.__dict__},
+            heads=heads,
+            sweep=sweep,
+            viewer=viewer,
+            command="benchmarks/bench_report.py",
+        )
         rendered = time.perf_counter()
         html = path.read_text(encoding="utf-8")
-    print(f"model build {built - start:.1f} s, sample_patterns ({n_tokens} tokens) {sampled - built:.1f} s, "
-          f"render_report {rendered - sampled:.1f} s")
+    print(
+        f"model build {built - start:.1f} s, sample_patterns ({n_tokens} tokens) {sampled - built:.1f} s, "
+        f"render_report {rendered - sampled:.1f} s"
+    )
     print(f"total {len(html.encode()) / 1e6:.2f} MB")
     for name, body in re.findall(r'<section id="([^"]+)">(.*?)</section>', html, re.S):
         print(f"  {name:<12} {len(body.encode()) / 1e6:.2f} MB")

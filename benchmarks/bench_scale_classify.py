@@ -39,8 +39,11 @@ def _cli_seconds(model_dir: Path, *extra: str) -> tuple[float, float]:
     """(wall, CPU) seconds of one `headlens classify DIR ...` command."""
     headlens = Path(sys.executable).parent / "headlens"
     start, cpu = time.perf_counter(), _cpu_children()
-    subprocess.run([str(headlens), "classify", str(model_dir), "--no-progress", "--format", "csv", *extra],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [str(headlens), "classify", str(model_dir), "--no-progress", "--format", "csv", *extra],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start, _cpu_children() - cpu
 
 
@@ -52,8 +55,15 @@ def _needle_seconds(loaded, max_length: int | None = None) -> dict:
 
     config, spec = ClassifyConfig(), loaded.spec
     ids = loaded.tokenizer(probes.default_text(), add_special_tokens=False)["input_ids"]
-    prompts = probes.needle_prompts(ids, spec.n_ctx, loaded.bos_token_id, random_token_range(spec.d_vocab),
-                                    needle_len=config.needle_len, restate=config.needle_restate, seed=config.seed)
+    prompts = probes.needle_prompts(
+        ids,
+        spec.n_ctx,
+        loaded.bos_token_id,
+        random_token_range(spec.d_vocab),
+        needle_len=config.needle_len,
+        restate=config.needle_restate,
+        seed=config.seed,
+    )
     prompts = [p for p in prompts if max_length is None or p.context <= max_length]
     out = {"n_tests": len(prompts)}
     results = {}
@@ -78,9 +88,11 @@ def main() -> None:
     if args.needles_only:
         needles = _needle_seconds(build_model(None, seed=0, name="gpt2-shaped-random"), args.max_length)
         (cw, cc), (uw, uc) = needles["cached"], needles["uncached"]
-        print(f"needle probe, {needles['n_tests']} tests (context <= {args.max_length}): cached {cw:.1f} s wall / "
-              f"{cc:.1f} s CPU, uncached {uw:.1f} s / {uc:.1f} s: x{uw / cw:.1f} wall, x{uc / cc:.1f} CPU; "
-              f"identical scores: {needles['identical']}")
+        print(
+            f"needle probe, {needles['n_tests']} tests (context <= {args.max_length}): cached {cw:.1f} s wall / "
+            f"{cc:.1f} s CPU, uncached {uw:.1f} s / {uc:.1f} s: x{uw / cw:.1f} wall, x{uc / cc:.1f} CPU; "
+            f"identical scores: {needles['identical']}"
+        )
         return
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,10 +106,14 @@ def main() -> None:
     print(f"| `headlens classify DIR --no-needles` | {no_needles[0]:.1f} | {no_needles[1]:.1f} |")
     print(f"| needle probe alone, cached ({needles['n_tests']} tests) | {cached[0]:.1f} | {cached[1]:.1f} |")
     print(f"| needle probe alone, uncached | {uncached[0]:.1f} | {uncached[1]:.1f} |")
-    print(f"| former whole classify (estimated) | {whole[0] - cached[0] + uncached[0]:.1f} | "
-          f"{whole[1] - cached[1] + uncached[1]:.1f} |")
-    print(f"needles uncached / cached: x{uncached[0] / cached[0]:.1f} wall, x{uncached[1] / cached[1]:.1f} CPU; "
-          f"identical scores: {needles['identical']}")
+    print(
+        f"| former whole classify (estimated) | {whole[0] - cached[0] + uncached[0]:.1f} | "
+        f"{whole[1] - cached[1] + uncached[1]:.1f} |"
+    )
+    print(
+        f"needles uncached / cached: x{uncached[0] / cached[0]:.1f} wall, x{uncached[1] / cached[1]:.1f} CPU; "
+        f"identical scores: {needles['identical']}"
+    )
 
 
 if __name__ == "__main__":

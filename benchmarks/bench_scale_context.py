@@ -35,9 +35,17 @@ def _model(family: str, n_ctx: int):
         return build_model(GPT2Config(n_positions=n_ctx), seed=0, name="gpt2-shaped")
     from transformers import LlamaConfig
 
-    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152, max_position_embeddings=n_ctx,
-                         tie_word_embeddings=True, rope_theta=10000.0)
+    config = LlamaConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        max_position_embeddings=n_ctx,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    )
     return build_model(config, seed=0, name="smollm-135m-shaped")
 
 
@@ -66,8 +74,12 @@ def _child(family: str, side: str, size: int, n_ctx: int) -> None:
                 _, cache = bridge.run_with_cache(ids, names_filter=lambda name: name.endswith("hook_pattern"))
             del cache
             return
-        reducers = [prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h),
-                    ArgmaxOffsetReducer(n, h)]
+        reducers = [
+            prev_token_reducer(n, h),
+            current_token_reducer(n, h),
+            first_token_reducer(n, h),
+            ArgmaxOffsetReducer(n, h),
+        ]
         run_capture(loaded.model, [Batch(ids, torch.ones_like(ids, dtype=torch.bool))], reducers)
 
     run(256)
@@ -95,8 +107,11 @@ def main() -> None:
             for size in args.sizes:
                 if side == "tl" and size > args.tl_max:
                     continue
-                out = subprocess.run([sys.executable, __file__, "--child", family, side, str(size), str(n_ctx)],
-                                     capture_output=True, text=True)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", family, side, str(size), str(n_ctx)],
+                    capture_output=True,
+                    text=True,
+                )
                 if out.returncode != 0:
                     print(f"{family} {side} T={size}: failed ({out.stderr.strip().splitlines()[-1:]})")
                     break

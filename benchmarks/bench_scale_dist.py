@@ -48,8 +48,16 @@ def _run(mode: str, out: Path) -> dict:
     if mode in ("one", "one1"):
         command, threads = [sys.executable, __file__, "--worker", str(out)], "2" if mode == "one" else "1"
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
-                   "--worker", str(out)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            __file__,
+            "--worker",
+            str(out),
+        ]
         threads = "1"
     env = {**os.environ, "BENCH_THREADS": threads, "OMP_NUM_THREADS": threads}
     subprocess.run(command, check=True, env=env)
@@ -66,9 +74,12 @@ def main() -> None:
     numeric = tables["one"].select_dtypes("number").columns
     spread = (tables["dist"][numeric] - tables["one"][numeric]).abs().max().max()
     one, dist, one1 = runs["one"]["seconds"], runs["dist"]["seconds"], runs["one1"]["seconds"]
-    print(f"144-head sweep, metric repeat: 1 process x 2 threads {one:.1f} s; 2 ranks x 1 thread {dist:.1f} s; "
-          f"1 process x 1 thread {one1:.1f} s; ratio 2 ranks / 2 threads {dist / one:.2f}; "
-          f"2 ranks equal 1 thread exactly; largest difference from 2 threads {spread:.2e}")
+    print(
+        f"144-head sweep, metric repeat: 1 process x 2 threads {one:.1f} s; 2 ranks x 1 thread {dist:.1f} s; "
+        f"1 process x 1 thread {one1:.1f} s; ratio 2 ranks / 2 threads {dist / one:.2f}; "
+        f"2 ranks equal 1 thread exactly; largest difference from 2 threads {spread:.2e}"
+    )
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":

@@ -44,8 +44,12 @@ def _rows(dtype: str) -> dict:
     ids = torch.randint(1000, 10000, (8, 1024))  # [batch, pos]
 
     def capture():
-        reducers = [prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h),
-                    ArgmaxOffsetReducer(n, h)]
+        reducers = [
+            prev_token_reducer(n, h),
+            current_token_reducer(n, h),
+            first_token_reducer(n, h),
+            ArgmaxOffsetReducer(n, h),
+        ]
         run_capture(loaded.model, iter_batches(ids, 8), reducers)
 
     heads = [Head(layer, head) for layer in (0, 5, 11) for head in range(h)]

@@ -62,14 +62,18 @@ def main() -> None:
         tokens = config.batch_size * config.n_ctx
         for threads in (1, 2):
             seconds = time_training_steps(arch, threads, args.steps)
-            print(f"| {name} recipe ({arch}): training step, {threads} thread(s), batch {config.batch_size} x "
-                  f"{config.n_ctx} | {seconds * 1000:.0f} ms, {tokens / seconds:,.0f} tokens/s |")
+            print(
+                f"| {name} recipe ({arch}): training step, {threads} thread(s), batch {config.batch_size} x "
+                f"{config.n_ctx} | {seconds * 1000:.0f} ms, {tokens / seconds:,.0f} tokens/s |"
+            )
         log, _ = load_training_log(shipped_path(name))
         last = log.iloc[-1]
         wall = stage_walls(log)
-        print(f"| {name} shipped run: {int(last.step)} steps, {int(last.tokens_seen):,} tokens, "
-              f"{len(wall)} stage(s) | {sum(wall):.0f} s wall ({' + '.join(f'{w:.0f}' for w in wall)}), "
-              f"{last.tokens_seen / sum(wall):,.0f} tokens/s (evaluation included) |")
+        print(
+            f"| {name} shipped run: {int(last.step)} steps, {int(last.tokens_seen):,} tokens, "
+            f"{len(wall)} stage(s) | {sum(wall):.0f} s wall ({' + '.join(f'{w:.0f}' for w in wall)}), "
+            f"{last.tokens_seen / sum(wall):,.0f} tokens/s (evaluation included) |"
+        )
         print(f"| {name} shipped run: induction phase change (step) | {phase_change_step(log)} |")
 
 

@@ -41,28 +41,38 @@ def main(path: str) -> None:
     start = time.perf_counter()
     tasks = successor_tasks(loaded.tokenizer)
     succ = successor_scores(loaded.model, tasks)
-    print(f"- successor (tasks: {', '.join(f'{t.name} {len(t.tokens)}' for t in tasks)}): "
-          f"labelled {successor_heads(succ)}; top {top(succ)}")
+    print(
+        f"- successor (tasks: {', '.join(f'{t.name} {len(t.tokens)}' for t in tasks)}): "
+        f"labelled {successor_heads(succ)}; top {top(succ)}"
+    )
     cs = copy_suppression_scores(loaded, default_text())
-    print(f"- copy suppression: labelled {cs['copy_suppression'].nonzero().tolist()}; top cs_ov_score"
-          f"/predicted_attention {top(cs['cs_ov_score'], cs['predicted_attention'])}; top predicted_attention"
-          f"/cs_ov_score {top(cs['predicted_attention'], cs['cs_ov_score'])}")
+    print(
+        f"- copy suppression: labelled {cs['copy_suppression'].nonzero().tolist()}; top cs_ov_score"
+        f"/predicted_attention {top(cs['cs_ov_score'], cs['predicted_attention'])}; top predicted_attention"
+        f"/cs_ov_score {top(cs['predicted_attention'], cs['cs_ov_score'])}"
+    )
     nm = name_mover_scores(loaded)
     io, copy, neg = nm["io_attention"], nm["name_copy_score"], nm["name_negative_copy_score"]
-    print(f"- IOI logit difference {nm['logit_diff']:.3f} over {len(nm['prompts'])} prompts "
-          f"(IO above S in {float((nm['logit_diffs'] > 0).double().mean()):.0%})")
-    print(f"- name movers: labelled {nm['name_mover'].nonzero().tolist()}, negative "
-          f"{nm['negative_name_mover'].nonzero().tolist()}; top io_attention/copy/negative copy "
-          f"{top(io, copy, neg)}; top io_attention x copy {top(io * copy, io, copy)}; "
-          f"top io_attention x negative copy {top(io * neg, io, neg)}")
+    print(
+        f"- IOI logit difference {nm['logit_diff']:.3f} over {len(nm['prompts'])} prompts "
+        f"(IO above S in {float((nm['logit_diffs'] > 0).double().mean()):.0%})"
+    )
+    print(
+        f"- name movers: labelled {nm['name_mover'].nonzero().tolist()}, negative "
+        f"{nm['negative_name_mover'].nonzero().tolist()}; top io_attention/copy/negative copy "
+        f"{top(io, copy, neg)}; top io_attention x copy {top(io * copy, io, copy)}; "
+        f"top io_attention x negative copy {top(io * neg, io, neg)}"
+    )
     labelled = nm["name_mover"].nonzero().tolist()
     chosen = labelled or [[i // io.shape[1], i % io.shape[1]] for i in (io * copy).flatten().topk(3).indices.tolist()]
     heads = [Head(int(a), int(b)) for a, b in chosen]
     result = ablate_heads(loaded, heads, metric="logit-diff", prompts=ablation_prompts(nm["prompts"]), control=20)
     control = result["control"]
-    print(f"- IOI ablation of {'labelled' if labelled else 'top io x copy'} {[str(h) for h in heads]}: delta "
-          f"{result['delta']:.3f} (clean {result['clean']:.3f}); 20 random sets: min {min(control['deltas']):.3f}, "
-          f"max {max(control['deltas']):.3f}; rank {control['rank']}, p {control['p_value']:.3f}")
+    print(
+        f"- IOI ablation of {'labelled' if labelled else 'top io x copy'} {[str(h) for h in heads]}: delta "
+        f"{result['delta']:.3f} (clean {result['clean']:.3f}); 20 random sets: min {min(control['deltas']):.3f}, "
+        f"max {max(control['deltas']):.3f}; rank {control['rank']}, p {control['p_value']:.3f}"
+    )
     print(f"- wall time {time.perf_counter() - start:.0f} s")
 
 

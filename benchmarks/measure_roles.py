@@ -50,8 +50,11 @@ def second_copy_loss(model, ids: torch.Tensor, head=None) -> torch.Tensor:
     if head is not None:
         layer, h = head
         d_head = model.config.hidden_size // model.config.num_attention_heads
-        proj = (model.transformer.h[layer].attn.c_proj if model.config.model_type == "gpt2"
-                else model.model.layers[layer].self_attn.o_proj)
+        proj = (
+            model.transformer.h[layer].attn.c_proj
+            if model.config.model_type == "gpt2"
+            else model.model.layers[layer].self_attn.o_proj
+        )
 
         def zero(module, args):
             z = args[0].clone()  # [batch, pos, n_heads * d_head]
@@ -94,22 +97,28 @@ def main() -> None:
     raw = (shipped_path("tiny") / "heldout.txt").read_bytes()
     tests = needle_prompts(list(raw), cfg.max_position_embeddings, bos, PRINTABLE, needle_len=16, restate=4, seed=0)
     retrieved, retrieval = needle_retrieval(model, tests)
-    print(f"windows {len(windows)}; held-out loss {text_losses.double().mean():.3f}; "
-          f"ICL {icl_score(text_losses, cfg.max_position_embeddings):.3f}; ARENA first/second copy loss "
-          f"{arena_losses[:, 1:ARENA_LEN].double().mean():.3f} / {arena_losses[:, ARENA_LEN + 1:].double().mean():.3f}")
+    print(
+        f"windows {len(windows)}; held-out loss {text_losses.double().mean():.3f}; "
+        f"ICL {icl_score(text_losses, cfg.max_position_embeddings):.3f}; ARENA first/second copy loss "
+        f"{arena_losses[:, 1:ARENA_LEN].double().mean():.3f} / {arena_losses[:, ARENA_LEN + 1 :].double().mean():.3f}"
+    )
     print(f"needles_retrieved: {retrieved}/{len(tests)}")
     n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     group = cfg.num_attention_heads // n_kv
     for kv in range(n_kv):  # Hugging Face repeat_kv: query head h reads key/value head h // group
         print(f"kv_group_{kv}: " + ",".join(str(h) for h in range(kv * group, (kv + 1) * group)))
     print()
-    print("| head | argmax offset | share | prev_token_score | ARENA induction | delta second-copy loss, "
-          "head ablated [95% CI] | retrieval_score |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| head | argmax offset | share | prev_token_score | ARENA induction | delta second-copy loss, "
+        "head ablated [95% CI] | retrieval_score |\n| --- | --- | --- | --- | --- | --- | --- |"
+    )
     for layer in range(cfg.num_hidden_layers):
         for h in range(cfg.num_attention_heads):
             rise, low, high = ablation_rise(model, arena, (layer, h))
-            print(f"| {layer}.{h} | {int(offset[layer, h])} | {share[layer, h]:.3f} | {prev[layer, h]:.3f} | "
-                  f"{induction[layer, h]:.3f} | {rise:+.3f} [{low:+.3f}, {high:+.3f}] | {retrieval[layer, h]:.3f} |")
+            print(
+                f"| {layer}.{h} | {int(offset[layer, h])} | {share[layer, h]:.3f} | {prev[layer, h]:.3f} | "
+                f"{induction[layer, h]:.3f} | {rise:+.3f} [{low:+.3f}, {high:+.3f}] | {retrieval[layer, h]:.3f} |"
+            )
             sys.stdout.flush()
 
 

@@ -22,16 +22,36 @@ import time
 from pathlib import Path
 
 # The tiny-gqa shape at lr 2e-3, 75% repeat episodes, no needles; each entry changes a few fields.
-BASE = {"arch": "llama", "n_heads": 8, "n_kv_heads": 2, "d_mlp": 384, "steps": 6000, "checkpoint_every": 50,
-        "train_attention": "sdpa", "lr": 2e-3, "repeat_share": 0.75, "needle_share": 0.0, "decay_share": 0.0}
+BASE = {
+    "arch": "llama",
+    "n_heads": 8,
+    "n_kv_heads": 2,
+    "d_mlp": 384,
+    "steps": 6000,
+    "checkpoint_every": 50,
+    "train_attention": "sdpa",
+    "lr": 2e-3,
+    "repeat_share": 0.75,
+    "needle_share": 0.0,
+    "decay_share": 0.0,
+}
 GRID = {
-    "a_lr1e3": {"lr": 1e-3}, "b_lr2e3": {}, "c_lr3e3": {"lr": 3e-3}, "d_rep90": {"repeat_share": 0.9},
-    "e_4q2kv": {"n_heads": 4}, "f_4q1kv": {"n_heads": 4, "n_kv_heads": 1},
-    "g_d256": {"d_model": 256, "d_mlp": 768, "lr": 1e-3}, "h_3layer": {"n_layers": 3},
-    "i_rep55_needle30": {"repeat_share": 0.55, "needle_share": 0.3}, "j_seg32": {"segment_max": 32},
-    "k_printable": {"printable_share": 1.0}, "l_8q4kv": {"n_kv_heads": 4},
-    "m_wd01": {"weight_decay": 0.1, "warmup_steps": 200}, "n_needle15": {"needle_share": 0.15},
-    "o_seed1": {"seed": 1}, "p_lr5e3": {"lr": 5e-3},
+    "a_lr1e3": {"lr": 1e-3},
+    "b_lr2e3": {},
+    "c_lr3e3": {"lr": 3e-3},
+    "d_rep90": {"repeat_share": 0.9},
+    "e_4q2kv": {"n_heads": 4},
+    "f_4q1kv": {"n_heads": 4, "n_kv_heads": 1},
+    "g_d256": {"d_model": 256, "d_mlp": 768, "lr": 1e-3},
+    "h_3layer": {"n_layers": 3},
+    "i_rep55_needle30": {"repeat_share": 0.55, "needle_share": 0.3},
+    "j_seg32": {"segment_max": 32},
+    "k_printable": {"printable_share": 1.0},
+    "l_8q4kv": {"n_kv_heads": 4},
+    "m_wd01": {"weight_decay": 0.1, "warmup_steps": 200},
+    "n_needle15": {"needle_share": 0.15},
+    "o_seed1": {"seed": 1},
+    "p_lr5e3": {"lr": 5e-3},
 }
 RUNS = {name: {**BASE, **change} for name, change in GRID.items()}
 RUNS["z_gpt2_tiny_stage1"] = {"steps": 3000, "checkpoint_every": 50}  # tiny's first stage: a GPU-vs-CPU check
@@ -91,8 +111,10 @@ def _one(out: str, config: dict, deadline_s: float) -> None:
 
 
 def summary(out_dir: Path) -> None:
-    print("| run | last step | best previous-token score | best ARENA induction | needles retrieved | "
-          "first step with ARENA >= 0.3 |\n|---|---|---|---|---|---|")
+    print(
+        "| run | last step | best previous-token score | best ARENA induction | needles retrieved | "
+        "first step with ARENA >= 0.3 |\n|---|---|---|---|---|---|"
+    )
     for name in RUNS:
         path = out_dir / name / "training_log.csv"
         if not path.is_file():
@@ -100,9 +122,11 @@ def summary(out_dir: Path) -> None:
         rows = list(csv.DictReader(path.open()))
         last = rows[-1]
         formed = [int(r["step"]) for r in rows if float(r["best_arena_induction_score"]) >= 0.3]
-        print(f"| {name} | {last['step']} | {float(last['best_prev_token_score']):.2f} | "
-              f"{float(last['best_arena_induction_score']):.2f} | {last['needles_retrieved']}/15 | "
-              f"{formed[0] if formed else 'none'} |")
+        print(
+            f"| {name} | {last['step']} | {float(last['best_prev_token_score']):.2f} | "
+            f"{float(last['best_arena_induction_score']):.2f} | {last['needles_retrieved']}/15 | "
+            f"{formed[0] if formed else 'none'} |"
+        )
 
 
 def main() -> None:
@@ -117,9 +141,14 @@ def main() -> None:
     procs = []
     for name, config in RUNS.items():
         with (out_dir / f"{name}.log").open("w") as log:
-            procs.append(subprocess.Popen([sys.executable, __file__, "--one", str(out_dir / name), json.dumps(config),
-                                           deadline_s], stdout=log, stderr=subprocess.STDOUT,
-                                          env={**os.environ, "OMP_NUM_THREADS": "1"}))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--one", str(out_dir / name), json.dumps(config), deadline_s],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
+                )
+            )
     for proc in procs:
         proc.wait()
     summary(out_dir)

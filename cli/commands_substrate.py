@@ -28,8 +28,10 @@ def heads_command(spec: str, model: str) -> None:
 
     role = spec.strip().removeprefix("label:").strip()
     if role in LABELS:
-        raise InvalidHeadError(f"{spec!r} is a role, not a list of heads: `headlens heads` takes L.H,L.H, layer:L or "
-                               f"all; roles are taken by ablate (headlens ablate {model} --heads {spec.strip()})")
+        raise InvalidHeadError(
+            f"{spec!r} is a role, not a list of heads: `headlens heads` takes L.H,L.H, layer:L or "
+            f"all; roles are taken by ablate (headlens ablate {model} --heads {spec.strip()})"
+        )
     loaded = load_model(model)
     model_spec = loaded.spec
     heads = parse_heads(spec, model_spec.n_layers, model_spec.n_heads)
@@ -43,16 +45,23 @@ def heads_command(spec: str, model: str) -> None:
 
 
 def _format_table(frame) -> str:
-    shown = frame.assign(max_abs_error=frame["max_abs_error"].map(lambda e: f"{e:.2e}"),
-                         tolerance=frame["tolerance"].map(lambda t: f"{t:.0e}"),
-                         passed=frame["passed"].map({True: "ok", False: "FAIL"}))
+    shown = frame.assign(
+        max_abs_error=frame["max_abs_error"].map(lambda e: f"{e:.2e}"),
+        tolerance=frame["tolerance"].map(lambda t: f"{t:.0e}"),
+        passed=frame["passed"].map({True: "ok", False: "FAIL"}),
+    )
     return shown.to_string(index=False)
 
 
 @click.command("validate")
 @model_argument("tiny")
-@click.option("--text", "text_file", default=None, metavar="FILE",
-              help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)")
+@click.option(
+    "--text",
+    "text_file",
+    default=None,
+    metavar="FILE",
+    help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)",
+)
 @format_option("table", "json")
 @placement_options
 def validate_command(model: str, text_file: str | None, fmt: str, placement: dict) -> None:
@@ -73,14 +82,21 @@ def validate_command(model: str, text_file: str | None, fmt: str, placement: dic
     except ValidationFailed as exc:
         frame, failure = exc.frame, exc
     if fmt == "json":
-        payload = {"model": model, "text_source": frame.attrs.get("text_source"),
-                   "n_tokens": frame.attrs.get("n_tokens"), "passed": failure is None,
-                   "dtype": frame.attrs.get("dtype"), "tolerance_rule": frame.attrs.get("tolerance_rule"),
-                   "rows": frame.to_dict(orient="records")}
+        payload = {
+            "model": model,
+            "text_source": frame.attrs.get("text_source"),
+            "n_tokens": frame.attrs.get("n_tokens"),
+            "passed": failure is None,
+            "dtype": frame.attrs.get("dtype"),
+            "tolerance_rule": frame.attrs.get("tolerance_rule"),
+            "rows": frame.to_dict(orient="records"),
+        }
         click.echo(json.dumps(payload, indent=2))
     else:
-        click.echo(f"model {model}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}; "
-                   f"{frame.attrs.get('tolerance_rule')}")
+        click.echo(
+            f"model {model}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}; "
+            f"{frame.attrs.get('tolerance_rule')}"
+        )
         click.echo(_format_table(frame))
     if failure is not None:
         click.echo(f"headlens: validation failed: {failure}", err=True)

@@ -8,12 +8,23 @@ from headlens.cli.options import progress_option
 
 
 @click.command("train-tiny")
-@click.option("--arch", type=click.Choice(["gpt2", "llama"]), default="gpt2", show_default=True,
-              help="gpt2: the recipe of `tiny`; llama: the recipe of `tiny-gqa` (rotary, RMSNorm, SwiGLU, "
-                   "8 query heads over 2 key/value heads)")
+@click.option(
+    "--arch",
+    type=click.Choice(["gpt2", "llama"]),
+    default="gpt2",
+    show_default=True,
+    help="gpt2: the recipe of `tiny`; llama: the recipe of `tiny-gqa` (rotary, RMSNorm, SwiGLU, "
+    "8 query heads over 2 key/value heads)",
+)
 @click.option("--steps", type=int, default=None, help="optimizer steps (default: the shipped model's recipe)")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="tiny-run", show_default=True,
-              help="run folder: model, checkpoints/, training_log.csv, training_heads.csv")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="tiny-run",
+    show_default=True,
+    help="run folder: model, checkpoints/, training_log.csv, training_heads.csv",
+)
 @click.option("--seed", type=int, default=None, help="seed of weights, data order and probes (default: 0)")
 @progress_option
 def train_tiny_command(arch: str, steps: int | None, out_dir: str, seed: int | None, progress: bool) -> None:
@@ -32,10 +43,12 @@ def train_tiny_command(arch: str, steps: int | None, out_dir: str, seed: int | N
     log, _ = load_training_log(folder)
     last = log.iloc[-1]
     click.echo(f"trained {int(last['step'])} steps in {time.perf_counter() - start:.0f} s -> {folder}")
-    click.echo(f"held-out loss {last['heldout_loss']:.3f}, ICL score {last['icl_score']:.3f}, "
-               f"best induction score {last['best_induction_score']:.2f}, "
-               f"best previous-token score {last['best_prev_token_score']:.2f}, "
-               f"needles retrieved {int(last['needles_retrieved'])}")
+    click.echo(
+        f"held-out loss {last['heldout_loss']:.3f}, ICL score {last['icl_score']:.3f}, "
+        f"best induction score {last['best_induction_score']:.2f}, "
+        f"best previous-token score {last['best_prev_token_score']:.2f}, "
+        f"needles retrieved {int(last['needles_retrieved'])}"
+    )
 
 
 COMMANDS = [train_tiny_command]

@@ -15,8 +15,10 @@ from headlens import __version__
 from headlens.errors import HeadlensError
 
 EXIT_BAD_INPUT = 2
-OUT_OF_MEMORY = ("out of memory: the run needs more memory than this machine has free; lower --batch-size "
-                 "(or the probe sizes: --n-seq, --max-windows) and nothing already written was changed")
+OUT_OF_MEMORY = (
+    "out of memory: the run needs more memory than this machine has free; lower --batch-size "
+    "(or the probe sizes: --n-seq, --max-windows) and nothing already written was changed"
+)
 
 
 class HeadlensGroup(click.Group):
@@ -56,8 +58,7 @@ def _register() -> None:
 
     for command in commands_substrate.COMMANDS:
         cli.add_command(command)
-    for module_name in ("commands_train", "commands_classify", "commands_ablate", "commands_report",
-                        "commands_pull"):
+    for module_name in ("commands_train", "commands_classify", "commands_ablate", "commands_report", "commands_pull"):
         try:
             module = __import__(f"headlens.cli.{module_name}", fromlist=["COMMANDS"])
         except ModuleNotFoundError as exc:

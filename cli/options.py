@@ -34,10 +34,10 @@ def model_argument(default: str | None):
             return func(*args, model=chosen, **kwargs)
 
         shown = f" [default: {default}]" if default is not None else ""
-        wrapper = click.option("--model", "model_option", default=None, metavar="MODEL",
-                               help=f"alias of the MODEL argument{shown}")(wrapper)
-        return click.argument("model", required=False, default=None, metavar="[MODEL]" if default else "MODEL")(
-            wrapper)
+        wrapper = click.option(
+            "--model", "model_option", default=None, metavar="MODEL", help=f"alias of the MODEL argument{shown}"
+        )(wrapper)
+        return click.argument("model", required=False, default=None, metavar="[MODEL]" if default else "MODEL")(wrapper)
 
     return decorate
 
@@ -50,8 +50,15 @@ def format_option(*choices: str, default: str = "table"):
             raise ConfigError(f"unknown format {value!r}: choose one of {', '.join(choices)}")
         return value
 
-    return click.option("--format", "fmt", default=default, show_default=True, callback=check,
-                        metavar="|".join(choices), help=" | ".join(choices))
+    return click.option(
+        "--format",
+        "fmt",
+        default=default,
+        show_default=True,
+        callback=check,
+        metavar="|".join(choices),
+        help=" | ".join(choices),
+    )
 
 
 def progress_option(func):
@@ -60,8 +67,12 @@ def progress_option(func):
     def resolve(ctx, param, value):
         return sys.stderr.isatty() if value is None else value
 
-    return click.option("--progress/--no-progress", default=None, callback=resolve,
-                        help="progress bars on stderr [default: when stderr is a terminal]")(func)
+    return click.option(
+        "--progress/--no-progress",
+        default=None,
+        callback=resolve,
+        help="progress bars on stderr [default: when stderr is a terminal]",
+    )(func)
 
 
 def lang_option(func):
@@ -72,8 +83,9 @@ def lang_option(func):
 
         return check_lang(value)
 
-    return click.option("--lang", default="en", show_default=True, callback=check, metavar="en|es",
-                        help="language of the HTML report")(func)
+    return click.option(
+        "--lang", default="en", show_default=True, callback=check, metavar="en|es", help="language of the HTML report"
+    )(func)
 
 
 def model_info(loaded) -> dict:
@@ -81,10 +93,19 @@ def model_info(loaded) -> dict:
     spec = loaded.spec
     source = getattr(loaded, "source", None)  # a GGUF: "dequantized from Q4_1" in the report
     quantization = {"source_format": source.format, "quantization": source.quantization} if source else {}
-    return {"name": str(loaded.name), "display_name": getattr(loaded, "display_name", str(loaded.name)),
-            **quantization, "family": spec.family, "n_layers": spec.n_layers, "n_heads": spec.n_heads,
-            "n_kv_heads": spec.n_kv_heads or spec.n_heads, "d_head": spec.d_head, "d_model": spec.d_model,
-            "n_ctx": spec.n_ctx, "n_params": spec.n_params}
+    return {
+        "name": str(loaded.name),
+        "display_name": getattr(loaded, "display_name", str(loaded.name)),
+        **quantization,
+        "family": spec.family,
+        "n_layers": spec.n_layers,
+        "n_heads": spec.n_heads,
+        "n_kv_heads": spec.n_kv_heads or spec.n_heads,
+        "d_head": spec.d_head,
+        "d_model": spec.d_model,
+        "n_ctx": spec.n_ctx,
+        "n_params": spec.n_params,
+    }
 
 
 def command_line(ctx) -> str:
@@ -121,8 +142,13 @@ def placement_options(func):
         from headlens import distributed
 
         distributed.init()
-        placement = {"device": distributed.local_device(device), "dtype": dtype, "device_map": device_map,
-                     "max_memory": parse_max_memory(max_memory), "offload_folder": offload_folder}
+        placement = {
+            "device": distributed.local_device(device),
+            "dtype": dtype,
+            "device_map": device_map,
+            "max_memory": parse_max_memory(max_memory),
+            "offload_folder": offload_folder,
+        }
         kwargs["placement"] = placement
         if distributed.is_main():
             return func(*args, **kwargs)
@@ -130,16 +156,37 @@ def placement_options(func):
             return func(*args, **kwargs)
 
     options = [
-        click.option("--device", default=None, metavar="DEVICE",
-                     help="cpu, cuda, cuda:N or mps [default: the GPU when present, else cpu]"),
-        click.option("--dtype", default="float32", show_default=True, metavar="DTYPE",
-                     help="float32, bfloat16 or float16 (scores are accumulated in float32 either way)"),
-        click.option("--device-map", default=None, metavar="MAP",
-                     help="auto: spread the layers over GPUs, CPU and disk with accelerate (overrides --device)"),
-        click.option("--max-memory", default=None, metavar="DEV=SIZE,...",
-                     help="with --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB"),
-        click.option("--offload-folder", default=None, metavar="DIR",
-                     help="with --device-map: where weights offloaded to disk go"),
+        click.option(
+            "--device",
+            default=None,
+            metavar="DEVICE",
+            help="cpu, cuda, cuda:N or mps [default: the GPU when present, else cpu]",
+        ),
+        click.option(
+            "--dtype",
+            default="float32",
+            show_default=True,
+            metavar="DTYPE",
+            help="float32, bfloat16 or float16 (scores are accumulated in float32 either way)",
+        ),
+        click.option(
+            "--device-map",
+            default=None,
+            metavar="MAP",
+            help="auto: spread the layers over GPUs, CPU and disk with accelerate (overrides --device)",
+        ),
+        click.option(
+            "--max-memory",
+            default=None,
+            metavar="DEV=SIZE,...",
+            help="with --device-map: memory per device, e.g. 0=20GiB,cpu=60GiB",
+        ),
+        click.option(
+            "--offload-folder",
+            default=None,
+            metavar="DIR",
+            help="with --device-map: where weights offloaded to disk go",
+        ),
     ]
     for option in reversed(options):
         wrapper = option(wrapper)
@@ -149,10 +196,14 @@ def placement_options(func):
 def batch_size_option(default: int):
     """`--batch-size N|auto` for commands that batch their work; the command receives `batch_size`
     (int, "auto", or None for its default, `default`, named in the help)."""
-    return click.option("--batch-size", default=None, metavar="N|auto",
-                        callback=lambda ctx, param, value: parse_batch_size(value),
-                        help="sequences per forward pass; auto: the largest that fits, halving on "
-                             f"out-of-memory (the choice is reported) [default: {default}]")
+    return click.option(
+        "--batch-size",
+        default=None,
+        metavar="N|auto",
+        callback=lambda ctx, param, value: parse_batch_size(value),
+        help="sequences per forward pass; auto: the largest that fits, halving on "
+        f"out-of-memory (the choice is reported) [default: {default}]",
+    )
 
 
 def parse_batch_size(value: str | None) -> int | str | None:

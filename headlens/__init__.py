@@ -31,8 +31,9 @@ def show(result, heads=None, lang: str = "en") -> None:
     inline.show(result, heads=heads, lang=lang)
 
 
-def show_attention(loaded, text: str, heads=None, max_tokens: int | None = None, repeat: bool = False,
-                   lang: str = "en") -> None:
+def show_attention(
+    loaded, text: str, heads=None, max_tokens: int | None = None, repeat: bool = False, lang: str = "en"
+) -> None:
     """Display the interactive attention viewer of `text` for a loaded model (click a token, see every head).
 
     `max_tokens` defaults to the report viewer's length for this model's size; `repeat=True` shows the text's

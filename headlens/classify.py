@@ -35,14 +35,25 @@ from headlens.probe_runs import (
 )
 from headlens.scores.ov_copying import sign_disagreements
 
-__all__ = ["SCORE_COLUMNS", "SOURCE_COLUMNS", "SOURCE_DEFAULT", "SOURCE_GIVEN", "SOURCE_OFF", "SOURCE_RANDOM",
-           "ClassifyConfig", "classify_heads", "head_records", "window_reach"]
+__all__ = [
+    "SCORE_COLUMNS",
+    "SOURCE_COLUMNS",
+    "SOURCE_DEFAULT",
+    "SOURCE_GIVEN",
+    "SOURCE_OFF",
+    "SOURCE_RANDOM",
+    "ClassifyConfig",
+    "classify_heads",
+    "head_records",
+    "window_reach",
+]
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS  # probe -> the frame column naming its input's source
 SCORE_COLUMNS = kinds.SCORE_COLUMNS
 
 
-def classify_heads(loaded, text: str | Iterable[str] | None = None, config: ClassifyConfig | None = None,
-                   progress: bool = False) -> pd.DataFrame:
+def classify_heads(
+    loaded, text: str | Iterable[str] | None = None, config: ClassifyConfig | None = None, progress: bool = False
+) -> pd.DataFrame:
     """Score and label every head of `loaded` (a headlens LoadedModel).
 
     `text`: one text, or documents (any iterable of str, e.g. a headlens.corpus.Corpus), read
@@ -64,8 +75,14 @@ def classify_heads(loaded, text: str | Iterable[str] | None = None, config: Clas
     """
     config = config or ClassifyConfig()
     documents = [resolve_text(text)] if text is None or isinstance(text, str) else text
-    run = ProbeRun(loaded, config, documents, SOURCE_GIVEN if text is not None else SOURCE_DEFAULT,
-                   probe_sizes(loaded.spec.n_ctx, config), progress)
+    run = ProbeRun(
+        loaded,
+        config,
+        documents,
+        SOURCE_GIVEN if text is not None else SOURCE_DEFAULT,
+        probe_sizes(loaded.spec.n_ctx, config),
+        progress,
+    )
     results = {name: probe.run(run) for name, probe in kinds.PROBES.items()}
     info = {key: value for result in results.values() for key, value in result.facts.items()}
     info["sizes"] = run.sizes
@@ -93,10 +110,15 @@ def window_reach(loaded, info: dict) -> dict | None:
     if not windows:
         return None
     narrowest = min(windows.values())
-    longest = max(info.get("longest_window", 0), 1 + info["seq_len"] * info["repeats"],
-                  info.get("longest_needle_prompt", 0))
-    return {"window": narrowest, "layers": sorted(windows), "longest_probe": longest,
-            "probes_inside": longest <= narrowest}
+    longest = max(
+        info.get("longest_window", 0), 1 + info["seq_len"] * info["repeats"], info.get("longest_needle_prompt", 0)
+    )
+    return {
+        "window": narrowest,
+        "layers": sorted(windows),
+        "longest_probe": longest,
+        "probes_inside": longest <= narrowest,
+    }
 
 
 def _to_frame(results: dict, spec) -> pd.DataFrame:
@@ -122,6 +144,7 @@ def head_records(frame: pd.DataFrame) -> list[dict]:
 
     records = []
     for row in frame.to_dict("records"):
-        records.append({key: (None if isinstance(value, float) and math.isnan(value) else value)
-                        for key, value in row.items()})
+        records.append(
+            {key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in row.items()}
+        )
     return records

@@ -91,17 +91,27 @@ def _jsonl_documents(path: Path, check: bool) -> Iterator[str]:
             except json.JSONDecodeError as exc:
                 raise InputTextError(f"{where} is not valid JSON: {exc.msg} (column {exc.colno})") from None
             if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
-                raise InputTextError(f"{where} has no string {TEXT_FIELD!r} field: each line must be an object "
-                                     f'like {{"{TEXT_FIELD}": "..."}}')
+                raise InputTextError(
+                    f"{where} has no string {TEXT_FIELD!r} field: each line must be an object "
+                    f'like {{"{TEXT_FIELD}": "..."}}'
+                )
             text = record[TEXT_FIELD]
             if not text.strip():
                 continue
             yield check_text(text, where) if check else text
 
 
-def document_windows(tokenizer, documents: Iterable[str], n_ctx: int, bos: int | None, max_windows: int,
-                     facts: dict, haystack: list[int], progress: bool = False,
-                     haystack_len: int | None = None) -> Iterator[list[int]]:
+def document_windows(
+    tokenizer,
+    documents: Iterable[str],
+    n_ctx: int,
+    bos: int | None,
+    max_windows: int,
+    facts: dict,
+    haystack: list[int],
+    progress: bool = False,
+    haystack_len: int | None = None,
+) -> Iterator[list[int]]:
     """Stream each document's text windows (probes.text_windows: BOS + up to n_ctx - 1 tokens, never
     spanning two documents) until `max_windows`, counting every document's tokens and windows in
     `facts` (n_documents, n_text_tokens, n_windows_available, n_windows, longest_window); the first documents'
@@ -120,8 +130,7 @@ def document_windows(tokenizer, documents: Iterable[str], n_ctx: int, bos: int |
         facts["n_windows_available"] += -(-len(ids) // body)
         left = max_windows - facts["n_windows"]
         if left > 0 and len(ids) >= MIN_TEXT_TOKENS:
-            for window in text_windows(tokenizer, ids, n_ctx, bos, min_tokens=MIN_TEXT_TOKENS,
-                                       max_windows=left):
+            for window in text_windows(tokenizer, ids, n_ctx, bos, min_tokens=MIN_TEXT_TOKENS, max_windows=left):
                 facts["n_windows"] += 1
                 facts["longest_window"] = max(facts.get("longest_window", 0), len(window))
                 yield window

@@ -15,15 +15,24 @@ from headlens.errors import UnsupportedQuantError
 
 # ggml type id -> (name, elements per block, bytes per block), as numbered by `enum ggml_type` in ggml.h
 GGML_TYPES = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2),
-    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    30: ("BF16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
     14: ("Q6_K", 256, 210),
 }
 
 
 def type_name(ggml_type: int) -> str:
-    """"Q4_K" for 12; the gguf package's name (or the number) for a type we do not decode."""
+    """ "Q4_K" for 12; the gguf package's name (or the number) for a type we do not decode."""
     if ggml_type in GGML_TYPES:
         return GGML_TYPES[ggml_type][0]
     try:
@@ -38,8 +47,10 @@ def check_supported_type(ggml_type: int, tensor: str = "") -> None:
     if ggml_type not in GGML_TYPES:
         where = f" (tensor {tensor})" if tensor else ""
         supported = ", ".join(name for name, _, _ in GGML_TYPES.values())
-        raise UnsupportedQuantError(f"GGUF quantization type {type_name(ggml_type)}{where} is not supported by "
-                                    f"headlens's dequantizer; supported: {supported}")
+        raise UnsupportedQuantError(
+            f"GGUF quantization type {type_name(ggml_type)}{where} is not supported by "
+            f"headlens's dequantizer; supported: {supported}"
+        )
 
 
 def row_bytes(ggml_type: int, n_elements: int) -> int:
@@ -67,7 +78,7 @@ def dequantize(data, ggml_type: int) -> np.ndarray:
     step = max(1, CHUNK_ELEMENTS // block_elements)
     decode = _DECODERS[ggml_type]
     for start in range(0, blocks.shape[0], step):
-        out[start:start + step] = decode(blocks[start:start + step])
+        out[start : start + step] = decode(blocks[start : start + step])
     return out.reshape(*raw.shape[:-1], raw.shape[-1] // block_bytes * block_elements).numpy()
 
 
@@ -76,7 +87,7 @@ def dequantize(data, ggml_type: int) -> np.ndarray:
 
 def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
     """The fp16 scalar at byte `start` of every block, as float32."""
-    return blocks[:, start:start + 2].contiguous().view(torch.float16).float()  # [block, 1]
+    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()  # [block, 1]
 
 
 def _lo_hi(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -192,7 +203,17 @@ def _float(dtype):
 
 
 _DECODERS = {
-    0: _float(torch.float32), 1: _float(torch.float16), 30: _float(torch.bfloat16),
-    2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0,
-    10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k,
+    0: _float(torch.float32),
+    1: _float(torch.float16),
+    30: _float(torch.bfloat16),
+    2: _q4_0,
+    3: _q4_1,
+    6: _q5_0,
+    7: _q5_1,
+    8: _q8_0,
+    10: _q2_k,
+    11: _q3_k,
+    12: _q4_k,
+    13: _q5_k,
+    14: _q6_k,
 }

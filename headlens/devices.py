@@ -41,8 +41,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         if count == 0:
             raise DeviceError(f"device {device!r} asked for, but CUDA is not available on this machine")
         if resolved.index is not None and resolved.index >= count:
-            raise DeviceError(f"device {device!r} is out of range: this machine has {count} CUDA device(s) "
-                              f"(cuda:0-cuda:{count - 1})")
+            raise DeviceError(
+                f"device {device!r} is out of range: this machine has {count} CUDA device(s) (cuda:0-cuda:{count - 1})"
+            )
     elif resolved.type == "mps":
         if not torch.backends.mps.is_available():
             raise DeviceError(f"device {device!r} asked for, but Apple MPS is not available on this machine")

@@ -104,8 +104,11 @@ def convert_gguf(parsed: GGUFFile, dest: Path) -> None:
         tensors = _mapped_tensors(parsed, model)
         tokenizer = _tokenizer(parsed)
     dest.mkdir(parents=True, exist_ok=True)
-    save_file({name: t.contiguous() for name, t in tensors.items()}, str(dest / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {name: t.contiguous() for name, t in tensors.items()},
+        str(dest / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     config.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
 
@@ -122,8 +125,10 @@ def _config_and_skeleton(parsed: GGUFFile):
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
     except (ValueError, KeyError, NotImplementedError) as exc:
-        raise ModelLoadError(f"transformers cannot map the GGUF architecture {parsed.architecture!r} of "
-                             f"{parsed.path.name}: {_first_line(exc)}") from None
+        raise ModelLoadError(
+            f"transformers cannot map the GGUF architecture {parsed.architecture!r} of "
+            f"{parsed.path.name}: {_first_line(exc)}"
+        ) from None
     config.dtype = torch.float32
     return config, model
 
@@ -133,16 +138,20 @@ def _mapped_tensors(parsed: GGUFFile, model) -> dict[str, torch.Tensor]:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     try:
-        tensors = load_gguf_checkpoint(str(parsed.path), return_tensors=True, model_to_load=model,
-                                       torch_dtype=torch.float32)["tensors"]
+        tensors = load_gguf_checkpoint(
+            str(parsed.path), return_tensors=True, model_to_load=model, torch_dtype=torch.float32
+        )["tensors"]
     except (ValueError, KeyError, NotImplementedError) as exc:
-        raise ModelLoadError(f"transformers cannot map the tensors of {parsed.path.name} "
-                             f"({parsed.architecture}): {_first_line(exc)}") from None
+        raise ModelLoadError(
+            f"transformers cannot map the tensors of {parsed.path.name} ({parsed.architecture}): {_first_line(exc)}"
+        ) from None
     tied = (model._tied_weights_keys or {}) if model.config.tie_word_embeddings else {}
     missing = sorted(set(model.state_dict()) - set(tensors) - set(tied))
     if missing:
-        raise ModelLoadError(f"transformers maps no tensor of {parsed.path.name} to {len(missing)} weights of "
-                             f"its {parsed.architecture} model (e.g. {missing[0]}): unsupported layout")
+        raise ModelLoadError(
+            f"transformers maps no tensor of {parsed.path.name} to {len(missing)} weights of "
+            f"its {parsed.architecture} model (e.g. {missing[0]}): unsupported layout"
+        )
     return tensors
 
 

@@ -83,7 +83,7 @@ class _Cursor:
         length = self.read("<Q")
         if self.pos + length > len(self.buffer):
             raise ModelLoadError(f"{self.path} is truncated or damaged (a header string runs past the end)")
-        raw = bytes(self.buffer[self.pos:self.pos + length])
+        raw = bytes(self.buffer[self.pos : self.pos + length])
         self.pos += length
         return raw.decode("utf-8", errors="replace")
 
@@ -140,14 +140,16 @@ def read_gguf(path: str | Path) -> GGUFFile:
     return GGUFFile(path=path, metadata=metadata, types=types, tensors=tensors)
 
 
-def _entry(blob: np.ndarray, path: Path, start: int, name: str, shape: tuple, ggml_type: int,
-           offset: int) -> TensorEntry:
+def _entry(
+    blob: np.ndarray, path: Path, start: int, name: str, shape: tuple, ggml_type: int, offset: int
+) -> TensorEntry:
     if ggml_type not in GGML_TYPES:  # the size of an unknown block is unknown: keep the row empty
         return TensorEntry(name, shape, ggml_type, blob[:0])
     n_rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     width = row_bytes(ggml_type, shape[-1] if shape else 1)
     begin, end = start + offset, start + offset + n_rows * width
     if end > blob.shape[0]:
-        raise ModelLoadError(f"{path} is truncated: tensor {name} needs bytes up to {end:,}, "
-                             f"the file has {blob.shape[0]:,}")
+        raise ModelLoadError(
+            f"{path} is truncated: tensor {name} needs bytes up to {end:,}, the file has {blob.shape[0]:,}"
+        )
     return TensorEntry(name, shape, ggml_type, blob[begin:end].reshape(*shape[:-1], width))

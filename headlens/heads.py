@@ -55,8 +55,7 @@ def parse_heads(spec: str, n_layers: int, n_heads: int) -> list[Head]:
         match = _HEAD_RE.match(piece)
         if not match:
             raise InvalidHeadError(
-                f"malformed head {piece.strip()!r} in {spec!r}: expected L.H with integers (e.g. 3.4), "
-                "layer:L or all"
+                f"malformed head {piece.strip()!r} in {spec!r}: expected L.H with integers (e.g. 3.4), layer:L or all"
             )
         head = Head(int(match.group(1)), int(match.group(2)))
         if head.layer >= n_layers or head.head >= n_heads:

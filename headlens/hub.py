@@ -13,8 +13,16 @@ from headlens.arch import check_supported
 from headlens.errors import ModelLoadError
 
 # Files a hub snapshot needs; weights are safetensors only (never pickles from the network).
-HUB_PATTERNS = ["config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt",
-                "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+HUB_PATTERNS = [
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+]
 
 
 def check_local_dir(path: Path) -> None:

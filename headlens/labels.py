@@ -66,12 +66,18 @@ class ProbeConfig:
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
         for name in ("token_budget", "needle_budget"):
             value = getattr(self, name)
-            need(value is None and name == "needle_budget" or isinstance(value, int) and value >= MIN_BUDGET,
-                 name, f"an integer >= {MIN_BUDGET} (tokens per probe sequence)")
+            need(
+                value is None and name == "needle_budget" or isinstance(value, int) and value >= MIN_BUDGET,
+                name,
+                f"an integer >= {MIN_BUDGET} (tokens per probe sequence)",
+            )
         need(isinstance(self.repeats, int) and self.repeats >= 2, "repeats", "an integer >= 2")
         need(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0")
-        need(isinstance(self.needle_restate, int) and 1 <= self.needle_restate < self.needle_len,
-             "needle_restate", f"an integer in [1, needle_len - 1 = {self.needle_len - 1}]")
+        need(
+            isinstance(self.needle_restate, int) and 1 <= self.needle_restate < self.needle_len,
+            "needle_restate",
+            f"an integer in [1, needle_len - 1 = {self.needle_len - 1}]",
+        )
         for th in kinds.THRESHOLDS:
             value = getattr(self, th.field)
             need(isinstance(value, (int, float)) and 0.0 <= value <= 1.0, th.field, "a number in [0, 1]")
@@ -80,10 +86,16 @@ class ProbeConfig:
 # The probe settings plus one float field per threshold of the registry (headlens.kinds.THRESHOLDS:
 # `positional_min`, `retrieval_min`, ...), defaults and citations declared there.
 ClassifyConfig = make_dataclass(
-    "ClassifyConfig", [(th.field, float, dc_field(default=th.default)) for th in kinds.THRESHOLDS],
-    bases=(ProbeConfig,), frozen=True,
-    namespace={"__module__": __name__, "__doc__": "Probe settings and label thresholds of classify_heads "
-               "(ProbeConfig's fields, then one per headlens.kinds threshold). CLI flags map 1:1 to fields."})
+    "ClassifyConfig",
+    [(th.field, float, dc_field(default=th.default)) for th in kinds.THRESHOLDS],
+    bases=(ProbeConfig,),
+    frozen=True,
+    namespace={
+        "__module__": __name__,
+        "__doc__": "Probe settings and label thresholds of classify_heads "
+        "(ProbeConfig's fields, then one per headlens.kinds threshold). CLI flags map 1:1 to fields.",
+    },
+)
 
 
 def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
@@ -136,8 +148,9 @@ def rank_key(labels, row: dict) -> tuple:
 def label_list(value) -> list[str]:
     """Labels as a list: classify_heads gives a list; a frame read back from CSV/JSON may hold "a;b" or NaN."""
     if isinstance(value, str):
-        return [part.strip() for part in value.strip("[]").replace("'", "").replace(";", ",").split(",")
-                if part.strip()]
+        return [
+            part.strip() for part in value.strip("[]").replace("'", "").replace(";", ",").split(",") if part.strip()
+        ]
     if isinstance(value, (list, tuple, np.ndarray)):
         return [str(v) for v in value]
     return []

@@ -138,9 +138,16 @@ def visible_keys(attention_mask: torch.Tensor, window: int | None = None) -> tor
     return visible[None, None] & attention_mask.bool()[:, None, None, :]  # [batch, 1, q_pos, k_pos]
 
 
-def pattern_rows(q: torch.Tensor, k: torch.Tensor, attention_mask: torch.Tensor, scale: float,
-                 q_start: int, q_stop: int, window: int | None = None,
-                 visible: torch.Tensor | None = None) -> torch.Tensor:
+def pattern_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scale: float,
+    q_start: int,
+    q_stop: int,
+    window: int | None = None,
+    visible: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Rows q_start..q_stop-1 of the pattern from a layer's own queries and keys.
 
     Step 2 of the lesson on a block of queries: scores, mask and softmax on the block's own
@@ -163,8 +170,9 @@ def pattern_rows(q: torch.Tensor, k: torch.Tensor, attention_mask: torch.Tensor,
     if visible is None:
         visible = torch.ones(q_stop - q_start, hi - lo, dtype=torch.bool, device=q.device).tril(q_start - lo)
         if window is not None:
-            visible &= ~torch.ones(q_stop - q_start, hi - lo, dtype=torch.bool,
-                                   device=q.device).tril(q_start - lo - window)
+            visible &= ~torch.ones(q_stop - q_start, hi - lo, dtype=torch.bool, device=q.device).tril(
+                q_start - lo - window
+            )
         visible = visible[None, None] & attention_mask.bool()[:, None, None, lo:hi]  # [batch, 1, rows, hi - lo]
     else:
         visible = visible[:, :, q_start:q_stop, lo:hi]  # [batch, 1, rows, hi - lo] (a view)
@@ -232,7 +240,7 @@ def rotate(x: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> torch
     angles = torch.cat([angles, angles], dim=-1)  # [pos, r]
     cos, sin = (angles.cos() * scale).to(x.dtype), (angles.sin() * scale).to(x.dtype)  # [pos, r]
     x_rot, x_pass = x[..., :r], x[..., r:]  # [batch, head, pos, r], [batch, head, pos, d_head - r]
-    halves = torch.cat([-x_rot[..., r // 2:], x_rot[..., : r // 2]], dim=-1)  # [batch, head, pos, r]
+    halves = torch.cat([-x_rot[..., r // 2 :], x_rot[..., : r // 2]], dim=-1)  # [batch, head, pos, r]
     return torch.cat([x_rot * cos + halves * sin, x_pass], dim=-1)  # [batch, head, pos, d_head]
 
 

@@ -106,8 +106,9 @@ def gpt2_tokenizer():
     vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
     lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
     merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
-    tok = GPT2TokenizerFast(vocab=vocab, merges=merges, bos_token="<|endoftext|>",
-                            eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok = GPT2TokenizerFast(
+        vocab=vocab, merges=merges, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     if len(tok) != 50257:
         raise ModelLoadError(f"shipped GPT-2 tokenizer has {len(tok)} tokens, expected 50257: package data damaged")
     return tok
@@ -180,8 +181,9 @@ def boot_bridge(loaded: LoadedModel):
         loaded.tokenizer.save_pretrained(tmp)
         # TransformerLens re-reads the tokenizer by name_or_path: it must be a local directory.
         tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
-        return TransformerBridge.boot_transformers(tmp, hf_model=hf_copy, tokenizer=tokenizer,
-                                                   device=param.device, dtype=param.dtype)
+        return TransformerBridge.boot_transformers(
+            tmp, hf_model=hf_copy, tokenizer=tokenizer, device=param.device, dtype=param.dtype
+        )
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -249,15 +251,22 @@ def _load_tokenizer(path: Path, d_vocab: int, converted: bool = False):
             raise ModelLoadError(f"tokenizer files in {path} cannot be read: {exc}") from None
     tokenizer = gpt2_tokenizer()
     if d_vocab != len(tokenizer):
-        raise ModelLoadError(f"{path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there, and the "
-                             f"model's {d_vocab}-token vocabulary is not GPT-2's; copy the model's tokenizer files "
-                             "into the folder")
+        raise ModelLoadError(
+            f"{path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there, and the "
+            f"model's {d_vocab}-token vocabulary is not GPT-2's; copy the model's tokenizer files "
+            "into the folder"
+        )
     return tokenizer
 
 
-def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
-               dtype: str | torch.dtype | None = torch.float32, device_map: str | dict | None = None,
-               max_memory: dict | None = None, offload_folder: str | os.PathLike | None = None) -> LoadedModel:
+def load_model(
+    name_or_path: str,
+    device: str | torch.device | None = "cpu",
+    dtype: str | torch.dtype | None = torch.float32,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
+) -> LoadedModel:
     """Load a causal language model of a supported family for inspection.
 
     `name_or_path`: "tiny" (the model shipped with headlens), a local Hugging Face directory
@@ -281,19 +290,30 @@ def load_model(name_or_path: str, device: str | torch.device | None = "cpu",
     try:
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
-                str(path), attn_implementation="eager", dtype=dtype, trust_remote_code=False,
+                str(path),
+                attn_implementation="eager",
+                dtype=dtype,
+                trust_remote_code=False,
                 weights_only=True,  # a pytorch_model.bin is read by torch.load(weights_only=True) only
                 **placement,
             )
     except Exception as exc:  # transformers wraps I/O and format errors in many types
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "weights only load failed" in first_line.lower():
-            first_line = ("the checkpoint holds objects other than tensors, and headlens only unpickles with "
-                          "torch.load(weights_only=True); convert it to model.safetensors")
+            first_line = (
+                "the checkpoint holds objects other than tensors, and headlens only unpickles with "
+                "torch.load(weights_only=True); convert it to model.safetensors"
+            )
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
     model = _to_eager(model) if target is None else _to_eager(model).to(target)
     model.eval()
     tokenizer = _load_tokenizer(path, model.get_input_embeddings().num_embeddings, converted=source is not None)
-    return LoadedModel(model=model, tokenizer=tokenizer, spec=spec_of(model), name=name_or_path, path=path,
-                       display_name=display_name, source=source)
-
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        spec=spec_of(model),
+        name=name_or_path,
+        path=path,
+        display_name=display_name,
+        source=source,
+    )

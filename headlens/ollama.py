@@ -23,7 +23,7 @@ def ollama_store() -> Path:
 
 def ollama_blob(spec: str) -> tuple[Path, str, str]:
     """`ollama:NAME[:TAG]` -> (GGUF blob path, its sha256, "NAME:TAG")."""
-    name, _, tag = spec[len(PREFIX):].partition(":")
+    name, _, tag = spec[len(PREFIX) :].partition(":")
     tag = tag or "latest"
     if not name:
         raise ModelLoadError(f"{spec!r} names no model: write ollama:NAME or ollama:NAME:TAG")
@@ -31,8 +31,10 @@ def ollama_blob(spec: str) -> tuple[Path, str, str]:
     repo = name if "/" in name else f"library/{name}"
     manifest = store / "manifests" / "registry.ollama.ai" / repo / tag
     if not manifest.is_file():
-        raise ModelLoadError(f"ollama model {name}:{tag} is not in the Ollama store ({manifest} is missing): "
-                             f"run `ollama pull {name}:{tag}` or set OLLAMA_MODELS")
+        raise ModelLoadError(
+            f"ollama model {name}:{tag} is not in the Ollama store ({manifest} is missing): "
+            f"run `ollama pull {name}:{tag}` or set OLLAMA_MODELS"
+        )
     try:
         layers = json.loads(manifest.read_text(encoding="utf-8"))["layers"]
         digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == MODEL_MEDIA_TYPE)

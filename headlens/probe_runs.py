@@ -69,8 +69,14 @@ def probe_sizes(n_ctx: int, config) -> dict:
     """Longest sequence of each probe: min(budget, n_ctx) tokens; `capped` when a budget cut the context."""
     window = min(n_ctx, config.token_budget)
     needle = min(n_ctx, config.needle_budget or config.token_budget)
-    return {"n_ctx": n_ctx, "token_budget": config.token_budget, "window": window, "repeat_context": window,
-            "needle_context": needle, "capped": min(window, needle) < n_ctx}
+    return {
+        "n_ctx": n_ctx,
+        "token_budget": config.token_budget,
+        "window": window,
+        "repeat_context": window,
+        "needle_context": needle,
+        "capped": min(window, needle) < n_ctx,
+    }
 
 
 def stream_heads(model, batches, reducers, progress: bool = False, desc: str = "capture") -> None:
@@ -90,21 +96,39 @@ def score_text(run: ProbeRun) -> ProbeResult:
     prev, cur, first = prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h)
     argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset)
     facts = {"n_windows": 0, "n_windows_available": 0, "n_text_tokens": 0, "n_documents": 0}
-    windows = document_windows(loaded.tokenizer, run.documents, run.sizes["window"], loaded.bos_token_id,
-                               config.max_windows, facts, run.haystack, run.progress,
-                               haystack_len=run.sizes["needle_context"])
-    batches = (Batch(*pad_batch(chunk, pad_id=loaded.bos_token_id), index=i, offset=i * config.batch_size)
-               for i, chunk in enumerate(chunks(windows, config.batch_size)))
+    windows = document_windows(
+        loaded.tokenizer,
+        run.documents,
+        run.sizes["window"],
+        loaded.bos_token_id,
+        config.max_windows,
+        facts,
+        run.haystack,
+        run.progress,
+        haystack_len=run.sizes["needle_context"],
+    )
+    batches = (
+        Batch(*pad_batch(chunk, pad_id=loaded.bos_token_id), index=i, offset=i * config.batch_size)
+        for i, chunk in enumerate(chunks(windows, config.batch_size))
+    )
     stream_heads(loaded.model, distributed.shard(batches), [prev, cur, first, argmax])
     distributed.all_reduce_totals([prev, cur, first, argmax])
     if facts["n_windows"] == 0:
-        raise InputTextError(f"text is too short: {probes.n_tokens(facts['n_text_tokens'])}, need at least "
-                             f"{probes.MIN_TEXT_TOKENS} in one document")
+        raise InputTextError(
+            f"text is too short: {probes.n_tokens(facts['n_text_tokens'])}, need at least "
+            f"{probes.MIN_TEXT_TOKENS} in one document"
+        )
     offset, share = argmax.result()
-    scores = {"prev_token_score": prev.result(), "prev_token_std": prev.seq_std(),
-              "current_token_score": cur.result(), "current_token_std": cur.seq_std(),
-              "first_token_score": first.result(), "first_token_std": first.seq_std(),
-              "positional_offset": offset, "positional_share": share}
+    scores = {
+        "prev_token_score": prev.result(),
+        "prev_token_std": prev.seq_std(),
+        "current_token_score": cur.result(),
+        "current_token_std": cur.seq_std(),
+        "first_token_score": first.result(),
+        "first_token_std": first.seq_std(),
+        "positional_offset": offset,
+        "positional_share": share,
+    }
     n_positions = int(argmax.n_scored[0])
     facts.update(n_positions=n_positions, windows_capped=facts["n_windows"] < facts["n_windows_available"])
     return ProbeResult(scores, {"n_positions": n_positions}, facts, run.text_source)
@@ -115,20 +139,36 @@ def score_repeats(run: ProbeRun) -> ProbeResult:
     loaded, config = run.loaded, run.config
     repeats = fit_repeats(config.seq_len, config.repeats, run.sizes["repeat_context"])
     low, high = token_range(run)
-    tokens = repeated_random_tokens(config.n_seq, config.seq_len, repeats, low, high, loaded.bos_token_id,
-                                    seed=config.seed)  # [n_seq, 1 + seq_len * repeats]
+    tokens = repeated_random_tokens(
+        config.n_seq, config.seq_len, repeats, low, high, loaded.bos_token_id, seed=config.seed
+    )  # [n_seq, 1 + seq_len * repeats]
     n, h = loaded.spec.n_layers, loaded.spec.n_heads
     dup, prefix = duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
     copying = CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))
-    stream_heads(loaded.model, distributed.shard(iter_batches(tokens, config.batch_size)), [dup, prefix, copying],
-                 progress=run.progress, desc="repeats")
+    stream_heads(
+        loaded.model,
+        distributed.shard(iter_batches(tokens, config.batch_size)),
+        [dup, prefix, copying],
+        progress=run.progress,
+        desc="repeats",
+    )
     distributed.all_reduce_totals([dup, prefix, copying])
-    scores = {"duplicate_token_score": dup.result(), "duplicate_token_std": dup.seq_std(),
-              "prefix_matching_score": prefix.result(), "prefix_matching_std": prefix.seq_std(),
-              "copying_score": copying.result(), "copying_std": copying.std()}
+    scores = {
+        "duplicate_token_score": dup.result(),
+        "duplicate_token_std": dup.seq_std(),
+        "prefix_matching_score": prefix.result(),
+        "prefix_matching_std": prefix.seq_std(),
+        "copying_score": copying.result(),
+        "copying_std": copying.std(),
+    }
     n_repeat = int(prefix.counts[0])
-    facts = {"repeats": repeats, "seq_len": config.seq_len, "n_seq": config.n_seq, "token_range": [low, high],
-             "n_repeat_positions": n_repeat}
+    facts = {
+        "repeats": repeats,
+        "seq_len": config.seq_len,
+        "n_seq": config.n_seq,
+        "token_range": [low, high],
+        "n_repeat_positions": n_repeat,
+    }
     return ProbeResult(scores, {"n_repeat_positions": n_repeat}, facts, SOURCE_RANDOM)
 
 
@@ -148,13 +188,21 @@ def score_needles(run: ProbeRun) -> ProbeResult:
     source, ids = run.text_source, run.haystack
     if len(ids) < probes.needle_haystack_min(context, bos, needle_len, restate) and source != SOURCE_DEFAULT:
         source, ids = SOURCE_DEFAULT, default_ids(loaded)
-    prompts = probes.needle_prompts(ids, context, bos, token_range(run), needle_len=needle_len, restate=restate,
-                                    seed=config.seed)
+    prompts = probes.needle_prompts(
+        ids, context, bos, token_range(run), needle_len=needle_len, restate=restate, seed=config.seed
+    )
     result = retrieval_scores(loaded.model, prompts, progress=run.progress)
-    counts = {"n_needle_tests": result["n_tests"], "n_needle_retrieved": result["n_retrieved"],
-              "n_needle_tokens": result["n_tokens"]}
-    facts = {**counts, "needle_len": needle_len, "needle_restate": restate,
-             "longest_needle_prompt": max((len(test.prompt) for test in prompts), default=0)}
+    counts = {
+        "n_needle_tests": result["n_tests"],
+        "n_needle_retrieved": result["n_retrieved"],
+        "n_needle_tokens": result["n_tokens"],
+    }
+    facts = {
+        **counts,
+        "needle_len": needle_len,
+        "needle_restate": restate,
+        "longest_needle_prompt": max((len(test.prompt) for test in prompts), default=0),
+    }
     return ProbeResult({"retrieval_score": result["score"], "retrieval_std": result["std"]}, counts, facts, source)
 
 
@@ -170,8 +218,9 @@ def resolve_text(text: str | None) -> str:
     try:
         return probes.default_text()
     except InputTextError as exc:
-        raise InputTextError(f"no --text given and the default evaluation text is unavailable ({exc}): "
-                             "pass --text FILE") from None
+        raise InputTextError(
+            f"no --text given and the default evaluation text is unavailable ({exc}): pass --text FILE"
+        ) from None
 
 
 def default_ids(loaded) -> list[int]:

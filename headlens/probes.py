@@ -11,8 +11,9 @@ from headlens.errors import ConfigError, InputTextError
 from headlens.models import shipped_path
 
 
-def repeated_random_tokens(n_seq: int, seq_len: int, repeats: int, low: int, high: int,
-                           bos_id: int | None, seed: int = 0) -> torch.Tensor:
+def repeated_random_tokens(
+    n_seq: int, seq_len: int, repeats: int, low: int, high: int, bos_id: int | None, seed: int = 0
+) -> torch.Tensor:
     """Random token ids in [low, high) of period `seq_len`, repeated `repeats` times, BOS prepended.
 
     Olsson et al. 2022: 25 random tokens (most and least common excluded), repeated 4 times,
@@ -32,7 +33,7 @@ def repeated_random_tokens(n_seq: int, seq_len: int, repeats: int, low: int, hig
 
 
 def n_tokens(n: int) -> str:
-    """"1 token", "2 tokens": a count of tokens in a message."""
+    """ "1 token", "2 tokens": a count of tokens in a message."""
     return f"{n} token" if n == 1 else f"{n} tokens"
 
 
@@ -46,7 +47,6 @@ MIN_TEXT_TOKENS = 2
 def read_text(path) -> str:
     """Read a UTF-8 text file; InputTextError for missing, empty, binary or non-UTF-8 files."""
     from pathlib import Path
-
 
     path = Path(path)
     if not path.is_file():
@@ -83,8 +83,14 @@ def default_text() -> str:
     return read_text(shipped_path("tiny") / DEFAULT_TEXT_NAME)
 
 
-def text_windows(tokenizer, text: str | Sequence[int], window: int, bos_id: int | None, min_tokens: int = 2,
-                 max_windows: int | None = None) -> list[list[int]]:
+def text_windows(
+    tokenizer,
+    text: str | Sequence[int],
+    window: int,
+    bos_id: int | None,
+    min_tokens: int = 2,
+    max_windows: int | None = None,
+) -> list[list[int]]:
     """Tokenize `text` (or take its token ids) and cut it into consecutive windows of at most `window` tokens, each with
     BOS prepended (BOS counts towards `window`). Never truncates silently: every token lands in
     a window (up to `max_windows`, which the caller states). The last window may be shorter;
@@ -135,8 +141,10 @@ def random_token_range(d_vocab: int, low: int | None = None, high: int | None = 
     lo = auto[0] if low is None else low
     hi = auto[1] if high is None else high
     if not 0 <= lo < hi <= d_vocab or hi - lo < 2:
-        raise ConfigError(f"random-token id range [{lo}, {hi}) is invalid: need 0 <= low < high <= {d_vocab} "
-                          "(the vocabulary size) with at least 2 ids")
+        raise ConfigError(
+            f"random-token id range [{lo}, {hi}) is invalid: need 0 <= low < high <= {d_vocab} "
+            "(the vocabulary size) with at least 2 ids"
+        )
     return lo, hi
 
 
@@ -148,9 +156,11 @@ def fit_repeats(seq_len: int, repeats: int, n_ctx: int) -> int:
 
     fit = min(repeats, (n_ctx - 1) // seq_len)
     if fit < 2:
-        raise ConfigError(f"seq_len {seq_len} is too long for probe sequences of {n_ctx} tokens (the token budget "
-                          f"or the model's context, whichever is shorter): "
-                          f"two copies plus BOS need 1 + 2 * seq_len <= {n_ctx}, so seq_len <= {(n_ctx - 1) // 2}")
+        raise ConfigError(
+            f"seq_len {seq_len} is too long for probe sequences of {n_ctx} tokens (the token budget "
+            f"or the model's context, whichever is shorter): "
+            f"two copies plus BOS need 1 + 2 * seq_len <= {n_ctx}, so seq_len <= {(n_ctx - 1) // 2}"
+        )
     return fit
 
 
@@ -161,16 +171,18 @@ NEEDLE_LENGTHS = (0.25, 0.5, 1.0)  # total test lengths, as shares of the contex
 MIN_HAYSTACK = 8  # haystack tokens a test needs at least
 
 
-def _haystack_lengths(n_ctx: int, bos_id: int | None, needle_len: int, restate: int,
-                      lengths: Sequence[float]) -> list[tuple[int, int]]:
+def _haystack_lengths(
+    n_ctx: int, bos_id: int | None, needle_len: int, restate: int, lengths: Sequence[float]
+) -> list[tuple[int, int]]:
     """(context, haystack length) of each test length that leaves at least MIN_HAYSTACK haystack tokens."""
     fixed = needle_len + restate + (needle_len - restate) + (1 if bos_id is not None else 0)
     sizes = [(int(round(share * n_ctx)), int(round(share * n_ctx)) - fixed) for share in lengths]
     return [(context, hay) for context, hay in sizes if hay >= MIN_HAYSTACK]
 
 
-def needle_haystack_min(n_ctx: int, bos_id: int | None, needle_len: int = 16, restate: int = 4,
-                        lengths: Sequence[float] = NEEDLE_LENGTHS) -> int:
+def needle_haystack_min(
+    n_ctx: int, bos_id: int | None, needle_len: int = 16, restate: int = 4, lengths: Sequence[float] = NEEDLE_LENGTHS
+) -> int:
     """Text tokens the shortest needle test needs (needle_prompts refuses a shorter haystack text)."""
     sizes = _haystack_lengths(n_ctx, bos_id, needle_len, restate, lengths)
     return min((hay for _, hay in sizes), default=MIN_HAYSTACK)
@@ -187,9 +199,17 @@ class NeedlePrompt(NamedTuple):
     depth: float  # where the needle sits in the haystack, 0..1
 
 
-def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, token_range: tuple[int, int],
-                   needle_len: int = 16, restate: int = 4, depths: Sequence[float] = NEEDLE_DEPTHS,
-                   lengths: Sequence[float] = NEEDLE_LENGTHS, seed: int = 0) -> list[NeedlePrompt]:
+def needle_prompts(
+    haystack_ids: Sequence[int],
+    n_ctx: int,
+    bos_id: int | None,
+    token_range: tuple[int, int],
+    needle_len: int = 16,
+    restate: int = 4,
+    depths: Sequence[float] = NEEDLE_DEPTHS,
+    lengths: Sequence[float] = NEEDLE_LENGTHS,
+    seed: int = 0,
+) -> list[NeedlePrompt]:
     """Needle-in-a-haystack prompts for retrieval heads, adapted from Wu et al. 2024 (arXiv 2404.15574).
 
     Wu et al. insert a needle sentence into 1K-50K-token haystacks at 10 depths and ask a chat
@@ -220,6 +240,8 @@ def needle_prompts(haystack_ids: Sequence[int], n_ctx: int, bos_id: int | None, 
             prompts.append(NeedlePrompt(prompt, len(head), needle, restate, context, float(depth)))
     if not prompts:
         need = needle_haystack_min(n_ctx, bos_id, needle_len, restate, lengths)
-        raise InputTextError(f"text is too short for the needle-in-a-haystack probe: {n_tokens(len(haystack_ids))}, "
-                             f"need at least {need} for the shortest haystack")
+        raise InputTextError(
+            f"text is too short for the needle-in-a-haystack probe: {n_tokens(len(haystack_ids))}, "
+            f"need at least {need} for the shortest haystack"
+        )
     return prompts

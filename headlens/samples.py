@@ -53,7 +53,7 @@ def copy_losses(loaded, ids: list[int], period: int) -> tuple[float, float]:
         logits = loaded.model(input_ids).logits[0, :-1].float()  # [pos-1, d_vocab]
     losses = torch.nn.functional.cross_entropy(logits, input_ids[0, 1:], reduction="none")  # [pos-1]
     # losses[t] is the loss of token t + 1: the first copy holds tokens 1..period, the second period+1..2*period
-    return float(losses[1:period].mean()), float(losses[period + 1:2 * period].mean())
+    return float(losses[1:period].mean()), float(losses[period + 1 : 2 * period].mean())
 
 
 def choose_repeated(loaded, body: list[int], limit: int, seed: int = 0) -> dict:
@@ -96,8 +96,11 @@ def sample_patterns(loaded, text: str, max_tokens: int = 64, *, repeat: bool = F
     if not body:
         raise InputTextError("sample text has no tokens")
     limit = min(max_tokens, loaded.spec.n_ctx)
-    chosen = choose_repeated(loaded, body, limit, seed) if repeat else {"ids": [loaded.bos_token_id] + body,
-                                                                         "sample": SAMPLE_TEXT}
+    chosen = (
+        choose_repeated(loaded, body, limit, seed)
+        if repeat
+        else {"ids": [loaded.bos_token_id] + body, "sample": SAMPLE_TEXT}
+    )
     kept = chosen["ids"][:limit]
     input_ids = torch.tensor([kept], dtype=torch.long)  # [1, pos]
     mask = torch.ones_like(input_ids, dtype=torch.bool)  # [1, pos]

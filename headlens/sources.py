@@ -39,8 +39,9 @@ def find_gguf(name_or_path: str) -> tuple[Path, str | None, str] | None:
     if path.is_dir() and not (path / "config.json").exists():
         found = sorted(path.glob("*.gguf"))
         if len(found) > 1:
-            raise ModelLoadError(f"{path} holds {len(found)} GGUF files ({', '.join(p.name for p in found[:4])}): "
-                                 f"pass the one to load")
+            raise ModelLoadError(
+                f"{path} holds {len(found)} GGUF files ({', '.join(p.name for p in found[:4])}): pass the one to load"
+            )
         if found:
             return found[0], None, found[0].name.removesuffix(".gguf")
     return None
@@ -53,16 +54,27 @@ def gguf_folder(gguf_path: Path, sha256: str | None) -> tuple[Path, ModelSource]
 
     def build(folder: Path) -> dict:
         if known is not None and file_sha256(gguf_path) != known:
-            raise ModelLoadError(f"{gguf_path} does not have the sha256 its source names ({known}): the file is "
-                                 f"damaged; fetch it again (headlens pull / ollama pull)")
+            raise ModelLoadError(
+                f"{gguf_path} does not have the sha256 its source names ({known}): the file is "
+                f"damaged; fetch it again (headlens pull / ollama pull)"
+            )
         parsed = read_gguf(gguf_path)
         convert_gguf(parsed, folder)
-        return {"format": "gguf", "quantization": parsed.quantization, "file": gguf_path.name,
-                "architecture": parsed.architecture, "model_name": str(parsed.metadata.get("general.name", ""))}
+        return {
+            "format": "gguf",
+            "quantization": parsed.quantization,
+            "file": gguf_path.name,
+            "architecture": parsed.architecture,
+            "model_name": str(parsed.metadata.get("general.name", "")),
+        }
 
     entry, record = converted_entry(sha256, build)
-    source = ModelSource(format=record.get("format", "gguf"), quantization=record.get("quantization", "?"),
-                         sha256=sha256, file=record.get("file", gguf_path.name))
+    source = ModelSource(
+        format=record.get("format", "gguf"),
+        quantization=record.get("quantization", "?"),
+        sha256=sha256,
+        file=record.get("file", gguf_path.name),
+    )
     return entry, source
 
 

@@ -144,9 +144,9 @@ def _sdpa_reference(adapter, layer: int, qkv: tuple, mask: torch.Tensor) -> dict
     if window is not None:
         visible &= ~torch.ones(pos, pos, dtype=torch.bool, device=q.device).tril(-window)
     visible = visible[None, None] & mask[:, None, None, :]  # [batch, 1, q_pos, k_pos]
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible,
-                                                           scale=adapter.attention_scale(layer),
-                                                           enable_gqa=k.shape[1] < q.shape[1])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=visible, scale=adapter.attention_scale(layer), enable_gqa=k.shape[1] < q.shape[1]
+    )
     z = out.transpose(1, 2)  # [batch, head, pos, d_head] -> [batch, pos, head, d_head]
     return {"z": z, "attn_out": adapter.z_module(layer)(z.reshape(batch, pos, -1))}  # attn_out [batch, pos, d_model]
 
@@ -168,8 +168,10 @@ def tolerance_rule(dtype: torch.dtype) -> str:
     """One line saying how the tolerance was set for `dtype` (printed with the table)."""
     if dtype == torch.float32:
         return f"tolerance {VALIDATION_ATOL:g} x max(1, largest |reference|) (float32)"
-    return (f"tolerance scaled to {str(dtype).removeprefix('torch.')}: {HALF_EPS_MULTIPLE} x eps "
-            f"({torch.finfo(dtype).eps:.2g}) x max(1, largest |reference|)")
+    return (
+        f"tolerance scaled to {str(dtype).removeprefix('torch.')}: {HALF_EPS_MULTIPLE} x eps "
+        f"({torch.finfo(dtype).eps:.2g}) x max(1, largest |reference|)"
+    )
 
 
 def _max_error(ours: torch.Tensor, ref: torch.Tensor, quantity: str, mask: torch.Tensor) -> tuple[float, float]:
@@ -195,8 +197,10 @@ def compare_attention(loaded: LoadedModel, batch: Batch) -> pd.DataFrame:
         for layer in range(loaded.spec.n_layers):
             hf = references["hf_eager"][layer]
             ours = our_attention(model, layer)(hf["x"], attention_mask=mask)._asdict()  # x [batch, pos, d_model]
-            refs = {**{name: found[layer] for name, found in references.items()},
-                    "sdpa": _sdpa_reference(adapter, layer, hf["qkv"], mask)}
+            refs = {
+                **{name: found[layer] for name, found in references.items()},
+                "sdpa": _sdpa_reference(adapter, layer, hf["qkv"], mask),
+            }
             for reference, values in refs.items():
                 for quantity in ("pattern", "z", "attn_out"):
                     if quantity in values:
@@ -223,8 +227,12 @@ def validate_model(loaded: LoadedModel, text: str | None = None, *, raise_on_fai
     text, source = validation_text(text)
     batch = validation_batch(loaded, text)
     frame = compare_attention(loaded, batch)
-    frame.attrs.update(text_source=source, n_tokens=int(batch.mask.sum()), dtype=str(dtype).removeprefix("torch."),
-                       tolerance_rule=tolerance_rule(dtype))
+    frame.attrs.update(
+        text_source=source,
+        n_tokens=int(batch.mask.sum()),
+        dtype=str(dtype).removeprefix("torch."),
+        tolerance_rule=tolerance_rule(dtype),
+    )
     failed = frame[~frame["passed"]]
     if raise_on_failure and len(failed):
         worst = failed.loc[(failed["max_abs_error"] / failed["tolerance"]).idxmax()]

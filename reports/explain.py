@@ -40,9 +40,15 @@ class ScoreInfo:
 
 # One per heatmap score of the registry (headlens.kinds.SCORES), its default threshold from there.
 SCORES: tuple[ScoreInfo, ...] = tuple(
-    ScoreInfo(score.column, kinds.THRESHOLD_OF[score.column].default if score.column in kinds.THRESHOLD_OF else None,
-              vmin=score.vmin, vmax=score.vmax)
-    for score in kinds.SCORES if score.heatmap)
+    ScoreInfo(
+        score.column,
+        kinds.THRESHOLD_OF[score.column].default if score.column in kinds.THRESHOLD_OF else None,
+        vmin=score.vmin,
+        vmax=score.vmax,
+    )
+    for score in kinds.SCORES
+    if score.heatmap
+)
 
 # ClassifyConfig field holding each score's labelling threshold (headlens.kinds.THRESHOLDS).
 CONFIG_FIELDS = {column: th.field for column, th in kinds.THRESHOLD_OF.items()}

@@ -52,26 +52,42 @@ def pivot_heads(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.pivot_table(index="layer", columns="head", values=column, aggfunc="first", dropna=False)
 
 
-def _heatmap(grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: str,
-             lang: str) -> tuple[Figure, object]:
+def _heatmap(
+    grid: pd.DataFrame, *, cmap: str, vmin: float, vmax: float, label: str, lang: str
+) -> tuple[Figure, object]:
     import seaborn as sns
 
     n_layers, n_heads = grid.shape
     fig = Figure(figsize=(max(5.0, CELL_INCHES * n_heads + 2.0), max(3.0, 0.7 * CELL_INCHES * n_layers + 1.4)))
     ax = fig.add_subplot()
     values = grid.to_numpy(dtype=float)  # [layer, head]
-    annot = (np.vectorize(lambda v: "" if np.isnan(v) else number(v, lang))(values)
-             if grid.size <= MAX_ANNOTATED_CELLS else False)  # numbers in the report's language
-    sns.heatmap(grid, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annot, fmt="",
-                annot_kws={"fontsize": CELL_FONT_POINTS}, linewidths=0.5, linecolor="white", cbar_kws={"label": label})
+    annot = (
+        np.vectorize(lambda v: "" if np.isnan(v) else number(v, lang))(values)
+        if grid.size <= MAX_ANNOTATED_CELLS
+        else False
+    )  # numbers in the report's language
+    sns.heatmap(
+        grid,
+        ax=ax,
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        annot=annot,
+        fmt="",
+        annot_kws={"fontsize": CELL_FONT_POINTS},
+        linewidths=0.5,
+        linecolor="white",
+        cbar_kws={"label": label},
+    )
     ax.collections[0].colorbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: short_number(v, lang)))
     ax.set_xlabel(t("fig.head", lang))
     ax.set_ylabel(t("fig.layer", lang))
     return fig, ax
 
 
-def score_heatmap_uri(frame: pd.DataFrame, column: str, *, vmin: float, vmax: float,
-                      threshold: float | None, lang: str = DEFAULT_LANG) -> str:
+def score_heatmap_uri(
+    frame: pd.DataFrame, column: str, *, vmin: float, vmax: float, threshold: float | None, lang: str = DEFAULT_LANG
+) -> str:
     """Layer x head heatmap of one score; cells at or above `threshold` are outlined in black."""
     grid = pivot_heads(frame, column)
     fig, ax = _heatmap(grid, cmap="viridis", vmin=vmin, vmax=vmax, label=column, lang=lang)
@@ -115,12 +131,17 @@ def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     ax.tick_params(which="minor", length=0)
     ax.set_xlabel(t("fig.head", lang))
     ax.set_ylabel(t("fig.layer", lang))
-    handles = [Patch(facecolor=kinds.BY_LABEL[role].colour, label=f"{t(f'role.{role}', lang)} ({counts[role]})")
-               for role in kinds.ROLES if counts.get(role)]
-    handles.append(Line2D([], [], marker="o", markersize=3, color="black", linestyle="none",
-                          label=t("fig.sink_marker", lang)))
-    handles.append(Line2D([], [], marker="$+$", markersize=6, color="black", linestyle="none",
-                          label=t("fig.several_roles", lang)))
+    handles = [
+        Patch(facecolor=kinds.BY_LABEL[role].colour, label=f"{t(f'role.{role}', lang)} ({counts[role]})")
+        for role in kinds.ROLES
+        if counts.get(role)
+    ]
+    handles.append(
+        Line2D([], [], marker="o", markersize=3, color="black", linestyle="none", label=t("fig.sink_marker", lang))
+    )
+    handles.append(
+        Line2D([], [], marker="$+$", markersize=6, color="black", linestyle="none", label=t("fig.several_roles", lang))
+    )
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
     return figure_uri(fig)
 
@@ -144,8 +165,9 @@ def plain_text(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def delta_heatmap_uri(sweep: pd.DataFrame, lang: str = DEFAULT_LANG, column: str = "delta_loss",
-                      label: str | None = None) -> str:
+def delta_heatmap_uri(
+    sweep: pd.DataFrame, lang: str = DEFAULT_LANG, column: str = "delta_loss", label: str | None = None
+) -> str:
     """Layer x head heatmap of one metric's change (`column`, its axis `label`: default delta loss),
     diverging around 0 (red: the metric rose)."""
     grid = pivot_heads(sweep, column)

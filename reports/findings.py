@@ -37,19 +37,26 @@ def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dic
     for result in results_list(ablation):
         if len(result.get("heads", [])) == 1:
             low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
-            found[str(result["heads"][0])] = {"delta": result_delta(result), "low": float(low),
-                                              "high": float(high), "metric": result.get("metric", "text")}
+            found[str(result["heads"][0])] = {
+                "delta": result_delta(result),
+                "low": float(low),
+                "high": float(high),
+                "metric": result.get("metric", "text"),
+            }
     if sweep is not None:
         metric = sweep.attrs.get("metric", "text")
         for row in sweep.to_dict("records"):
             found[f"{int(row['layer'])}.{int(row['head'])}"] = {
-                "delta": result_delta(row), "low": float(row.get("ci95_low", math.nan)),
-                "high": float(row.get("ci95_high", math.nan)), "metric": row.get("metric", metric)}
+                "delta": result_delta(row),
+                "low": float(row.get("ci95_low", math.nan)),
+                "high": float(row.get("ci95_high", math.nan)),
+                "metric": row.get("metric", metric),
+            }
     return found
 
 
 def score_text(row: dict, column: str, lang: str) -> str | None:
-    """"prefix matching 0.87" (an offset as an integer); None when the frame lacks the score."""
+    """ "prefix matching 0.87" (an offset as an integer); None when the frame lacks the score."""
     value = row.get(column)
     if not isinstance(value, (int, float)) or math.isnan(value):
         return None
@@ -58,7 +65,7 @@ def score_text(row: dict, column: str, lang: str) -> str | None:
 
 
 def ablation_text(found: dict, lang: str) -> str:
-    """"ablation raises the loss on the text by 2.10 nats/token (95% CI 1.90 to 2.30)"."""
+    """ "ablation raises the loss on the text by 2.10 nats/token (95% CI 1.90 to 2.30)"."""
     metric, unit = metric_words(found["metric"], lang)
     key = "findings.ablation_up" if found["delta"] >= 0 else "findings.ablation_down"
     text = t(key, lang, metric=metric, unit=unit, delta=number(abs(found["delta"]), lang))
@@ -72,8 +79,14 @@ def head_line(row: dict, role: str, ablations: dict, lang: str) -> str:
     head = f"{int(row['layer'])}.{int(row['head'])}"
     pieces = [text for column in kinds.BY_LABEL[role].evidence if (text := score_text(row, column, lang))]
     if role == "retrieval" and isinstance(row.get("n_needle_tests"), (int, float)) and "n_needle_retrieved" in row:
-        pieces.append(t("findings.retrieved", lang, n_retrieved=int(row["n_needle_retrieved"]),
-                        n_tests=int(row["n_needle_tests"])))
+        pieces.append(
+            t(
+                "findings.retrieved",
+                lang,
+                n_retrieved=int(row["n_needle_retrieved"]),
+                n_tests=int(row["n_needle_tests"]),
+            )
+        )
     if head in ablations:
         pieces.append(ablation_text(ablations[head], lang))
     line = t("findings.head_line", lang, head="\0", label=role, scores=", ".join(pieces))
@@ -85,8 +98,13 @@ def role_evidence(result: dict, lang: str) -> str:
     """A role's heads ablated together, and where that change falls among its control sets."""
     metric, unit = metric_words(result.get("metric", "text"), lang)
     delta = result_delta(result)
-    change = t("findings.together_up" if delta >= 0 else "findings.together_down", lang, metric=metric, unit=unit,
-               delta=number(abs(delta), lang))
+    change = t(
+        "findings.together_up" if delta >= 0 else "findings.together_down",
+        lang,
+        metric=metric,
+        unit=unit,
+        delta=number(abs(delta), lang),
+    )
     low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
     if not (math.isnan(float(low)) or math.isnan(float(high))):
         change += f" ({t('findings.ci', lang, low=number(low, lang), high=number(high, lang))})"
@@ -94,16 +112,26 @@ def role_evidence(result: dict, lang: str) -> str:
     control = result.get("control")
     if control:
         key = "findings.role_control_exact" if control.get("exact") else "findings.role_control_random"
-        text += " " + t(key, lang, k=control["k"], n_possible=control.get("n_possible", control["k"]),
-                        rank=control["rank"], n_sets=control["k"] + 1, p=number(control["p_value"], lang, 3),
-                        p_min=number(control.get("p_min", 1 / (1 + control["k"])), lang, 3))
+        text += " " + t(
+            key,
+            lang,
+            k=control["k"],
+            n_possible=control.get("n_possible", control["k"]),
+            rank=control["rank"],
+            n_sets=control["k"] + 1,
+            p=number(control["p_value"], lang, 3),
+            p_min=number(control.get("p_min", 1 / (1 + control["k"])), lang, 3),
+        )
     return text
 
 
 def role_results(role: str, heads: list[str], ablation) -> list[dict]:
     """The results that ablated this role's heads together: chosen for the role, or exactly its heads."""
-    return [r for r in results_list(ablation) if r.get("role") == role
-            or (len(r.get("heads", [])) > 1 and sorted(map(str, r["heads"])) == sorted(heads))]
+    return [
+        r
+        for r in results_list(ablation)
+        if r.get("role") == role or (len(r.get("heads", [])) > 1 and sorted(map(str, r["heads"])) == sorted(heads))
+    ]
 
 
 def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str = DEFAULT_LANG) -> str:
@@ -113,12 +141,15 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     labels = [label_list(row.get("labels")) for row in records]
     n_roles = sum(1 for names in labels if roles_of(names))
     ablations = single_head_ablations(sweep, ablation)
-    intro = t("findings.intro", lang, n_labelled=n_roles, n_heads=len(records), n_none=len(records) - n_roles,
-              top=TOP_HEADS)
+    intro = t(
+        "findings.intro", lang, n_labelled=n_roles, n_heads=len(records), n_none=len(records) - n_roles, top=TOP_HEADS
+    )
     if ablations:
         intro += " " + t("findings.intro_ablation", lang)
-    parts = [f"<p>{esc(intro)}</p>" if n_roles else f"<p>{esc(t('findings.no_roles', lang))}</p>",
-             head_map(heads, lang)]
+    parts = [
+        f"<p>{esc(intro)}</p>" if n_roles else f"<p>{esc(t('findings.no_roles', lang))}</p>",
+        head_map(heads, lang),
+    ]
     for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
         if rows:
@@ -137,8 +168,10 @@ def head_map(heads: pd.DataFrame, lang: str, anchor: str | None = "head-map") ->
         return ""
     uri = figures.role_map_uri(heads, lang)
     ident = f' id="{esc(anchor)}"' if anchor else ""
-    return (f'<div class="head-map"{ident}>'
-            f'{figure(uri, t("findings.map_alt", lang), t("findings.map_caption", lang))}</div>')
+    return (
+        f'<div class="head-map"{ident}>'
+        f"{figure(uri, t('findings.map_alt', lang), t('findings.map_caption', lang))}</div>"
+    )
 
 
 def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None) -> str:
@@ -146,15 +179,19 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
     ablation of its heads together (with its control) where the page holds one."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
     items = "".join(head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS])
-    more = (f'<p class="more">{esc(t("findings.more", lang, n=len(rows) - TOP_HEADS))}</p>'
-            if len(rows) > TOP_HEADS else "")
+    more = (
+        f'<p class="more">{esc(t("findings.more", lang, n=len(rows) - TOP_HEADS))}</p>' if len(rows) > TOP_HEADS else ""
+    )
     heading = t("findings.role_heading", lang, role=t(kinds.BY_LABEL[role].name_key, lang), n=len(rows))
     names = [f"{int(row['layer'])}.{int(row['head'])}" for row in rows]
-    evidence = "".join(f'<p class="evidence">{esc(role_evidence(result, lang))}</p>'
-                       for result in role_results(role, names, ablation))
-    return (f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
-            f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p><ul>{items}</ul>{more}'
-            f'{evidence}</div>')
+    evidence = "".join(
+        f'<p class="evidence">{esc(role_evidence(result, lang))}</p>' for result in role_results(role, names, ablation)
+    )
+    return (
+        f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
+        f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p><ul>{items}</ul>{more}'
+        f"{evidence}</div>"
+    )
 
 
 def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang: str) -> str:
@@ -164,13 +201,23 @@ def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang:
         return ""
     sinks.sort(key=lambda pair: -head_strength(pair[0], "first_token"))
     threshold = explain.score_thresholds(attrs).get("first_token_score")
-    strongest = ", ".join(f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
-                          for row, _ in sinks[:SINK_EXAMPLES])
-    text = t("findings.sinks", lang, n_sinks=len(sinks), n_heads=len(records),
-             threshold=short_number(threshold, lang) if threshold is not None else "?",
-             n_sink_only=sum(1 for _, names in sinks if not roles_of(names)), heads=strongest)
-    return (f'<div class="role property" id="role-first_token"><h3>{esc(t("findings.sinks_title", lang))}</h3>'
-            f"<p>{esc(text)}</p></div>")
+    strongest = ", ".join(
+        f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
+        for row, _ in sinks[:SINK_EXAMPLES]
+    )
+    text = t(
+        "findings.sinks",
+        lang,
+        n_sinks=len(sinks),
+        n_heads=len(records),
+        threshold=short_number(threshold, lang) if threshold is not None else "?",
+        n_sink_only=sum(1 for _, names in sinks if not roles_of(names)),
+        heads=strongest,
+    )
+    return (
+        f'<div class="role property" id="role-first_token"><h3>{esc(t("findings.sinks_title", lang))}</h3>'
+        f"<p>{esc(text)}</p></div>"
+    )
 
 
 def sizes_text(attrs: dict, lang: str) -> str:
@@ -179,8 +226,14 @@ def sizes_text(attrs: dict, lang: str) -> str:
     if not isinstance(sizes, dict):
         return ""
     key = "findings.sizes_capped" if sizes.get("capped") else "findings.sizes"
-    text = t(key, lang, budget=sizes.get("token_budget", "?"), n_ctx=sizes.get("n_ctx", "?"),
-             window=sizes.get("window", "?"), needle=sizes.get("needle_context", "?"))
+    text = t(
+        key,
+        lang,
+        budget=sizes.get("token_budget", "?"),
+        n_ctx=sizes.get("n_ctx", "?"),
+        window=sizes.get("window", "?"),
+        needle=sizes.get("needle_context", "?"),
+    )
     return f'<p id="probe-sizes">{esc(text)}</p>'
 
 
@@ -204,10 +257,16 @@ def sources_table(heads: pd.DataFrame, lang: str) -> str:
         key = f"source.{source}"
         if probe == "needles" and source == SOURCE_DEFAULT and sources.get("text") == SOURCE_GIVEN:
             key = "source.default_text_fallback"
-        rows.append({"probe": t(f"probe.{probe}", lang) if has(f"probe.{probe}", lang) else probe,
-                     "source": t(key, lang) if has(key, lang) else source})
-    return (f'<div id="probe-sources"><h3>{esc(t("findings.sources_title", lang))}</h3>'
-            f"{table(pd.DataFrame(rows), sortable=False, lang=lang)}</div>")
+        rows.append(
+            {
+                "probe": t(f"probe.{probe}", lang) if has(f"probe.{probe}", lang) else probe,
+                "source": t(key, lang) if has(key, lang) else source,
+            }
+        )
+    return (
+        f'<div id="probe-sources"><h3>{esc(t("findings.sources_title", lang))}</h3>'
+        f"{table(pd.DataFrame(rows), sortable=False, lang=lang)}</div>"
+    )
 
 
 def kv_groups(heads: pd.DataFrame) -> list[dict]:
@@ -217,9 +276,14 @@ def kv_groups(heads: pd.DataFrame) -> list[dict]:
     groups = []
     for (layer, group), rows in heads.sort_values(["layer", "head"]).groupby(["layer", "kv_group"], sort=True):
         if len(rows) > 1:
-            groups.append({"layer": int(layer), "kv_group": int(group),
-                           "heads": [f"{int(layer)}.{int(h)}" for h in rows["head"]],
-                           "labels": [label_list(v) for v in rows.get("labels", [[]] * len(rows))]})
+            groups.append(
+                {
+                    "layer": int(layer),
+                    "kv_group": int(group),
+                    "heads": [f"{int(layer)}.{int(h)}" for h in rows["head"]],
+                    "labels": [label_list(v) for v in rows.get("labels", [[]] * len(rows))],
+                }
+            )
     return groups
 
 
@@ -234,10 +298,25 @@ def kv_groups_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
         found = {tuple(roles_of(names)) for names in group["labels"]}  # properties (sinks) left out
         verdict = "kv.no_roles" if found == {()} else "kv.same" if len(found) == 1 else "kv.mixed"
         verdicts.append(verdict)
-        roles = "; ".join(f"{head}: {', '.join(names) or t('cell.none', lang)}"
-                          for head, names in zip(group["heads"], group["labels"], strict=True))
-        rows.append({"layer": group["layer"], "kv_head": group["kv_group"], "query_heads": ", ".join(group["heads"]),
-                     "labels": roles, "same_role": t(verdict, lang)})
-    intro = t("kv.intro", lang, n_groups=len(groups), n_same=verdicts.count("kv.same"),
-              n_mixed=verdicts.count("kv.mixed"), n_none=verdicts.count("kv.no_roles"))
+        roles = "; ".join(
+            f"{head}: {', '.join(names) or t('cell.none', lang)}"
+            for head, names in zip(group["heads"], group["labels"], strict=True)
+        )
+        rows.append(
+            {
+                "layer": group["layer"],
+                "kv_head": group["kv_group"],
+                "query_heads": ", ".join(group["heads"]),
+                "labels": roles,
+                "same_role": t(verdict, lang),
+            }
+        )
+    intro = t(
+        "kv.intro",
+        lang,
+        n_groups=len(groups),
+        n_same=verdicts.count("kv.same"),
+        n_mixed=verdicts.count("kv.mixed"),
+        n_none=verdicts.count("kv.no_roles"),
+    )
     return section("kv-groups", t("kv.title", lang), f"<p>{esc(intro)}</p>" + table(pd.DataFrame(rows), lang=lang))

@@ -30,12 +30,16 @@ from headlens.reports.viewer import default_viewer_tokens, safe_json, viewer_pay
 
 # The inline views' own sentences (the rest is the reports' message catalogue, headlens.reports.i18n).
 PROSE = {
-    "en": {"viewer_static": "Static picture of head {head}'s pattern (rows: query token, columns: key token). "
-                            "The interactive viewer needs JavaScript: in Jupyter, run the cell again or trust "
-                            "the notebook."},
-    "es": {"viewer_static": "Imagen fija del patrón de la cabeza {head} (filas: token de consulta, columnas: token "
-                            "de clave). El visor interactivo necesita JavaScript: en Jupyter, vuelve a ejecutar la "
-                            "celda o marca el cuaderno como de confianza."},
+    "en": {
+        "viewer_static": "Static picture of head {head}'s pattern (rows: query token, columns: key token). "
+        "The interactive viewer needs JavaScript: in Jupyter, run the cell again or trust "
+        "the notebook."
+    },
+    "es": {
+        "viewer_static": "Imagen fija del patrón de la cabeza {head} (filas: token de consulta, columnas: token "
+        "de clave). El visor interactivo necesita JavaScript: en Jupyter, vuelve a ejecutar la "
+        "celda o marca el cuaderno como de confianza."
+    },
 }
 
 # Rows of the sweep's "needed most" table.
@@ -98,9 +102,11 @@ def show(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) ->
     except ImportError:
         get_ipython = None
     if get_ipython is None or get_ipython() is None:
-        raise RuntimeError("show() displays in a Jupyter or VS Code notebook (IPython); elsewhere write a page "
-                           "with `headlens report` or take the fragment from headlens.reports.inline.view(result)"
-                           ".html()")
+        raise RuntimeError(
+            "show() displays in a Jupyter or VS Code notebook (IPython); elsewhere write a page "
+            "with `headlens report` or take the fragment from headlens.reports.inline.view(result)"
+            ".html()"
+        )
     display(inline)
 
 
@@ -115,6 +121,7 @@ def attention_sample(loaded, text: str, max_tokens: int | None = None, repeat: b
 
 # What each result looks like
 
+
 def _is_ablation(value) -> bool:
     return isinstance(value, dict) and "heads" in value and ("delta" in value or "delta_loss" in value)
 
@@ -125,8 +132,7 @@ def kind_of(result) -> str:
         return "attention"
     if _is_ablation(result) or (isinstance(result, list) and result and all(_is_ablation(r) for r in result)):
         return "ablation"
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], pd.DataFrame) \
-            and "step" in result[0]:
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], pd.DataFrame) and "step" in result[0]:
         return "training"
     if isinstance(result, pd.DataFrame):
         columns = set(result.columns)
@@ -138,9 +144,11 @@ def kind_of(result) -> str:
             return "heads"
         if {"layer", "head"} <= columns and columns & {"delta", "delta_loss"}:
             return "sweep"
-    raise TypeError(f"headlens cannot display a {type(result).__name__} of this shape: it shows the results of "
-                    "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model, load_training_log "
-                    "and sample_patterns")
+    raise TypeError(
+        f"headlens cannot display a {type(result).__name__} of this shape: it shows the results of "
+        "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model, load_training_log "
+        "and sample_patterns"
+    )
 
 
 def render_html(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> str:
@@ -157,8 +165,10 @@ def render_html(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_L
         "training": lambda: sections.training_figure(result, lang),
         "attention": lambda: attention_html(result, heads, suffix, lang),
     }[kind]()
-    return (f'<div class="headlens-inline" data-kind="{kind}" lang="{lang}" id="headlens{suffix}">'
-            f"<style>{STYLE}</style>{body}</div>")
+    return (
+        f'<div class="headlens-inline" data-kind="{kind}" lang="{lang}" id="headlens{suffix}">'
+        f"<style>{STYLE}</style>{body}</div>"
+    )
 
 
 def esc(text: str) -> str:
@@ -170,9 +180,11 @@ def heads_html(frame: pd.DataFrame, lang: str) -> str:
     threshold, then the label table."""
     parts = [findings.head_map(frame, lang, anchor=None), f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
     for info, uri, cut in sections.score_heatmaps(frame, lang):
-        parts.append(f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
-                     f'{sections.figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
-                     f'<p class="explain">{esc(info.what(lang) + cut)} <cite>{esc(info.source(lang))}</cite></p></div>')
+        parts.append(
+            f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
+            f"{sections.figure(uri, t('scores.heatmap_alt', lang, column=info.column))}"
+            f'<p class="explain">{esc(info.what(lang) + cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
+        )
     parts.append(f"<p><strong>{esc(t('scores.labels_title', lang))}</strong></p>")
     labels = sections.label_frame(frame, lang)
     if "kv_group" in frame and (frame["kv_group"] != frame["head"]).any():  # grouped-query attention
@@ -184,34 +196,54 @@ def heads_html(frame: pd.DataFrame, lang: str) -> str:
 
 def sweep_html(frame: pd.DataFrame, lang: str) -> str:
     """The heatmap of the change of the sweep's metric, then the heads the model needs most."""
-    return (f'<p class="explain">{esc(t("ablation.text", lang))}</p><p><strong>'
-            f'{esc(t("ablation.sweep_title", lang))}</strong></p>'
-            + sections.sweep_block(frame, lang, top_rows=SWEEP_TOP_ROWS, sortable=False))
+    return (
+        f'<p class="explain">{esc(t("ablation.text", lang))}</p><p><strong>'
+        f"{esc(t('ablation.sweep_title', lang))}</strong></p>"
+        + sections.sweep_block(frame, lang, top_rows=SWEEP_TOP_ROWS, sortable=False)
+    )
 
 
 def ablation_html(result, lang: str) -> str:
     """Per metric: bars of the change with their 95% CIs, then every number of each ablation."""
     results = sections.results_list(result)
-    keys = ["heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "n_tokens", "loss", "loss_ablated",
-            "delta_loss", "ci95"]
-    frame = pd.DataFrame([{key: r.get(key) for key in keys if any(key in other for other in results)}
-                          for r in results])
-    return (f'<p class="explain">{esc(t("ablation.text", lang))}</p>'
-            + sections.chosen_blocks(results, lang, sortable=False)
-            + sections.table(frame, sortable=False, lang=lang))
+    keys = [
+        "heads",
+        "method",
+        "metric",
+        "unit",
+        "n",
+        "clean",
+        "ablated",
+        "delta",
+        "n_tokens",
+        "loss",
+        "loss_ablated",
+        "delta_loss",
+        "ci95",
+    ]
+    frame = pd.DataFrame([{key: r.get(key) for key in keys if any(key in other for other in results)} for r in results])
+    return (
+        f'<p class="explain">{esc(t("ablation.text", lang))}</p>'
+        + sections.chosen_blocks(results, lang, sortable=False)
+        + sections.table(frame, sortable=False, lang=lang)
+    )
 
 
 def pruning_html(frame: pd.DataFrame, lang: str) -> str:
-    return (f"<p><strong>{esc(t('ablation.pruning_title', lang))}</strong></p>"
-            + sections.figure(figures.pruning_curve_uri(frame, lang), t("ablation.pruning_alt", lang))
-            + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang))
+    return (
+        f"<p><strong>{esc(t('ablation.pruning_title', lang))}</strong></p>"
+        + sections.figure(figures.pruning_curve_uri(frame, lang), t("ablation.pruning_alt", lang))
+        + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang)
+    )
 
 
 def validation_html(frame: pd.DataFrame, lang: str) -> str:
     failed = int((~frame["passed"].astype(bool)).sum())
     verdict = t("validation.passed", lang) if failed == 0 else t("validation.failed", lang, n=failed)
-    return (f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong></p>'
-            + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang))
+    return (
+        f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong></p>'
+        + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang)
+    )
 
 
 def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:
@@ -221,8 +253,11 @@ def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: 
     patterns = np.asarray(sample["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
     static, _ = figures.pattern_image_uri(patterns[layer, head])  # [q_pos, k_pos] -> PNG, a pixel per weight
     total, shown = sample.get("n_tokens_total"), payload["pos"]
-    cut = (t("viewer.cut", lang, total=total, shown=shown) if isinstance(total, int) and total > shown
-           else t("viewer.all", lang, shown=shown))
+    cut = (
+        t("viewer.cut", lang, total=total, shown=shown)
+        if isinstance(total, int) and total > shown
+        else t("viewer.all", lang, shown=shown)
+    )
     if sample.get("repeated"):
         cut = t("viewer.repeated", lang, shown=shown)
     caption = PROSE[lang]["viewer_static"].format(head=f"{layer}.{head}")
@@ -244,9 +279,11 @@ def viewer_script(suffix: str, lang: str) -> str:
     """report.js inside a function scope with its messages in `lang`, then the viewer of `suffix`; drawn once
     even if run twice."""
     script = (resources.files("headlens.reports") / "report.js").read_text(encoding="utf-8")
-    return (f"(function () {{\n{script}\nMESSAGES = {safe_json(js_messages(lang))};\n"
-            f"var app = document.getElementById({safe_json('viewer-app' + suffix)});\n"
-            "if (!app || app.getAttribute(\"data-drawn\")) { return; }\n"
-            f"attentionViewer({safe_json(suffix)});\napp.setAttribute(\"data-drawn\", \"1\");\n"
-            f"var still = document.getElementById({safe_json('viewer-static' + suffix)});\n"
-            "if (still && !app.hidden) { still.hidden = true; }\n})();")
+    return (
+        f"(function () {{\n{script}\nMESSAGES = {safe_json(js_messages(lang))};\n"
+        f"var app = document.getElementById({safe_json('viewer-app' + suffix)});\n"
+        'if (!app || app.getAttribute("data-drawn")) { return; }\n'
+        f'attentionViewer({safe_json(suffix)});\napp.setAttribute("data-drawn", "1");\n'
+        f"var still = document.getElementById({safe_json('viewer-static' + suffix)});\n"
+        "if (still && !app.hidden) { still.hidden = true; }\n})();"
+    )

@@ -80,9 +80,21 @@ def write_atomic(path: Path, text: str, lang: str = DEFAULT_LANG) -> None:
         raise OutputPathError(t("error.cannot_write", lang, path=path, reason=exc.strerror or exc)) from None
 
 
-def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=None, pruning=None,
-                  validation=None, training=None, viewer=None, command=None, text_label=None,
-                  lang: str = DEFAULT_LANG) -> Path:
+def render_report(
+    path,
+    *,
+    model_info: dict,
+    heads=None,
+    sweep=None,
+    ablation=None,
+    pruning=None,
+    validation=None,
+    training=None,
+    viewer=None,
+    command=None,
+    text_label=None,
+    lang: str = DEFAULT_LANG,
+) -> Path:
     """Write one self-contained HTML report to `path` and return it.
 
     Inputs are the library's results (each schema in its function's docstring): `heads` from classify_heads,
@@ -95,19 +107,43 @@ def render_report(path, *, model_info: dict, heads=None, sweep=None, ablation=No
     """
     lang = check_lang(lang)
     path = check_output_path(path, lang)
-    results = {"heads": heads, "sweep": sweep, "ablation": ablation, "pruning": pruning,
-               "validation": validation, "training": training, "viewer": viewer}
+    results = {
+        "heads": heads,
+        "sweep": sweep,
+        "ablation": ablation,
+        "pruning": pruning,
+        "validation": validation,
+        "training": training,
+        "viewer": viewer,
+    }
     present = {name: value for name, value in results.items() if not _is_empty(value)}
     if not present:
         raise EmptyReportError(t("error.nothing_to_report", lang, path=path))
-    page = build_page(model_info=model_info, command=command, text_label=text_label, lang=lang, **{
-        name: present.get(name) for name in results})
+    page = build_page(
+        model_info=model_info,
+        command=command,
+        text_label=text_label,
+        lang=lang,
+        **{name: present.get(name) for name in results},
+    )
     write_atomic(path, page, lang)
     return path
 
 
-def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruning, validation, training,
-               viewer, lang: str = DEFAULT_LANG) -> str:
+def build_page(
+    *,
+    model_info,
+    command,
+    text_label,
+    heads,
+    sweep,
+    ablation,
+    pruning,
+    validation,
+    training,
+    viewer,
+    lang: str = DEFAULT_LANG,
+) -> str:
     """The whole HTML document as a string: what the heads do first, then the details in reading order."""
     excerpt = once((viewer or {}).get("text"), bool((viewer or {}).get("repeated")))
     if isinstance(excerpt, str) and len(excerpt) > TEXT_EXCERPT_CHARS:
@@ -122,9 +158,19 @@ def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruni
 
     if heads is not None:
         add("findings", findings.findings_section(heads, sweep, ablation, lang))
-    add("summary", sections.summary_section(model_info, version=__version__, date=date, command=command,
-                                            text_label=text_label, text_excerpt=excerpt, lang=lang,
-                                            repeated=excerpt != (viewer or {}).get("text")))
+    add(
+        "summary",
+        sections.summary_section(
+            model_info,
+            version=__version__,
+            date=date,
+            command=command,
+            text_label=text_label,
+            text_excerpt=excerpt,
+            lang=lang,
+            repeated=excerpt != (viewer or {}).get("text"),
+        ),
+    )
     if heads is not None:
         add("kv-groups", findings.kv_groups_section(heads, lang))
         add("scores", sections.scores_section(heads, lang))
@@ -139,8 +185,7 @@ def build_page(*, model_info, command, text_label, heads, sweep, ablation, pruni
         add("validation", sections.validation_section(validation, lang))
     if training is not None:
         add("training", sections.training_section(training, lang))
-    return page_html(title=t("page.title", lang, name=sections.display_name(model_info)), nav=nav, body=body,
-                     lang=lang)
+    return page_html(title=t("page.title", lang, name=sections.display_name(model_info)), nav=nav, body=body, lang=lang)
 
 
 def once(text, repeated: bool):
@@ -155,12 +200,18 @@ def page_html(*, title: str, nav: list[tuple[str, str]], body: list[str], lang: 
     """The document around the sections: CSP pinned to the one inline script, style, messages for the script."""
     script = _asset("report.js")
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    csp = (f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{digest}'; "
-           "form-action 'none'; base-uri 'none'")
+    csp = (
+        f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{digest}'; "
+        "form-action 'none'; base-uri 'none'"
+    )
     title = sections.esc(title)
     links = " ".join(f'<a href="#{anchor}">{sections.esc(label)}</a>' for anchor, label in nav)
-    return (f'<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{title}</title>\n'
-            f"<style>\n{_asset('report.css')}</style>\n</head>\n<body>\n<h1>{title}</h1>\n<nav>{links}</nav>\n"
-            + "".join(body) + viewer_mod.messages_block(lang) + f"\n<script>{script}</script>\n</body>\n</html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="{lang}">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{title}</title>\n'
+        f"<style>\n{_asset('report.css')}</style>\n</head>\n<body>\n<h1>{title}</h1>\n<nav>{links}</nav>\n"
+        + "".join(body)
+        + viewer_mod.messages_block(lang)
+        + f"\n<script>{script}</script>\n</body>\n</html>\n"
+    )

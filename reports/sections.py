@@ -54,18 +54,22 @@ def format_cell(value, lang: str = DEFAULT_LANG) -> tuple[str, str]:
         if math.isnan(value):
             return "", "-inf"
         return (short_number(value, lang, ".4g") if abs(value) < 1e4 else integer(round(value), lang)), repr(
-            float(value))
+            float(value)
+        )
     if isinstance(value, (int, np.integer)):
         return integer(value, lang), str(int(value))
     return str(value), str(value)
 
 
-def table(frame: pd.DataFrame, *, sortable: bool = True, row_class=None, lang: str = DEFAULT_LANG,
-          table_id: str | None = None) -> str:
+def table(
+    frame: pd.DataFrame, *, sortable: bool = True, row_class=None, lang: str = DEFAULT_LANG, table_id: str | None = None
+) -> str:
     """A plain HTML table; `data-sort` holds a numeric key where the cell is a number. Headings come
     from the catalogue where it has the column ("col.<name>"), the column's name in `title`."""
-    head = "".join(f'<th scope="col" data-column="{esc(column)}" title="{esc(column)}">'
-                   f"{esc(column_heading(column, lang))}</th>" for column in frame.columns)
+    head = "".join(
+        f'<th scope="col" data-column="{esc(column)}" title="{esc(column)}">{esc(column_heading(column, lang))}</th>'
+        for column in frame.columns
+    )
     rows = []
     code = [column in IDENTIFIER_COLUMNS for column in frame.columns]
     for values in frame.itertuples(index=False, name=None):  # keeps each column's dtype (iterrows does not)
@@ -77,8 +81,10 @@ def table(frame: pd.DataFrame, *, sortable: bool = True, row_class=None, lang: s
         css = row_class(dict(zip(frame.columns, values, strict=True))) if row_class else ""
         rows.append(f"<tr{f' class={chr(34)}{esc(css)}{chr(34)}' if css else ''}>{''.join(cells)}</tr>")
     cls = (' class="sortable"' if sortable else "") + (f' id="{esc(table_id)}"' if table_id else "")
-    return (f'<div class="table-wrap"><table{cls}><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table></div>")
+    return (
+        f'<div class="table-wrap"><table{cls}><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def details(summary: str, body: str) -> str:
@@ -86,32 +92,48 @@ def details(summary: str, body: str) -> str:
     return f"<details><summary>{esc(summary)}</summary>{body}</details>"
 
 
-def summary_section(model_info: dict, *, version: str, date: str, command: str | None,
-                    text_label: str | None, text_excerpt: str | None, lang: str = DEFAULT_LANG,
-                    repeated: bool = False) -> str:
+def summary_section(
+    model_info: dict,
+    *,
+    version: str,
+    date: str,
+    command: str | None,
+    text_label: str | None,
+    text_excerpt: str | None,
+    lang: str = DEFAULT_LANG,
+    repeated: bool = False,
+) -> str:
     """Model, shape, parameter count, text used, version, date and the command that rebuilds the page."""
     info = model_info
     unknown = "?"
     params = info.get("n_params")
     missing = t("summary.not_recorded", lang)
     items = [
-        (t("summary.model", lang), info.get("name", unknown) + (
-            f" ({t('summary.dequantized', lang, quantization=info['quantization'])})" if info.get("quantization")
-            else "")),
+        (
+            t("summary.model", lang),
+            info.get("name", unknown)
+            + (
+                f" ({t('summary.dequantized', lang, quantization=info['quantization'])})"
+                if info.get("quantization")
+                else ""
+            ),
+        ),
         (t("summary.shape", lang), shape_text(info, lang)),
-        (t("summary.context", lang), t("summary.context_value", lang, d_model=info.get("d_model", unknown),
-                                       n_ctx=info.get("n_ctx", unknown))),
+        (
+            t("summary.context", lang),
+            t("summary.context_value", lang, d_model=info.get("d_model", unknown), n_ctx=info.get("n_ctx", unknown)),
+        ),
         (t("summary.parameters", lang), integer(params, lang) if isinstance(params, int) else (params or unknown)),
         (t("summary.text_used", lang), text_label or missing),
         (t("summary.version", lang), version),
         (t("summary.date", lang), date),
     ]
-    rows = "".join(f"<tr><th scope=\"row\">{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in items)
+    rows = "".join(f'<tr><th scope="row">{esc(k)}</th><td>{esc(v)}</td></tr>' for k, v in items)
     body = f'<table class="summary">{rows}</table>'
-    body += f"<p>{esc(t('summary.reproduce', lang))}</p><pre class=\"command\">{esc(command or missing)}</pre>"
+    body += f'<p>{esc(t("summary.reproduce", lang))}</p><pre class="command">{esc(command or missing)}</pre>'
     if text_excerpt:
         heading = t("summary.sample_repeated" if repeated else "summary.sample", lang)
-        body += f"<p>{esc(heading)}</p><pre class=\"sample-text\">{esc(text_excerpt)}</pre>"
+        body += f'<p>{esc(heading)}</p><pre class="sample-text">{esc(text_excerpt)}</pre>'
     return section("summary", t("summary.title", lang), body)
 
 
@@ -126,7 +148,7 @@ def display_name(model_info: dict) -> str:
 
 
 def shape_text(info: dict, lang: str) -> str:
-    """"12 layers x 12 heads x d_head 64", naming the key/value heads when fewer than the query heads (GQA)."""
+    """ "12 layers x 12 heads x d_head 64", naming the key/value heads when fewer than the query heads (GQA)."""
     shape = {name: info.get(name, "?") for name in ("n_layers", "n_heads", "d_head")}
     n_kv = info.get("n_kv_heads")
     if isinstance(n_kv, int) and isinstance(shape["n_heads"], int) and n_kv < shape["n_heads"]:
@@ -142,10 +164,10 @@ def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
         if info.column not in heads or heads[info.column].isna().all():
             continue
         threshold = thresholds.get(info.column)
-        uri = figures.score_heatmap_uri(heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold,
-                                        lang=lang)
-        cut = ("" if threshold is None else
-               " " + t("scores.threshold", lang, threshold=short_number(threshold, lang)))
+        uri = figures.score_heatmap_uri(
+            heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold, lang=lang
+        )
+        cut = "" if threshold is None else " " + t("scores.threshold", lang, threshold=short_number(threshold, lang))
         yield info, uri, cut
 
 
@@ -156,8 +178,9 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     for info, uri, cut in score_heatmaps(heads, lang):
         parts.append(
             f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
-            f'{figure(uri, t("scores.heatmap_alt", lang, column=info.column))}'
-            f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>')
+            f"{figure(uri, t('scores.heatmap_alt', lang, column=info.column))}"
+            f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
+        )
     frame = label_frame(heads)
     n_roles = sum(row_kind(labels) == "labelled" for labels in frame["labels"])
     parts.append(f"<h3>{esc(t('scores.labels_title', lang))}</h3><p>{esc(t('scores.labels_intro', lang))}</p>")
@@ -165,8 +188,7 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     parts.append(table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"])))
     settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
     if settings:
-        frame = pd.DataFrame({"setting": list(settings),
-                              "value": pd.Series(list(settings.values()), dtype=object)})
+        frame = pd.DataFrame({"setting": list(settings), "value": pd.Series(list(settings.values()), dtype=object)})
         parts.append(details(t("scores.settings", lang), table(frame, sortable=False, lang=lang)))
     return section("scores", t("scores.title", lang), "\n".join(parts))
 
@@ -174,13 +196,18 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
 def label_switch(n_labelled: int, n_all: int, lang: str) -> str:
     """The "labelled only / all heads" radio pair; hidden until the page script wires it (without
     JavaScript the whole table shows)."""
-    def option(value: str, text: str, checked: bool) -> str:
-        return (f'<label><input type="radio" name="label-view" value="{value}"{" checked" if checked else ""}> '
-                f"{esc(text)}</label>")
 
-    return (f'<fieldset id="label-switch" class="switch" hidden><legend>{esc(t("scores.switch_legend", lang))}'
-            f"</legend>{option('labelled', t('scores.switch_labelled', lang, n=n_labelled), n_labelled > 0)} "
-            f"{option('all', t('scores.switch_all', lang, n=n_all), n_labelled == 0)}</fieldset>")
+    def option(value: str, text: str, checked: bool) -> str:
+        return (
+            f'<label><input type="radio" name="label-view" value="{value}"{" checked" if checked else ""}> '
+            f"{esc(text)}</label>"
+        )
+
+    return (
+        f'<fieldset id="label-switch" class="switch" hidden><legend>{esc(t("scores.switch_legend", lang))}'
+        f"</legend>{option('labelled', t('scores.switch_labelled', lang, n=n_labelled), n_labelled > 0)} "
+        f"{option('all', t('scores.switch_all', lang, n=n_all), n_labelled == 0)}</fieldset>"
+    )
 
 
 def label_frame(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> pd.DataFrame:
@@ -238,7 +265,7 @@ def delta_axis(metric: str, lang: str) -> str:
 
 
 def metric_heading(metric: str, lang: str) -> str:
-    """"loss on repeated tokens, in nats/token": what a block's numbers are."""
+    """ "loss on repeated tokens, in nats/token": what a block's numbers are."""
     name, unit = metric_words(metric, lang)
     return t("ablation.metric_heading", lang, metric=name, unit=unit)
 
@@ -251,8 +278,12 @@ def sweep_block(sweep: pd.DataFrame, lang: str = DEFAULT_LANG, top_rows: int = 1
     a_loss = KIND.get(ALIASES.get(metric, metric), "loss") == "loss"
     top = sweep.sort_values(column, ascending=not a_loss).head(top_rows).reset_index(drop=True)
     heatmap = figures.delta_heatmap_uri(sweep, lang, column=column, label=delta_axis(metric, lang))
-    return (f"<p>{esc(metric_heading(metric, lang))}</p>" + figure(heatmap, t("ablation.sweep_alt", lang))
-            + f"<p>{esc(t('ablation.top', lang))}</p>" + table(top, sortable=sortable, lang=lang))
+    return (
+        f"<p>{esc(metric_heading(metric, lang))}</p>"
+        + figure(heatmap, t("ablation.sweep_alt", lang))
+        + f"<p>{esc(t('ablation.top', lang))}</p>"
+        + table(top, sortable=sortable, lang=lang)
+    )
 
 
 def chosen_blocks(ablation, lang: str = DEFAULT_LANG, sortable: bool = True) -> str:
@@ -263,17 +294,34 @@ def chosen_blocks(ablation, lang: str = DEFAULT_LANG, sortable: bool = True) -> 
         by_metric.setdefault(row["metric"], []).append(row)
     parts = []
     for metric, rows in by_metric.items():
-        shown = pd.DataFrame([{"heads": r["label"], "method": r["method"], "n": r["n"], "delta": r["delta"],
-                               "ci95_low": r["low"], "ci95_high": r["high"]} for r in rows])
-        parts.append(f"<p><strong>{esc(metric_heading(metric, lang))}</strong></p>"
-                     + figure(figures.ablation_bars_uri(rows, lang, label=delta_axis(metric, lang)),
-                              t("ablation.bars_alt", lang), t("ablation.bars_caption", lang))
-                     + table(shown, sortable=sortable, lang=lang))
+        shown = pd.DataFrame(
+            [
+                {
+                    "heads": r["label"],
+                    "method": r["method"],
+                    "n": r["n"],
+                    "delta": r["delta"],
+                    "ci95_low": r["low"],
+                    "ci95_high": r["high"],
+                }
+                for r in rows
+            ]
+        )
+        parts.append(
+            f"<p><strong>{esc(metric_heading(metric, lang))}</strong></p>"
+            + figure(
+                figures.ablation_bars_uri(rows, lang, label=delta_axis(metric, lang)),
+                t("ablation.bars_alt", lang),
+                t("ablation.bars_caption", lang),
+            )
+            + table(shown, sortable=sortable, lang=lang)
+        )
     return "\n".join(parts)
 
 
-def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None,
-                     lang: str = DEFAULT_LANG) -> str:
+def ablation_section(
+    sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None, lang: str = DEFAULT_LANG
+) -> str:
     """Sweep heatmap, bars of the chosen heads with CIs (one chart per metric), pruning curve:
     whichever were computed."""
     parts = [f'<p class="explain">{esc(t("ablation.text", lang))}</p>']
@@ -283,9 +331,11 @@ def ablation_section(sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame
         parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>" + chosen_blocks(ablation, lang))
     parts.append(control_block(ablation, lang))
     if pruning is not None:
-        parts.append(f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
-                     + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang))
-                     + pruning_summary(pruning, lang))
+        parts.append(
+            f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
+            + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang))
+            + pruning_summary(pruning, lang)
+        )
         parts.append(details(t("ablation.pruning_table", lang), table(pruning.reset_index(drop=True), lang=lang)))
     only_pruning = sweep is None and not ablation_rows(ablation)
     return section("ablation", t("pruning.title" if only_pruning else "ablation.title", lang), "\n".join(parts))
@@ -296,19 +346,34 @@ def pruning_summary(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     whether labelled heads are removed later (the role-order permutation test); "" when not recorded."""
     facts, lines = pruning.attrs, []
     if "heads_within" in facts:
-        lines.append(t("pruning.within", lang, n_ok=facts["heads_within"], n_total=facts.get("n_heads", "?"),
-                       tolerance=percent(facts.get("tolerance", 0.05), lang),
-                       loss=short_number(float(pruning["loss"].iloc[0]), lang, ".4f")))
+        lines.append(
+            t(
+                "pruning.within",
+                lang,
+                n_ok=facts["heads_within"],
+                n_total=facts.get("n_heads", "?"),
+                tolerance=percent(facts.get("tolerance", 0.05), lang),
+                loss=short_number(float(pruning["loss"].iloc[0]), lang, ".4f"),
+            )
+        )
     order = facts.get("removal_by_role")
     if order:
         if order.get("p_value") is None:
-            lines.append(t("pruning.order_none", lang, n_labelled=order["n_labelled"],
-                           n_unlabelled=order["n_unlabelled"]))
+            lines.append(
+                t("pruning.order_none", lang, n_labelled=order["n_labelled"], n_unlabelled=order["n_unlabelled"])
+            )
         else:
-            lines.append(t("pruning.order", lang, n_labelled=order["n_labelled"], n_unlabelled=order["n_unlabelled"],
-                           labelled=short_number(order["mean_rank_labelled"], lang, ".2f"),
-                           unlabelled=short_number(order["mean_rank_unlabelled"], lang, ".2f"),
-                           p=short_number(order["p_value"], lang, ".4g")))
+            lines.append(
+                t(
+                    "pruning.order",
+                    lang,
+                    n_labelled=order["n_labelled"],
+                    n_unlabelled=order["n_unlabelled"],
+                    labelled=short_number(order["mean_rank_labelled"], lang, ".2f"),
+                    unlabelled=short_number(order["mean_rank_unlabelled"], lang, ".2f"),
+                    p=short_number(order["p_value"], lang, ".4g"),
+                )
+            )
     return "".join(f"<p>{esc(line)}</p>" for line in lines)
 
 
@@ -319,10 +384,18 @@ def ablation_rows(ablation) -> list[dict]:
     for result in results_list(ablation):
         low, high = (result.get("ci95") or [float("nan"), float("nan")])[:2]
         metric = result.get("metric", "text")
-        rows.append({"label": ",".join(str(h) for h in result["heads"]), "delta": result_delta(result),
-                     "low": float(low), "high": float(high), "method": result.get("method", "?"), "metric": metric,
-                     "unit": result.get("unit") or UNIT.get(ALIASES.get(metric, metric), ""),
-                     "n": result.get("n", result.get("n_tokens", "?"))})
+        rows.append(
+            {
+                "label": ",".join(str(h) for h in result["heads"]),
+                "delta": result_delta(result),
+                "low": float(low),
+                "high": float(high),
+                "method": result.get("method", "?"),
+                "metric": metric,
+                "unit": result.get("unit") or UNIT.get(ALIASES.get(metric, metric), ""),
+                "n": result.get("n", result.get("n_tokens", "?")),
+            }
+        )
     return rows
 
 
@@ -335,18 +408,29 @@ def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
         if not control:
             continue
         deltas = sorted(control["deltas"])
-        rows.append({"heads": chosen_by_text(result, lang),
-                     "chosen": ",".join(map(str, result["heads"])), "metric": result["metric"],
-                     "method": result["method"], "delta": result["delta"],
-                     "random_sets": control["k"], "random_median": deltas[len(deltas) // 2],
-                     "random_min": deltas[0], "random_max": deltas[-1],
-                     "rank": t("ablation.rank", lang, rank=control["rank"], n=control["k"] + 1),
-                     "p_value": control["p_value"], "possible_sets": control.get("n_possible", control["k"]),
-                     "exact": bool(control.get("exact")), "smallest_p": control.get("p_min", 1 / (1 + control["k"]))})
+        rows.append(
+            {
+                "heads": chosen_by_text(result, lang),
+                "chosen": ",".join(map(str, result["heads"])),
+                "metric": result["metric"],
+                "method": result["method"],
+                "delta": result["delta"],
+                "random_sets": control["k"],
+                "random_median": deltas[len(deltas) // 2],
+                "random_min": deltas[0],
+                "random_max": deltas[-1],
+                "rank": t("ablation.rank", lang, rank=control["rank"], n=control["k"] + 1),
+                "p_value": control["p_value"],
+                "possible_sets": control.get("n_possible", control["k"]),
+                "exact": bool(control.get("exact")),
+                "smallest_p": control.get("p_min", 1 / (1 + control["k"])),
+            }
+        )
     if not rows:
         return ""
-    return (f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>"
-            + table(pd.DataFrame(rows), lang=lang))
+    return f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>" + table(
+        pd.DataFrame(rows), lang=lang
+    )
 
 
 # ablate_heads's `chosen_by` for a role ("heads labelled induction by the labels given"), read back into
@@ -372,11 +456,18 @@ def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> st
     verdict = t("validation.passed", lang) if failed == 0 else t("validation.failed", lang, n=failed)
     source = validation.attrs.get("text_source")
     if source:
-        verdict = t("validation.text_source", lang, verdict=verdict, source=source,
-                    n_tokens=validation.attrs.get("n_tokens", "?"))
-    body = (f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong>.</p>'
-            + table(validation.reset_index(drop=True), lang=lang,
-                    row_class=lambda row: "" if bool(row.get("passed", True)) else "failed"))
+        verdict = t(
+            "validation.text_source",
+            lang,
+            verdict=verdict,
+            source=source,
+            n_tokens=validation.attrs.get("n_tokens", "?"),
+        )
+    body = f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong>.</p>' + table(
+        validation.reset_index(drop=True),
+        lang=lang,
+        row_class=lambda row: "" if bool(row.get("passed", True)) else "failed",
+    )
     return section("validation", t("validation.title", lang), body)
 
 
@@ -385,23 +476,36 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
     the body of the page's training section and of the inline view."""
     log, heads = training
     change = figures.phase_change_step(log)
-    rule = t("training.rule", lang, low=short_number(figures.PHASE_LOW, lang),
-             high=short_number(figures.PHASE_HIGH, lang),
-             share=percent(figures.PHASE_WINDOW_SHARE, lang))
-    note = (t("training.change", lang, step=change, rule=rule) if change is not None
-            else t("training.no_change", lang, rule=rule))
+    rule = t(
+        "training.rule",
+        lang,
+        low=short_number(figures.PHASE_LOW, lang),
+        high=short_number(figures.PHASE_HIGH, lang),
+        share=percent(figures.PHASE_WINDOW_SHARE, lang),
+    )
+    note = (
+        t("training.change", lang, step=change, rule=rule)
+        if change is not None
+        else t("training.no_change", lang, rule=rule)
+    )
     icl = log["icl_score"].dropna() if "icl_score" in log else ()
     if len(icl):  # the sign the plot shows, said in words beside "more negative is better"
         last = float(icl.iloc[-1])
-        note += " " + t("training.icl_last", lang, value=short_number(last, lang, "+.3f"),
-                        verdict=t("training.icl_gain" if last < 0 else "training.icl_no_gain", lang))
-    return (f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>'
-            + figure(figures.training_uri(log, heads, lang), t("training.alt", lang)))
+        note += " " + t(
+            "training.icl_last",
+            lang,
+            value=short_number(last, lang, "+.3f"),
+            verdict=t("training.icl_gain" if last < 0 else "training.icl_no_gain", lang),
+        )
+    return f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>' + figure(
+        figures.training_uri(log, heads, lang), t("training.alt", lang)
+    )
 
 
 def training_section(training, lang: str = DEFAULT_LANG) -> str:
     """Loss and score curves of the embedded model's training run, the phase change marked."""
     log, _ = training
-    body = (training_figure(training, lang)
-            + details(t("training.log", lang, n=len(log)), table(log.reset_index(drop=True), lang=lang)))
+    body = training_figure(training, lang) + details(
+        t("training.log", lang, n=len(log)), table(log.reset_index(drop=True), lang=lang)
+    )
     return section("training", t("training.title", lang), body)

@@ -37,10 +37,12 @@ def thumbnail(pattern: np.ndarray, head: str, labels: list[str], tokens: list[st
         spans = "".join(f"<span>{esc(tick_text(token))}</span>" for token in tokens)
         ticks = "".join(f'<span class="{axis}" aria-hidden="true">{spans}</span>' for axis in ("xticks", "yticks"))
     caption = t("thumbs.caption", lang, head=head, labels=", ".join(labels), vmax=number(vmax, lang))
-    return (f'<figure class="thumb" data-head="{esc(head)}"><label class="zoom"><input type="checkbox" '
-            f'class="zoom-toggle"><span class="pattern">{ticks}<img src="{uri}" '
-            f'alt="{esc(t("thumbs.alt", lang, head=head))}"></span></label>'
-            f"<figcaption>{esc(caption)}</figcaption></figure>")
+    return (
+        f'<figure class="thumb" data-head="{esc(head)}"><label class="zoom"><input type="checkbox" '
+        f'class="zoom-toggle"><span class="pattern">{ticks}<img src="{uri}" '
+        f'alt="{esc(t("thumbs.alt", lang, head=head))}"></span></label>'
+        f"<figcaption>{esc(caption)}</figcaption></figure>"
+    )
 
 
 def thumbnails_section(heads, viewer: dict, lang: str = DEFAULT_LANG) -> str:
@@ -51,8 +53,12 @@ def thumbnails_section(heads, viewer: dict, lang: str = DEFAULT_LANG) -> str:
     if not chosen:
         return section("thumbnails", t("thumbs.title", lang), f"<p>{esc(t('thumbs.none', lang))}</p>")
     tokens = [str(token) for token in viewer["tokens"][:n]] if n <= TICK_MAX_TOKENS else None
-    cells = [thumbnail(patterns[layer, head, :n, :n], f"{layer}.{head}", labels, tokens, lang)  # [q_pos, k_pos]
-             for layer, head, labels in chosen]
-    body = (f"<p>{esc(t('thumbs.intro', lang, n=n))}</p><p class=\"explain\">{esc(t('thumbs.scale', lang))}</p>"
-            f'<div class="thumbs">{"".join(cells)}</div>')
+    cells = [
+        thumbnail(patterns[layer, head, :n, :n], f"{layer}.{head}", labels, tokens, lang)  # [q_pos, k_pos]
+        for layer, head, labels in chosen
+    ]
+    body = (
+        f'<p>{esc(t("thumbs.intro", lang, n=n))}</p><p class="explain">{esc(t("thumbs.scale", lang))}</p>'
+        f'<div class="thumbs">{"".join(cells)}</div>'
+    )
     return section("thumbnails", t("thumbs.title", lang), body)

@@ -69,8 +69,14 @@ def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
     if viewer.get("sample") != "random_tokens":
         return t("viewer.repeated", lang, shown=shown)
     first, second = viewer.get("copy_loss") or (float("nan"), float("nan"))
-    return t("viewer.repeated_random", lang, period=(shown - 1) // 2, shown=shown,
-             first=number(first, lang), second=number(second, lang))
+    return t(
+        "viewer.repeated_random",
+        lang,
+        period=(shown - 1) // 2,
+        shown=shown,
+        first=number(first, lang),
+        second=number(second, lang),
+    )
 
 
 def viewer_section(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> str:
@@ -78,8 +84,11 @@ def viewer_section(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> str:
     payload = viewer_payload(viewer, heads, lang)
     total = viewer.get("n_tokens_total")
     shown = payload["pos"]
-    cut = (t("viewer.cut", lang, total=total, shown=shown) if isinstance(total, int) and total > shown
-           else t("viewer.all", lang, shown=shown))
+    cut = (
+        t("viewer.cut", lang, total=total, shown=shown)
+        if isinstance(total, int) and total > shown
+        else t("viewer.all", lang, shown=shown)
+    )
     if viewer.get("repeated"):
         cut = repeated_caption(viewer, shown, lang)
     body = f"""<p>{esc(t("viewer.intro", lang, cut=cut))}</p>

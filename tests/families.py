@@ -17,8 +17,14 @@ import torch
 
 VOCAB = 50257  # the GPT-2 tokenizer's, so probes and text windows work unchanged
 N_CTX = 64
-_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-               max_position_embeddings=N_CTX, initializer_range=0.15)
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    max_position_embeddings=N_CTX,
+    initializer_range=0.15,
+)
 
 
 def family_configs() -> dict:
@@ -30,16 +36,37 @@ def family_configs() -> dict:
         "llama-mqa": LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1),
         "mistral-window": MistralConfig(**_COMMON, num_attention_heads=8, num_key_value_heads=2, sliding_window=7),
         "mistral-full": MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1, sliding_window=None),
-        "qwen2-window": Qwen2Config(**_COMMON, num_attention_heads=8, num_key_value_heads=2, use_sliding_window=True,
-                                    sliding_window=6, max_window_layers=1),
+        "qwen2-window": Qwen2Config(
+            **_COMMON,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=6,
+            max_window_layers=1,
+        ),
         "qwen3-mqa": Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=1, head_dim=24),
-        "gpt_neox-parallel": GPTNeoXConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
-                                           num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=N_CTX,
-                                           rotary_pct=0.25, use_parallel_residual=True, initializer_range=0.15),
-        "gpt_neox-sequential": GPTNeoXConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
-                                             num_hidden_layers=2, num_attention_heads=4,
-                                             max_position_embeddings=N_CTX, rotary_pct=1.0,
-                                             use_parallel_residual=False, initializer_range=0.15),
+        "gpt_neox-parallel": GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            max_position_embeddings=N_CTX,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            initializer_range=0.15,
+        ),
+        "gpt_neox-sequential": GPTNeoXConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=N_CTX,
+            rotary_pct=1.0,
+            use_parallel_residual=False,
+            initializer_range=0.15,
+        ),
         "gemma3_text-mqa": gemma3_config(),
     }
 
@@ -52,12 +79,20 @@ def gemma3_config():
     from transformers import Gemma3TextConfig
 
     sliding, full = "sliding_attention", "full_attention"
-    return Gemma3TextConfig(**{**_COMMON, "num_hidden_layers": 4}, num_attention_heads=4, num_key_value_heads=1,
-                            head_dim=24, query_pre_attn_scalar=32, sliding_window=5,
-                            layer_types=[sliding, sliding, full, sliding],
-                            rope_parameters={sliding: {"rope_type": "default", "rope_theta": 10.0},
-                                             full: {"rope_type": "linear", "factor": 4.0, "rope_theta": 10_000.0}},
-                            architectures=["Gemma3ForCausalLM"])
+    return Gemma3TextConfig(
+        **{**_COMMON, "num_hidden_layers": 4},
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=24,
+        query_pre_attn_scalar=32,
+        sliding_window=5,
+        layer_types=[sliding, sliding, full, sliding],
+        rope_parameters={
+            sliding: {"rope_type": "default", "rope_theta": 10.0},
+            full: {"rope_type": "linear", "factor": 4.0, "rope_theta": 10_000.0},
+        },
+        architectures=["Gemma3ForCausalLM"],
+    )
 
 
 FAMILY_NAMES = list(family_configs())

@@ -86,10 +86,13 @@ def place_roles(seed: int) -> dict[str, tuple[int, int]]:
     gen = torch.Generator().manual_seed(seed)
     prev_layer = int(torch.randint(0, N_LAYERS - 1, (1,), generator=gen))
     ind_layer = int(torch.randint(prev_layer + 1, N_LAYERS, (1,), generator=gen))
-    slots = {"previous_token": (prev_layer, int(torch.randint(0, N_HEADS, (1,), generator=gen))),
-             "induction": (ind_layer, int(torch.randint(0, N_HEADS, (1,), generator=gen)))}
-    free = [(layer, head) for layer in range(N_LAYERS) for head in range(N_HEADS) if (layer, head) not in
-            slots.values()]
+    slots = {
+        "previous_token": (prev_layer, int(torch.randint(0, N_HEADS, (1,), generator=gen))),
+        "induction": (ind_layer, int(torch.randint(0, N_HEADS, (1,), generator=gen))),
+    }
+    free = [
+        (layer, head) for layer in range(N_LAYERS) for head in range(N_HEADS) if (layer, head) not in slots.values()
+    ]
     order = torch.randperm(len(free), generator=gen).tolist()
     for role, index in zip(("offset_2", "first_token", "duplicate_token"), order, strict=False):
         slots[role] = free[index]
@@ -124,13 +127,13 @@ def build_planted(seed: int, copy_sign: float = 1.0) -> Planted:
 
     from headlens.models import build_model
 
-    config = GPT2Config(n_layer=N_LAYERS, n_head=N_HEADS, n_embd=D_MODEL, n_positions=N_CTX,
-                        tie_word_embeddings=False)
+    config = GPT2Config(n_layer=N_LAYERS, n_head=N_HEADS, n_embd=D_MODEL, n_positions=N_CTX, tie_word_embeddings=False)
     loaded = build_model(config, seed=seed, name=f"planted-{seed}")
     gen = torch.Generator().manual_seed(10_000 + seed)
     randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
-    basis, _ = torch.linalg.qr(torch.cat([torch.ones(D_MODEL, 1, dtype=torch.float64), randn(D_MODEL, D_MODEL - 1)],
-                                         dim=1))  # [d_model, d_model]; column 0 ~ ones
+    basis, _ = torch.linalg.qr(
+        torch.cat([torch.ones(D_MODEL, 1, dtype=torch.float64), randn(D_MODEL, D_MODEL - 1)], dim=1)
+    )  # [d_model, d_model]; column 0 ~ ones
     b_pos, b_tok, b_prev, b_out = (basis[:, 1 + SUB * n : 1 + SUB * (n + 1)] for n in range(4))  # [d_model, SUB]
     b_junk = basis[:, 1 + 4 * SUB :]  # [d_model, rest]
     d_vocab = config.vocab_size
@@ -158,8 +161,18 @@ def build_planted(seed: int, copy_sign: float = 1.0) -> Planted:
                 q, k, v = (w_qkv[:, n * D_MODEL :][:, cols] for n in range(3))  # views [d_model, d_head]
                 rows = w_o[cols]  # [d_head, d_model] view
                 rows += JUNK_GAIN / s0 * randn(D_HEAD, b_junk.shape[1]) @ b_junk.T / math.sqrt(D_HEAD)
-                _plant(at.get((layer, head)), q, k, v, rows, b_qkv[cols], gain, s0,
-                       (b_pos, b_tok, b_prev, b_out), copy_sign)
+                _plant(
+                    at.get((layer, head)),
+                    q,
+                    k,
+                    v,
+                    rows,
+                    b_qkv[cols],
+                    gain,
+                    s0,
+                    (b_pos, b_tok, b_prev, b_out),
+                    copy_sign,
+                )
             prefix = f"transformer.h.{layer}.attn."
             state[prefix + "c_attn.weight"], state[prefix + "c_attn.bias"] = w_qkv, b_qkv
             state[prefix + "c_proj.weight"] = w_o

@@ -48,8 +48,12 @@ def kind_seeds(n: int) -> list[int]:
     for seed in range(100):
         roles = place_roles(seed)
         used = set(roles.values())
-        later = [(lay, h) for lay in range(roles["induction"][0] + 1, N_LAYERS) for h in range(N_HEADS)
-                 if (lay, h) not in used]
+        later = [
+            (lay, h)
+            for lay in range(roles["induction"][0] + 1, N_LAYERS)
+            for h in range(N_HEADS)
+            if (lay, h) not in used
+        ]
         if later:
             seeds.append(seed)
         if len(seeds) == n:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
-WORDS = ("the of and to in is was that for on as with by he at from his it an were are which this be "
-         "time river city king water light house people small great old new world night year").split()
+WORDS = (
+    "the of and to in is was that for on as with by he at from his it an were are which this be "
+    "time river city king water light house people small great old new world night year"
+).split()
 
 
 def build_strong_model(n_positions: int):

@@ -31,14 +31,16 @@ def strong_model():
 
 def _bridge_sums(bridge, evalset: EvalSet, heads: list[Head]) -> torch.Tensor:
     """Per-sequence counted loss sums through the TransformerLens bridge, heads zeroed at hook_z."""
+
     def zero(value, hook, h):
         value[:, :, h] = 0.0  # hook_z [batch, pos, head, d_head]
         return value
 
     hooks = [(f"blocks.{h.layer}.attn.hook_z", lambda v, hook, h=h.head: zero(v, hook, h)) for h in heads]
     with torch.no_grad():
-        logits = bridge.run_with_hooks(evalset.input_ids, attention_mask=evalset.mask.long(),
-                                       fwd_hooks=hooks)  # [n_seq, pos, d_vocab]
+        logits = bridge.run_with_hooks(
+            evalset.input_ids, attention_mask=evalset.mask.long(), fwd_hooks=hooks
+        )  # [n_seq, pos, d_vocab]
     losses = token_losses(logits, evalset.input_ids, evalset.mask)  # [n_seq, pos-1]
     return torch.where(evalset.counted, losses, torch.zeros_like(losses)).sum(-1)  # [n_seq]
 
@@ -85,8 +87,7 @@ def test_no_head_gives_delta_zero_and_hugging_faces_loss(small_model):
     evalset = text_evalset(small_model, text)
     labels = evalset.input_ids.masked_fill(~evalset.mask, -100)
     with torch.no_grad():
-        hf = small_model.model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(),
-                               labels=labels).loss
+        hf = small_model.model(input_ids=evalset.input_ids, attention_mask=evalset.mask.long(), labels=labels).loss
     assert evalset.input_ids.shape[0] > 1  # several windows, the last one padded
     assert abs(result["loss_ablated"] - float(hf)) < 1e-5
 
@@ -99,7 +100,8 @@ def test_every_head_of_a_layer_equals_zeroing_the_layer_z(strong_model):
     result = ablate_heads(strong_model, "layer:0", metric="repeat", seed=2)
     evalset = repeat_evalset(strong_model, seed=2)
     handle = strong_model.model.transformer.h[0].attn.c_proj.register_forward_pre_hook(
-        lambda module, args: (torch.zeros_like(args[0]),))
+        lambda module, args: (torch.zeros_like(args[0]),)
+    )
     try:
         with torch.no_grad():
             logits = forward(strong_model.model, Batch(evalset.input_ids, evalset.mask))
@@ -150,8 +152,12 @@ def test_resample_draws_z_from_other_sequences(strong_model):
     for seq in range(5):
         for pos in (0, 7, 30):
             got = reps[0][seq, pos]  # [head, d_head]
-            sources = [(s, p) for s in range(5) for p in range(z.shape[1])
-                       if float((z[s, p] - got).abs().max()) < SAME_PATH_ATOL]
+            sources = [
+                (s, p)
+                for s in range(5)
+                for p in range(z.shape[1])
+                if float((z[s, p] - got).abs().max()) < SAME_PATH_ATOL
+            ]
             assert sources and all(s != seq for s, _ in sources)  # another sequence's z
     again = replacements(strong_model.model, evalset, "resample", seed=7, batch_size=2)
     assert torch.equal(again[0], reps[0])  # seeded
@@ -165,6 +171,7 @@ def test_ablated_sums_restores_the_model(strong_model):
 
 
 # The embedded model ---------------------------------------------------------------------------
+
 
 def _tiny():
     from headlens.models import load_model

@@ -36,6 +36,7 @@ def _hf_logits(loaded, seqs: list[list[int]], heads: list[Head]) -> list[torch.T
                 if h.layer == layer:
                     z[:, :, h.head] = 0.0
             return (z.view(args[0].shape),)
+
         return hook
 
     handles = [block.attn.c_proj.register_forward_pre_hook(zero(i)) for i, block in enumerate(model.transformer.h)]
@@ -51,7 +52,7 @@ def _text_loss(loaded, ids: list[int], bos: bool, heads: list[Head]) -> float:
     """Mean next-token loss over windows of the context (BOS first, or not), computed plainly."""
     n_ctx = loaded.spec.n_ctx
     body = n_ctx - 1 if bos else n_ctx
-    windows = [([loaded.bos_token_id] if bos else []) + ids[i:i + body] for i in range(0, len(ids), body)]
+    windows = [([loaded.bos_token_id] if bos else []) + ids[i : i + body] for i in range(0, len(ids), body)]
     windows = [w for w in windows if len(w) >= 2]
     losses = []
     for window, logits in zip(windows, _hf_logits(loaded, windows, heads), strict=True):
@@ -90,9 +91,11 @@ def test_single_window_ci_has_width(strong_model):
 
 # Prompts and metrics ------------------------------------------------------------------------------
 
-PROMPTS = [{"prompt": "the river and the king of the", "target": " city", "foil": " water"},
-           {"prompt": "light from the old house was", "target": " small", "foil": " great"},
-           {"prompt": "people at night in the", "target": " world", "foil": " year"}]
+PROMPTS = [
+    {"prompt": "the river and the king of the", "target": " city", "foil": " water"},
+    {"prompt": "light from the old house was", "target": " small", "foil": " great"},
+    {"prompt": "people at night in the", "target": " world", "foil": " year"},
+]
 
 
 @pytest.fixture()
@@ -109,8 +112,13 @@ def _prompt_values(loaded, heads, metric: str) -> float:
     for p, logits in zip(PROMPTS, _hf_logits(loaded, seqs, heads), strict=True):
         last = logits[-1]  # [d_vocab]
         target, foil = (tok(p[key], add_special_tokens=False)["input_ids"][0] for key in ("target", "foil"))
-        values.append({"prob": torch.softmax(last, -1)[target], "logit-diff": last[target] - last[foil],
-                       "loss": -torch.log_softmax(last, -1)[target]}[metric])
+        values.append(
+            {
+                "prob": torch.softmax(last, -1)[target],
+                "logit-diff": last[target] - last[foil],
+                "loss": -torch.log_softmax(last, -1)[target],
+            }[metric]
+        )
     return float(torch.stack(values).mean())
 
 
@@ -133,14 +141,21 @@ def test_needle_metric_equals_teacher_forced_hits(strong_model):
     heads = [Head(1, 0), Head(1, 3)]
     result = ablate_heads(strong_model, heads, metric="needle", text=text, seed=3)
     hay = strong_model.tokenizer(text, add_special_tokens=False)["input_ids"]
-    tests = needle_prompts(hay, 64, strong_model.bos_token_id, random_token_range(strong_model.spec.d_vocab),
-                           needle_len=8, restate=4, seed=3)
+    tests = needle_prompts(
+        hay,
+        64,
+        strong_model.bos_token_id,
+        random_token_range(strong_model.spec.d_vocab),
+        needle_len=8,
+        restate=4,
+        seed=3,
+    )
     seqs = [t.prompt + t.needle[4:] for t in tests]
     for key, chosen in (("clean", []), ("ablated", heads)):
         hits = []
         for test, logits in zip(tests, _hf_logits(strong_model, seqs, chosen), strict=True):
             start = len(test.prompt) - 1
-            predicted = logits[start:start + 4].argmax(-1)  # [4] predictions of needle tokens 4..7
+            predicted = logits[start : start + 4].argmax(-1)  # [4] predictions of needle tokens 4..7
             hits.append(predicted == torch.tensor(test.needle[4:]))
         assert result["n"] == 4 * len(tests)
         assert result[key] == pytest.approx(float(torch.cat(hits).double().mean()), abs=1e-12)
@@ -148,10 +163,12 @@ def test_needle_metric_equals_teacher_forced_hits(strong_model):
 
 def test_prompt_errors_name_the_line(strong_model, tmp_path):
     path = tmp_path / "bad.jsonl"
-    for lines, pattern in (([PROMPTS[0], {"prompt": "a", "target": " the river"}], "line 2: target ' the river' is 2"),
-                           ([PROMPTS[0], "{not json"], "line 2: not valid JSON"),
-                           ([{"target": " the"}], "line 1: missing or empty string field 'prompt'"),
-                           ([PROMPTS[0], {"prompt": "x", "target": " the"}], "line 2: metric logit-diff needs")):
+    for lines, pattern in (
+        ([PROMPTS[0], {"prompt": "a", "target": " the river"}], "line 2: target ' the river' is 2"),
+        ([PROMPTS[0], "{not json"], "line 2: not valid JSON"),
+        ([{"target": " the"}], "line 1: missing or empty string field 'prompt'"),
+        ([PROMPTS[0], {"prompt": "x", "target": " the"}], "line 2: metric logit-diff needs"),
+    ):
         path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines), encoding="utf-8")
         with pytest.raises(InputTextError, match=pattern):
             ablate_heads(strong_model, "0.0", metric="logit-diff", prompts=read_prompts(path))
@@ -174,8 +191,9 @@ def test_reference_text_and_sweep_keys(strong_model):
 # Roles and controls -------------------------------------------------------------------------------
 
 LABELS = {Head(layer, head): [] for layer in range(2) for head in range(4)}
-LABELS.update({Head(0, 3): ["previous_token", "positional"], Head(1, 1): ["induction", "retrieval"],
-               Head(1, 2): ["induction"]})
+LABELS.update(
+    {Head(0, 3): ["previous_token", "positional"], Head(1, 1): ["induction", "retrieval"], Head(1, 2): ["induction"]}
+)
 
 
 def test_role_selection_picks_exactly_the_labelled_heads(strong_model, tmp_path):
@@ -215,6 +233,7 @@ def test_random_control_is_seeded_and_keeps_per_layer_counts(strong_model):
 
 
 # The store's evaluation rule ----------------------------------------------------------------------
+
 
 def test_resuming_a_store_of_the_old_rule_is_refused(strong_model, tmp_path):
     out = tmp_path / "old"

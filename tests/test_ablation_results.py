@@ -28,8 +28,16 @@ def run(*args):
 
 def _labels_file(tmp_path, heads: list[tuple[int, int]], label: str = "induction"):
     path = tmp_path / "heads.json"
-    path.write_text(json.dumps([{"layer": layer, "head": head, "labels": [label] if (layer, head) in heads else []}
-                                for layer in range(2) for head in range(4)]), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            [
+                {"layer": layer, "head": head, "labels": [label] if (layer, head) in heads else []}
+                for layer in range(2)
+                for head in range(4)
+            ]
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -37,8 +45,18 @@ def _result(metric: str, heads: list[str], delta: float, **extra) -> dict:
     """An ablate_heads result of `metric` (the keys ablate_heads writes)."""
     from headlens.ablation.metrics import UNIT
 
-    out = {"model": "m", "heads": heads, "method": "zero", "metric": metric, "unit": UNIT[metric], "n": 40,
-           "clean": 0.9, "ablated": 0.9 + delta, "delta": delta, "ci95": [delta - 0.1, delta + 0.1]}
+    out = {
+        "model": "m",
+        "heads": heads,
+        "method": "zero",
+        "metric": metric,
+        "unit": UNIT[metric],
+        "n": 40,
+        "clean": 0.9,
+        "ablated": 0.9 + delta,
+        "delta": delta,
+        "ci95": [delta - 0.1, delta + 0.1],
+    }
     if metric in ("loss", "repeat"):
         out.update(n_tokens=40, loss=0.9, loss_ablated=0.9 + delta, delta_loss=delta)
     out.update(extra)
@@ -46,6 +64,7 @@ def _result(metric: str, heads: list[str], delta: float, **extra) -> dict:
 
 
 # report --prune -------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_report_with_prune_writes_the_pruning_curve(small_model_dir, tmp_path):
@@ -58,16 +77,19 @@ def test_report_with_prune_writes_the_pruning_curve(small_model_dir, tmp_path):
 
 # roles through the CLI ----------------------------------------------------------------------------
 
+
 def test_a_role_keeps_how_its_heads_were_chosen_in_json(small_model_dir, tmp_path):
     labels = _labels_file(tmp_path, [(1, 1), (1, 3)])
-    result = run("ablate", small_model_dir, "--heads", "induction", "--labels", labels, "--metric", "repeat",
-                 "--format", "json")
+    result = run(
+        "ablate", small_model_dir, "--heads", "induction", "--labels", labels, "--metric", "repeat", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
     assert obj["heads"] == ["1.1", "1.3"] and obj["chosen_by"] == "heads labelled induction by the labels file"
 
 
 # each result carries its metric and unit; charts never mix metrics ------------------------------------
+
 
 def test_needle_results_are_read_by_findings_inline_and_the_ablation_section():
     import pandas as pd
@@ -83,8 +105,10 @@ def test_needle_results_are_read_by_findings_inline_and_the_ablation_section():
     assert html.count("<img") == 2  # one chart per metric
     assert "share of needle tokens retrieved" in html and "nats/token" in html
     rows = sections.ablation_rows([loss, needle])
-    assert [(r["metric"], r["unit"]) for r in rows] == [("repeat", "nats/token"),
-                                                        ("needle", "share of needle tokens retrieved")]
+    assert [(r["metric"], r["unit"]) for r in rows] == [
+        ("repeat", "nats/token"),
+        ("needle", "share of needle tokens retrieved"),
+    ]
     heads = pd.DataFrame({"layer": [1], "head": [0], "labels": [["retrieval"]], "retrieval_score": [0.5]})
     page = findings.findings_section(heads, None, [needle])
     assert "needle" in page.lower() and "0.50" in page
@@ -93,8 +117,9 @@ def test_needle_results_are_read_by_findings_inline_and_the_ablation_section():
 def test_one_chart_per_metric_in_the_inline_view():
     from headlens.reports import inline
 
-    html = inline.render_html([_result("repeat", ["1.0"], 3.2), _result("needle", ["1.0,1.2"], -0.9),
-                               _result("needle", ["1.2"], -0.1)])
+    html = inline.render_html(
+        [_result("repeat", ["1.0"], 3.2), _result("needle", ["1.0,1.2"], -0.9), _result("needle", ["1.2"], -0.1)]
+    )
     assert html.count("<img") == 2 and "share of needle tokens retrieved" in html
 
 
@@ -103,9 +128,18 @@ def test_a_sweep_of_another_metric_is_drawn_in_its_unit():
 
     from headlens.reports import inline, sections
 
-    sweep = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "n": [10] * 4, "clean": [0.5] * 4,
-                          "ablated": [0.4, 0.5, 0.1, 0.5], "delta": [-0.1, 0.0, -0.4, 0.0],
-                          "ci95_low": [math.nan] * 4, "ci95_high": [math.nan] * 4})
+    sweep = pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1],
+            "head": [0, 1, 0, 1],
+            "n": [10] * 4,
+            "clean": [0.5] * 4,
+            "ablated": [0.4, 0.5, 0.1, 0.5],
+            "delta": [-0.1, 0.0, -0.4, 0.0],
+            "ci95_low": [math.nan] * 4,
+            "ci95_high": [math.nan] * 4,
+        }
+    )
     sweep.attrs.update(metric="needle", unit="share of needle tokens retrieved")
     assert inline.kind_of(sweep) == "sweep"
     html = sections.ablation_section(sweep, None, None)
@@ -113,6 +147,7 @@ def test_a_sweep_of_another_metric_is_drawn_in_its_unit():
 
 
 # each vs all --------------------------------------------------------------------------------------
+
 
 def test_each_and_all_are_two_experiments(small_model_dir, small_model):
     from headlens.ablation import ablate_heads
@@ -131,14 +166,16 @@ def test_each_and_all_are_two_experiments(small_model_dir, small_model):
 
 # random-head controls -----------------------------------------------------------------------------
 
+
 def test_control_sets_never_draw_the_chosen_set_and_enumerate_a_small_design():
     from headlens.ablation.stats import control_design
 
     chosen = [Head(1, 0), Head(1, 2), Head(1, 3)]  # 4 heads in the layer: C(4, 3) = 4 sets, 3 others
     design = control_design(chosen, n_heads=4, k=10, seed=0)
     assert design["n_possible"] == 3 and design["exact"]
-    expected = sorted(sorted(Head(1, h) for h in c) for c in combinations(range(4), 3)
-                      if sorted(Head(1, h) for h in c) != chosen)
+    expected = sorted(
+        sorted(Head(1, h) for h in c) for c in combinations(range(4), 3) if sorted(Head(1, h) for h in c) != chosen
+    )
     assert sorted(design["sets"]) == expected
     big = control_design([Head(0, 1), Head(1, 2)], n_heads=12, k=20, seed=3)  # 144 - 1 other sets
     assert big["n_possible"] == 143 and not big["exact"] and len(big["sets"]) == 20
@@ -166,33 +203,56 @@ def test_a_small_design_is_enumerated_by_ablate_heads(small_model):
 
 def test_the_control_line_says_how_many_sets_exist(small_model_dir, tmp_path):
     labels = _labels_file(tmp_path, [(1, 0), (1, 2), (1, 3)])
-    result = run("ablate", small_model_dir, "--heads", "induction", "--labels", labels, "--metric", "repeat",
-                 "--control", "random:10")
+    result = run(
+        "ablate",
+        small_model_dir,
+        "--heads",
+        "induction",
+        "--labels",
+        labels,
+        "--metric",
+        "repeat",
+        "--control",
+        "random:10",
+    )
     assert result.exit_code == 0, result.output
     assert "all 3 other sets" in result.stdout and "smallest p possible 0.250" in result.stdout
 
 
 # findings cite the ablation and the control ------------------------------------------------------------
 
+
 def test_role_summaries_cite_the_ablation_and_its_control():
     import pandas as pd
 
     from headlens.reports import findings
 
-    heads = pd.DataFrame({"layer": [1, 1], "head": [0, 2], "labels": [["induction"], ["induction"]],
-                          "prefix_matching_score": [0.9, 0.8]})
-    control = {"k": 3, "seed": 0, "sets": [["1.1", "1.3"]] * 3, "deltas": [0.1, 0.2, 0.3], "rank": 1,
-               "p_value": 0.25, "n_possible": 3, "exact": True, "p_min": 0.25}
-    result = _result("repeat", ["1.0", "1.2"], 3.21, chosen_by="heads labelled induction by the labels given",
-                     control=control)
+    heads = pd.DataFrame(
+        {"layer": [1, 1], "head": [0, 2], "labels": [["induction"], ["induction"]], "prefix_matching_score": [0.9, 0.8]}
+    )
+    control = {
+        "k": 3,
+        "seed": 0,
+        "sets": [["1.1", "1.3"]] * 3,
+        "deltas": [0.1, 0.2, 0.3],
+        "rank": 1,
+        "p_value": 0.25,
+        "n_possible": 3,
+        "exact": True,
+        "p_min": 0.25,
+    }
+    result = _result(
+        "repeat", ["1.0", "1.2"], 3.21, chosen_by="heads labelled induction by the labels given", control=control
+    )
     for lang, words in (("en", ["3.21", "nats/token", "rank 1 of 4", "0.25"]), ("es", ["3,21", "0,25"])):
         page = findings.findings_section(heads, None, [result], lang=lang)
-        role = page[page.index('id="role-induction"'):]
-        role = role[:role.index("</div>")]
+        role = page[page.index('id="role-induction"') :]
+        role = role[: role.index("</div>")]
         assert all(word in role for word in words), (lang, role)
 
 
 # Ctrl-C ---------------------------------------------------------------------------------------------
+
 
 def test_ctrl_c_during_a_sweep_says_what_was_saved_and_exits_130(small_model_dir, tmp_path, monkeypatch):
     import headlens.ablation.ablate as ablate
@@ -211,11 +271,13 @@ def test_ctrl_c_during_a_sweep_says_what_was_saved_and_exits_130(small_model_dir
     result = run("ablate", small_model_dir, "--heads", "each", "--metric", "repeat", "--out", out)
     assert result.exit_code == 130, result.output
     assert result.stderr.strip().splitlines()[-1] == (
-        f"headlens: interrupted: 3 of 8 heads saved in {out}; rerun with --resume")
+        f"headlens: interrupted: 3 of 8 heads saved in {out}; rerun with --resume"
+    )
     assert (out / "rows.jsonl").read_text().count("\n") == 3
 
 
 # one JSON document per command ----------------------------------------------------------------------
+
 
 def test_prune_json_is_one_document(small_model_dir):
     result = run("prune", small_model_dir, "--step-fraction", "0.5", "--no-roles", "--format", "json")
@@ -234,9 +296,11 @@ def test_approx_json_is_one_document(small_model_dir):
 
 # light imports --------------------------------------------------------------------------------------
 
+
 def test_importing_the_ablation_package_does_not_import_the_classifier():
-    code = ("import sys, headlens.ablation, headlens.ablation.roles, headlens.ablation.ablate; "
-            "print('headlens.classify' in sys.modules, 'headlens.scores' in sys.modules)")
+    code = (
+        "import sys, headlens.ablation, headlens.ablation.roles, headlens.ablation.ablate; "
+        "print('headlens.classify' in sys.modules, 'headlens.scores' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
-

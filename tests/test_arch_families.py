@@ -35,6 +35,7 @@ def _hf_eager(model, ids, mask):
     """Per layer: HF eager attention weights [batch, head, q_pos, k_pos] and o_proj inputs z."""
     zs, handles = {}, []
     for layer in range(model.config.num_hidden_layers):
+
         def keep(module, args, layer=layer):
             zs[layer] = args[0].detach().clone()  # [batch, pos, head * d_head]
 
@@ -98,8 +99,9 @@ def test_sliding_window_is_respected(family):
     ids, mask = padded_batch()
     attentions, _, _ = _hf_eager(family.model, ids, mask)
     windows = [adapter.sliding_window(layer) for layer in range(adapter.n_layers)]
-    expected = {"mistral-window": [7, 7, 7], "qwen2-window": [None, 6, 6],
-                "gemma3_text-mqa": [5, 5, None, 5]}.get(family.name, [None] * len(windows))
+    expected = {"mistral-window": [7, 7, 7], "qwen2-window": [None, 6, 6], "gemma3_text-mqa": [5, 5, None, 5]}.get(
+        family.name, [None] * len(windows)
+    )
     assert windows == expected
     for layer, window in enumerate(windows):
         if window is not None:  # no weight on keys window or more positions back
@@ -113,12 +115,19 @@ def test_a_layer_run_by_the_adapter_equals_the_models_own_layer(family):
     ids, mask = padded_batch()
     seen, handles = {}, []
     for layer, block in enumerate(decoder_layers(model)):
-        handles.append(block.register_forward_pre_hook(
-            lambda m, args, kwargs, layer=layer: seen.__setitem__(("in", layer), args[0].detach().clone()),
-            with_kwargs=True))
-        handles.append(block.register_forward_hook(
-            lambda m, args, out, layer=layer: seen.__setitem__(("out", layer), (out[0] if isinstance(out, tuple)
-                                                                               else out).detach().clone())))
+        handles.append(
+            block.register_forward_pre_hook(
+                lambda m, args, kwargs, layer=layer: seen.__setitem__(("in", layer), args[0].detach().clone()),
+                with_kwargs=True,
+            )
+        )
+        handles.append(
+            block.register_forward_hook(
+                lambda m, args, out, layer=layer: seen.__setitem__(
+                    ("out", layer), (out[0] if isinstance(out, tuple) else out).detach().clone()
+                )
+            )
+        )
     try:
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask.long()).logits
@@ -152,7 +161,7 @@ def test_zero_ablation_equals_an_independent_hook_on_the_output_projection(famil
     def zero_slice(head):
         def hook(module, args):
             z = args[0].clone()  # [batch, pos, head * d_head]
-            z[..., head * d_head:(head + 1) * d_head] = 0
+            z[..., head * d_head : (head + 1) * d_head] = 0
             return (z,)
 
         return hook
@@ -167,15 +176,17 @@ def test_zero_ablation_equals_an_independent_hook_on_the_output_projection(famil
     logp = torch.log_softmax(logits[:, :-1], -1)  # [n_seq, pos-1, d_vocab]
     losses = -logp.gather(-1, evalset.input_ids[:, 1:, None])[..., 0]  # [n_seq, pos-1]
     scored = evalset.counted  # [n_seq, pos-1]; ablated_sums sums per bootstrap unit (token blocks here)
-    expected = torch.zeros(evalset.n_units, dtype=torch.float64).index_add(0, evalset.units[scored],
-                                                                            losses[scored].double())  # [n_units]
+    expected = torch.zeros(evalset.n_units, dtype=torch.float64).index_add(
+        0, evalset.units[scored], losses[scored].double()
+    )  # [n_units]
     assert (ours - expected).abs().max() <= ATOL * evalset.counted.sum(-1).max()
     base = ablated_sums(model, evalset, [], [None] * spec.n_layers)
     assert (ours - base).abs().max() > 1e-3  # the ablation did something
 
 
-@pytest.mark.parametrize("method", ["zero", pytest.param("mean", marks=pytest.mark.slow),
-                                    pytest.param("resample", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "method", ["zero", pytest.param("mean", marks=pytest.mark.slow), pytest.param("resample", marks=pytest.mark.slow)]
+)
 def test_exact_sweep_equals_the_naive_loop(family, method):
     model, spec = family.model, family.spec
     evalset = repeat_evalset(family, seed=1, n_seq=5, seq_len=10)
@@ -255,8 +266,11 @@ def test_hook_qkv_hands_over_what_the_attention_multiplies(family, monkeypatch):
 
     monkeypatch.setattr(module, "eager_attention_forward", spy)
     handed = []
-    handles = [h for layer in range(adapter.n_layers)
-               for h in adapter.hook_qkv(layer, lambda q, k, v: handed.append((q, k, v)))]
+    handles = [
+        h
+        for layer in range(adapter.n_layers)
+        for h in adapter.hook_qkv(layer, lambda q, k, v: handed.append((q, k, v)))
+    ]
     ids, mask = padded_batch()
     try:
         with torch.no_grad():

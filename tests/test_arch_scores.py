@@ -45,11 +45,14 @@ def family(request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, make", [
-    ("previous_token_head", prev_token_reducer),
-    ("duplicate_token_head", duplicate_token_reducer),
-    ("induction_head", prefix_matching_reducer),
-])
+@pytest.mark.parametrize(
+    "name, make",
+    [
+        ("previous_token_head", prev_token_reducer),
+        ("duplicate_token_head", duplicate_token_reducer),
+        ("induction_head", prefix_matching_reducer),
+    ],
+)
 def test_attention_scores_equal_detect_head(family, name, make):
     from transformer_lens.head_detector import detect_head
 
@@ -100,7 +103,7 @@ def test_copying_equals_the_direct_path_through_the_whole_vocabulary(family):
         pattern, z = collect.patterns[layer][0], collect.zs[layer][0]  # [b, head, q, k], [b, pos, head, d_head]
         w_o = o_proj(model, layer).weight.detach()  # [d_model, head * d_head]
         for head in range(spec.n_heads):
-            cols = w_o[:, head * spec.d_head:(head + 1) * spec.d_head]  # [d_model, d_head]
+            cols = w_o[:, head * spec.d_head : (head + 1) * spec.d_head]  # [d_model, d_head]
             scores = []
             for b, q in queries.nonzero().tolist():
                 key = int(pattern[b, head, q, 1:].argmax()) + 1  # BOS column excluded
@@ -156,8 +159,10 @@ def test_prune_curve_ends_match_hugging_face(family):
     with torch.no_grad():
         hf = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
     assert abs(curve.loss.iloc[0] - float(hf)) < SAME_LOSS_ATOL
-    handles = [o_proj(model, layer).register_forward_pre_hook(lambda m, a: (torch.zeros_like(a[0]),))
-               for layer in range(len(decoder_layers(model)))]
+    handles = [
+        o_proj(model, layer).register_forward_pre_hook(lambda m, a: (torch.zeros_like(a[0]),))
+        for layer in range(len(decoder_layers(model)))
+    ]
     try:
         with torch.no_grad():
             zeroed = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
@@ -191,8 +196,9 @@ def test_heads_command_lists_key_value_groups(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, window, layers", [("mistral-window", 7, [0, 1, 2]), ("qwen2-window", 6, [1, 2]),
-                                                  ("llama-gqa", None, None)])
+@pytest.mark.parametrize(
+    "name, window, layers", [("mistral-window", 7, [0, 1, 2]), ("qwen2-window", 6, [1, 2]), ("llama-gqa", None, None)]
+)
 def test_classify_says_when_probes_reach_past_a_sliding_window(name, window, layers):
     """The narrowest window and the layers that have it come from the config; every probe here is
     longer than 7 tokens, so the probes are not inside the window."""

@@ -74,12 +74,15 @@ def _labelled(shape_names: tuple[str, ...], sizes: dict[str, int]) -> torch.Tens
     return sum(g * 10 ** places[n] for g, n in zip(grids, shape_names, strict=True)).double()
 
 
-@pytest.mark.parametrize("kind, layout", [
-    (HEADS, ("batch", "pos", "head", "dim")),
-    (NORMED, ("batch", "pos", "head", "dim")),
-    (FUSED, ("batch", "pos", "part", "head", "dim")),
-    (FUSED_HEADS, ("batch", "pos", "head", "part", "dim")),
-])
+@pytest.mark.parametrize(
+    "kind, layout",
+    [
+        (HEADS, ("batch", "pos", "head", "dim")),
+        (NORMED, ("batch", "pos", "head", "dim")),
+        (FUSED, ("batch", "pos", "part", "head", "dim")),
+        (FUSED_HEADS, ("batch", "pos", "head", "part", "dim")),
+    ],
+)
 def test_split_rules_put_each_element_at_its_head(kind, layout):
     sizes = {"batch": BATCH, "pos": POS, "part": PARTS, "head": HEADS_N, "dim": D_HEAD}
     full = _labelled(layout, sizes)

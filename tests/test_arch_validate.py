@@ -70,5 +70,8 @@ def test_validate_command_on_a_grouped_query_model(tmp_path):
     result = CliRunner().invoke(cli, ["validate", str(directory), "--text", str(text), "--format", "json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert payload["passed"] and {row["reference"] for row in payload["rows"]} == {"hf_eager", "sdpa",
-                                                                                    "transformer_lens"}
+    assert payload["passed"] and {row["reference"] for row in payload["rows"]} == {
+        "hf_eager",
+        "sdpa",
+        "transformer_lens",
+    }

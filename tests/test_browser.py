@@ -26,9 +26,16 @@ from headlens.reports.i18n import t
 
 pytestmark = pytest.mark.browser
 
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--no-first-run", "--window-size=1280,1600",
-                "--disable-dev-shm-usage"]  # containers often have a tiny /dev/shm
+CHROME_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--window-size=1280,1600",
+    "--disable-dev-shm-usage",
+]  # containers often have a tiny /dev/shm
 # A figure region counts as drawn if its pixels vary: a blank region has std 0 (a flat colour).
 MIN_PIXEL_STD = 10.0
 # The viewer stores weights to 1/255 and the CSS alpha is printed with 3 decimals.
@@ -36,8 +43,10 @@ ALPHA_ATOL = 1 / 255 + 1e-3
 # The viewer's sample shows induction when each labelled induction head's mean attention on the induction
 # target is this many times what uniform attention over the visible keys would put there.
 UNIFORM_FACTOR = 5.0
-NASTY_TEXT = ('Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
-              "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n")
+NASTY_TEXT = (
+    'Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
+    "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n"
+)
 
 
 def _find(*names: str) -> str | None:
@@ -93,8 +102,10 @@ def page_events(driver) -> dict:
         message = json.loads(entry["message"])["message"]
         if message["method"] == "Network.requestWillBeSent":
             urls.append(message["params"]["request"]["url"])
-        elif message["method"] in ("Runtime.exceptionThrown", "Log.entryAdded") and \
-                message["params"].get("entry", {}).get("level", "error") == "error":
+        elif (
+            message["method"] in ("Runtime.exceptionThrown", "Log.entryAdded")
+            and message["params"].get("entry", {}).get("level", "error") == "error"
+        ):
             errors.append(str(message["params"])[:300])
     return {"errors": errors, "urls": urls}
 
@@ -141,6 +152,7 @@ def page_lang(driver) -> str:
 
 # The detectors themselves: a page that does request the network and logs an error is caught.
 
+
 def test_detectors_catch_a_network_request_and_a_console_error(driver, tmp_path):
     page = tmp_path / "bad.html"
     page.write_text('<img src="http://127.0.0.1:9/x.png"><script>console.error("boom")</script>')
@@ -150,6 +162,7 @@ def test_detectors_catch_a_network_request_and_a_console_error(driver, tmp_path)
 
 
 # The embedded model's report
+
 
 def test_report_loads_offline_without_errors(driver, embedded_report, tmp_path):
     events = open_page(driver, embedded_report)
@@ -176,7 +189,8 @@ def test_figures_are_visible(driver, embedded_report):
 
 def token_alphas(driver) -> list[float]:
     styles = driver.execute_script(
-        "return [...document.querySelectorAll('#viewer-tokens .tok')].map(t => t.style.backgroundColor)")
+        "return [...document.querySelectorAll('#viewer-tokens .tok')].map(t => t.style.backgroundColor)"
+    )
     numbers = [re.findall(r"[\d.]+", style) for style in styles]  # rgb(r, g, b) or rgba(r, g, b, a)
     return [float(n[3]) if len(n) == 4 else 1.0 for n in numbers]
 
@@ -214,6 +228,7 @@ def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
 # The viewer's sample: the heads labelled induction do induction on it, measured with transformers directly
 # on the token ids the page shows.
 
+
 def induction_target_attention(attentions, ids: list[int], heads) -> dict:
     """Per head, the mean attention on induction targets (key k with ids[k-1] == ids[q], k - 1 < q) over the
     queries that have one, and what uniform attention over keys 0..q would put there. Computed from the
@@ -239,8 +254,9 @@ def check_viewer_shows_induction(html: str, model) -> dict:
     output_attentions; no headlens hook): each head the page labels induction attends to the induction target
     more than UNIFORM_FACTOR x uniform."""
     data = viewer_data(html)
-    heads = [Head(*map(int, key.split("."))) for key, names in data["labels"].items()
-             if "induction" in names.split(", ")]
+    heads = [
+        Head(*map(int, key.split("."))) for key, names in data["labels"].items() if "induction" in names.split(", ")
+    ]
     assert heads, "the page labels no induction head"
     assert len(data["ids"]) == data["pos"] == len(data["tokens"])
     with torch.no_grad():
@@ -256,8 +272,9 @@ def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
 
     from headlens.models import shipped_path
 
-    model = AutoModelForCausalLM.from_pretrained(str(shipped_path("tiny")), attn_implementation="eager",
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(shipped_path("tiny")), attn_implementation="eager", dtype=torch.float32
+    )
     measured = check_viewer_shows_induction(embedded_report.read_text(encoding="utf-8"), model)
     assert measured["n_queries"] > 10
 
@@ -266,27 +283,34 @@ def test_label_table_sorts_on_click(driver, embedded_report):
     open_page(driver, embedded_report)
     table = driver.find_element("css selector", "#scores table.sortable")
     column = [th.get_attribute("data-column") for th in table.find_elements("css selector", "thead th")].index(
-        "first_token_score")
+        "first_token_score"
+    )
     header = table.find_elements("css selector", "thead th")[column]
     driver.execute_script("arguments[0].scrollIntoView()", header)
     header.click()
     values = driver.execute_script(
         "return [...arguments[0].tBodies[0].rows].map(r => parseFloat(r.cells[arguments[1]].dataset.sort))",
-        table, column)
+        table,
+        column,
+    )
     assert values == sorted(values) and len(values) > 1
 
 
 # The label table: labelled heads first, a switch to hide the others
 
+
 def visible_rows(driver) -> list[list[str]]:
     return driver.execute_script(
         "return [...document.querySelectorAll('#label-table tbody tr')].filter(r => r.offsetParent !== null)"
-        ".map(r => [r.cells[0].textContent, r.cells[1].textContent, r.className])")
+        ".map(r => [r.cells[0].textContent, r.cells[1].textContent, r.className])"
+    )
 
 
 def all_rows(driver) -> list[list[str]]:
-    return driver.execute_script("return [...document.querySelectorAll('#label-table tbody tr')]"
-                                 ".map(r => [r.cells[0].textContent, r.cells[1].textContent, r.className])")
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#label-table tbody tr')]"
+        ".map(r => [r.cells[0].textContent, r.cells[1].textContent, r.className])"
+    )
 
 
 def test_labelled_heads_come_first_and_the_switch_hides_roleless_rows(driver, embedded_report):
@@ -295,8 +319,9 @@ def test_labelled_heads_come_first_and_the_switch_hides_roleless_rows(driver, em
     kinds = [cls for _, _, cls in rows]
     n_labelled, n_property = kinds.count("labelled"), kinds.count("property")
     # heads with a role, then heads that are only first-token sinks (a property), then the rest
-    assert n_labelled > 0 and kinds == (["labelled"] * n_labelled + ["property"] * n_property
-                                        + ["unlabelled"] * (len(rows) - n_labelled - n_property))
+    assert n_labelled > 0 and kinds == (
+        ["labelled"] * n_labelled + ["property"] * n_property + ["unlabelled"] * (len(rows) - n_labelled - n_property)
+    )
     roles = [LABELS.index(roles_of(labels.split(", "))[0]) for _, labels, cls in rows if cls == "labelled"]
     assert roles == sorted(roles)  # grouped by role (LABELS order)
     switch = driver.find_element("id", "label-switch")
@@ -376,26 +401,36 @@ def planted_report(tmp_path_factory):
     planted = build_planted(0)
     heads = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
     out = tmp_path_factory.mktemp("planted") / "planted.html"
-    render_report(out, model_info={"name": "planted-0"}, heads=heads,
-                  viewer=sample_patterns(planted.loaded, PLANTED_TEXT, 32, repeat=True))
+    render_report(
+        out,
+        model_info={"name": "planted-0"},
+        heads=heads,
+        viewer=sample_patterns(planted.loaded, PLANTED_TEXT, 32, repeat=True),
+    )
     return out, {f"{layer}.{head}" for layer, head in planted.positions.values()}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known failure: the lead's last full run (13:06-13:38 UTC) failed here after the "
-    "role/registry merges; not yet diagnosed"))
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "known failure: the lead's last full run (13:06-13:38 UTC) failed here after the "
+        "role/registry merges; not yet diagnosed"
+    ),
+)
 def test_summary_lists_every_planted_head_and_no_other(driver, planted_report):
     path, planted = planted_report
     open_page(driver, path)
     findings = driver.find_element("id", "findings")
     assert driver.execute_script("return document.querySelector('section').id") == "findings"  # at the top
-    listed = {re.match(r"(\d+\.\d+) ", item.text).group(1)
-              for item in findings.find_elements("css selector", "li[data-head]")}
+    listed = {
+        re.match(r"(\d+\.\d+) ", item.text).group(1) for item in findings.find_elements("css selector", "li[data-head]")
+    }
     assert listed == planted
     assert {head for head, _, _ in visible_rows(driver)} == planted  # the switch's "labelled only" view
 
 
 # Escaping: user text shows literally, runs nothing, injects nothing
+
 
 @pytest.fixture(scope="module")
 def nasty_report(small_model, tmp_path_factory):
@@ -403,12 +438,22 @@ def nasty_report(small_model, tmp_path_factory):
     from headlens.samples import sample_patterns
 
     spec = small_model.spec
-    heads = pd.DataFrame([{"layer": layer, "head": head, "labels": ["first_token"], "first_token_score": 0.5}
-                          for layer in range(spec.n_layers) for head in range(spec.n_heads)])
+    heads = pd.DataFrame(
+        [
+            {"layer": layer, "head": head, "labels": ["first_token"], "first_token_score": 0.5}
+            for layer in range(spec.n_layers)
+            for head in range(spec.n_heads)
+        ]
+    )
     out = tmp_path_factory.mktemp("nasty") / "nasty.html"
-    return render_report(out, model_info={"name": NASTY_TEXT, **{k: v for k, v in spec.__dict__.items()}},
-                         heads=heads, viewer=sample_patterns(small_model, NASTY_TEXT, max_tokens=64),
-                         command=f"headlens report {NASTY_TEXT}", text_label=NASTY_TEXT)
+    return render_report(
+        out,
+        model_info={"name": NASTY_TEXT, **{k: v for k, v in spec.__dict__.items()}},
+        heads=heads,
+        viewer=sample_patterns(small_model, NASTY_TEXT, max_tokens=64),
+        command=f"headlens report {NASTY_TEXT}",
+        text_label=NASTY_TEXT,
+    )
 
 
 def test_hostile_text_is_shown_literally_and_never_runs(driver, nasty_report):
@@ -421,8 +466,14 @@ def test_hostile_text_is_shown_literally_and_never_runs(driver, nasty_report):
     assert driver.find_elements("css selector", 'img:not([src^="data:"])') == []
     assert driver.execute_script("return document.querySelectorAll('[onerror]').length") == 0
     summary = driver.find_element("id", "summary").text
-    for piece in ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</script>", "{{ 7*7 }}",
-                  "${7*7}", "`${x}`"):
+    for piece in (
+        "<script>alert(1)</script>",
+        '"><img src=x onerror=alert(1)>',
+        "</script>",
+        "{{ 7*7 }}",
+        "${7*7}",
+        "`${x}`",
+    ):
         assert piece in summary, piece
     assert "49" not in summary  # no template engine evaluated {{ 7*7 }} or ${7*7}
     tokens = "".join(t.get_attribute("textContent") for t in driver.find_elements("css selector", ".tok"))
@@ -432,6 +483,7 @@ def test_hostile_text_is_shown_literally_and_never_runs(driver, nasty_report):
 
 
 # Without JavaScript: static figures and plain tables, and a note where the viewer would be
+
 
 def test_report_reads_without_javascript(embedded_report):
     browser = start_chromium(javascript=False)

@@ -133,8 +133,9 @@ def test_same_capture_api_on_transformer_bridge(small_model, bridge, sequences):
     mask = iter_batches(sequences, batch_size=5).__next__().mask  # [batch, pos]
     for layer in range(small_model.spec.n_layers):
         real_q = mask[:, None, :, None].expand_as(hf.patterns[layer][0])  # [batch, head, q_pos, k_pos]
-        torch.testing.assert_close(tl.patterns[layer][0][real_q], hf.patterns[layer][0][real_q], atol=BRIDGE_ATOL,
-                                   rtol=0)
+        torch.testing.assert_close(
+            tl.patterns[layer][0][real_q], hf.patterns[layer][0][real_q], atol=BRIDGE_ATOL, rtol=0
+        )
         torch.testing.assert_close(tl.zs[layer][0][mask], hf.zs[layer][0][mask], atol=BRIDGE_ATOL, rtol=0)
 
 
@@ -158,16 +159,19 @@ def test_recomputed_patterns_match_eager(small_model, sequences):
 
     spec = small_model.spec
     eager, lean = CollectPatterns(wants=("pattern", "z")), CollectPatterns(wants=("pattern", "z"))
-    eager_prev, lean_prev = prev_token_reducer(spec.n_layers, spec.n_heads), prev_token_reducer(spec.n_layers,
-                                                                                                spec.n_heads)
+    eager_prev, lean_prev = (
+        prev_token_reducer(spec.n_layers, spec.n_heads),
+        prev_token_reducer(spec.n_layers, spec.n_heads),
+    )
     run_capture(small_model.model, iter_batches(sequences, batch_size=5), [eager, eager_prev])
     run_capture(small_model.model, iter_batches(sequences, batch_size=5), [lean, lean_prev], recompute_patterns=True)
     assert small_model.model.config._attn_implementation == "eager"  # restored
     mask = next(iter_batches(sequences, batch_size=5)).mask  # [batch, pos]
     for layer in range(spec.n_layers):
         real_q = mask[:, None, :, None].expand_as(eager.patterns[layer][0])  # [batch, head, q_pos, k_pos]
-        torch.testing.assert_close(lean.patterns[layer][0][real_q], eager.patterns[layer][0][real_q],
-                                   atol=VALIDATION_ATOL, rtol=0)
+        torch.testing.assert_close(
+            lean.patterns[layer][0][real_q], eager.patterns[layer][0][real_q], atol=VALIDATION_ATOL, rtol=0
+        )
         torch.testing.assert_close(lean.zs[layer][0][mask], eager.zs[layer][0][mask], atol=VALIDATION_ATOL, rtol=0)
     torch.testing.assert_close(lean_prev.result(), eager_prev.result(), atol=VALIDATION_ATOL, rtol=0)
 

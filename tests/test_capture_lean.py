@@ -44,10 +44,15 @@ def sequences(small_model):
 def _scorers(model, spec):
     n, h = spec.n_layers, spec.n_heads
     copying_queries = lambda b: prefix_matching_targets(b.input_ids).any(-1)  # noqa: E731
-    return {"prev": prev_token_reducer(n, h), "current": current_token_reducer(n, h),
-            "first": first_token_reducer(n, h), "duplicate": duplicate_token_reducer(n, h),
-            "prefix": prefix_matching_reducer(n, h), "argmax": ArgmaxOffsetReducer(n, h),
-            "copying": CopyingReducer(model, copying_queries)}
+    return {
+        "prev": prev_token_reducer(n, h),
+        "current": current_token_reducer(n, h),
+        "first": first_token_reducer(n, h),
+        "duplicate": duplicate_token_reducer(n, h),
+        "prefix": prefix_matching_reducer(n, h),
+        "argmax": ArgmaxOffsetReducer(n, h),
+        "copying": CopyingReducer(model, copying_queries),
+    }
 
 
 def _stats(reducer) -> list[torch.Tensor]:
@@ -55,8 +60,14 @@ def _stats(reducer) -> list[torch.Tensor]:
         return [reducer.counts.double(), reducer.n_scored.double()]
     if isinstance(reducer, CopyingReducer):
         return [reducer.result().double(), reducer.std().double(), reducer.counts.double()]
-    return [reducer.result().double(), reducer.std().double(), reducer.seq_std().double(),
-            reducer.mul_score().double(), reducer.counts.double(), reducer.n_seqs.double()]
+    return [
+        reducer.result().double(),
+        reducer.std().double(),
+        reducer.seq_std().double(),
+        reducer.mul_score().double(),
+        reducer.counts.double(),
+        reducer.n_seqs.double(),
+    ]
 
 
 @pytest.mark.parametrize("batch_size", [2, 6])
@@ -119,7 +130,7 @@ def test_check_pattern_on_row_blocks():
     mask = torch.ones(2, n, dtype=torch.bool)
     mask[1, 7:] = False
     for start in range(0, n, 3):
-        check_pattern(pattern[:, :, start:start + 3], mask, layer=0, q_start=start)
+        check_pattern(pattern[:, :, start : start + 3], mask, layer=0, q_start=start)
     leaky = pattern[:, :, 3:6].clone()  # rows 3..5
     leaky[0, 1, 0] = 0.0
     leaky[0, 1, 0, 5] = 1.0  # row 3 puts all its mass on key 5, in its future

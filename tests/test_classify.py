@@ -20,8 +20,16 @@ FAST = ClassifyConfig(n_seq=2, max_windows=2)
 
 
 def _scores(**overrides) -> dict:
-    base = {"positional_share": 0.1, "positional_offset": -3, "first_token_score": 0.1, "duplicate_token_score": 0.1,
-            "prefix_matching_score": 0.1, "copying_score": 0.0, "retrieval_score": 0.0, "successor_score": 0.0}
+    base = {
+        "positional_share": 0.1,
+        "positional_offset": -3,
+        "first_token_score": 0.1,
+        "duplicate_token_score": 0.1,
+        "prefix_matching_score": 0.1,
+        "copying_score": 0.0,
+        "retrieval_score": 0.0,
+        "successor_score": 0.0,
+    }
     return {**base, **overrides}
 
 
@@ -56,8 +64,14 @@ def test_thresholds_are_settable_by_name():
 def test_rank_heads_puts_labelled_heads_first_strongest_first(small_model):
     import pandas as pd
 
-    frame = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "labels": [[], ["first_token"], ["first_token"]],
-                          "first_token_score": [0.9, 0.5, 0.7]})
+    frame = pd.DataFrame(
+        {
+            "layer": [0, 0, 1],
+            "head": [0, 1, 0],
+            "labels": [[], ["first_token"], ["first_token"]],
+            "first_token_score": [0.9, 0.5, 0.7],
+        }
+    )
     ranked = rank_heads(frame)
     assert list(zip(ranked["layer"], ranked["head"], strict=True)) == [(1, 0), (0, 1), (0, 0)]
 
@@ -72,7 +86,8 @@ def test_frame_is_long_form_sorted_with_every_column(small_frame, small_model):
     assert list(small_frame.columns[:3]) == ["layer", "head", "labels"]
     assert len(small_frame) == spec.n_layers * spec.n_heads
     assert list(zip(small_frame["layer"], small_frame["head"], strict=True)) == sorted(
-        zip(small_frame["layer"], small_frame["head"], strict=True))
+        zip(small_frame["layer"], small_frame["head"], strict=True)
+    )
     for column in SCORE_COLUMNS + ["n_positions", "n_repeat_positions", "prev_token_std", "prefix_matching_std"]:
         assert column in small_frame.columns
     assert all(set(labels) <= set(LABELS) for labels in small_frame["labels"])
@@ -82,8 +97,13 @@ def test_frame_is_long_form_sorted_with_every_column(small_frame, small_model):
 def test_needle_counts_are_tests_run_and_tests_retrieved(small_frame, small_model):
     spec = small_model.spec
     ids = small_model.tokenizer(PLANTED_TEXT, add_special_tokens=False)["input_ids"]
-    expected = probes.needle_prompts(ids, spec.n_ctx, small_model.bos_token_id,
-                                     probes.random_token_range(spec.d_vocab), needle_len=min(16, spec.n_ctx // 8))
+    expected = probes.needle_prompts(
+        ids,
+        spec.n_ctx,
+        small_model.bos_token_id,
+        probes.random_token_range(spec.d_vocab),
+        needle_len=min(16, spec.n_ctx // 8),
+    )
     assert (small_frame["n_needle_tests"] == len(expected)).all()  # every test run, retrieved or not
     assert (small_frame["n_needle_retrieved"] <= small_frame["n_needle_tests"]).all()
     assert small_frame.attrs["probes"]["n_needle_retrieved"] == small_frame["n_needle_retrieved"].iloc[0]
@@ -110,8 +130,9 @@ def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text
 def test_classify_is_deterministic_under_a_seed(small_model, small_frame):
     again = classify_heads(small_model, text=PLANTED_TEXT, config=FAST)
     assert again.drop(columns="labels").equals(small_frame.drop(columns="labels"))
-    other = classify_heads(small_model, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=2, max_windows=2, seed=1,
-                                                                                  needles=False))
+    other = classify_heads(
+        small_model, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=2, max_windows=2, seed=1, needles=False)
+    )
     assert not math.isclose(other["copying_score"].sum(), small_frame["copying_score"].sum())
 
 
@@ -131,8 +152,22 @@ def _run(args):
 
 def test_cli_json_has_every_score_and_out_writes_both_files(small_model_dir, text_file, tmp_path):
     out = tmp_path / "out"
-    result = _run([str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2",
-                   "--format", "json", "--out", str(out), "--no-progress"])
+    result = _run(
+        [
+            str(small_model_dir),
+            "--text",
+            str(text_file),
+            "--n-seq",
+            "2",
+            "--max-windows",
+            "2",
+            "--format",
+            "json",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert result.exit_code == 0, result.output
     objects = json.loads(result.stdout)
     assert len(objects) == 8
@@ -146,8 +181,18 @@ def test_cli_json_has_every_score_and_out_writes_both_files(small_model_dir, tex
 
 
 def test_cli_table_is_deterministic_under_seed(small_model_dir, text_file):
-    args = [str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2", "--seed", "3",
-            "--no-needles"]
+    args = [
+        str(small_model_dir),
+        "--text",
+        str(text_file),
+        "--n-seq",
+        "2",
+        "--max-windows",
+        "2",
+        "--seed",
+        "3",
+        "--no-needles",
+    ]
     first, second = _run(args), _run(args)
     assert first.exit_code == 0, first.output
     assert first.stdout == second.stdout
@@ -166,12 +211,15 @@ def test_config_rejects_out_of_range_values():
         config_with_thresholds(ClassifyConfig(), ["bogus=0.5"])
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "is empty"),
-    (b"\x00\x01\x02binary", "binary"),
-    (b"caf\xe9 au lait", "not valid UTF-8"),
-    (b"Hi", "too short"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty"),
+        (b"\x00\x01\x02binary", "binary"),
+        (b"caf\xe9 au lait", "not valid UTF-8"),
+        (b"Hi", "too short"),
+    ],
+)
 def test_cli_bad_text_is_one_line_exit_2(small_model_dir, tmp_path, content, message):
     path = tmp_path / "bad.txt"
     path.write_bytes(content)
@@ -180,15 +228,18 @@ def test_cli_bad_text_is_one_line_exit_2(small_model_dir, tmp_path, content, mes
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--threshold", "bogus=0.3"], "unknown threshold 'bogus'"),
-    (["--threshold", "retrieval=2"], "--threshold retrieval=2.0 is out of range"),
-    (["--threshold", "copying=abc"], "not a number"),
-    (["--format", "xml"], "unknown format 'xml'"),
-    (["--seq-len", "100"], "seq_len 100 is too long"),
-    (["--seq-len", "20", "--token-budget", "32"], "seq_len 20 is too long for probe sequences of 32 tokens"),
-    (["--token-budget", "4"], "token_budget = 4 is out of range"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--threshold", "bogus=0.3"], "unknown threshold 'bogus'"),
+        (["--threshold", "retrieval=2"], "--threshold retrieval=2.0 is out of range"),
+        (["--threshold", "copying=abc"], "not a number"),
+        (["--format", "xml"], "unknown format 'xml'"),
+        (["--seq-len", "100"], "seq_len 100 is too long"),
+        (["--seq-len", "20", "--token-budget", "32"], "seq_len 20 is too long for probe sequences of 32 tokens"),
+        (["--token-budget", "4"], "token_budget = 4 is out of range"),
+    ],
+)
 def test_cli_bad_options_are_one_line_exit_2(small_model_dir, text_file, args, message):
     result = _run([str(small_model_dir), "--text", str(text_file), "--no-progress", *args])
     assert result.exit_code == 2, result.output
@@ -199,8 +250,14 @@ def test_the_token_budget_sizes_every_probe(small_model):
     config = ClassifyConfig(n_seq=2, max_windows=2, seq_len=10, token_budget=32)
     frame = classify_heads(small_model, text=PLANTED_TEXT, config=config)
     info = frame.attrs["probes"]
-    assert info["sizes"] == {"n_ctx": 128, "token_budget": 32, "window": 32, "repeat_context": 32,
-                             "needle_context": 32, "capped": True}
+    assert info["sizes"] == {
+        "n_ctx": 128,
+        "token_budget": 32,
+        "window": 32,
+        "repeat_context": 32,
+        "needle_context": 32,
+        "capped": True,
+    }
     assert info["longest_window"] == 32 and info["n_windows"] == 2  # BOS + 31 text tokens
     assert info["repeats"] == 3  # 1 + 3 * 10 <= 32
     assert info["n_needle_tests"] > 0 and info["longest_needle_prompt"] <= 32 and info["needle_len"] == 4
@@ -235,8 +292,21 @@ def test_cli_unwritable_out_fails_before_work_and_keeps_old_files(small_model_di
 
 def test_cli_report_writes_html_with_the_heads(small_model_dir, text_file, tmp_path):
     report = tmp_path / "report.html"
-    result = _run([str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2",
-                   "--no-needles", "--report", str(report), "--no-progress"])
+    result = _run(
+        [
+            str(small_model_dir),
+            "--text",
+            str(text_file),
+            "--n-seq",
+            "2",
+            "--max-windows",
+            "2",
+            "--no-needles",
+            "--report",
+            str(report),
+            "--no-progress",
+        ]
+    )
     assert result.exit_code == 0, result.output
     html = report.read_text(encoding="utf-8")
     assert html.lstrip().lower().startswith("<!doctype html") and "prefix_matching" in html
@@ -245,8 +315,23 @@ def test_cli_report_writes_html_with_the_heads(small_model_dir, text_file, tmp_p
 
 def test_cli_report_in_spanish(small_model_dir, text_file, tmp_path):
     report = tmp_path / "informe.html"
-    result = _run([str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2",
-                   "--no-needles", "--report", str(report), "--lang", "es", "--no-progress"])
+    result = _run(
+        [
+            str(small_model_dir),
+            "--text",
+            str(text_file),
+            "--n-seq",
+            "2",
+            "--max-windows",
+            "2",
+            "--no-needles",
+            "--report",
+            str(report),
+            "--lang",
+            "es",
+            "--no-progress",
+        ]
+    )
     assert result.exit_code == 0, result.output
     html = report.read_text(encoding="utf-8")
     assert '<html lang="es">' in html and "Puntuaciones y etiquetas de las cabezas" in html

@@ -88,13 +88,30 @@ def test_a_short_text_classifies_and_names_each_probe_input(model, n_tokens, tmp
     path = tmp_path / "short.txt"
     path.write_text(_text_of(load_model(model), n_tokens), encoding="utf-8")
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["classify", model, "--text", str(path), "--n-seq", "2", "--format", "json",
-                                      "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            model,
+            "--text",
+            str(path),
+            "--n-seq",
+            "2",
+            "--format",
+            "json",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     for obj in json.loads(result.stdout):
         assert obj["n_positions"] >= 1 and obj["prev_token_score"] is not None
         assert (obj["text_source"], obj["repeats_source"], obj["needles_source"]) == (
-            "given_text", "random_tokens", "default_text")  # too short for a haystack: the shipped text
+            "given_text",
+            "random_tokens",
+            "default_text",
+        )  # too short for a haystack: the shipped text
         assert obj["n_needle_tests"] > 0 and 0 <= obj["n_needle_retrieved"] <= obj["n_needle_tests"]
     header = (out / "heads.csv").read_text().splitlines()[0].split(",")
     assert {"text_source", "repeats_source", "needles_source", "n_needle_retrieved"} <= set(header)

@@ -26,8 +26,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
     """~3 windows of the small model's 128-token context."""
-    words = ("the of and to in is was that for on as with by he at from his it an were are which this be "
-             "time river city king water light house people small great old new world night year").split()
+    words = (
+        "the of and to in is was that for on as with by he at from his it an were are which this be "
+        "time river city king water light house people small great old new world night year"
+    ).split()
     gen = torch.Generator().manual_seed(0)
     text = " ".join(words[i] for i in torch.randint(0, len(words), (380,), generator=gen).tolist()) + "."
     path = tmp_path_factory.mktemp("text") / "text.txt"
@@ -40,8 +42,9 @@ def run(*args):
 
 
 def test_set_json(small_model_dir):
-    result = run("ablate", "--model", str(small_model_dir), "--heads", "0.1,1.2", "--metric", "repeat",
-                 "--format", "json")
+    result = run(
+        "ablate", "--model", str(small_model_dir), "--heads", "0.1,1.2", "--metric", "repeat", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
     assert list(obj) == KEYS + LOSS_KEYS + ABOUT and obj["heads"] == ["0.1", "1.2"] and obj["method"] == "zero"
@@ -49,8 +52,9 @@ def test_set_json(small_model_dir):
 
 
 def test_layer_set_and_table(small_model_dir, text_file):
-    result = run("ablate", "--model", str(small_model_dir), "--heads", "layer:1", "--method", "mean",
-                 "--text", text_file)
+    result = run(
+        "ablate", "--model", str(small_model_dir), "--heads", "layer:1", "--method", "mean", "--text", text_file
+    )
     assert result.exit_code == 0, result.output
     rows = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
     assert rows["heads"] == "['1.0', '1.1', '1.2', '1.3']" and rows["metric"] == "loss"
@@ -59,12 +63,26 @@ def test_layer_set_and_table(small_model_dir, text_file):
 
 def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
     report = tmp_path / "r.html"
-    result = run("ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat",
-                 "--format", "json", "--report", str(report))
+    result = run(
+        "ablate",
+        "--model",
+        str(small_model_dir),
+        "--heads",
+        "each",
+        "--metric",
+        "repeat",
+        "--format",
+        "json",
+        "--report",
+        str(report),
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # one document
-    assert {key: doc[key] for key in ("method", "metric", "unit")} == {"method": "zero", "metric": "repeat",
-                                                                       "unit": "nats/token"}
+    assert {key: doc[key] for key in ("method", "metric", "unit")} == {
+        "method": "zero",
+        "metric": "repeat",
+        "unit": "nats/token",
+    }
     objs = doc["rows"]
     assert [o["heads"] for o in objs] == [[f"{layer}.{head}"] for layer in range(2) for head in range(4)]
     assert all(list(o) == KEYS + LOSS_KEYS + ABOUT for o in objs)
@@ -72,13 +90,25 @@ def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
 
 
 def test_approx_check_reports_agreement(small_model_dir):
-    result = run("ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat",
-                 "--approx", "--check")
+    result = run(
+        "ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat", "--approx", "--check"
+    )
     assert result.exit_code == 0, result.output
     assert "pearson" in result.stdout and "spearman" in result.stdout and "delta_loss_approx" in result.stdout
     assert "atp vs the exact sweep" in result.stdout
-    star = run("ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat", "--approx", "atp*",
-               "--format", "json")
+    star = run(
+        "ablate",
+        "--model",
+        str(small_model_dir),
+        "--heads",
+        "each",
+        "--metric",
+        "repeat",
+        "--approx",
+        "atp*",
+        "--format",
+        "json",
+    )
     assert star.exit_code == 0, star.output
     doc = json.loads(star.stdout)
     assert all(o["approx"] == "atp*" for o in doc["rows"]) and len(doc["rows"]) == 8
@@ -88,18 +118,52 @@ def test_approx_check_reports_agreement(small_model_dir):
 
 def test_prompts_metric_role_and_control(small_model_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "the river and the", "target": " city", "foil": " king"}\n'
-                       '{"prompt": "light from the old", "target": " house", "foil": " world"}\n', encoding="utf-8")
-    result = run("ablate", str(small_model_dir), "--heads", "1.0", "--metric", "logit-diff", "--prompts",
-                 str(prompts), "--format", "json")
+    prompts.write_text(
+        '{"prompt": "the river and the", "target": " city", "foil": " king"}\n'
+        '{"prompt": "light from the old", "target": " house", "foil": " world"}\n',
+        encoding="utf-8",
+    )
+    result = run(
+        "ablate",
+        str(small_model_dir),
+        "--heads",
+        "1.0",
+        "--metric",
+        "logit-diff",
+        "--prompts",
+        str(prompts),
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
     assert list(obj) == KEYS + ABOUT and obj["metric"] == "logit-diff" and obj["n"] == 2
     labels = tmp_path / "heads.json"
-    labels.write_text(json.dumps([{"layer": layer, "head": head, "labels": ["induction"] if (layer, head) in
-                                   [(1, 1), (1, 3)] else []} for layer in range(2) for head in range(4)]))
-    result = run("ablate", str(small_model_dir), "--heads", "induction", "--labels", str(labels), "--metric",
-                 "repeat", "--control", "random:3", "--seed", "2", "--format", "json")
+    labels.write_text(
+        json.dumps(
+            [
+                {"layer": layer, "head": head, "labels": ["induction"] if (layer, head) in [(1, 1), (1, 3)] else []}
+                for layer in range(2)
+                for head in range(4)
+            ]
+        )
+    )
+    result = run(
+        "ablate",
+        str(small_model_dir),
+        "--heads",
+        "induction",
+        "--labels",
+        str(labels),
+        "--metric",
+        "repeat",
+        "--control",
+        "random:3",
+        "--seed",
+        "2",
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
     assert obj["heads"] == ["1.1", "1.3"] and "1.1, 1.3" in result.stderr
@@ -110,8 +174,14 @@ def test_prompts_metric_role_and_control(small_model_dir, tmp_path):
 def test_prune_command(small_model_dir, text_file):
     labels = text_file + ".heads.json"
     with open(labels, "w") as handle:
-        json.dump([{"layer": layer, "head": head, "labels": ["induction"] if head == 0 else []}
-                   for layer in range(2) for head in range(4)], handle)
+        json.dump(
+            [
+                {"layer": layer, "head": head, "labels": ["induction"] if head == 0 else []}
+                for layer in range(2)
+                for head in range(4)
+            ],
+            handle,
+        )
     result = run("prune", str(small_model_dir), "--text", text_file, "--step-fraction", "0.25", "--labels", labels)
     assert result.exit_code == 0, result.output
     assert "heads can go within +5% loss" in result.stdout and "removal order by role" in result.stdout
@@ -125,8 +195,12 @@ def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_pa
     assert full.exit_code == 0, full.output
     out = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "headlens.cli.main", *args, "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headlens.cli.main", *args, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     rows = out / "rows.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -146,6 +220,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_pa
 
 # Errors ---------------------------------------------------------------------------------------
 
+
 def _one_line_error(result):
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
@@ -153,22 +228,25 @@ def _one_line_error(result):
     return lines[0]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--heads", "3.x"], "malformed head"),
-    (["--heads", "2.0"], "out of range"),
-    (["--heads", "0.1,0.1"], "more than once"),
-    (["--heads", ""], "empty head spec"),
-    (["--heads", "0.1", "--method", "shuffle"], "unknown ablation method"),
-    (["--heads", "0.1", "--metric", "bleu"], "unknown metric"),
-    (["--heads", "0.1", "--format", "xml"], "unknown format"),
-    (["--heads", "all", "--check"], "--approx"),
-    (["--heads", "each", "--resume"], "--out"),
-    (["--heads", "0.1", "--metric", "prob"], "--prompts"),
-    (["--heads", "0.1", "--control", "random:x"], "random:K"),
-    (["--heads", "label:bogus"], "unknown label"),
-    (["--heads", "all", "--approx", "ig"], "unknown --approx"),
-    (["--heads", "all", "--approx", "--metric", "needle"], "no gradient"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--heads", "3.x"], "malformed head"),
+        (["--heads", "2.0"], "out of range"),
+        (["--heads", "0.1,0.1"], "more than once"),
+        (["--heads", ""], "empty head spec"),
+        (["--heads", "0.1", "--method", "shuffle"], "unknown ablation method"),
+        (["--heads", "0.1", "--metric", "bleu"], "unknown metric"),
+        (["--heads", "0.1", "--format", "xml"], "unknown format"),
+        (["--heads", "all", "--check"], "--approx"),
+        (["--heads", "each", "--resume"], "--out"),
+        (["--heads", "0.1", "--metric", "prob"], "--prompts"),
+        (["--heads", "0.1", "--control", "random:x"], "random:K"),
+        (["--heads", "label:bogus"], "unknown label"),
+        (["--heads", "all", "--approx", "ig"], "unknown --approx"),
+        (["--heads", "all", "--approx", "--metric", "needle"], "no gradient"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(small_model_dir, extra, message):
     assert message in _one_line_error(run("ablate", "--model", str(small_model_dir), *extra))
 
@@ -180,8 +258,9 @@ def test_short_text_and_missing_weights(small_model_dir, tmp_path, monkeypatch):
     assert "at least 2" in line
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "a", "target": " the"}\n{"prompt": "b", "target": " the river"}\n')
-    line = _one_line_error(run("ablate", str(small_model_dir), "--heads", "0.1", "--metric", "prob", "--prompts",
-                               str(prompts)))
+    line = _one_line_error(
+        run("ablate", str(small_model_dir), "--heads", "0.1", "--metric", "prob", "--prompts", str(prompts))
+    )
     assert "line 2" in line and "2 tokens" in line
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
@@ -195,6 +274,20 @@ def test_resume_from_other_settings(small_model_dir, tmp_path):
 
     out = str(tmp_path / "sweep")  # a started zero-ablation sweep of the same model (one head done)
     sweep_heads(load_model(str(small_model_dir)), metric="repeat", heads=[Head(0, 0)], out=out)
-    line = _one_line_error(run("ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat",
-                               "--method", "mean", "--out", out, "--resume"))
+    line = _one_line_error(
+        run(
+            "ablate",
+            "--model",
+            str(small_model_dir),
+            "--heads",
+            "each",
+            "--metric",
+            "repeat",
+            "--method",
+            "mean",
+            "--out",
+            out,
+            "--resume",
+        )
+    )
     assert "other settings" in line

@@ -23,14 +23,18 @@ def _one_line_error(result, fragment: str) -> str:
 
 @pytest.mark.parametrize("seq_len", ["1", "2", str(commands_classify.MIN_SEQ_LEN - 1)])
 def test_periods_below_the_minimum_are_refused_with_the_reason(seq_len):
-    line = _one_line_error(CliRunner().invoke(cli, ["classify", "tiny", "--seq-len", seq_len]),
-                           f"{seq_len} is below {commands_classify.MIN_SEQ_LEN}")
+    line = _one_line_error(
+        CliRunner().invoke(cli, ["classify", "tiny", "--seq-len", seq_len]),
+        f"{seq_len} is below {commands_classify.MIN_SEQ_LEN}",
+    )
     assert "induction" in line
 
 
 def test_threshold_out_of_range_names_the_option_not_the_field():
-    line = _one_line_error(CliRunner().invoke(cli, ["classify", "tiny", "--threshold", "prefix_matching=7"]),
-                           "--threshold prefix_matching=7.0 is out of range: a number in [0, 1]")
+    line = _one_line_error(
+        CliRunner().invoke(cli, ["classify", "tiny", "--threshold", "prefix_matching=7"]),
+        "--threshold prefix_matching=7.0 is out of range: a number in [0, 1]",
+    )
     assert "prefix_matching_min" not in line
 
 
@@ -42,8 +46,9 @@ def test_work_larger_than_the_memory_is_refused_before_it_starts(monkeypatch):
     monkeypatch.setattr(os, "sysconf", lambda name: free_pages if name == "SC_AVPHYS_PAGES" else page)
     free = free_pages * page
     n_seq = int(commands_classify.MAX_MEMORY_SHARE * free / (8 * 101)) + 1  # just past the limit
-    line = _one_line_error(CliRunner().invoke(cli, ["classify", "tiny", "--n-seq", str(n_seq)]),
-                           f"--n-seq {n_seq} is too large")
+    line = _one_line_error(
+        CliRunner().invoke(cli, ["classify", "tiny", "--n-seq", str(n_seq)]), f"--n-seq {n_seq} is too large"
+    )
     assert "GiB" in line
     commands_classify._check_work_size(commands_classify_config(n_seq - 2))  # just under: accepted
 
@@ -54,9 +59,17 @@ def commands_classify_config(n_seq: int):
     return ClassifyConfig(n_seq=n_seq)
 
 
-@pytest.mark.parametrize("error", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. "
-                                                               "DefaultCPUAllocator: can't allocate memory: you "
-                                                               "tried to allocate 80800000000 bytes.")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:121] data. "
+            "DefaultCPUAllocator: can't allocate memory: you "
+            "tried to allocate 80800000000 bytes."
+        ),
+    ],
+)
 def test_out_of_memory_is_one_line(monkeypatch, error):
     import headlens.classify
 
@@ -116,8 +129,9 @@ def test_unwritable_report_fails_once_before_the_work(tmp_path, monkeypatch):
     monkeypatch.setattr(headlens.classify, "classify_heads", never)
     blocker = tmp_path / "file"
     blocker.write_text("keep me")
-    line = _one_line_error(CliRunner().invoke(cli, ["classify", "tiny", "--report", str(blocker / "r.html")]),
-                           str(blocker))
+    line = _one_line_error(
+        CliRunner().invoke(cli, ["classify", "tiny", "--report", str(blocker / "r.html")]), str(blocker)
+    )
     assert line.count("cannot") <= 1 and blocker.read_text() == "keep me"
 
 
@@ -138,8 +152,23 @@ def test_report_write_failure_is_reported_once(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_classify_says_where_it_wrote(tmp_path):
     out, report = tmp_path / "out", tmp_path / "r.html"
-    result = CliRunner().invoke(cli, ["classify", "tiny", "--n-seq", "2", "--max-windows", "2", "--no-needles",
-                                      "--no-progress", "--out", str(out), "--report", str(report)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            "tiny",
+            "--n-seq",
+            "2",
+            "--max-windows",
+            "2",
+            "--no-needles",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"headlens: wrote {out / 'heads.csv'} and {out / 'heads.json'}" in result.stderr
     assert f"headlens: wrote {report}" in result.stderr and report.is_file()

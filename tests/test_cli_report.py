@@ -20,8 +20,20 @@ def run(*args: str):
 
 def test_reproduce_command_round_trips_through_the_shell():
     command = reproduce_command("my model", "a b.txt", "0.1,1.2", True, False, "out/r.html", None, 3)
-    assert shlex.split(command) == ["headlens", "report", "my model", "--text", "a b.txt", "--heads", "0.1,1.2",
-                                    "--sweep", "--seed", "3", "--out", "out/r.html"]
+    assert shlex.split(command) == [
+        "headlens",
+        "report",
+        "my model",
+        "--text",
+        "a b.txt",
+        "--heads",
+        "0.1,1.2",
+        "--sweep",
+        "--seed",
+        "3",
+        "--out",
+        "out/r.html",
+    ]
 
 
 def test_reproduce_command_names_a_language_other_than_english():
@@ -56,14 +68,33 @@ def test_single_head_bars_come_from_the_sweep_rows():
     from headlens.cli.commands_report import chosen_ablations
     from headlens.heads import Head
 
-    sweep = pd.DataFrame({"layer": [0, 1], "head": [1, 2], "n_tokens": [50, 50], "delta_loss": [0.2, -0.1],
-                          "ci95_low": [0.1, -0.2], "ci95_high": [0.3, 0.0]})
+    sweep = pd.DataFrame(
+        {
+            "layer": [0, 1],
+            "head": [1, 2],
+            "n_tokens": [50, 50],
+            "delta_loss": [0.2, -0.1],
+            "ci95_low": [0.1, -0.2],
+            "ci95_high": [0.3, 0.0],
+        }
+    )
     rows = chosen_ablations(None, [Head(1, 2)], None, 0, False, sweep)  # one head: no joint ablation, no model
-    assert rows == [{"heads": ["1.2"], "method": "zero", "metric": "loss", "unit": "nats/token", "n_tokens": 50,
-                     "delta": -0.1, "delta_loss": -0.1, "ci95": [-0.2, 0.0]}]
+    assert rows == [
+        {
+            "heads": ["1.2"],
+            "method": "zero",
+            "metric": "loss",
+            "unit": "nats/token",
+            "n_tokens": 50,
+            "delta": -0.1,
+            "delta_loss": -0.1,
+            "ci95": [-0.2, 0.0],
+        }
+    ]
 
 
 # Errors: one line on stderr, exit 2, nothing half-written
+
 
 def assert_one_line_error(result, *fragments: str):
     assert result.exit_code == EXIT_BAD_INPUT, result.output
@@ -86,8 +117,9 @@ def test_output_path_below_a_file(tmp_path):
 
 
 def test_missing_text_file(tmp_path):
-    assert_one_line_error(run("tiny", "--text", str(tmp_path / "none.txt"), "--out", str(tmp_path / "r.html")),
-                          "not found")
+    assert_one_line_error(
+        run("tiny", "--text", str(tmp_path / "none.txt"), "--out", str(tmp_path / "r.html")), "not found"
+    )
     assert not (tmp_path / "r.html").exists()
 
 
@@ -105,8 +137,10 @@ def test_bad_head_spec_fails_before_the_work(small_model_dir, tmp_path):
 
 
 def test_unknown_language(tmp_path):
-    assert_one_line_error(run("tiny", "--lang", "fr", "--out", str(tmp_path / "r.html")),
-                          "unknown report language 'fr': choose one of en, es")
+    assert_one_line_error(
+        run("tiny", "--lang", "fr", "--out", str(tmp_path / "r.html")),
+        "unknown report language 'fr': choose one of en, es",
+    )
     assert not (tmp_path / "r.html").exists()
 
 

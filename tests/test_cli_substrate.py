@@ -97,14 +97,17 @@ def test_validate_exits_1_when_a_weight_is_perturbed(runner, small_model_dir, sh
 # Errors -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec, fragment", [
-    ("3.x", "malformed head"),
-    ("1.4", "out of range"),
-    ("2.0", "2 layers x 4 heads"),
-    ("0.1,0.1", "more than once"),
-    ("", "empty head spec"),
-    ("0.1,,0.2", "empty entry"),
-])
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("3.x", "malformed head"),
+        ("1.4", "out of range"),
+        ("2.0", "2 layers x 4 heads"),
+        ("0.1,0.1", "more than once"),
+        ("", "empty head spec"),
+        ("0.1,,0.2", "empty entry"),
+    ],
+)
 def test_heads_errors(runner, small_model_dir, spec, fragment):
     assert_one_line_error(runner.invoke(cli, ["heads", spec, "--model", str(small_model_dir)]), fragment)
 
@@ -130,13 +133,16 @@ def test_hub_id_offline_without_cache(runner, tmp_path, monkeypatch):
     assert_one_line_error(runner.invoke(cli, ["validate", "gpt2"]), "not in the Hugging Face cache")
 
 
-@pytest.mark.parametrize("content, fragment", [
-    (b"", "is empty"),
-    (b"  \n\t\n", "only white space"),
-    (b"caf\xe9 au lait\n", "not valid UTF-8"),
-    (b"\x7fELF\x02\x01\x01\x00\x00\x00binary", "binary"),
-    (bytes(range(1, 32)) * 20, "binary"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b"", "is empty"),
+        (b"  \n\t\n", "only white space"),
+        (b"caf\xe9 au lait\n", "not valid UTF-8"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00binary", "binary"),
+        (bytes(range(1, 32)) * 20, "binary"),
+    ],
+)
 def test_validate_bad_text_file(runner, small_model_dir, tmp_path, content, fragment):
     path = tmp_path / "input.txt"
     path.write_bytes(content)
@@ -154,20 +160,24 @@ def test_validate_text_too_short_for_a_window(runner, small_model_dir, tmp_path)
     assert_one_line_error(runner.invoke(cli, ["validate", str(small_model_dir), "--text", str(path)]), "too short")
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["ablate", "tiny", "--heads", "0.0", "--format", "xml"], "unknown format 'xml'"),
-    (["prune", "tiny", "--format", "csv"], "unknown format 'csv'"),
-    (["classify", "tiny", "--format", "yaml"], "unknown format 'yaml'"),
-    (["validate", "tiny", "--format", "csv"], "unknown format 'csv'"),
-    (["ablate", "tiny", "--bogus"], "No such option '--bogus'"),
-    (["ablate", "tiny"], "Missing option '--heads'"),
-    (["heads", "0.0", "tiny", "--model", "gpt2"], "two models given"),
-    (["no-such-command"], "No such command"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["ablate", "tiny", "--heads", "0.0", "--format", "xml"], "unknown format 'xml'"),
+        (["prune", "tiny", "--format", "csv"], "unknown format 'csv'"),
+        (["classify", "tiny", "--format", "yaml"], "unknown format 'yaml'"),
+        (["validate", "tiny", "--format", "csv"], "unknown format 'csv'"),
+        (["ablate", "tiny", "--bogus"], "No such option '--bogus'"),
+        (["ablate", "tiny"], "Missing option '--heads'"),
+        (["heads", "0.0", "tiny", "--model", "gpt2"], "two models given"),
+        (["no-such-command"], "No such command"),
+    ],
+)
 def test_every_usage_error_is_one_line(args, needle):
     """Bad options, values and commands: one line on stderr, exit 2, on every command alike."""
-    proc = subprocess.run([sys.executable, "-m", "headlens.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "headlens.cli.main", *args], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("headlens: error:"), proc.stderr

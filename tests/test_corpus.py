@@ -80,12 +80,15 @@ def test_one_text_file_is_one_document(tmp_path):
 # Errors -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"text": "fine"}\n{"text": "broken\n', "docs.jsonl:2 is not valid JSON"),
-    ('{"text": "fine"}\n["a list"]\n', "docs.jsonl:2 has no string 'text' field"),
-    ('{"body": "no text field"}\n', "docs.jsonl:1 has no string 'text' field"),
-    ('\n\n', "holds no documents"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"text": "fine"}\n{"text": "broken\n', "docs.jsonl:2 is not valid JSON"),
+        ('{"text": "fine"}\n["a list"]\n', "docs.jsonl:2 has no string 'text' field"),
+        ('{"body": "no text field"}\n', "docs.jsonl:1 has no string 'text' field"),
+        ("\n\n", "holds no documents"),
+    ],
+)
 def test_bad_jsonl_is_one_clear_error(tmp_path, content, message):
     path = tmp_path / "docs.jsonl"
     path.write_text(content, encoding="utf-8")
@@ -119,6 +122,7 @@ def test_missing_path_is_refused(tmp_path):
 
 
 # Ablation and pruning on a corpus ------------------------------------------------------------------
+
 
 def test_ablation_evalset_of_a_corpus_is_each_documents_windows(small_model, folder, jsonl):
     """The loss evaluation set of a folder / JSON Lines file is the documents' own windows, in order,
@@ -168,14 +172,28 @@ def test_cli_ablate_and_prune_read_a_folder_and_refuse_it_for_the_needle_metric(
     from headlens.cli.main import cli
 
     runner = CliRunner()
-    ok = runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "0.1", "--text", str(folder), "--format",
-                             "json"])
+    ok = runner.invoke(
+        cli, ["ablate", str(small_model_dir), "--heads", "0.1", "--text", str(folder), "--format", "json"]
+    )
     assert ok.exit_code == 0, ok.output
     assert "4 documents" in ok.output
-    prune = runner.invoke(cli, ["prune", str(small_model_dir), "--text", str(jsonl), "--no-roles", "--step-fraction",
-                                "0.5", "--format", "json"])
+    prune = runner.invoke(
+        cli,
+        [
+            "prune",
+            str(small_model_dir),
+            "--text",
+            str(jsonl),
+            "--no-roles",
+            "--step-fraction",
+            "0.5",
+            "--format",
+            "json",
+        ],
+    )
     assert prune.exit_code == 0, prune.output
-    bad = runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "0.1", "--metric", "needle", "--text",
-                              str(folder)])
+    bad = runner.invoke(
+        cli, ["ablate", str(small_model_dir), "--heads", "0.1", "--metric", "needle", "--text", str(folder)]
+    )
     assert bad.exit_code == 2 and "metric needle reads one text" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

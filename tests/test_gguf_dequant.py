@@ -11,8 +11,18 @@ from headlens.errors import UnsupportedQuantError
 
 # Byte offsets of each block's fp16 scale/min fields (ggml's block_* structs): random bytes there
 # would give inf/nan scales, so they are overwritten with sane fp16 values.
-HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
-               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+HALF_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 N_BLOCKS = 64
 ROWS = 3
 
@@ -32,7 +42,7 @@ def random_tensor(name: str, seed: int) -> np.ndarray:
     blocks = rng.integers(0, 256, size=(ROWS * N_BLOCKS, block_bytes), dtype=np.uint8)
     for start in HALF_FIELDS[name]:
         scales = rng.normal(0, 0.05, size=ROWS * N_BLOCKS).astype(np.float16)
-        blocks[:, start:start + 2] = scales.view(np.uint8).reshape(-1, 2)
+        blocks[:, start : start + 2] = scales.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(ROWS, N_BLOCKS * block_bytes)
 
 

@@ -41,7 +41,7 @@ def complete(model, tokenizer, prompt: str = PROMPT, n: int = 2) -> str:
     ids = tokenizer(prompt, return_tensors="pt").input_ids  # [1, pos]
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n, do_sample=False)
-    return tokenizer.decode(out[0, ids.shape[1]:])
+    return tokenizer.decode(out[0, ids.shape[1] :])
 
 
 @pytest.mark.slow
@@ -57,11 +57,13 @@ def test_smollm2_loads_and_knows_rome(pulled):
 
 
 # GGUF name -> (Hugging Face name, value the HF weight holds given the GGUF's): Gemma stores norms as w + 1
-GEMMA_CHECKED = {"blk.0.attn_q.weight": ("model.layers.0.self_attn.q_proj.weight", lambda w: w),
-                 "blk.0.attn_v.weight": ("model.layers.0.self_attn.v_proj.weight", lambda w: w),
-                 "blk.0.attn_output.weight": ("model.layers.0.self_attn.o_proj.weight", lambda w: w),
-                 "blk.0.ffn_down.weight": ("model.layers.0.mlp.down_proj.weight", lambda w: w),
-                 "blk.0.attn_q_norm.weight": ("model.layers.0.self_attn.q_norm.weight", lambda w: w - 1)}
+GEMMA_CHECKED = {
+    "blk.0.attn_q.weight": ("model.layers.0.self_attn.q_proj.weight", lambda w: w),
+    "blk.0.attn_v.weight": ("model.layers.0.self_attn.v_proj.weight", lambda w: w),
+    "blk.0.attn_output.weight": ("model.layers.0.self_attn.o_proj.weight", lambda w: w),
+    "blk.0.ffn_down.weight": ("model.layers.0.mlp.down_proj.weight", lambda w: w),
+    "blk.0.attn_q_norm.weight": ("model.layers.0.self_attn.q_norm.weight", lambda w: w - 1),
+}
 
 
 @pytest.mark.slow
@@ -79,11 +81,13 @@ def test_gemma3_converts_into_the_cache(pulled):
     with safe_open(str(folder / "model.safetensors"), framework="np") as weights:
         for gguf_name, (hf_name, transform) in GEMMA_CHECKED.items():
             tensor = tensors[gguf_name]
-            reference = transform(gguf.quants.dequantize(np.array(tensor.data),
-                                                         gguf.GGMLQuantizationType(tensor.ggml_type)))
+            reference = transform(
+                gguf.quants.dequantize(np.array(tensor.data), gguf.GGMLQuantizationType(tensor.ggml_type))
+            )
             tolerance = 4 * np.finfo(np.float32).eps * np.abs(reference).max()
-            np.testing.assert_allclose(weights.get_tensor(hf_name), reference, rtol=0, atol=tolerance,
-                                       err_msg=gguf_name)
+            np.testing.assert_allclose(
+                weights.get_tensor(hf_name), reference, rtol=0, atol=tolerance, err_msg=gguf_name
+            )
 
 
 @pytest.mark.slow

@@ -22,8 +22,10 @@ import torch
 import headlens
 from headlens.reports import inline
 
-NASTY_TEXT = ('Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
-              "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n")
+NASTY_TEXT = (
+    'Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
+    "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n"
+)
 N_LAYERS, N_HEADS, POS = 2, 3, 6
 
 
@@ -60,40 +62,90 @@ def parse(html: str) -> Elements:
 
 def heads_frame(label: str = "previous_token") -> pd.DataFrame:
     rng = np.random.default_rng(0)
-    rows = [{"layer": layer, "head": head, "labels": [label] if (layer, head) == (0, 1) else [],
-             "prev_token_score": float(rng.uniform()), "first_token_score": float(rng.uniform())}
-            for layer in range(N_LAYERS) for head in range(N_HEADS)]
+    rows = [
+        {
+            "layer": layer,
+            "head": head,
+            "labels": [label] if (layer, head) == (0, 1) else [],
+            "prev_token_score": float(rng.uniform()),
+            "first_token_score": float(rng.uniform()),
+        }
+        for layer in range(N_LAYERS)
+        for head in range(N_HEADS)
+    ]
     return pd.DataFrame(rows)
 
 
 def sweep_frame() -> pd.DataFrame:
-    rows = [{"layer": layer, "head": head, "n_tokens": 100, "loss": 2.0, "loss_ablated": 2.0 + 0.1 * head,
-             "delta_loss": 0.1 * head, "ci95_low": 0.1 * head - 0.01, "ci95_high": 0.1 * head + 0.01}
-            for layer in range(N_LAYERS) for head in range(N_HEADS)]
+    rows = [
+        {
+            "layer": layer,
+            "head": head,
+            "n_tokens": 100,
+            "loss": 2.0,
+            "loss_ablated": 2.0 + 0.1 * head,
+            "delta_loss": 0.1 * head,
+            "ci95_low": 0.1 * head - 0.01,
+            "ci95_high": 0.1 * head + 0.01,
+        }
+        for layer in range(N_LAYERS)
+        for head in range(N_HEADS)
+    ]
     return pd.DataFrame(rows)
 
 
 def ablation_result(heads=("1.0", "1.2")) -> dict:
-    return {"model": "m", "heads": list(heads), "method": "zero", "metric": "repeat", "n_tokens": 384,
-            "loss": 2.945, "loss_ablated": 4.612, "delta_loss": 1.667, "ci95": [1.529, 1.802]}
+    return {
+        "model": "m",
+        "heads": list(heads),
+        "method": "zero",
+        "metric": "repeat",
+        "n_tokens": 384,
+        "loss": 2.945,
+        "loss_ablated": 4.612,
+        "delta_loss": 1.667,
+        "ci95": [1.529, 1.802],
+    }
 
 
 def pruning_frame() -> pd.DataFrame:
-    return pd.DataFrame({"step": [0, 1, 2], "n_removed": [0, 3, 6], "fraction_removed": [0.0, 0.5, 1.0],
-                         "heads_removed": ["", "0.0,0.1,0.2", "0.0,0.1,0.2,1.0,1.1,1.2"], "loss": [1.7, 1.9, 3.3]})
+    return pd.DataFrame(
+        {
+            "step": [0, 1, 2],
+            "n_removed": [0, 3, 6],
+            "fraction_removed": [0.0, 0.5, 1.0],
+            "heads_removed": ["", "0.0,0.1,0.2", "0.0,0.1,0.2,1.0,1.1,1.2"],
+            "loss": [1.7, 1.9, 3.3],
+        }
+    )
 
 
 def validation_frame(passed: bool = True) -> pd.DataFrame:
-    return pd.DataFrame({"layer": [0, 0], "quantity": ["z", "pattern"], "reference": ["hf_eager", "sdpa"],
-                         "max_abs_error": [1e-7, 2e-7], "tolerance": [1e-5, 1e-5], "passed": [True, passed]})
+    return pd.DataFrame(
+        {
+            "layer": [0, 0],
+            "quantity": ["z", "pattern"],
+            "reference": ["hf_eager", "sdpa"],
+            "max_abs_error": [1e-7, 2e-7],
+            "tolerance": [1e-5, 1e-5],
+            "passed": [True, passed],
+        }
+    )
 
 
 def training_pair():
     steps = np.arange(0, 1000, 50)
-    log = pd.DataFrame({"step": steps, "train_loss": 3 - steps / 1000, "best_induction_score":
-                        np.where(steps < 600, 0.05, 0.7)})
-    head_log = pd.DataFrame({"step": np.repeat(steps, 2), "layer": 1, "head": np.tile([0, 1], len(steps)),
-                             "prefix_matching_score": np.tile([0.1, 0.5], len(steps))})
+    log = pd.DataFrame(
+        {"step": steps, "train_loss": 3 - steps / 1000, "best_induction_score": np.where(steps < 600, 0.05, 0.7)}
+    )
+    head_log = pd.DataFrame(
+        {
+            "step": np.repeat(steps, 2),
+            "layer": 1,
+            "head": np.tile([0, 1], len(steps)),
+            "prefix_matching_score": np.tile([0.1, 0.5], len(steps)),
+        }
+    )
     return log, head_log
 
 
@@ -168,6 +220,7 @@ def test_unknown_results_are_refused():
 
 # Hostile text is escaped
 
+
 def test_hostile_labels_and_values_are_escaped():
     frame = heads_frame(label=NASTY_TEXT)
     html = inline.view(frame).html()
@@ -202,6 +255,7 @@ def test_the_embedded_patterns_are_the_sample_to_one_step_in_255():
 
 # Several viewers on one page
 
+
 def element_ids(html: str) -> list[str]:
     return [attrs["id"] for _, attrs in parse(html).tags if "id" in attrs]
 
@@ -220,6 +274,7 @@ def test_element_ids_are_unique_within_and_across_fragments():
 
 # The entry points
 
+
 def test_show_outside_a_notebook_says_where_it_works():
     with pytest.raises(RuntimeError, match="notebook"):
         headlens.show(sweep_frame())
@@ -236,6 +291,7 @@ def test_importing_headlens_does_not_import_the_reports():
 
 
 # Languages: the prose comes from the reports' catalogue
+
 
 @pytest.mark.parametrize("kind", sorted(RESULTS))
 def test_spanish_views_hold_no_english_sentence(kind):

@@ -79,7 +79,8 @@ def status_start(driver, suffix: str, query: int) -> str:  # noqa: F811
 
 def alphas(driver, suffix: str) -> list[float]:  # noqa: F811
     styles = driver.execute_script(
-        f"return [...document.querySelectorAll('#viewer-tokens{suffix} .tok')].map(t => t.style.backgroundColor)")
+        f"return [...document.querySelectorAll('#viewer-tokens{suffix} .tok')].map(t => t.style.backgroundColor)"
+    )
     numbers = [re.findall(r"[\d.]+", style) for style in styles]  # rgb(r, g, b) or rgba(r, g, b, a)
     return [float(n[3]) if len(n) == 4 else 1.0 for n in numbers]
 
@@ -104,8 +105,10 @@ def test_viewers_load_offline_without_errors(driver, exported):  # noqa: F811
         assert driver.find_element("id", f"viewer-app{suffix}").is_displayed()
         assert not driver.find_element("id", f"viewer-static{suffix}").is_displayed()
         assert len(driver.find_elements("css selector", f"#viewer-tokens{suffix} .tok")) == data["pos"]
-        assert len(driver.find_elements("css selector", f"#viewer-grid{suffix} canvas")) == \
-            data["n_layers"] * data["n_heads"]
+        assert (
+            len(driver.find_elements("css selector", f"#viewer-grid{suffix} canvas"))
+            == data["n_layers"] * data["n_heads"]
+        )
 
 
 def test_clicking_a_token_changes_that_viewer_only(driver, exported):  # noqa: F811
@@ -114,8 +117,9 @@ def test_clicking_a_token_changes_that_viewer_only(driver, exported):  # noqa: F
     found = viewers(page.read_text(encoding="utf-8"))
     for index, (suffix, data, patterns) in enumerate(found):
         others = {s: driver.find_element("id", f"viewer-status{s}").text for s, _, _ in found if s != suffix}
-        layer, head = (int(x) for x in driver.find_element("id", f"viewer-head{suffix}").get_attribute("value")
-                       .split("."))
+        layer, head = (
+            int(x) for x in driver.find_element("id", f"viewer-head{suffix}").get_attribute("value").split(".")
+        )
         query = data["pos"] // 2 + index  # a different row in each viewer
         token = driver.find_elements("css selector", f"#viewer-tokens{suffix} .tok")[query]
         driver.execute_script("arguments[0].scrollIntoView()", token)
@@ -132,8 +136,9 @@ def test_hostile_text_shows_literally_and_runs_nothing(driver, exported):  # noq
     page, _ = exported
     open_page(driver, page)
     suffix = viewers(page.read_text(encoding="utf-8"))[-1][0]
-    text = "".join(t.get_attribute("textContent")
-                   for t in driver.find_elements("css selector", f"#viewer-tokens{suffix} .tok"))
+    text = "".join(
+        t.get_attribute("textContent") for t in driver.find_elements("css selector", f"#viewer-tokens{suffix} .tok")
+    )
     assert "<script>alert(1)</script>" in text and '"><img src=x onerror=alert(1)>' in text
     assert driver.execute_script("return document.querySelectorAll('[onerror]').length") == 0
     driver.find_elements("css selector", f"#viewer-tokens{suffix} .tok")[5].click()
@@ -148,7 +153,8 @@ def test_without_javascript_the_static_pictures_show(exported):
         for suffix, _, _ in viewers(page.read_text(encoding="utf-8")):
             still = browser.find_element("css selector", f"#viewer-static{suffix} img")
             assert still.is_displayed() and browser.execute_script(
-                "return arguments[0].complete && arguments[0].naturalWidth > 0", still)
+                "return arguments[0].complete && arguments[0].naturalWidth > 0", still
+            )
             assert not browser.find_element("id", f"viewer-app{suffix}").is_displayed()
         assert browser.find_elements("css selector", ".tok") == []
     finally:

@@ -15,8 +15,10 @@ from headlens.labels import THRESHOLDS, ClassifyConfig, label_head, rank_heads
 from headlens.probe_runs import probe_sizes
 from headlens.reports import explain
 
-CATALOGUES = {lang: json.loads((Path(explain.__file__).parent / f"messages_{lang}.json").read_text(encoding="utf-8"))
-              for lang in ("en", "es")}
+CATALOGUES = {
+    lang: json.loads((Path(explain.__file__).parent / f"messages_{lang}.json").read_text(encoding="utf-8"))
+    for lang in ("en", "es")
+}
 
 
 @pytest.mark.parametrize("lang", sorted(CATALOGUES))
@@ -54,18 +56,25 @@ def test_every_stage_reads_the_registry():
 
 def test_label_head_applies_each_kinds_rule():
     row = {score.column: 0.0 for score in kinds.SCORES}
-    row.update(positional_share=0.95, positional_offset=-1, first_token_score=0.5, prefix_matching_score=0.6,
-               copying_score=0.7)
+    row.update(
+        positional_share=0.95, positional_offset=-1, first_token_score=0.5, prefix_matching_score=0.6, copying_score=0.7
+    )
     config = ClassifyConfig()
     assert label_head(row, config) == [kind.label for kind in kinds.KINDS if kind.rule(row, config)]
     assert label_head(row, config) == ["previous_token", "positional", "first_token", "induction"]
 
 
 def test_one_ranking_roles_first_then_sinks_then_the_rest():
-    frame = pd.DataFrame({"layer": [0, 0, 0, 1, 1], "head": [0, 1, 2, 0, 1],
-                          "labels": [["first_token"], [], ["first_token", "retrieval"], ["induction"], ["first_token"]],
-                          "first_token_score": [0.4, 0.1, 0.9, 0.2, 0.8], "retrieval_score": [0, 0, 0.3, 0, 0],
-                          "prefix_matching_score": [0, 0, 0, 0.7, 0]})
+    frame = pd.DataFrame(
+        {
+            "layer": [0, 0, 0, 1, 1],
+            "head": [0, 1, 2, 0, 1],
+            "labels": [["first_token"], [], ["first_token", "retrieval"], ["induction"], ["first_token"]],
+            "first_token_score": [0.4, 0.1, 0.9, 0.2, 0.8],
+            "retrieval_score": [0, 0, 0.3, 0, 0],
+            "prefix_matching_score": [0, 0, 0, 0.7, 0],
+        }
+    )
     ranked = rank_heads(frame)
     # a role first (induction before retrieval in LABELS order), then the sinks strongest first, then none
     assert list(zip(ranked["layer"], ranked["head"], strict=True)) == [(1, 0), (0, 2), (1, 1), (0, 0), (0, 1)]
@@ -76,7 +85,12 @@ def test_probe_sizes_follow_the_budget_not_the_context():
     long = probe_sizes(8192, config)
     assert (long["window"], long["needle_context"], long["capped"]) == (kinds.DEFAULT_TOKEN_BUDGET,) * 2 + (True,)
     assert probe_sizes(256, ClassifyConfig(token_budget=512)) == {
-        "n_ctx": 256, "token_budget": 512, "window": 256, "repeat_context": 256, "needle_context": 256,
-        "capped": False}
+        "n_ctx": 256,
+        "token_budget": 512,
+        "window": 256,
+        "repeat_context": 256,
+        "needle_context": 256,
+        "capped": False,
+    }
     needles = probe_sizes(8192, ClassifyConfig(needle_budget=8192))  # long-context needles stay available
     assert (needles["window"], needles["needle_context"]) == (kinds.DEFAULT_TOKEN_BUDGET, 8192)

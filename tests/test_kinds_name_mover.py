@@ -91,15 +91,23 @@ def test_planted_name_mover_is_the_only_one(planted):
 def test_ablating_the_planted_name_mover_lowers_the_logit_diff_most(planted):
     planted, scores = planted
     mover = Head(*planted.positions["name_mover"])
-    result = ablate_heads(planted.loaded, [mover], metric="logit-diff", prompts=ablation_prompts(scores["prompts"]),
-                          control=N_CONTROL, seed=0)
+    result = ablate_heads(
+        planted.loaded,
+        [mover],
+        metric="logit-diff",
+        prompts=ablation_prompts(scores["prompts"]),
+        control=N_CONTROL,
+        seed=0,
+    )
     assert result["delta"] < 0
-    others = [d for d, s in zip(result["control"]["deltas"], result["control"]["sets"], strict=True)
-              if s != [str(mover)]]  # with 3 heads a layer, some random sets are the mover itself
+    others = [
+        d for d, s in zip(result["control"]["deltas"], result["control"]["sets"], strict=True) if s != [str(mover)]
+    ]  # with 3 heads a layer, some random sets are the mover itself
     assert others and result["delta"] < min(others)
 
 
 # SmolLM2 ------------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def smollm2():
@@ -157,16 +165,20 @@ def _layers_to_check(scores):
 
 @pytest.mark.slow
 @pytest.mark.real
-@pytest.mark.xfail(strict=False, reason=(
-    "known failure: failed in the lead's last full run (13:06-13:38 UTC); never seen to pass; "
-    "not yet diagnosed"))
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "known failure: failed in the lead's last full run (13:06-13:38 UTC); never seen to pass; not yet diagnosed"
+    ),
+)
 def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores):
     assert scores["logit_diff"] > 0  # the model does the task: IO above S on average
     heads = [Head(int(lay), int(h)) for lay, h in scores["name_mover"].nonzero().tolist()]
     if not heads:
         pytest.skip("SmolLM2 has no head labelled name_mover at the module's cut-offs")
-    result = ablate_heads(smollm2, heads, metric="logit-diff", prompts=ablation_prompts(scores["prompts"]),
-                          control=N_CONTROL, seed=0)
+    result = ablate_heads(
+        smollm2, heads, metric="logit-diff", prompts=ablation_prompts(scores["prompts"]), control=N_CONTROL, seed=0
+    )
     assert result["delta"] < 0
     assert result["control"]["rank"] == 1  # a larger change than every random set
     assert result["delta"] < min(result["control"]["deltas"])  # and downwards

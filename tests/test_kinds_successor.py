@@ -59,6 +59,7 @@ def test_planted_successor_head_is_the_only_one(planted):
 
 # SmolLM2 against an OV circuit computed here from the Llama weights -------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def smollm2():
     return load_smollm2()
@@ -90,6 +91,7 @@ def test_smollm2_scores_match_a_hand_computed_ov_circuit(smollm2):
 
 
 # Through the registry: classify labels it, ablate selects it ---------------------------------------------------
+
 
 @pytest.mark.slow
 def test_classify_labels_the_planted_successor_head_and_ablate_selects_it(planted):

@@ -171,10 +171,20 @@ def _gqa_weights(n_heads=4, n_kv_heads=1, d_model=32, d_head=8, seed=0, dtype=to
     def rand(*shape):
         return (torch.randn(*shape, generator=gen) * 0.3).to(dtype)
 
-    return AttentionWeights(w_q=rand(n_heads * d_head, d_model), w_k=rand(n_kv_heads * d_head, d_model),
-                            w_v=rand(n_kv_heads * d_head, d_model), w_o=rand(d_model, n_heads * d_head),
-                            b_q=rand(n_heads * d_head), b_k=rand(n_kv_heads * d_head), b_v=rand(n_kv_heads * d_head),
-                            b_o=rand(d_model), n_heads=n_heads, n_kv_heads=n_kv_heads, scale=d_head**-0.5, **extra)
+    return AttentionWeights(
+        w_q=rand(n_heads * d_head, d_model),
+        w_k=rand(n_kv_heads * d_head, d_model),
+        w_v=rand(n_kv_heads * d_head, d_model),
+        w_o=rand(d_model, n_heads * d_head),
+        b_q=rand(n_heads * d_head),
+        b_k=rand(n_kv_heads * d_head),
+        b_v=rand(n_kv_heads * d_head),
+        b_o=rand(d_model),
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        scale=d_head**-0.5,
+        **extra,
+    )
 
 
 def test_plain_grouped_attention_equals_gpt2_attention(small_model):
@@ -185,8 +195,9 @@ def test_plain_grouped_attention_equals_gpt2_attention(small_model):
     gpt2 = gpt2.double()
     w_q, w_k, w_v = gpt2.c_attn.weight.split(64)  # 3 x [d_model, d_model]
     b_q, b_k, b_v = gpt2.c_attn.bias.split(64)
-    weights = AttentionWeights(w_q, w_k, w_v, gpt2.c_proj.weight, b_q, b_k, b_v, gpt2.c_proj.bias, n_heads=4,
-                               n_kv_heads=4, scale=gpt2.scale)
+    weights = AttentionWeights(
+        w_q, w_k, w_v, gpt2.c_proj.weight, b_q, b_k, b_v, gpt2.c_proj.bias, n_heads=4, n_kv_heads=4, scale=gpt2.scale
+    )
     x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # [batch, pos, d_model]
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False
@@ -202,8 +213,14 @@ def test_shared_key_value_heads_equal_copied_ones():
     from headlens.mha import GroupedQueryAttention
 
     mqa = _gqa_weights(n_kv_heads=1, inv_freq=1.0 / 100 ** (torch.arange(0, 8, 2) / 8), dtype=torch.float64)
-    tiled = replace(mqa, n_kv_heads=4, w_k=mqa.w_k.repeat(4, 1), w_v=mqa.w_v.repeat(4, 1), b_k=mqa.b_k.repeat(4),
-                    b_v=mqa.b_v.repeat(4))
+    tiled = replace(
+        mqa,
+        n_kv_heads=4,
+        w_k=mqa.w_k.repeat(4, 1),
+        w_v=mqa.w_v.repeat(4, 1),
+        b_k=mqa.b_k.repeat(4),
+        b_v=mqa.b_v.repeat(4),
+    )
     x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)  # [batch, pos, d_model]
     ours, ref = GroupedQueryAttention(mqa)(x), GroupedQueryAttention(tiled)(x)
     assert ours.pattern.shape == (2, 4, 11, 11) and ours.z.shape == (2, 11, 4, 8)

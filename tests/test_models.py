@@ -90,8 +90,13 @@ def test_hub_id_without_network_fails_fast(tmp_path):
     env.pop("HF_HUB_OFFLINE", None)
     env.pop("HF_HUB_CACHE", None)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "headlens.cli.main", "heads", "0.0", "--model", "gpt2"],
-                          env=env, capture_output=True, text=True, timeout=HUB_FAIL_FAST_SECONDS * 2)
+    proc = subprocess.run(
+        [sys.executable, "-m", "headlens.cli.main", "heads", "0.0", "--model", "gpt2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HUB_FAIL_FAST_SECONDS * 2,
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr
     assert elapsed < HUB_FAIL_FAST_SECONDS

@@ -40,6 +40,7 @@ def test_there_are_tutorials():
 
 # Committed files
 
+
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_committed_notebooks_have_no_outputs(path):
     nb = read(path)
@@ -65,12 +66,14 @@ def test_both_languages_run_the_same_code(stem):
         return [source.replace(f'LANG = "{lang}"', "LANG = ...") for source in sources]
 
     assert code(english, "en") == code(spanish, "es")
-    prose = [(a.source, b.source) for a, b in zip(english.cells, spanish.cells, strict=True)
-             if a.cell_type == "markdown"]
+    prose = [
+        (a.source, b.source) for a, b in zip(english.cells, spanish.cells, strict=True) if a.cell_type == "markdown"
+    ]
     assert prose and all(a != b for a, b in prose)  # every text cell is translated, none copied
 
 
 # Execution
+
 
 @pytest.fixture(scope="module")
 def jupyter_path(tmp_path_factory):
@@ -78,9 +81,15 @@ def jupyter_path(tmp_path_factory):
     root = tmp_path_factory.mktemp("jupyter")
     spec = root / "kernels" / "python3"
     spec.mkdir(parents=True)
-    spec.joinpath("kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (headlens tests)", "language": "python"}))
+    spec.joinpath("kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (headlens tests)",
+                "language": "python",
+            }
+        )
+    )
     paths = [str(root)]
     try:
         import nbconvert
@@ -98,8 +107,9 @@ def execute(nb, jupyter_path: str, cwd: Path, monkeypatch) -> None:
     from nbclient import NotebookClient
 
     monkeypatch.setenv("JUPYTER_PATH", jupyter_path)
-    NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+    NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
+    ).execute()
 
 
 def inline_views(nb) -> list[tuple[str, str]]:

@@ -29,8 +29,8 @@ def _full_circuit_scores(model) -> torch.Tensor:
         w_qkv = block.attn.c_attn.weight.double()  # [d_model, 3 * d_model]
         w_o = block.attn.c_proj.weight.double()  # [d_model, d_model], rows head-major
         for head in range(n_heads):
-            w_v = w_qkv[:, 2 * d + head * d_head: 2 * d + (head + 1) * d_head]  # [d_model, d_head]
-            w_oh = w_o[head * d_head:(head + 1) * d_head]  # [d_head, d_model]
+            w_v = w_qkv[:, 2 * d + head * d_head : 2 * d + (head + 1) * d_head]  # [d_model, d_head]
+            w_oh = w_o[head * d_head : (head + 1) * d_head]  # [d_head, d_model]
             full = normed @ w_v @ w_oh @ centre @ w_u.T  # [d_vocab, d_vocab]
             eig = torch.linalg.eigvals(full)
             out[layer, head] = eig.sum().real / eig.abs().sum()
@@ -90,8 +90,8 @@ def test_grouped_query_families_against_their_raw_projections(name):
             w_o = block.self_attn.o_proj.weight.double()  # [d_model, head * d_head]
             for head in range(cfg.num_attention_heads):
                 kv = head // group
-                values = normed @ w_v[kv * d_head:(kv + 1) * d_head].T  # [d_vocab, d_head]
-                small = w_o[:, head * d_head:(head + 1) * d_head].T @ w_u.T @ values  # [d_head, d_head]
+                values = normed @ w_v[kv * d_head : (kv + 1) * d_head].T  # [d_vocab, d_head]
+                small = w_o[:, head * d_head : (head + 1) * d_head].T @ w_u.T @ values  # [d_head, d_head]
                 eig = torch.linalg.eigvals(small)
                 expected[layer, head] = eig.sum().real / eig.abs().sum()
     ours = ov_copying_scores(model)

@@ -30,8 +30,10 @@ def _labels(frame, layer, head):
 def test_planted_roles_are_recovered_and_no_other_head_is_labelled():
     planted = build_planted(0)
     frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=FAST_CONFIG)
-    expected = {planted.positions[role]: [name for name in labels if name != "retrieval"]
-                for role, labels in EXPECTED_LABELS.items()}
+    expected = {
+        planted.positions[role]: [name for name in labels if name != "retrieval"]
+        for role, labels in EXPECTED_LABELS.items()
+    }
     for layer in range(N_LAYERS):
         for head in range(N_HEADS):
             assert _labels(frame, layer, head)["labels"] == expected.get((layer, head), []), (layer, head)

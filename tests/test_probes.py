@@ -15,7 +15,7 @@ from headlens.probes import (
     text_windows,
 )
 
-TEXT = ("The quick brown fox jumps over the lazy dog while the farmer counts his sheep in the field. " * 12)
+TEXT = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep in the field. " * 12
 
 
 def test_random_token_range_for_byte_and_bpe_vocabularies():

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 def _gated_seq_losses(model, evalset: EvalSet, layer: int, head: int, value: float) -> torch.Tensor:
     """Per-sequence mean counted loss with head (layer, head)'s z scaled by `value`: [n_seq],
     in the model's dtype (token_losses would round float64 logits to float32)."""
+
     def hook(module, args):
         z = args[0].view(*args[0].shape[:-1], 4, -1).clone()  # [batch, pos, head, d_head]
         z[:, :, head] *= value
@@ -86,8 +87,10 @@ def test_prune_curve(strong_model):
     assert abs(curve.loss.iloc[0] - float(hf)) < SAME_LOSS_ATOL
 
     # Last step = every layer's whole z zeroed.
-    handles = [block.attn.c_proj.register_forward_pre_hook(lambda m, a: (torch.zeros_like(a[0]),))
-               for block in strong_model.model.transformer.h]
+    handles = [
+        block.attn.c_proj.register_forward_pre_hook(lambda m, a: (torch.zeros_like(a[0]),))
+        for block in strong_model.model.transformer.h
+    ]
     try:
         with torch.no_grad():
             zeroed = strong_model.model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss

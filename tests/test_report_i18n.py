@@ -16,9 +16,47 @@ from headlens.errors import ConfigError, OutputPathError
 from headlens.reports import EmptyReportError, i18n, render_report
 
 # English function words that are not Spanish words: a sentence left in English carries some of them.
-ENGLISH_WORDS = {"the", "and", "of", "with", "is", "are", "from", "this", "that", "each", "every", "which", "to",
-                 "on", "by", "when", "than", "its", "it", "at", "or", "be", "not", "all", "only", "shows", "click",
-                 "needs", "here", "there", "more", "less", "has", "have", "was", "were", "into", "after", "before"}
+ENGLISH_WORDS = {
+    "the",
+    "and",
+    "of",
+    "with",
+    "is",
+    "are",
+    "from",
+    "this",
+    "that",
+    "each",
+    "every",
+    "which",
+    "to",
+    "on",
+    "by",
+    "when",
+    "than",
+    "its",
+    "it",
+    "at",
+    "or",
+    "be",
+    "not",
+    "all",
+    "only",
+    "shows",
+    "click",
+    "needs",
+    "here",
+    "there",
+    "more",
+    "less",
+    "has",
+    "have",
+    "was",
+    "were",
+    "into",
+    "after",
+    "before",
+}
 # Fragments of English messages shorter than this many words may legitimately recur in Spanish ("d_model / ").
 MIN_FRAGMENT_WORDS = 3
 
@@ -93,27 +131,60 @@ def spanish_page(tmp_path_factory):
     heads.attrs["sources"] = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
     heads.attrs["config"] = {"positional_min": 0.9, "needles": True, "token_low": None, "token_range": [32, 127]}
     one = {"heads": ["0.1"], "method": "zero", "metric": "text", "n_tokens": 200, "delta_loss": 0.2, "ci95": [0.1, 0.3]}
-    controlled = {"heads": ["1.0", "1.2"], "method": "zero", "metric": "repeat", "n_tokens": 300, "delta": 3.21,
-                  "delta_loss": 3.21, "ci95": [3.1, 3.3], "chosen_by": "heads labelled induction by the labels given",
-                  "control": {"k": 20, "deltas": [1.7, 2.7, 3.21], "rank": 7, "p_value": 0.333, "seed": 0}}
+    controlled = {
+        "heads": ["1.0", "1.2"],
+        "method": "zero",
+        "metric": "repeat",
+        "n_tokens": 300,
+        "delta": 3.21,
+        "delta_loss": 3.21,
+        "ci95": [3.1, 3.3],
+        "chosen_by": "heads labelled induction by the labels given",
+        "control": {"k": 20, "deltas": [1.7, 2.7, 3.21], "rank": 7, "p_value": 0.333, "seed": 0},
+    }
     import pandas as pd
 
-    pruning = pd.DataFrame({"step": [0, 1], "n_removed": [0, 1], "fraction_removed": [0.0, 1 / 6],
-                            "heads_removed": ["", "0.1"], "loss": [3.0, 3.1]})
+    pruning = pd.DataFrame(
+        {
+            "step": [0, 1],
+            "n_removed": [0, 1],
+            "fraction_removed": [0.0, 1 / 6],
+            "heads_removed": ["", "0.1"],
+            "loss": [3.0, 3.1],
+        }
+    )
     validation = validation_frame(fail_layer=1)
     validation.attrs.update(text_source="texto-dado", n_tokens=42)
-    path = render_report(tmp_path_factory.mktemp("es") / "es.html",
-                         model_info={**MODEL_INFO, "name": "modelo", "n_params": 462464}, heads=heads,
-                         sweep=sweep_frame(), ablation=[one, controlled], pruning=pruning, validation=validation,
-                         training=training_pair(), viewer=viewer_dict(), command="headlens report modelo",
-                         text_label="texto.txt", lang="es")
+    path = render_report(
+        tmp_path_factory.mktemp("es") / "es.html",
+        model_info={**MODEL_INFO, "name": "modelo", "n_params": 462464},
+        heads=heads,
+        sweep=sweep_frame(),
+        ablation=[one, controlled],
+        pruning=pruning,
+        validation=validation,
+        training=training_pair(),
+        viewer=viewer_dict(),
+        command="headlens report modelo",
+        text_label="texto.txt",
+        lang="es",
+    )
     return path.read_text(encoding="utf-8")
 
 
 def test_spanish_report_has_every_section_in_spanish(spanish_page):
     assert '<html lang="es">' in spanish_page
-    for section_id in ("findings", "summary", "kv-groups", "scores", "thumbnails", "viewer", "ablation",
-                       "validation", "training"):
+    for section_id in (
+        "findings",
+        "summary",
+        "kv-groups",
+        "scores",
+        "thumbnails",
+        "viewer",
+        "ablation",
+        "validation",
+        "training",
+    ):
         assert f'<section id="{section_id}">' in spanish_page
     assert "Qué hacen las cabezas" in spanish_page and "con un papel (" in spanish_page
 

@@ -10,9 +10,16 @@ from headlens.reports import render
 
 
 def _page(**results) -> str:
-    return render.build_page(model_info=MODEL_INFO, command="headlens x", text_label="t.txt", lang="en",
-                             **{name: results.get(name) for name in ("heads", "sweep", "ablation", "pruning",
-                                                                     "validation", "training", "viewer")})
+    return render.build_page(
+        model_info=MODEL_INFO,
+        command="headlens x",
+        text_label="t.txt",
+        lang="en",
+        **{
+            name: results.get(name)
+            for name in ("heads", "sweep", "ablation", "pruning", "validation", "training", "viewer")
+        },
+    )
 
 
 def test_repeated_sample_is_quoted_once():
@@ -21,11 +28,27 @@ def test_repeated_sample_is_quoted_once():
 
 
 def test_pruning_page_is_titled_pruning_and_summarised():
-    curve = pd.DataFrame({"step": [0, 1, 2], "n_removed": [0, 2, 4], "fraction_removed": [0.0, 0.25, 0.5],
-                          "heads_removed": ["", "0.1,1.2", "0.1,1.2,0.0,1.1"], "loss": [3.0, 3.1, 3.6]})
-    curve.attrs.update(heads_within=2, n_heads=8, tolerance=0.05,
-                       removal_by_role={"n_labelled": 2, "n_unlabelled": 6, "mean_rank_labelled": 6.5,
-                                        "mean_rank_unlabelled": 3.5, "p_value": 0.04})
+    curve = pd.DataFrame(
+        {
+            "step": [0, 1, 2],
+            "n_removed": [0, 2, 4],
+            "fraction_removed": [0.0, 0.25, 0.5],
+            "heads_removed": ["", "0.1,1.2", "0.1,1.2,0.0,1.1"],
+            "loss": [3.0, 3.1, 3.6],
+        }
+    )
+    curve.attrs.update(
+        heads_within=2,
+        n_heads=8,
+        tolerance=0.05,
+        removal_by_role={
+            "n_labelled": 2,
+            "n_unlabelled": 6,
+            "mean_rank_labelled": 6.5,
+            "mean_rank_unlabelled": 3.5,
+            "p_value": 0.04,
+        },
+    )
     page = _page(pruning=curve)
     assert "<title>headlens report: hand-made</title>" in page or "hand-made" in page
     assert '<a href="#ablation">Pruning</a>' in page
@@ -42,8 +65,9 @@ def test_score_heatmaps_are_drawn_large_enough_to_read():
 
     from headlens.reports import figures
 
-    heads = pd.DataFrame([{"layer": layer, "head": head, "prev_token_score": 0.1 * head}
-                          for layer in range(2) for head in range(4)])
+    heads = pd.DataFrame(
+        [{"layer": layer, "head": head, "prev_token_score": 0.1 * head} for layer in range(2) for head in range(4)]
+    )
     uri = figures.score_heatmap_uri(heads, "prev_token_score", vmin=0, vmax=1, threshold=0.4, lang="es")
     width, height = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).size
     assert width >= 4 * 50 + 150 and height >= 2 * 40 + 80, (width, height)

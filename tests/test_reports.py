@@ -20,8 +20,15 @@ from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
 
 N_LAYERS, N_HEADS, POS = 2, 3, 5
-MODEL_INFO = {"name": "hand-made", "n_layers": N_LAYERS, "n_heads": N_HEADS, "d_head": 16, "d_model": 48,
-              "n_ctx": 64, "n_params": 123456}
+MODEL_INFO = {
+    "name": "hand-made",
+    "n_layers": N_LAYERS,
+    "n_heads": N_HEADS,
+    "d_head": 16,
+    "d_model": 48,
+    "n_ctx": 64,
+    "n_params": 123456,
+}
 NASTY = '<script>alert(1)</script> "><img src=x onerror=alert(1)> </script> {{ x }} ${y} & \u2028'
 # 5 MB: the size cap for GPT-2 small with default settings.
 SIZE_CAP_BYTES = 5 * 1024 * 1024
@@ -31,10 +38,19 @@ def heads_frame() -> pd.DataFrame:
     rows = []
     for layer in range(N_LAYERS):
         for head in range(N_HEADS):
-            rows.append({"layer": layer, "head": head, "labels": ["previous_token"] if (layer, head) == (0, 1) else [],
-                         "prev_token_score": 0.9 if (layer, head) == (0, 1) else 0.1 * head,
-                         "first_token_score": 0.2 + 0.1 * layer, "positional_offset": -1,
-                         "positional_share": 0.5, "copying_score": -0.5 + 0.2 * head, "n_positions": 40})
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "labels": ["previous_token"] if (layer, head) == (0, 1) else [],
+                    "prev_token_score": 0.9 if (layer, head) == (0, 1) else 0.1 * head,
+                    "first_token_score": 0.2 + 0.1 * layer,
+                    "positional_offset": -1,
+                    "positional_share": 0.5,
+                    "copying_score": -0.5 + 0.2 * head,
+                    "n_positions": 40,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -51,27 +67,61 @@ def viewer_dict(tokens=None) -> dict:
 
 def sweep_frame() -> pd.DataFrame:
     deltas = np.linspace(-0.05, 0.3, N_LAYERS * N_HEADS)
-    return pd.DataFrame([{"layer": i // N_HEADS, "head": i % N_HEADS, "n_tokens": 200, "loss": 3.0,
-                          "loss_ablated": 3.0 + d, "delta_loss": d, "ci95_low": d - 0.01, "ci95_high": d + 0.01}
-                         for i, d in enumerate(deltas)])
+    return pd.DataFrame(
+        [
+            {
+                "layer": i // N_HEADS,
+                "head": i % N_HEADS,
+                "n_tokens": 200,
+                "loss": 3.0,
+                "loss_ablated": 3.0 + d,
+                "delta_loss": d,
+                "ci95_low": d - 0.01,
+                "ci95_high": d + 0.01,
+            }
+            for i, d in enumerate(deltas)
+        ]
+    )
 
 
 def validation_frame(fail_layer=None) -> pd.DataFrame:
-    rows = [{"layer": layer, "quantity": q, "reference": "hf_eager",
-             "max_abs_error": 1e-7 if layer != fail_layer else 0.1, "tolerance": 1e-5, "passed": layer != fail_layer}
-            for layer in range(N_LAYERS) for q in ("pattern", "z")]
+    rows = [
+        {
+            "layer": layer,
+            "quantity": q,
+            "reference": "hf_eager",
+            "max_abs_error": 1e-7 if layer != fail_layer else 0.1,
+            "tolerance": 1e-5,
+            "passed": layer != fail_layer,
+        }
+        for layer in range(N_LAYERS)
+        for q in ("pattern", "z")
+    ]
     return pd.DataFrame(rows)
 
 
 def training_pair(jump_step=300):
     steps = np.arange(0, 600, 100)
-    log = pd.DataFrame({"step": steps, "tokens_seen": steps * 1000, "train_loss": 4 - steps / 1000,
-                        "heldout_loss": 4.1 - steps / 1000, "icl_score": np.where(steps >= jump_step, -0.4, -0.1),
-                        "best_induction_score": np.where(steps >= jump_step, 0.6, 0.05),
-                        "best_prev_token_score": 0.9, "repeat_loss_first": 5.0,
-                        "repeat_loss_second": np.where(steps >= jump_step, 1.0, 5.0)})
-    heads = pd.DataFrame([{"step": s, "layer": 1, "head": h, "prev_token_score": 0.1, "prefix_matching_score": 0.2}
-                          for s in steps for h in range(N_HEADS)])
+    log = pd.DataFrame(
+        {
+            "step": steps,
+            "tokens_seen": steps * 1000,
+            "train_loss": 4 - steps / 1000,
+            "heldout_loss": 4.1 - steps / 1000,
+            "icl_score": np.where(steps >= jump_step, -0.4, -0.1),
+            "best_induction_score": np.where(steps >= jump_step, 0.6, 0.05),
+            "best_prev_token_score": 0.9,
+            "repeat_loss_first": 5.0,
+            "repeat_loss_second": np.where(steps >= jump_step, 1.0, 5.0),
+        }
+    )
+    heads = pd.DataFrame(
+        [
+            {"step": s, "layer": 1, "head": h, "prev_token_score": 0.1, "prefix_matching_score": 0.2}
+            for s in steps
+            for h in range(N_HEADS)
+        ]
+    )
     return log, heads
 
 
@@ -81,18 +131,22 @@ def img_count(html: str) -> int:
 
 # Summary
 
+
 def test_summary_escapes_and_lists_facts():
-    html = sections.summary_section({**MODEL_INFO, "name": NASTY}, version="9.9", date="today", command=NASTY,
-                                    text_label=NASTY, text_excerpt=NASTY)
+    html = sections.summary_section(
+        {**MODEL_INFO, "name": NASTY}, version="9.9", date="today", command=NASTY, text_label=NASTY, text_excerpt=NASTY
+    )
     assert "<script>" not in html and "<img" not in html
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 4
     assert "2 layers x 3 heads x d_head 16" in html and "123,456" in html and "9.9" in html
-    gqa = sections.summary_section({**MODEL_INFO, "n_kv_heads": 1}, version="9.9", date="today", command=None,
-                                   text_label=None, text_excerpt=None)
+    gqa = sections.summary_section(
+        {**MODEL_INFO, "n_kv_heads": 1}, version="9.9", date="today", command=None, text_label=None, text_excerpt=None
+    )
     assert "2 layers x 3 query heads sharing 1 key/value heads x d_head 16" in gqa
 
 
 # Scores and labels
+
 
 def test_scores_section_one_heatmap_per_present_score_with_source():
     heads = heads_frame()
@@ -110,7 +164,7 @@ def test_classifier_settings_are_listed_when_recorded():
     heads = heads_frame()
     heads.attrs.update(config={"positional_min": 0.9}, probes={"n_windows": 7})
     html = sections.scores_section(heads)
-    assert "<td data-sort=\"positional_min\"><code>positional_min</code></td>" in html and "n_windows" in html
+    assert '<td data-sort="positional_min"><code>positional_min</code></td>' in html and "n_windows" in html
 
 
 def test_thresholds_from_frame_attrs_override_defaults():
@@ -141,6 +195,7 @@ def test_table_keeps_int_columns_and_numeric_sort_keys():
 
 
 # Thumbnails and viewer
+
 
 def test_labels_read_back_from_csv_are_understood():
     assert sections.label_list("previous_token,induction") == ["previous_token", "induction"]
@@ -225,6 +280,7 @@ def test_label_table_puts_roles_first_by_role_then_score_then_sinks():
 
 # Findings, probe sources, key/value groups
 
+
 def roles_frame() -> pd.DataFrame:
     heads = heads_frame()
     heads["labels"] = [[], ["first_token"], ["previous_token"], [], ["first_token", "induction"], []]
@@ -248,8 +304,8 @@ def test_findings_list_each_role_its_heads_scores_and_ablation():
 
 def test_sinks_are_summarised_as_a_property_not_listed_as_a_role():
     html = findings.findings_section(roles_frame())
-    sinks = html[html.index('id="role-first_token"'):]
-    sinks = sinks[:sinks.index("</div>")]
+    sinks = html[html.index('id="role-first_token"') :]
+    sinks = sinks[: sinks.index("</div>")]
     assert "a property, not a role" in sinks and "data-head" not in sinks
     assert "2 of 6 heads put more than 0.3 of their attention on the first token" in sinks
     assert "1 of them have no role" in sinks and "Strongest: 1.1 (0.90), 0.1 (0.40)" in sinks
@@ -257,8 +313,14 @@ def test_sinks_are_summarised_as_a_property_not_listed_as_a_role():
 
 def test_each_role_lists_its_strongest_heads_and_counts_the_rest():
     n = findings.TOP_HEADS + 3
-    heads = pd.DataFrame({"layer": list(range(n)), "head": [0] * n, "labels": [["retrieval"]] * n,
-                          "retrieval_score": [0.2 + 0.01 * i for i in range(n)]})
+    heads = pd.DataFrame(
+        {
+            "layer": list(range(n)),
+            "head": [0] * n,
+            "labels": [["retrieval"]] * n,
+            "retrieval_score": [0.2 + 0.01 * i for i in range(n)],
+        }
+    )
     html = findings.findings_section(heads)
     listed = re.findall(r'data-head="([\d.]+)"', html)
     assert listed == [f"{layer}.0" for layer in range(n - 1, 2, -1)]  # the TOP_HEADS strongest, strongest first
@@ -270,20 +332,34 @@ def test_findings_say_where_each_probe_input_came_from():
     heads.attrs["sources"] = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
     html = findings.findings_section(heads)
     assert "the text you gave is too short for a haystack" in html and "random tokens (seeded)" in html
-    read_back = heads_frame().assign(text_source="default_text", repeats_source="random_tokens",
-                                     needles_source="not_run")  # a frame read back from heads.csv
-    assert findings.probe_sources(read_back) == {"text": "default_text", "repeats": "random_tokens",
-                                                 "needles": "not_run"}
+    read_back = heads_frame().assign(
+        text_source="default_text", repeats_source="random_tokens", needles_source="not_run"
+    )  # a frame read back from heads.csv
+    assert findings.probe_sources(read_back) == {
+        "text": "default_text",
+        "repeats": "random_tokens",
+        "needles": "not_run",
+    }
 
 
 def test_kv_groups_show_shared_heads_and_whether_roles_agree():
-    heads = pd.DataFrame([{"layer": layer, "head": head, "kv_group": head // 2,
-                           "labels": {(0, 0): ["induction"], (0, 1): ["induction"], (1, 0): ["induction"]}.get(
-                               (layer, head), [])}
-                          for layer in range(2) for head in range(4)])
+    heads = pd.DataFrame(
+        [
+            {
+                "layer": layer,
+                "head": head,
+                "kv_group": head // 2,
+                "labels": {(0, 0): ["induction"], (0, 1): ["induction"], (1, 0): ["induction"]}.get((layer, head), []),
+            }
+            for layer in range(2)
+            for head in range(4)
+        ]
+    )
     html = findings.kv_groups_section(heads)
-    assert ("Of its 4 groups of query heads, 1 have heads that all took the same role(s), 1 have heads with "
-            "different roles, and 2 have no head with a role.") in html
+    assert (
+        "Of its 4 groups of query heads, 1 have heads that all took the same role(s), 1 have heads with "
+        "different roles, and 2 have no head with a role."
+    ) in html
     assert "0.0, 0.1" in html and "1.0: induction; 1.1: -" in html
     one_per_group = heads.assign(kv_group=heads["head"])  # multi-head attention: nothing to show
     assert findings.kv_groups_section(one_per_group) == "" and findings.kv_groups_section(heads_frame()) == ""
@@ -291,11 +367,28 @@ def test_kv_groups_show_shared_heads_and_whether_roles_agree():
 
 # Ablation, validation, training
 
+
 def test_ablation_section_sweep_bars_and_pruning():
-    one = {"model": "m", "heads": ["0.1"], "method": "zero", "metric": "text", "n_tokens": 200, "loss": 3.0,
-           "loss_ablated": 3.2, "delta_loss": 0.2, "ci95": [0.1, 0.3]}
-    pruning = pd.DataFrame({"step": [0, 1], "n_removed": [0, 1], "fraction_removed": [0.0, 1 / 6],
-                            "heads_removed": ["", "0.1"], "loss": [3.0, 3.1]})
+    one = {
+        "model": "m",
+        "heads": ["0.1"],
+        "method": "zero",
+        "metric": "text",
+        "n_tokens": 200,
+        "loss": 3.0,
+        "loss_ablated": 3.2,
+        "delta_loss": 0.2,
+        "ci95": [0.1, 0.3],
+    }
+    pruning = pd.DataFrame(
+        {
+            "step": [0, 1],
+            "n_removed": [0, 1],
+            "fraction_removed": [0.0, 1 / 6],
+            "heads_removed": ["", "0.1"],
+            "loss": [3.0, 3.1],
+        }
+    )
     html = sections.ablation_section(sweep_frame(), [one, {**one, "heads": ["0.1", "1.2"]}], pruning)
     assert img_count(html) == 3  # sweep heatmap, bars, pruning curve
     assert "0.1,1.2" in html and "95% confidence" in html
@@ -333,10 +426,19 @@ def test_no_phase_change_marked_on_a_flat_run():
 
 # The whole page
 
+
 def test_render_report_is_self_contained(tmp_path):
-    path = render_report(tmp_path / "r.html", model_info=MODEL_INFO, heads=heads_frame(), sweep=sweep_frame(),
-                         validation=validation_frame(), training=training_pair(), viewer=viewer_dict(),
-                         command="headlens report x", text_label="t.txt")
+    path = render_report(
+        tmp_path / "r.html",
+        model_info=MODEL_INFO,
+        heads=heads_frame(),
+        sweep=sweep_frame(),
+        validation=validation_frame(),
+        training=training_pair(),
+        viewer=viewer_dict(),
+        command="headlens report x",
+        text_label="t.txt",
+    )
     html = path.read_text(encoding="utf-8")
     for section_id in ("findings", "summary", "scores", "thumbnails", "viewer", "ablation", "validation", "training"):
         assert f'<section id="{section_id}">' in html
@@ -353,6 +455,7 @@ def test_render_report_sections_only_for_given_results(tmp_path):
 
 
 # Errors
+
 
 def test_empty_results_raise(tmp_path):
     with pytest.raises(EmptyReportError, match="nothing to report"):
@@ -452,8 +555,7 @@ def test_repeated_sample_is_the_start_twice_when_the_model_copies_it(small_model
 
     # A random-weights model does not copy text: with the ratio raised past any loss, the text is taken.
     monkeypatch.setattr(samples, "COPY_LOSS_RATIO", float("inf"))
-    sample = samples.sample_patterns(small_model, "one two three four five six seven eight nine ten", 9,
-                                     repeat=True)
+    sample = samples.sample_patterns(small_model, "one two three four five six seven eight nine ten", 9, repeat=True)
     tokens = sample["tokens"]
     assert len(tokens) == 9 and sample["repeated"] and sample["sample"] == samples.SAMPLE_TEXT
     assert tokens[1:5] == tokens[5:9] and sample["ids"][1:5] == sample["ids"][5:9]
@@ -512,15 +614,41 @@ def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
 
     spec = gpt2_shaped_model.spec
     rng = np.random.default_rng(0)
-    rows = [{"layer": layer, "head": head, "labels": ["positional", "first_token"], "positional_offset": -1,
-             **{info.column: float(rng.uniform(info.vmin, info.vmax)) for info in explain.SCORES}}
-            for layer in range(spec.n_layers) for head in range(spec.n_heads)]
-    sweep = pd.DataFrame([{"layer": r["layer"], "head": r["head"], "n_tokens": 4000, "loss": 3.0, "loss_ablated": 3.1,
-                           "delta_loss": float(d), "ci95_low": float(d) - 0.01, "ci95_high": float(d) + 0.01}
-                          for r, d in zip(rows, rng.normal(0, 0.05, len(rows)), strict=True)])
+    rows = [
+        {
+            "layer": layer,
+            "head": head,
+            "labels": ["positional", "first_token"],
+            "positional_offset": -1,
+            **{info.column: float(rng.uniform(info.vmin, info.vmax)) for info in explain.SCORES},
+        }
+        for layer in range(spec.n_layers)
+        for head in range(spec.n_heads)
+    ]
+    sweep = pd.DataFrame(
+        [
+            {
+                "layer": r["layer"],
+                "head": r["head"],
+                "n_tokens": 4000,
+                "loss": 3.0,
+                "loss_ablated": 3.1,
+                "delta_loss": float(d),
+                "ci95_low": float(d) - 0.01,
+                "ci95_high": float(d) + 0.01,
+            }
+            for r, d in zip(rows, rng.normal(0, 0.05, len(rows)), strict=True)
+        ]
+    )
     viewer = sample_patterns(gpt2_shaped_model, default_text(), max_tokens=64)
-    path = render_report(tmp_path / "gpt2.html", model_info={"name": "gpt2-shaped", **spec.__dict__},
-                         heads=pd.DataFrame(rows), sweep=sweep, viewer=viewer, training=training_pair())
+    path = render_report(
+        tmp_path / "gpt2.html",
+        model_info={"name": "gpt2-shaped", **spec.__dict__},
+        heads=pd.DataFrame(rows),
+        sweep=sweep,
+        viewer=viewer,
+        training=training_pair(),
+    )
     size = path.stat().st_size
     assert size < SIZE_CAP_BYTES, f"{size / 1e6:.2f} MB"
     assert img_count(path.read_text()) >= spec.n_layers * spec.n_heads
@@ -537,7 +665,7 @@ def test_grouped_query_report_shows_its_groups_and_gpt2_shows_none(small_model, 
     config = ClassifyConfig(n_seq=2, max_windows=2, needles=False)
     gqa = classify_heads(build_family("llama-gqa"), text=PLANTED_TEXT, config=config)
     html = render_report(tmp_path / "gqa.html", model_info=MODEL_INFO, heads=gqa).read_text(encoding="utf-8")
-    kv = html[html.index('<section id="kv-groups">'):]
+    kv = html[html.index('<section id="kv-groups">') :]
     kv = kv[: kv.index("</section>")]
     for layer in range(3):
         for first in (0, 4):

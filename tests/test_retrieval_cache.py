@@ -27,8 +27,15 @@ def _prompts(loaded, text, n_ctx=None):
     n_ctx = n_ctx or spec.n_ctx
     ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     needle_len = min(16, max(2, n_ctx // 8))
-    return probes.needle_prompts(ids, n_ctx, loaded.bos_token_id, random_token_range(spec.d_vocab),
-                                 needle_len=needle_len, restate=min(4, needle_len - 1), seed=0)
+    return probes.needle_prompts(
+        ids,
+        n_ctx,
+        loaded.bos_token_id,
+        random_token_range(spec.d_vocab),
+        needle_len=needle_len,
+        restate=min(4, needle_len - 1),
+        seed=0,
+    )
 
 
 def _assert_same_steps(model, prompts):
@@ -75,8 +82,10 @@ def test_cached_decoding_equals_uncached_on_the_planted_model(one_thread):
 def test_cached_decoding_equals_uncached_on_a_small_random_gpt2(small_model, one_thread):
     prompts = _prompts(small_model, sample_text(1500))
     _assert_same_steps(small_model.model, prompts)
-    _same_scores(retrieval_scores(small_model.model, prompts, cache=True),
-                 retrieval_scores(small_model.model, prompts, cache=False))
+    _same_scores(
+        retrieval_scores(small_model.model, prompts, cache=True),
+        retrieval_scores(small_model.model, prompts, cache=False),
+    )
 
 
 @pytest.mark.slow

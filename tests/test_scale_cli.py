@@ -61,13 +61,16 @@ def _one_line_error(result, message):
     assert len(lines) == 1 and message in lines[0], lines
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--device", "tpu"], "unknown device 'tpu'"),
-    (["--dtype", "float64"], "unknown dtype 'float64'"),
-    (["--device-map", "everywhere"], "unknown device_map 'everywhere'"),
-    (["--max-memory", "0=1GiB"], "max_memory and offload_folder need a device_map"),
-    (["--device-map", "auto", "--max-memory", "gpu0"], "--max-memory 'gpu0' is malformed"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--dtype", "float64"], "unknown dtype 'float64'"),
+        (["--device-map", "everywhere"], "unknown device_map 'everywhere'"),
+        (["--max-memory", "0=1GiB"], "max_memory and offload_folder need a device_map"),
+        (["--device-map", "auto", "--max-memory", "gpu0"], "--max-memory 'gpu0' is malformed"),
+    ],
+)
 def test_bad_placement_is_one_line(runner, small_model_dir, args, message):
     _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), *args, *FAST]), message)
 
@@ -75,21 +78,27 @@ def test_bad_placement_is_one_line(runner, small_model_dir, args, message):
 def test_malformed_jsonl_is_one_line(runner, small_model_dir, tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text('{"text": "ok"}\n{"text": oops}\n', encoding="utf-8")
-    _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), "--text", str(path), *FAST]),
-                    "docs.jsonl:2 is not valid JSON")
+    _one_line_error(
+        runner.invoke(cli, ["classify", str(small_model_dir), "--text", str(path), *FAST]),
+        "docs.jsonl:2 is not valid JSON",
+    )
 
 
 def test_non_utf8_file_is_one_line(runner, small_model_dir, tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_bytes(b"caf\xe9")
-    _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), "--text", str(tmp_path / "docs"), *FAST]),
-                    "is not valid UTF-8")
+    _one_line_error(
+        runner.invoke(cli, ["classify", str(small_model_dir), "--text", str(tmp_path / "docs"), *FAST]),
+        "is not valid UTF-8",
+    )
 
 
 def test_empty_folder_is_one_line(runner, small_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
-    _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), "--text", str(tmp_path / "empty"), *FAST]),
-                    "holds no .txt files")
+    _one_line_error(
+        runner.invoke(cli, ["classify", str(small_model_dir), "--text", str(tmp_path / "empty"), *FAST]),
+        "holds no .txt files",
+    )
 
 
 def test_largest_batch_halves_on_out_of_memory():
@@ -119,6 +128,7 @@ def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch
                 if batch.input_ids.shape[0] > 4:
                     raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 GB")
                 yield batch
+
         real(model, checked(), reducers, **kwargs)
 
     monkeypatch.setattr(headlens.probe_runs, "run_capture", capped)
@@ -131,8 +141,10 @@ def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch
 
 
 def test_bad_batch_size_is_one_line(runner, small_model_dir):
-    _one_line_error(runner.invoke(cli, ["classify", str(small_model_dir), "--batch-size", "0", *FAST]),
-                    "--batch-size '0' is invalid")
+    _one_line_error(
+        runner.invoke(cli, ["classify", str(small_model_dir), "--batch-size", "0", *FAST]),
+        "--batch-size '0' is invalid",
+    )
 
 
 def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
@@ -142,8 +154,24 @@ def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
     sweeps = [json.loads(runner.invoke(cli, [*args, "--batch-size", size]).stdout)["rows"] for size in ("2", "4")]
     assert len(sweeps[0]) == 8 and [r["heads"] for r in sweeps[0]] == [r["heads"] for r in sweeps[1]]
     assert max(abs(a["delta"] - b["delta"]) for a, b in zip(*sweeps, strict=True)) < 1e-6
-    prunes = [json.loads(runner.invoke(cli, ["prune", str(small_model_dir), "--no-roles", "--format", "json",
-                                             "--batch-size", size, "--no-progress"]).stdout) for size in ("3", "4")]
+    prunes = [
+        json.loads(
+            runner.invoke(
+                cli,
+                [
+                    "prune",
+                    str(small_model_dir),
+                    "--no-roles",
+                    "--format",
+                    "json",
+                    "--batch-size",
+                    size,
+                    "--no-progress",
+                ],
+            ).stdout
+        )
+        for size in ("3", "4")
+    ]
     steps = [doc["curve"] for doc in prunes]
     assert [r["heads_removed"] for r in steps[0]] == [r["heads_removed"] for r in steps[1]]
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(*steps, strict=True)) < 1e-6
@@ -170,8 +198,10 @@ def test_ablate_batch_size_auto_reports_its_choice(runner, small_model_dir, monk
 
 
 def test_batch_size_with_approx_is_one_line(runner, small_model_dir):
-    _one_line_error(runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "all", "--approx",
-                                        "--batch-size", "8"]), "--batch-size sets the exact ablation's batches")
+    _one_line_error(
+        runner.invoke(cli, ["ablate", str(small_model_dir), "--heads", "all", "--approx", "--batch-size", "8"]),
+        "--batch-size sets the exact ablation's batches",
+    )
 
 
 def test_batch_size_defaults_in_the_help_are_the_librarys():

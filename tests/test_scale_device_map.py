@@ -20,8 +20,15 @@ from headlens.models import load_model, save_model
 # loaded it, so the results agree to float32 rounding at most (the bound, 1e-6).
 SPLIT_ATOL = 1e-6
 # Layer 0 in memory, layer 1 on disk: consecutive layers on different "devices".
-SPLIT = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.drop": "cpu", "transformer.h.0": "cpu",
-         "transformer.h.1": "disk", "transformer.ln_f": "cpu", "lm_head": "cpu"}
+SPLIT = {
+    "transformer.wte": "cpu",
+    "transformer.wpe": "cpu",
+    "transformer.drop": "cpu",
+    "transformer.h.0": "cpu",
+    "transformer.h.1": "disk",
+    "transformer.ln_f": "cpu",
+    "lm_head": "cpu",
+}
 CONFIG = ClassifyConfig(n_seq=4)
 
 
@@ -49,9 +56,14 @@ def test_classification_equals_the_unsplit_model(whole_and_split, one_thread):
     text = sample_text(800)
     want, got = classify_heads(whole, text, CONFIG), classify_heads(split, text, CONFIG)
     for column in SCORE_COLUMNS:
-        torch.testing.assert_close(torch.tensor(got[column].values, dtype=torch.float64),
-                                   torch.tensor(want[column].values, dtype=torch.float64),
-                                   atol=SPLIT_ATOL, rtol=0, equal_nan=True, msg=column)
+        torch.testing.assert_close(
+            torch.tensor(got[column].values, dtype=torch.float64),
+            torch.tensor(want[column].values, dtype=torch.float64),
+            atol=SPLIT_ATOL,
+            rtol=0,
+            equal_nan=True,
+            msg=column,
+        )
     assert got["labels"].tolist() == want["labels"].tolist()
 
 
@@ -73,8 +85,10 @@ def test_cli_device_map_auto_with_disk_offload(strong_dir, tmp_path):
     runner = CliRunner()
     whole = runner.invoke(cli, args)
     # the embeddings (~12.9 MB) fit in 13.2 MB of CPU memory, the blocks go to disk
-    split = runner.invoke(cli, [*args, "--device-map", "auto", "--max-memory", "cpu=13.2MB",
-                                "--offload-folder", str(tmp_path / "offload")])
+    split = runner.invoke(
+        cli,
+        [*args, "--device-map", "auto", "--max-memory", "cpu=13.2MB", "--offload-folder", str(tmp_path / "offload")],
+    )
     assert whole.exit_code == 0 and split.exit_code == 0, split.output
     placed = load_model(strong_dir, device_map="auto", max_memory={"cpu": "13.2MB"}, offload_folder=tmp_path / "o")
     assert "disk" in placed.model.hf_device_map.values()  # the same options really offload to disk

@@ -32,9 +32,14 @@ def _assert_scores_close(got, want, atol):
     for column in SCORE_COLUMNS:
         if column == "positional_offset":
             continue
-        torch.testing.assert_close(torch.tensor(got[column].values, dtype=torch.float64),
-                                   torch.tensor(want[column].values, dtype=torch.float64),
-                                   atol=atol(column) if callable(atol) else atol, rtol=0, equal_nan=True, msg=column)
+        torch.testing.assert_close(
+            torch.tensor(got[column].values, dtype=torch.float64),
+            torch.tensor(want[column].values, dtype=torch.float64),
+            atol=atol(column) if callable(atol) else atol,
+            rtol=0,
+            equal_nan=True,
+            msg=column,
+        )
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -59,8 +64,7 @@ def test_device_map_across_gpu_and_cpu(strong_dir, tmp_path):
 
     whole = load_model(strong_dir, device="cuda")
     # ~13 MB of embeddings fit on the GPU's budget, the blocks spill to the CPU
-    split = load_model(strong_dir, device_map="auto", max_memory={0: "13.2MB", "cpu": "1GiB"},
-                       offload_folder=tmp_path)
+    split = load_model(strong_dir, device_map="auto", max_memory={0: "13.2MB", "cpu": "1GiB"}, offload_folder=tmp_path)
     placed = set(split.model.hf_device_map.values())
     assert 0 in placed and "cpu" in placed, placed
     text = sample_text(800)

@@ -28,6 +28,8 @@ COPYING_EPS_MULTIPLE = 16
 def _tolerance(column: str, dtype: torch.dtype) -> float:
     multiple = COPYING_EPS_MULTIPLE if column == "copying_score" else SCORE_EPS_MULTIPLE
     return multiple * torch.finfo(dtype).eps
+
+
 CONFIG = ClassifyConfig(n_seq=4, max_windows=8)
 
 
@@ -42,8 +44,9 @@ def float32_frame(strong_model):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_classification_is_within_a_dtype_scaled_tolerance(strong_model, float32_frame, dtype,
-                                                                         one_thread):
+def test_half_precision_classification_is_within_a_dtype_scaled_tolerance(
+    strong_model, float32_frame, dtype, one_thread
+):
     half = _as_dtype(strong_model, dtype)
     assert next(half.model.parameters()).dtype == dtype
     frame = classify_heads(half, sample_text(1500), CONFIG)
@@ -111,8 +114,9 @@ def test_default_device_is_the_gpu_when_present():
 # Errors -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device, message", [("tpu", "unknown device"), ("gpu", "unknown device"),
-                                             ("cuda:99", "CUDA|out of range")])
+@pytest.mark.parametrize(
+    "device, message", [("tpu", "unknown device"), ("gpu", "unknown device"), ("cuda:99", "CUDA|out of range")]
+)
 def test_bad_devices_are_refused(device, message):
     with pytest.raises(DeviceError, match=message):
         resolve_device(device)
@@ -146,5 +150,11 @@ def test_bfloat16_classification_of_a_gqa_llama_is_within_tolerance():
     want, got = classify_heads(loaded, text, CONFIG), classify_heads(_as_dtype(loaded, torch.bfloat16), text, CONFIG)
     for column in SCORE_COLUMNS:
         if column != "positional_offset":
-            torch.testing.assert_close(torch.tensor(got[column].values), torch.tensor(want[column].values),
-                                       atol=_tolerance(column, torch.bfloat16), rtol=0, equal_nan=True, msg=column)
+            torch.testing.assert_close(
+                torch.tensor(got[column].values),
+                torch.tensor(want[column].values),
+                atol=_tolerance(column, torch.bfloat16),
+                rtol=0,
+                equal_nan=True,
+                msg=column,
+            )

@@ -126,8 +126,13 @@ def test_mul_form_is_detect_heads_formula():
 def _unembed_stats(w_u: torch.Tensor) -> dict:
     w_u = w_u.double()
     mean = w_u.mean(0)
-    return {"w_u": w_u, "mean": mean, "cov": w_u.T @ w_u / w_u.shape[0] - torch.outer(mean, mean),
-            "rms": w_u.pow(2).mean().sqrt(), "gamma": torch.ones(w_u.shape[1], dtype=torch.float64)}
+    return {
+        "w_u": w_u,
+        "mean": mean,
+        "cov": w_u.T @ w_u / w_u.shape[0] - torch.outer(mean, mean),
+        "rms": w_u.pow(2).mean().sqrt(),
+        "gamma": torch.ones(w_u.shape[1], dtype=torch.float64),
+    }
 
 
 def test_copying_score_is_the_signed_gaussian_rank_of_the_attended_logit():

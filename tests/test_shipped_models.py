@@ -98,12 +98,20 @@ def check_card(name: str, role: str, scores: torch.Tensor, threshold: float) -> 
 
 # Files and the card ---------------------------------------------------------------------------------
 
+
 def test_files_fit_the_budget_and_the_card_names_the_architecture(shipped):
     name, model = shipped
     folder = shipped_path(name)
     assert sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) <= SHIPPED_MAX_BYTES
-    for file in ("config.json", "model.safetensors", "tokenizer.json", "training_log.csv", "training_heads.csv",
-                 "train_config.json", "README.md"):
+    for file in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "training_log.csv",
+        "training_heads.csv",
+        "train_config.json",
+        "README.md",
+    ):
         assert (folder / file).is_file(), file
     expected = {"tiny": "GPT2LMHeadModel", "tiny-gqa": "LlamaForCausalLM"}[name]
     assert type(model).__name__ == expected and expected in card(name)
@@ -135,6 +143,7 @@ def test_train_config_is_the_recipe_of_its_architecture(shipped):
 
 # Previous-token head ---------------------------------------------------------------------------------
 
+
 def test_previous_token_head_argmax_on_heldout_text(shipped):
     name, model = shipped
     ids = heldout_windows(model.config.max_position_embeddings, model.config.bos_token_id)
@@ -146,6 +155,7 @@ def test_previous_token_head_argmax_on_heldout_text(shipped):
 
 
 # Induction head -----------------------------------------------------------------------------------
+
 
 def test_induction_head_on_the_arena_probe(shipped):
     name, model = shipped
@@ -229,10 +239,18 @@ def test_zero_ablating_the_induction_heads_together(shipped):
 
 # Retrieval heads ------------------------------------------------------------------------------------
 
+
 def needle_tests(model) -> list:
     raw = (shipped_path("tiny") / "heldout.txt").read_bytes()
-    return needle_prompts(list(raw), model.config.max_position_embeddings, model.config.bos_token_id, PRINTABLE,
-                          needle_len=NEEDLE_LEN, restate=NEEDLE_RESTATE, seed=0)
+    return needle_prompts(
+        list(raw),
+        model.config.max_position_embeddings,
+        model.config.bos_token_id,
+        PRINTABLE,
+        needle_len=NEEDLE_LEN,
+        restate=NEEDLE_RESTATE,
+        seed=0,
+    )
 
 
 def greedy_copy_paste(model, test) -> tuple[int, torch.Tensor]:
@@ -284,14 +302,23 @@ def test_retrieval_heads_score_above_wu_threshold(shipped, needles):
 
 # tiny-gqa's three induction heads back each other up: no single one's ablation reaches 1 nat (its card,
 # Limits; the joint ablation is tested above).
-GQA_NO_SINGLE_HEAD_ABLATION = pytest.mark.xfail(strict=True, reason="tiny-gqa: the best single induction head's "
-                                                "ablation raises the second-copy loss by 0.44 nats (model card)")
+GQA_NO_SINGLE_HEAD_ABLATION = pytest.mark.xfail(
+    strict=True,
+    reason="tiny-gqa: the best single induction head's ablation raises the second-copy loss by 0.44 nats (model card)",
+)
 ROLES = ("previous_token", "induction", "induction_ablation", "retrieval")
 
 
-@pytest.mark.parametrize("name, role", [
-    pytest.param(name, role, marks=GQA_NO_SINGLE_HEAD_ABLATION if (name, role) == ("tiny-gqa", "induction_ablation")
-                 else ()) for name in SHIPPED for role in ROLES])
+@pytest.mark.parametrize(
+    "name, role",
+    [
+        pytest.param(
+            name, role, marks=GQA_NO_SINGLE_HEAD_ABLATION if (name, role) == ("tiny-gqa", "induction_ablation") else ()
+        )
+        for name in SHIPPED
+        for role in ROLES
+    ],
+)
 def test_the_card_claims_every_role(name, role):
     """An embedded model shows a previous-token, an induction and a retrieval head (the measurements
     behind each claim are the tests above)."""
@@ -305,6 +332,7 @@ def test_the_card_claims_most_needles_retrieved(name):
 
 
 # Grouped-query attention ------------------------------------------------------------------------------
+
 
 def test_query_heads_share_key_value_heads_as_the_card_says():
     """Zeroing key/value head g's key weights in layer 0 changes exactly the query heads the card lists

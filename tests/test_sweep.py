@@ -27,8 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 def _naive_deltas(loaded, evalset, heads, reps):
     base = ablated_sums(loaded.model, evalset, [], reps)
-    return {h: float((ablated_sums(loaded.model, evalset, [h], reps) - base).sum() / evalset.n_tokens)
-            for h in heads}
+    return {h: float((ablated_sums(loaded.model, evalset, [h], reps) - base).sum() / evalset.n_tokens) for h in heads}
 
 
 def _fast_deltas(loaded, evalset, heads, reps, **kwargs):
@@ -98,13 +97,26 @@ def test_chunked_unembedding_gradients_equal_autograd_of_log_softmax(bias):
 
 def test_sweep_heads_frame(strong_model):
     frame = sweep_heads(strong_model, metric="repeat", heads=[Head(1, 2), Head(0, 3)])
-    assert list(frame.columns) == ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", "ci95_high",
-                                   "n_tokens", "loss", "loss_ablated", "delta_loss"]
+    assert list(frame.columns) == [
+        "layer",
+        "head",
+        "n",
+        "clean",
+        "ablated",
+        "delta",
+        "ci95_low",
+        "ci95_high",
+        "n_tokens",
+        "loss",
+        "loss_ablated",
+        "delta_loss",
+    ]
     assert frame[["layer", "head"]].values.tolist() == [[0, 3], [1, 2]]
     assert ((frame.ci95_low <= frame.delta_loss) & (frame.delta_loss <= frame.ci95_high)).all()
 
 
 # Durable rows -----------------------------------------------------------------------------------
+
 
 def test_out_and_resume_keep_every_row(strong_model, tmp_path, monkeypatch):
     from headlens.ablation.store import SweepStore
@@ -145,6 +157,7 @@ def test_resume_from_other_settings_is_refused(strong_model, tmp_path):
 
 # Attribution patching ---------------------------------------------------------------------------
 
+
 def test_attribution_equals_minus_grad_dot_z(strong_model):
     """Peer: weights with grad, z kept with retain_grad, plain backward: -sum(z.grad * z) per head."""
     from headlens.ablation.gradients import attribution_deltas
@@ -160,6 +173,7 @@ def test_attribution_equals_minus_grad_dot_z(strong_model):
             z.retain_grad()
             kept[layer] = z
             return (z.reshape(args[0].shape),)
+
         return hook
 
     model = strong_model.model
@@ -188,6 +202,7 @@ def test_approx_sweep_agrees_with_exact_on_small_effects(small_model):
 
 
 # Errors -------------------------------------------------------------------------------------------
+
 
 def test_errors(strong_model):
     from headlens.ablation.ablate import ablate_heads

@@ -17,7 +17,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_readme_synopsis_is_generated_from_the_commands():
     text = README.read_text(encoding="utf-8")
     assert synopsis.rewrite(text, synopsis.synopsis(cli)) == text, (
-        "README.md's synopsis is stale: run python -m headlens.cli.synopsis README.md")
+        "README.md's synopsis is stale: run python -m headlens.cli.synopsis README.md"
+    )
 
 
 def test_synopsis_names_every_option_of_every_command():

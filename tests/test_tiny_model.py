@@ -47,7 +47,6 @@ TEST_PROBE_SEED, TEST_PROBE_SEQS, TEST_PROBE_LEN = 2024, 32, 100
 pytestmark = pytest.mark.slow
 
 
-
 def card_text() -> str:
     return (shipped_path("tiny") / "README.md").read_text(encoding="utf-8")
 
@@ -72,8 +71,9 @@ def claimed(tiny, role: str) -> list[Head]:
 @pytest.fixture(scope="module")
 def probe(tiny):
     """[BOS, c, c] with c 100 random printable-ASCII bytes: [32, 201]."""
-    return repeated_random_tokens(TEST_PROBE_SEQS, TEST_PROBE_LEN, 2, *PRINTABLE, tiny.bos_token_id,
-                                  seed=TEST_PROBE_SEED)
+    return repeated_random_tokens(
+        TEST_PROBE_SEQS, TEST_PROBE_LEN, 2, *PRINTABLE, tiny.bos_token_id, seed=TEST_PROBE_SEED
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +81,9 @@ def bridge(tiny):
     """TransformerLens bridge booted from the shipped directory around a copy of the model."""
     from transformer_lens import TransformerBridge
 
-    return TransformerBridge.boot_transformers(str(shipped_path("tiny")), hf_model=copy.deepcopy(tiny.model),
-                                               tokenizer=tiny.tokenizer)
+    return TransformerBridge.boot_transformers(
+        str(shipped_path("tiny")), hf_model=copy.deepcopy(tiny.model), tokenizer=tiny.tokenizer
+    )
 
 
 def second_copy_loss(model, probe, heads=()) -> tuple[float, float]:
@@ -93,6 +94,7 @@ def second_copy_loss(model, probe, heads=()) -> tuple[float, float]:
 
 
 # Loading and the card -----------------------------------------------------------------------
+
 
 def test_loads_by_name_with_its_tokenizer(tiny):
     from transformers import AutoTokenizer
@@ -112,12 +114,22 @@ def test_weights_sha256_matches_the_card():
 def test_shipped_files_fit_the_budget():
     folder = shipped_path("tiny")
     assert sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) <= SHIPPED_MAX_BYTES
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "heldout.txt",
-                 "training_log.csv", "training_heads.csv", "README.md", "CORPUS.md"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "heldout.txt",
+        "training_log.csv",
+        "training_heads.csv",
+        "README.md",
+        "CORPUS.md",
+    ):
         assert (folder / name).is_file(), name
 
 
 # (a) previous-token head ----------------------------------------------------------------------
+
 
 def test_previous_token_head_argmax_on_heldout_text(tiny):
     windows = text_windows(tiny.tokenizer, default_text(), tiny.spec.n_ctx, tiny.bos_token_id)
@@ -146,6 +158,7 @@ def test_prev_token_score_agrees_with_transformer_lens(tiny, bridge):
 
 # (b) induction heads ----------------------------------------------------------------------------
 
+
 def test_induction_heads_attend_to_the_token_after_the_earlier_copy(tiny, probe):
     reducer = second_copy_induction_reducer(tiny.spec.n_layers, tiny.spec.n_heads, TEST_PROBE_LEN)
     run_capture(tiny.model, iter_batches(probe, 16), [reducer])
@@ -166,8 +179,10 @@ def test_induction_scores_agree_with_transformer_lens(tiny, bridge, probe):
     tl_second = []
     for row in probe[:4]:
         text = bytes(row[1:].tolist()).decode("ascii")  # TL's to_tokens prepends BOS: tokens == row
-        ours_all, ours_second = (prefix_matching_reducer(n_layers, n_heads),
-                                 second_copy_induction_reducer(n_layers, n_heads, TEST_PROBE_LEN))
+        ours_all, ours_second = (
+            prefix_matching_reducer(n_layers, n_heads),
+            second_copy_induction_reducer(n_layers, n_heads, TEST_PROBE_LEN),
+        )
         run_capture(tiny.model, iter_batches(row[None], 1), [ours_all, ours_second])
         pattern = get_induction_head_detection_pattern(row[None])  # [pos, pos], TL's own targets
         for ours, keep_from in ((ours_all, 0), (ours_second, 1 + TEST_PROBE_LEN)):
@@ -195,6 +210,7 @@ def test_ablating_the_induction_heads_raises_second_copy_loss(tiny, probe):
 
 # (c) the phase change in the training log ----------------------------------------------------------
 
+
 def test_training_log_shows_the_phase_change():
     log, heads = load_training_log(shipped_path("tiny"))
     total = int(log["step"].max())
@@ -214,8 +230,9 @@ def test_final_log_row_matches_the_shipped_weights(tiny):
     """The log's last row was measured on these weights: re-measure with the logged probe."""
     config = recipe("gpt2")
     log, _ = load_training_log(shipped_path("tiny"))
-    ids = repeated_random_tokens(config.probe_seqs, config.probe_seq_len, 2, *PRINTABLE, tiny.bos_token_id,
-                                 seed=config.probe_seed)
+    ids = repeated_random_tokens(
+        config.probe_seqs, config.probe_seq_len, 2, *PRINTABLE, tiny.bos_token_id, seed=config.probe_seed
+    )
     reducer = second_copy_induction_reducer(tiny.spec.n_layers, tiny.spec.n_heads, config.probe_seq_len)
     run_capture(tiny.model, iter_batches(ids, 16), [reducer])
     assert reducer.result().max().item() == pytest.approx(log.best_induction_score.iloc[-1], abs=1e-5)

@@ -39,17 +39,25 @@ def bridge_and_model(small_model_dir):
 
     loaded = load_model(str(small_model_dir))
     tokenizer = AutoTokenizer.from_pretrained(str(small_model_dir))
-    bridge = TransformerBridge.boot_transformers(str(small_model_dir), hf_model=copy.deepcopy(loaded.model),
-                                                 tokenizer=tokenizer, device="cpu", dtype=torch.float32)
+    bridge = TransformerBridge.boot_transformers(
+        str(small_model_dir),
+        hf_model=copy.deepcopy(loaded.model),
+        tokenizer=tokenizer,
+        device="cpu",
+        dtype=torch.float32,
+    )
     return bridge, loaded
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, make", [
-    ("previous_token_head", prev_token_reducer),
-    ("duplicate_token_head", duplicate_token_reducer),
-    ("induction_head", prefix_matching_reducer),
-])
+@pytest.mark.parametrize(
+    "name, make",
+    [
+        ("previous_token_head", prev_token_reducer),
+        ("duplicate_token_head", duplicate_token_reducer),
+        ("induction_head", prefix_matching_reducer),
+    ],
+)
 def test_mul_scores_equal_detect_head(bridge_and_model, name, make):
     from transformer_lens.head_detector import detect_head
 

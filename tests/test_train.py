@@ -29,11 +29,33 @@ from headlens.training import (
 )
 
 # Columns of training_log.csv (headlens.training.loop.LOG_COLUMNS), in order.
-CONTRACT_LOG_COLUMNS = ["step", "tokens_seen", "train_loss", "heldout_loss", "icl_score", "best_induction_score",
-                        "best_prev_token_score", "repeat_loss_first", "repeat_loss_second"]
+CONTRACT_LOG_COLUMNS = [
+    "step",
+    "tokens_seen",
+    "train_loss",
+    "heldout_loss",
+    "icl_score",
+    "best_induction_score",
+    "best_prev_token_score",
+    "repeat_loss_first",
+    "repeat_loss_second",
+]
 # A micro recipe: 2 layers x 2 heads, 64-token context, batch 4; 6 steps, checkpoint every 3.
-MICRO = TrainConfig(steps=6, n_layers=2, n_heads=2, d_model=32, d_mlp=128, n_ctx=64, batch_size=4, segment_max=16,
-                    needle_max=12, checkpoint_every=3, eval_windows=4, probe_seqs=4, probe_seq_len=20)
+MICRO = TrainConfig(
+    steps=6,
+    n_layers=2,
+    n_heads=2,
+    d_model=32,
+    d_mlp=128,
+    n_ctx=64,
+    batch_size=4,
+    segment_max=16,
+    needle_max=12,
+    checkpoint_every=3,
+    eval_windows=4,
+    probe_seqs=4,
+    probe_seq_len=20,
+)
 # The same micro shape as a Llama with grouped-query attention: 4 query heads over 2 key/value heads.
 MICRO_LLAMA = replace(MICRO, arch="llama", n_heads=4, n_kv_heads=2)
 # float64 sums of float32 losses: exact arithmetic on these constructed values up to rounding.
@@ -44,8 +66,7 @@ FLOAT_TOL = 1e-9
 def micro_runs(tmp_path_factory):
     """Two micro runs with seed 0 and one with seed 1 (about 15 s together)."""
     base = tmp_path_factory.mktemp("micro")
-    return {name: train_tiny(base / name, seed=seed, config=MICRO)
-            for name, seed in (("a", 0), ("b", 0), ("c", 1))}
+    return {name: train_tiny(base / name, seed=seed, config=MICRO) for name, seed in (("a", 0), ("b", 0), ("c", 1))}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +77,7 @@ def llama_runs(tmp_path_factory):
 
 
 # Tokenizer and batches --------------------------------------------------------------------
+
 
 def test_byte_tokenizer_ids_are_utf8_bytes(tmp_path):
     from transformers import AutoTokenizer
@@ -75,10 +97,11 @@ def test_sample_batch_bos_and_repeated_segments():
     ids = sample_batch(corpus, config, torch.Generator().manual_seed(0))  # [batch, n_ctx]
     assert ids.shape == (64, config.n_ctx) and (ids[:, 0] == 256).all()
     for row in ids[:, 1:]:
-        segment_part = row[(row != ord("a")).nonzero()[0, 0]:]  # from the first random token on
+        segment_part = row[(row != ord("a")).nonzero()[0, 0] :]  # from the first random token on
         # the tail is periodic with a period in [segment_min, segment_max]
-        assert any(torch.equal(segment_part[p:], segment_part[:-p])
-                   for p in range(config.segment_min, config.segment_max + 1))
+        assert any(
+            torch.equal(segment_part[p:], segment_part[:-p]) for p in range(config.segment_min, config.segment_max + 1)
+        )
         assert ((segment_part >= 32) & (segment_part < 127)).all()
 
 
@@ -100,6 +123,7 @@ def test_lr_schedule_warmup_hold_decay():
 
 
 # ICL measures -------------------------------------------------------------------------------
+
 
 def test_icl_score_is_late_minus_early_band():
     n_ctx = 256
@@ -140,6 +164,7 @@ def test_second_copy_induction_reducer_on_planted_patterns():
 
 
 # The micro run ------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_micro_run_writes_model_checkpoints_and_log(micro_runs):
@@ -194,10 +219,23 @@ def test_logged_scores_match_a_fresh_measurement(micro_runs):
 
 # Errors ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field, value", [("steps", 0), ("seed", -1), ("d_model", 30), ("repeat_share", 1.5),
-                                          ("segment_min", 1), ("probe_seq_len", 200), ("segment_max", 500),
-                                          ("arch", "mamba"), ("n_kv_heads", 3), ("needle_share", 0.9),
-                                          ("needle_max", 100)])
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("steps", 0),
+        ("seed", -1),
+        ("d_model", 30),
+        ("repeat_share", 1.5),
+        ("segment_min", 1),
+        ("probe_seq_len", 200),
+        ("segment_max", 500),
+        ("arch", "mamba"),
+        ("n_kv_heads", 3),
+        ("needle_share", 0.9),
+        ("needle_max", 100),
+    ],
+)
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ConfigError, match=field):
         TrainConfig(**{field: value})
@@ -259,6 +297,7 @@ def test_steps_are_the_total_shared_over_the_stages_in_the_recipe_proportion():
 
 # Episodes -------------------------------------------------------------------------------------
 
+
 def test_needle_episodes_hold_one_needle_twice_inside_consecutive_text():
     config = TrainConfig(batch_size=32, repeat_share=0.0, needle_share=1.0)
     corpus = (torch.arange(20_000) % 20 + 160).to(torch.uint8)  # non-printable bytes: needles stand out
@@ -293,6 +332,7 @@ def test_recipes_per_architecture():
 
 # The Llama micro run --------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_llama_micro_run_is_grouped_and_deterministic(llama_runs):
     from transformers import AutoModelForCausalLM
@@ -314,10 +354,13 @@ def test_cli_trains_the_llama_recipe_deterministically(tmp_path):
     weights = []
     for name in "ab":
         out = tmp_path / name
-        result = CliRunner().invoke(cli, ["train-tiny", "--arch", "llama", "--steps", "3", "--out", str(out),
-                                          "--no-progress"])
+        result = CliRunner().invoke(
+            cli, ["train-tiny", "--arch", "llama", "--steps", "3", "--out", str(out), "--no-progress"]
+        )
         assert result.exit_code == 0, result.output
         weights.append(load_file(out / "model.safetensors"))
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    assert weights[0]["model.layers.0.self_attn.k_proj.weight"].shape[0] * 4 == \
-        weights[0]["model.layers.0.self_attn.q_proj.weight"].shape[0]  # 8 query heads over 2 key/value heads
+    assert (
+        weights[0]["model.layers.0.self_attn.k_proj.weight"].shape[0] * 4
+        == weights[0]["model.layers.0.self_attn.q_proj.weight"].shape[0]
+    )  # 8 query heads over 2 key/value heads

@@ -9,5 +9,12 @@ from headlens.ablation.approx import agreement, approx_sweep
 from headlens.ablation.prune import prune_curve, removal_by_role
 from headlens.ablation.replace import ablation_hooks
 
-__all__ = ["ablate_heads", "ablation_hooks", "agreement", "approx_sweep", "prune_curve", "removal_by_role",
-           "sweep_heads"]
+__all__ = [
+    "ablate_heads",
+    "ablation_hooks",
+    "agreement",
+    "approx_sweep",
+    "prune_curve",
+    "removal_by_role",
+    "sweep_heads",
+]

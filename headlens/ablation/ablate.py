@@ -31,16 +31,34 @@ def model_label(loaded) -> str:
 
 def describe(evalset, method: str) -> dict:
     """What was measured, where replacements came from and what the bootstrap resampled, in words."""
-    reference = "none (zero ablation)" if method == "zero" else (
-        f"mean of z over every position of {evalset.reference_label}" if method == "mean"
-        else f"z resampled (seeded) from other positions / sequences of {evalset.reference_label}")
+    reference = (
+        "none (zero ablation)"
+        if method == "zero"
+        else (
+            f"mean of z over every position of {evalset.reference_label}"
+            if method == "mean"
+            else f"z resampled (seeded) from other positions / sequences of {evalset.reference_label}"
+        )
+    )
     return {"data": evalset.description, "reference": reference, "resampled": evalset.unit_label}
 
 
-def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text: str | None = None,
-                 seed: int = 0, progress: bool = False, prompts: list[dict] | None = None,
-                 reference: str | None = None, bos: bool = True, control: int = 0,
-                 labels: dict | None = None, batch_size: int = BATCH_SIZE, chosen_by: str | None = None) -> dict:
+def ablate_heads(
+    loaded,
+    heads,
+    method: str = "zero",
+    metric: str = "loss",
+    text: str | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    prompts: list[dict] | None = None,
+    reference: str | None = None,
+    bos: bool = True,
+    control: int = 0,
+    labels: dict | None = None,
+    batch_size: int = BATCH_SIZE,
+    chosen_by: str | None = None,
+) -> dict:
     """Ablate a set of heads together; how does the metric change?
 
     heads: list of Head, a spec string ("3.4,5.1", "layer:3", `all` = every head together) or a
@@ -72,26 +90,43 @@ def ablate_heads(loaded, heads, method: str = "zero", metric: str = "loss", text
 
     try:
         base = run([])
-        result = {"model": model_label(loaded), "heads": [str(h) for h in heads], "method": method,
-                  "metric": metric, "unit": UNIT[metric]}
+        result = {
+            "model": model_label(loaded),
+            "heads": [str(h) for h in heads],
+            "method": method,
+            "metric": metric,
+            "unit": UNIT[metric],
+        }
         result.update(summarize(base, run(heads), counts, seed, is_loss(metric)))
         result.update(describe(evalset, method))
         if chosen_by:
             result["chosen_by"] = chosen_by
         if design is not None:
             deltas = [float((run(s) - base).sum() / counts.sum()) for s in sets]
-            result["control"] = control_summary(result["delta"], deltas, sets, seed, design["n_possible"],
-                                                design["exact"])
+            result["control"] = control_summary(
+                result["delta"], deltas, sets, seed, design["n_possible"], design["exact"]
+            )
     finally:
         if bar is not None:
             bar.close()
     return result
 
 
-def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
-                progress: bool = False, out=None, resume: bool = False, heads=None,
-                prompts: list[dict] | None = None, reference: str | None = None, bos: bool = True,
-                batch_size: int = BATCH_SIZE):
+def sweep_heads(
+    loaded,
+    method: str = "zero",
+    metric: str = "loss",
+    text: str | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    out=None,
+    resume: bool = False,
+    heads=None,
+    prompts: list[dict] | None = None,
+    reference: str | None = None,
+    bos: bool = True,
+    batch_size: int = BATCH_SIZE,
+):
     """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep
     (`batch_size` evaluation sequences per forward pass).
 
@@ -108,8 +143,15 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | 
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
     store = None
     if out is not None:
-        manifest = {"model": model_label(loaded), "method": method, "metric": metric, "seed": seed,
-                    "data_sha256": evalset.data_hash, "n_layers": spec.n_layers, "n_heads": spec.n_heads}
+        manifest = {
+            "model": model_label(loaded),
+            "method": method,
+            "metric": metric,
+            "seed": seed,
+            "data_sha256": evalset.data_hash,
+            "n_layers": spec.n_layers,
+            "n_heads": spec.n_heads,
+        }
         store = _open_store(out, manifest, resume)
     rows = {h: r for h, r in (store.done.items() if store else []) if h in heads}
     # many processes: this rank's share of the pending heads, the rest skipped (the groups stacked
@@ -118,8 +160,18 @@ def sweep_heads(loaded, method: str = "zero", metric: str = "loss", text: str | 
     skip = set(heads) - set(todo)
     if todo:
         try:
-            _sweep_rows(loaded.model, evalset, method, seed, heads, rows, store,
-                        progress and distributed.is_main(), skip, batch_size)
+            _sweep_rows(
+                loaded.model,
+                evalset,
+                method,
+                seed,
+                heads,
+                rows,
+                store,
+                progress and distributed.is_main(),
+                skip,
+                batch_size,
+            )
         except KeyboardInterrupt:
             saved = len(rows) if store is None else sum(h in store.done for h in heads)
             raise SweepInterrupted(saved, len(heads), None if store is None else store.dir) from None
@@ -182,8 +234,9 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip
 ROLE_EXPERIMENTS = (("induction", "repeat"), ("retrieval", "needle"))  # role -> the task it should carry
 
 
-def role_experiments(loaded, control: int = 20, seed: int = 0, labels: dict | None = None,
-                     progress: bool = False) -> list[dict]:
+def role_experiments(
+    loaded, control: int = 20, seed: int = 0, labels: dict | None = None, progress: bool = False
+) -> list[dict]:
     """Induction heads on `repeat` and retrieval heads on `needle` (Wu et al. 2024), each against
     `control` random sets of the same per-layer counts: ablate_heads results, one per role that
     some head carries (labels from `labels` or from classifying the model once)."""
@@ -192,7 +245,8 @@ def role_experiments(loaded, control: int = 20, seed: int = 0, labels: dict | No
     results = []
     for role, metric in ROLE_EXPERIMENTS:
         if any(role in names for names in labels.values()):
-            result = ablate_heads(loaded, role, metric=metric, seed=seed, progress=progress, control=control,
-                                  labels=labels)
+            result = ablate_heads(
+                loaded, role, metric=metric, seed=seed, progress=progress, control=control, labels=labels
+            )
             results.append({**result, "chosen_by": f"heads labelled {role} by {source}", "role": role})
     return results

@@ -29,9 +29,18 @@ SPOT_SEQS = BATCH_SIZE  # sequences of the spot check (the last ones of the eval
 ESTIMATES = {"atp": attribution_deltas, "atp*": atp_star_deltas}
 
 
-def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
-                 approx: str = "atp", prompts: list[dict] | None = None, reference: str | None = None,
-                 bos: bool = True, graddrop: bool = False) -> pd.DataFrame:
+def approx_sweep(
+    loaded,
+    method: str = "zero",
+    metric: str = "loss",
+    text: str | None = None,
+    seed: int = 0,
+    approx: str = "atp",
+    prompts: list[dict] | None = None,
+    reference: str | None = None,
+    bos: bool = True,
+    graddrop: bool = False,
+) -> pd.DataFrame:
     """Every single-head ablation delta estimated by `approx` (APPROX_METHODS). DataFrame:
     `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), and with
     `graddrop` the unsigned GradDrop score (headlens.ablation.gradients), sorted by (layer, head)."""
@@ -39,8 +48,9 @@ def approx_sweep(loaded, method: str = "zero", metric: str = "loss", text: str |
     if approx not in APPROX_METHODS:
         raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(APPROX_METHODS)}")
     if metric not in DIFFERENTIABLE:
-        raise ConfigError(f"metric {metric} has no gradient (a top-1 hit): --approx needs one of "
-                          f"{', '.join(DIFFERENTIABLE)}")
+        raise ConfigError(
+            f"metric {metric} has no gradient (a top-1 hit): --approx needs one of {', '.join(DIFFERENTIABLE)}"
+        )
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
     reps = replacements(loaded.model, evalset, method, seed, batch_size=BATCH_SIZE)
     deltas = ESTIMATES[approx](loaded.model, evalset, reps)  # [layer, head]
@@ -61,19 +71,31 @@ def agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
     """Pearson and Spearman correlation of exact `delta` and `delta_approx` per head, and
     `top10_overlap`: the share of the exact top-k heads (by |delta|) that are also in the
     estimate's top k, k = min(10, n_heads // 4) so that a small model's overlap is not 1 by default."""
-    merged = exact[["layer", "head", "delta"]].merge(approx[["layer", "head", "delta_approx"]],
-                                                      on=["layer", "head"])
+    merged = exact[["layer", "head", "delta"]].merge(approx[["layer", "head", "delta_approx"]], on=["layer", "head"])
     x, y = merged["delta"], merged["delta_approx"]
     k = min(TOP_K, max(1, len(merged) // 4))
     top_x = set(x.abs().nlargest(k).index)
     top_y = set(y.abs().nlargest(k).index)
-    return {"pearson": float(x.corr(y)), "spearman": float(x.rank().corr(y.rank())),
-            "top10_overlap": len(top_x & top_y) / k if k else float("nan"), "top_k": k, "n_heads": len(merged)}
+    return {
+        "pearson": float(x.corr(y)),
+        "spearman": float(x.rank().corr(y.rank())),
+        "top10_overlap": len(top_x & top_y) / k if k else float("nan"),
+        "top_k": k,
+        "n_heads": len(merged),
+    }
 
 
-def spot_check(loaded, method: str = "zero", metric: str = "loss", text: str | None = None, seed: int = 0,
-               approx: str = "atp", prompts: list[dict] | None = None, reference: str | None = None,
-               bos: bool = True) -> dict:
+def spot_check(
+    loaded,
+    method: str = "zero",
+    metric: str = "loss",
+    text: str | None = None,
+    seed: int = 0,
+    approx: str = "atp",
+    prompts: list[dict] | None = None,
+    reference: str | None = None,
+    bos: bool = True,
+) -> dict:
     """How far `approx` can be trusted on this model, cheaply: on the last SPOT_SEQS sequences of
     the evaluation set, SPOT_HEADS heads drawn at random (seeded) are ablated exactly and compared
     with the estimate on the same sequences (`agreement`, plus `n_seq`)."""
@@ -89,6 +111,10 @@ def spot_check(loaded, method: str = "zero", metric: str = "loss", text: str | N
     base = base_sums(loaded.model, part)  # [n_units]
     exact = {}
     sweep_sums(loaded.model, part, heads, reps, lambda h, s: exact.update({h: float((s - base).sum() / part.n_tokens)}))
-    frame = pd.DataFrame([{"layer": h.layer, "head": h.head, "delta": exact[h],
-                           "delta_approx": float(estimate[h.layer, h.head])} for h in heads])
+    frame = pd.DataFrame(
+        [
+            {"layer": h.layer, "head": h.head, "delta": exact[h], "delta_approx": float(estimate[h.layer, h.head])}
+            for h in heads
+        ]
+    )
     return {**agreement(frame, frame), "n_seq": part.input_ids.shape[0]}

@@ -104,10 +104,18 @@ class EvalSet:
 
     def subset(self, rows: slice) -> EvalSet:
         """The sequences `rows` as their own set (bootstrap units recomputed, reference kept)."""
-        return EvalSet(self.input_ids[rows], self.mask[rows], self.counted[rows], self.metric, self.data_hash,
-                       self.description, foils=None if self.foils is None else self.foils[rows],
-                       reference_ids=self.reference_ids, reference_mask=self.reference_mask,
-                       reference_label=self.reference_label)
+        return EvalSet(
+            self.input_ids[rows],
+            self.mask[rows],
+            self.counted[rows],
+            self.metric,
+            self.data_hash,
+            self.description,
+            foils=None if self.foils is None else self.foils[rows],
+            reference_ids=self.reference_ids,
+            reference_mask=self.reference_mask,
+            reference_label=self.reference_label,
+        )
 
     def unit_counts(self) -> torch.Tensor:
         """Scored positions per bootstrap unit: [n_units]."""
@@ -118,8 +126,9 @@ def pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
     return pad_batch(seqs, pad_id)
 
 
-def text_evalset(loaded, text, window: int | None = None, max_windows: int = MAX_TEXT_WINDOWS,
-                 bos: bool = True, metric: str = "loss") -> EvalSet:
+def text_evalset(
+    loaded, text, window: int | None = None, max_windows: int = MAX_TEXT_WINDOWS, bos: bool = True, metric: str = "loss"
+) -> EvalSet:
     """Consecutive windows of at most `window` tokens (default: eval_context) of `text`
     (default: the shipped held-out text), BOS first unless `bos=False`; every window is evaluated
     (at most `max_windows`, stated in `description`). InputTextError below 2 text tokens.
@@ -149,18 +158,23 @@ def text_evalset(loaded, text, window: int | None = None, max_windows: int = MAX
             unread = next(stream, None) is not None  # more documents, neither read nor tokenized
             break
     if n_text < 2:
-        raise InputTextError(f"text is {n_text} token{'s' * (n_text != 1)} long: an ablation needs at least 2 "
-                             "(one next-token prediction)")
+        raise InputTextError(
+            f"text is {n_text} token{'s' * (n_text != 1)} long: an ablation needs at least 2 "
+            "(one next-token prediction)"
+        )
     if not windows:
-        raise InputTextError(f"no document has {min_tokens} or more tokens: an ablation needs a window with one "
-                             "next-token prediction")
+        raise InputTextError(
+            f"no document has {min_tokens} or more tokens: an ablation needs a window with one next-token prediction"
+        )
     ids, mask = pad(windows, loaded.bos_token_id)
     counted = mask[:, 1:] & mask[:, :-1]  # [n_seq, pos-1]
     more = "the text has" if label == "text" else "the documents hold at least"
     capped = f" (capped: {more} {available + unread})" if available + unread > len(windows) else ""
     source = "text" if n_docs == 1 and label == "text" else f"{n_docs} documents"
-    description = (f"{len(windows)} window{'s' * (len(windows) > 1)} of <= {window} tokens of {source}{capped}, "
-                   f"{'BOS first' if bos else 'no BOS'}")
+    description = (
+        f"{len(windows)} window{'s' * (len(windows) > 1)} of <= {window} tokens of {source}{capped}, "
+        f"{'BOS first' if bos else 'no BOS'}"
+    )
     return EvalSet(ids, mask, counted, metric, digest.hexdigest(), description)
 
 
@@ -173,7 +187,7 @@ def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: in
     ids = repeated_random_tokens(n_seq, seq_len, 2, low, high, bos, seed=seed)  # [n_seq, 1 + 2 * seq_len]
     mask = torch.ones_like(ids, dtype=torch.bool)  # [n_seq, pos]
     counted = torch.zeros((n_seq, ids.shape[1] - 1), dtype=torch.bool)  # [n_seq, pos-1]
-    counted[:, seq_len + 1:] = True  # predictions of the second copy's tokens 2..seq_len
+    counted[:, seq_len + 1 :] = True  # predictions of the second copy's tokens 2..seq_len
     digest = hashlib.sha256(f"repeat|{seed}|{n_seq}|{seq_len}|{low}|{high}|{bos}".encode()).hexdigest()
     description = f"{n_seq} sequences of {seq_len} random tokens in [{low}, {high}) repeated twice, BOS first"
     return EvalSet(ids, mask, counted, "repeat", digest, description)
@@ -198,7 +212,7 @@ def read_prompts(path) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise InputTextError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
-            raise InputTextError(f"{where}: expected an object like {{\"prompt\": ..., \"target\": ...}}")
+            raise InputTextError(f'{where}: expected an object like {{"prompt": ..., "target": ...}}')
         for key in ("prompt", "target"):
             if not isinstance(obj.get(key), str) or not obj[key]:
                 raise InputTextError(f"{where}: missing or empty string field {key!r}")
@@ -214,8 +228,10 @@ def read_prompts(path) -> list[dict]:
 def _one_token(tokenizer, text: str, field: str, where: str) -> int:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        raise InputTextError(f"{where}: {field} {text!r} is {len(ids)} tokens; give a single token "
-                             "(often a word with its leading space, e.g. \" John\")")
+        raise InputTextError(
+            f"{where}: {field} {text!r} is {len(ids)} tokens; give a single token "
+            '(often a word with its leading space, e.g. " John")'
+        )
     return int(ids[0])
 
 
@@ -230,8 +246,10 @@ def prompt_evalset(loaded, prompts: list[dict], metric: str) -> EvalSet:
         if metric == "logit-diff" and foil < 0:
             raise InputTextError(f"{item['line']}: metric logit-diff needs a 'foil' on every line")
         if 2 + len(ids) > n_ctx:
-            raise InputTextError(f"{item['line']}: prompt is {len(ids)} tokens; this model's context of {n_ctx} "
-                                 f"holds at most {n_ctx - 2} (with BOS and the target)")
+            raise InputTextError(
+                f"{item['line']}: prompt is {len(ids)} tokens; this model's context of {n_ctx} "
+                f"holds at most {n_ctx - 2} (with BOS and the target)"
+            )
         seqs.append([bos, *ids, target])
         targets.append(target)
         foils.append(foil)
@@ -255,38 +273,58 @@ def needle_evalset(loaded, text: str | None, seed: int = 0, needle_len: int = 16
     needle_len = min(needle_len, max(2, context // 8))
     restate = min(restate, needle_len - 1)
     hay = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    tests = needle_prompts(hay, context, loaded.bos_token_id, random_token_range(spec.d_vocab),
-                           needle_len=needle_len, restate=restate, seed=seed)
-    seqs = [test.prompt + test.needle[test.restate:] for test in tests]
+    tests = needle_prompts(
+        hay,
+        context,
+        loaded.bos_token_id,
+        random_token_range(spec.d_vocab),
+        needle_len=needle_len,
+        restate=restate,
+        seed=seed,
+    )
+    seqs = [test.prompt + test.needle[test.restate :] for test in tests]
     ids, mask = pad(seqs, loaded.bos_token_id)
     counted = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)  # [n_seq, pos-1]
     for row, test in enumerate(tests):
         first = len(test.prompt) - 1  # the prompt's last token predicts the first asked-for needle token
-        counted[row, first:first + len(test.needle) - test.restate] = True
+        counted[row, first : first + len(test.needle) - test.restate] = True
     if int(counted.sum()) == 0:
         raise ConfigError("needle metric: no needle token to score")
     digest = hashlib.sha256(f"needle|{seed}|{needle_len}|{restate}|".encode() + text.encode("utf-8")).hexdigest()
-    description = (f"{len(tests)} needle-in-a-haystack tests ({needle_len}-token needles, {restate} restated), "
-                   "teacher-forced")
+    description = (
+        f"{len(tests)} needle-in-a-haystack tests ({needle_len}-token needles, {restate} restated), teacher-forced"
+    )
     return EvalSet(ids, mask, counted, "needle", digest, description)
 
 
-def build_evalset(loaded, metric: str, text: str | None = None, seed: int = 0, prompts: list[dict] | None = None,
-                  reference: str | None = None, bos: bool = True) -> EvalSet:
+def build_evalset(
+    loaded,
+    metric: str,
+    text: str | None = None,
+    seed: int = 0,
+    prompts: list[dict] | None = None,
+    reference: str | None = None,
+    bos: bool = True,
+) -> EvalSet:
     """The evaluation set of `metric` (see the module docstring); `prompts` from `read_prompts`;
     `reference` a text for mean / resample ablation."""
     metric = canonical_metric(metric)
     if text is not None and not isinstance(text, str) and metric == "needle":
-        raise ConfigError("metric needle reads one text: give --text a text file (a folder or JSON Lines "
-                          "file of documents goes with the loss metric)")
+        raise ConfigError(
+            "metric needle reads one text: give --text a text file (a folder or JSON Lines "
+            "file of documents goes with the loss metric)"
+        )
     if prompts is not None:
         if metric not in PROMPT_METRICS:
-            raise ConfigError(f"metric {metric} does not score prompts: with --prompts choose one of "
-                              f"{', '.join(PROMPT_METRICS)}")
+            raise ConfigError(
+                f"metric {metric} does not score prompts: with --prompts choose one of {', '.join(PROMPT_METRICS)}"
+            )
         evalset = prompt_evalset(loaded, prompts, metric)
     elif metric in ("logit-diff", "prob"):
-        raise ConfigError(f"metric {metric} scores prompts: give --prompts FILE.jsonl "
-                          "(lines of {\"prompt\": ..., \"target\": ..., \"foil\": ...})")
+        raise ConfigError(
+            f"metric {metric} scores prompts: give --prompts FILE.jsonl "
+            '(lines of {"prompt": ..., "target": ..., "foil": ...})'
+        )
     elif metric == "loss":
         evalset = text_evalset(loaded, text, bos=bos)
     elif metric == "repeat":

@@ -91,8 +91,9 @@ def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int 
     return (total / evalset.n_tokens).float()
 
 
-def head_importance(model, evalset, keep: torch.Tensor, batch_size: int = BATCH_SIZE,
-                    shard_batches: bool = False) -> torch.Tensor:
+def head_importance(
+    model, evalset, keep: torch.Tensor, batch_size: int = BATCH_SIZE, shard_batches: bool = False
+) -> torch.Tensor:
     """Michel et al. 2019 (arXiv 1905.10650) head importance I_h = E_x |dL(x)/d xi_h|: [n_layers, n_heads].
 
     xi is a gate on each head's z (1 = kept, 0 = pruned: `keep` [n_layers, n_heads]); one gate
@@ -107,10 +108,12 @@ def head_importance(model, evalset, keep: torch.Tensor, batch_size: int = BATCH_
     total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
     indexed = enumerate(batches(n_seq, batch_size))
     parts = {}  # batch index -> (0, its summed |gradients| [layer, head]) when sharded
-    for index, rows in (distributed.shard(indexed) if shard_batches else indexed):
+    for index, rows in distributed.shard(indexed) if shard_batches else indexed:
         n_rows = rows.stop - rows.start
-        gates = [keep[layer].float().repeat(n_rows, 1).requires_grad_(True)  # [batch, head]
-                 for layer in range(n_layers)]
+        gates = [
+            keep[layer].float().repeat(n_rows, 1).requires_grad_(True)  # [batch, head]
+            for layer in range(n_layers)
+        ]
 
         def edit(layer: int, z: torch.Tensor, gates=gates) -> torch.Tensor:
             return z * gates[layer].to(z.device)[:, None, :, None]  # [batch, pos, head, d_head]
@@ -178,8 +181,9 @@ def _clean_pass(model, evalset, rows: slice, reps) -> dict:
         grads = torch.autograd.grad(value, state["eps"])  # each [batch, pos, head, d_head]
     state["grad"] = [g.detach() for g in grads]
     state["delta"] = [z_change(z, layer_replacement(reps[layer], rows)) for layer, z in enumerate(state["z"])]
-    state["atp"] = torch.stack([(g * d).sum((0, 1, 3)) for g, d in zip(state["grad"], state["delta"],
-                                                                     strict=True)]).double().cpu()
+    state["atp"] = (
+        torch.stack([(g * d).sum((0, 1, 3)) for g, d in zip(state["grad"], state["delta"], strict=True)]).double().cpu()
+    )
     state["ctx"] = ctx
     return state
 
@@ -199,8 +203,9 @@ def _qk_correction(model, evalset, rows: slice, clean: dict) -> torch.Tensor:
             for head in range(n_heads):
                 edited = clean["out"][layer] + clean["delta"][layer][:, :, head] @ w_o[head]  # [batch, pos, d_model]
                 change = adapter.finish_block(layer, clean["resid"][layer], edited) - after  # [batch, pos, d_model]
-                out[layer, head] = sum(_later_layer_fix(adapter, ctx, clean, later, change, mask)
-                                       for later in range(layer + 1, n_layers))
+                out[layer, head] = sum(
+                    _later_layer_fix(adapter, ctx, clean, later, change, mask) for later in range(layer + 1, n_layers)
+                )
     return out
 
 
@@ -239,7 +244,7 @@ def graddrop_scores(model, evalset, reps: list[Replacement], batch_size: int = B
     estimates = (sums / evalset.n_tokens).abs()  # [drop, layer, head]
     out = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
     for layer in range(n_layers):
-        later = estimates[layer + 1:n_layers, layer]  # [n_later, head]
+        later = estimates[layer + 1 : n_layers, layer]  # [n_later, head]
         out[layer] = later.mean(0) if len(later) else estimates[n_layers, layer]
     return out.float()
 

@@ -37,8 +37,13 @@ ALIASES = {"text": "loss"}
 # The per-position value each metric averages.
 KIND = {"loss": "loss", "repeat": "loss", "logit-diff": "logit_diff", "prob": "prob", "needle": "hit"}
 # The unit of each metric's value (and of its change).
-UNIT = {"loss": "nats/token", "repeat": "nats/token", "logit-diff": "logits", "prob": "probability",
-        "needle": "share of needle tokens retrieved"}
+UNIT = {
+    "loss": "nats/token",
+    "repeat": "nats/token",
+    "logit-diff": "logits",
+    "prob": "probability",
+    "needle": "share of needle tokens retrieved",
+}
 PROMPT_METRICS = ("loss", "logit-diff", "prob")  # metrics a --prompts file can be scored with
 # Metrics with a gradient (attribution patching needs one): the top-1 hit of `needle` has none.
 DIFFERENTIABLE = ("loss", "repeat", "logit-diff", "prob")
@@ -74,8 +79,9 @@ def token_losses(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tens
     return loss.masked_fill(~valid, float("nan"))
 
 
-def position_values(hidden: torch.Tensor, lm_head, targets: torch.Tensor, foils: torch.Tensor | None,
-                    kind: str) -> torch.Tensor:
+def position_values(
+    hidden: torch.Tensor, lm_head, targets: torch.Tensor, foils: torch.Tensor | None, kind: str
+) -> torch.Tensor:
     """Per-position metric values, float32 or wider: [..., n]; hidden [..., n, d_model] after the
     final norm, targets and foils [n] token ids. Differentiable in `hidden` except for `hit`."""
     if kind == "loss":
@@ -98,8 +104,9 @@ def _top1_hits(hidden, weight, bias, targets, chunk: int = UNEMBED_CHUNK) -> tor
     best = torch.full((flat.shape[0],), float("-inf"), device=flat.device)  # [rows]
     own = torch.full_like(best, float("-inf"))  # [rows]
     for start in range(0, weight.shape[0], chunk):
-        part = torch.nn.functional.linear(flat, weight[start:start + chunk],
-                                          None if bias is None else bias[start:start + chunk]).float()  # [rows, chunk]
+        part = torch.nn.functional.linear(
+            flat, weight[start : start + chunk], None if bias is None else bias[start : start + chunk]
+        ).float()  # [rows, chunk]
         best = torch.maximum(best, part.amax(-1))
         inside = (flat_targets >= start) & (flat_targets < start + part.shape[1])  # [rows]
         local = (flat_targets - start).clamp(0, part.shape[1] - 1)  # [rows]
@@ -107,8 +114,7 @@ def _top1_hits(hidden, weight, bias, targets, chunk: int = UNEMBED_CHUNK) -> tor
     return (own >= best).to(torch.float32).view(hidden.shape[:-1])
 
 
-def unembed_losses(hidden: torch.Tensor, lm_head, targets: torch.Tensor,
-                   chunk: int = UNEMBED_CHUNK) -> torch.Tensor:
+def unembed_losses(hidden: torch.Tensor, lm_head, targets: torch.Tensor, chunk: int = UNEMBED_CHUNK) -> torch.Tensor:
     """Cross-entropy -log softmax(lm_head(hidden))[target], float32 or wider: [..., n], hidden [..., n, d_model].
 
     Equal to the full log_softmax up to float32 rounding; differentiable in `hidden` (and in
@@ -125,8 +131,9 @@ def unembed_losses(hidden: torch.Tensor, lm_head, targets: torch.Tensor,
 
 
 def _chunk_logits(flat, weight, bias, start: int, chunk: int) -> torch.Tensor:
-    part = torch.nn.functional.linear(flat, weight[start:start + chunk],
-                                      None if bias is None else bias[start:start + chunk])  # [rows, chunk]
+    part = torch.nn.functional.linear(
+        flat, weight[start : start + chunk], None if bias is None else bias[start : start + chunk]
+    )  # [rows, chunk]
     return part.to(torch.promote_types(part.dtype, torch.float32))  # half precision -> float32
 
 
@@ -136,7 +143,7 @@ def _chunked_logsumexp(flat, weight, bias, chunk: int, keep: torch.Tensor | None
     for start in range(0, weight.shape[0], chunk):
         part = _chunk_logits(flat, weight, bias, start, chunk)  # [rows, chunk]
         if keep is not None:
-            keep[:, start:start + chunk] = part
+            keep[:, start : start + chunk] = part
         lses.append(torch.logsumexp(part, dim=-1))  # [rows]
     return torch.logsumexp(torch.stack(lses, dim=-1), dim=-1)  # [rows]
 

@@ -36,12 +36,26 @@ def _split(evalset: EvalSet, part: int) -> EvalSet:
     rows = slice(part, None, 2)
     ids, mask, counted = evalset.input_ids[rows], evalset.mask[rows], evalset.counted[rows]
     units = torch.where(counted, torch.arange(ids.shape[0])[:, None], torch.tensor(-1))  # [n_seq, pos-1]
-    return EvalSet(ids, mask, counted, "loss", evalset.data_hash, f"windows {part}, {part + 2}, ... of the text",
-                   units=units, unit_label=f"{ids.shape[0]} windows")
+    return EvalSet(
+        ids,
+        mask,
+        counted,
+        "loss",
+        evalset.data_hash,
+        f"windows {part}, {part + 2}, ... of the text",
+        units=units,
+        unit_label=f"{ids.shape[0]} windows",
+    )
 
 
-def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, progress: bool = False,
-                labels: dict | None = None, batch_size: int = BATCH_SIZE):
+def prune_curve(
+    loaded,
+    text: str | None = None,
+    step_fraction: float = 0.1,
+    progress: bool = False,
+    labels: dict | None = None,
+    batch_size: int = BATCH_SIZE,
+):
     """The pruning curve: columns `step`, `n_removed`, `fraction_removed`, `heads_removed`
     ("L.H,..." removed so far), `step_heads` (removed at this step, least important first),
     `loss` (exact mean next-token loss with the removed heads zero-ablated) and, with `labels`
@@ -59,8 +73,10 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
     spec, model = loaded.spec, loaded.model
     windows = text_evalset(loaded, text)
     if windows.input_ids.shape[0] < 2:
-        raise InputTextError("the text gives a single window: pruning needs a second window to measure "
-                             "importance on (give a longer --text)")
+        raise InputTextError(
+            "the text gives a single window: pruning needs a second window to measure "
+            "importance on (give a longer --text)"
+        )
     evalset, importance_set = _split(windows, 0), _split(windows, 1)
     n_total = spec.n_layers * spec.n_heads
     per_step = max(1, round(step_fraction * n_total))
@@ -73,11 +89,17 @@ def prune_curve(loaded, text: str | None = None, step_fraction: float = 0.1, pro
     for step in range(n_steps):
         now = _next_heads(model, importance_set, keep, per_step, batch_size) if step > 0 else []
         removed += now
-        sums = ablated_sums(model, evalset, sorted(removed), [None] * spec.n_layers, batch_size,
-                            shard_batches=True)  # [n_units]
-        row = {"step": step, "n_removed": len(removed), "fraction_removed": len(removed) / n_total,
-               "heads_removed": format_heads(sorted(removed)), "step_heads": format_heads(now),
-               "loss": float(sums.double().sum() / evalset.n_tokens)}
+        sums = ablated_sums(
+            model, evalset, sorted(removed), [None] * spec.n_layers, batch_size, shard_batches=True
+        )  # [n_units]
+        row = {
+            "step": step,
+            "n_removed": len(removed),
+            "fraction_removed": len(removed) / n_total,
+            "heads_removed": format_heads(sorted(removed)),
+            "step_heads": format_heads(now),
+            "loss": float(sums.double().sum() / evalset.n_tokens),
+        }
         if labels is not None:
             row["step_labelled"] = ";".join(f"{h}:{'+'.join(labels[h])}" for h in now if labels.get(h))
         rows.append(row)
@@ -111,16 +133,24 @@ def removal_by_role(curve, labels: dict, seed: int = 0, n_perm: int = N_PERMUTAT
     flags = torch.tensor([bool(labels.get(h)) for h in order])  # [n_heads] labelled, in removal order
     ranks = torch.arange(1, len(order) + 1, dtype=torch.float64)  # [n_heads]
     n_lab = int(flags.sum())
-    out = {"n_labelled": n_lab, "n_unlabelled": len(order) - n_lab, "mean_rank_labelled": None,
-           "mean_rank_unlabelled": None, "p_value": None}
+    out = {
+        "n_labelled": n_lab,
+        "n_unlabelled": len(order) - n_lab,
+        "mean_rank_labelled": None,
+        "mean_rank_unlabelled": None,
+        "p_value": None,
+    }
     if n_lab == 0 or n_lab == len(order):
         return out
     observed = float(ranks[flags].mean())
     gen = torch.Generator().manual_seed(seed)
     perms = torch.argsort(torch.rand(n_perm, len(order), generator=gen), dim=1)[:, :n_lab]  # [n_perm, n_lab]
     shuffled = ranks[perms].mean(1)  # [n_perm]
-    out.update(mean_rank_labelled=observed, mean_rank_unlabelled=float(ranks[~flags].mean()),
-               p_value=float((1 + (shuffled >= observed - 1e-12).sum()) / (1 + n_perm)))
+    out.update(
+        mean_rank_labelled=observed,
+        mean_rank_unlabelled=float(ranks[~flags].mean()),
+        p_value=float((1 + (shuffled >= observed - 1e-12).sum()) / (1 + n_perm)),
+    )
     return out
 
 

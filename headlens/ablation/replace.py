@@ -25,8 +25,13 @@ from headlens.heads import Head
 Replacement = torch.Tensor | None  # per layer: [n_seq, pos, head, d_head], [1, 1, head, d_head] or None (zero)
 
 
-def capture_z(model, input_ids: torch.Tensor, mask: torch.Tensor, batch_size: int,
-              on_z: Callable[[int, slice, torch.Tensor], None]) -> None:
+def capture_z(
+    model,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    batch_size: int,
+    on_z: Callable[[int, slice, torch.Tensor], None],
+) -> None:
     """Run a set of sequences layer by layer; call on_z(layer, rows, z [batch, pos, head, d_head])."""
     adapter = adapter_for(model)
     with torch.no_grad():
@@ -84,8 +89,9 @@ def replacements(model, evalset, method: str, seed: int, batch_size: int) -> lis
     return out
 
 
-def _resample_sources(mask: torch.Tensor, ref_mask: torch.Tensor, same: bool,
-                      seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _resample_sources(
+    mask: torch.Tensor, ref_mask: torch.Tensor, same: bool, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For every evaluation position, the reference (sequence, position) it takes z from: two
     [n_seq, pos] long tensors; padding positions get source (0, 0), which they never read."""
     gen = torch.Generator().manual_seed(seed)

@@ -25,7 +25,7 @@ def role_name(spec: str) -> str | None:
     """The label a head spec asks for (`induction`, `label:NAME`), or None for explicit heads."""
     spec = str(spec).strip()
     if spec.startswith("label:"):
-        name = spec[len("label:"):].strip()
+        name = spec[len("label:") :].strip()
         if name not in LABELS:
             raise ConfigError(f"unknown label {name!r} in {spec!r}: choose one of {', '.join(LABELS)}")
         return name
@@ -41,8 +41,10 @@ def read_labels(path) -> dict[Head, list[str]]:
     except FileNotFoundError:
         raise InputTextError(f"labels file not found: {path}") from None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        raise InputTextError(f"{path} is not a heads.json written by `headlens classify --out` "
-                             "(a list of objects with layer, head, labels)") from None
+        raise InputTextError(
+            f"{path} is not a heads.json written by `headlens classify --out` "
+            "(a list of objects with layer, head, labels)"
+        ) from None
 
 
 def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[Head, list[str]]:
@@ -55,8 +57,10 @@ def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[He
         return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
     outside = [h for h in labels if h.layer >= spec.n_layers or h.head >= spec.n_heads]
     if outside or len(labels) != spec.n_layers * spec.n_heads:
-        raise ConfigError(f"the labels file describes another model ({len(labels)} heads) than this one "
-                          f"({spec.n_layers} layers x {spec.n_heads} heads)")
+        raise ConfigError(
+            f"the labels file describes another model ({len(labels)} heads) than this one "
+            f"({spec.n_layers} layers x {spec.n_heads} heads)"
+        )
     return labels
 
 
@@ -68,8 +72,10 @@ def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> 
     if not isinstance(spec, str):
         return sorted(Head(*h) for h in spec), None
     if spec.strip().lower() == EACH:
-        raise ConfigError("heads 'each' means every head alone, one at a time: that is sweep_heads "
-                          "(`headlens ablate --heads each`); 'all' ablates every head together")
+        raise ConfigError(
+            "heads 'each' means every head alone, one at a time: that is sweep_heads "
+            "(`headlens ablate --heads each`); 'all' ablates every head together"
+        )
     role = role_name(spec)
     if role is None:
         return parse_heads(spec, shape.n_layers, shape.n_heads), None

@@ -51,8 +51,9 @@ def assign_units(counted: torch.Tensor, metric: str) -> tuple[torch.Tensor, str]
     return units, f"{next_unit} blocks of up to {block} consecutive tokens ({n_seq} sequence{'s' * (n_seq > 1)})"
 
 
-def bootstrap_ci(base_sum: torch.Tensor, ablated_sum: torch.Tensor, counts: torch.Tensor,
-                 seed: int, n_boot: int = N_BOOTSTRAP) -> list[float] | None:
+def bootstrap_ci(
+    base_sum: torch.Tensor, ablated_sum: torch.Tensor, counts: torch.Tensor, seed: int, n_boot: int = N_BOOTSTRAP
+) -> list[float] | None:
     """Paired 95% percentile CI of the change of the mean, resampling bootstrap units.
 
     base_sum, ablated_sum, counts: [n_units] per-unit sums of the metric's values and scored
@@ -81,8 +82,13 @@ def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, s
     n = int(counts.sum())
     clean = float(base.double().sum() / n)
     after = float(ablated.double().sum() / n)
-    out = {"n": n, "clean": clean, "ablated": after, "delta": after - clean,
-           "ci95": bootstrap_ci(base, ablated, counts, seed)}
+    out = {
+        "n": n,
+        "clean": clean,
+        "ablated": after,
+        "delta": after - clean,
+        "ci95": bootstrap_ci(base, ablated, counts, seed),
+    }
     if loss:
         out.update(n_tokens=n, loss=clean, loss_ablated=after, delta_loss=after - clean)
     return out
@@ -114,26 +120,42 @@ def control_design(heads: list[Head], n_heads: int, k: int, seed: int) -> dict:
     n_possible = math.prod(math.comb(n_heads, c) for c in counts.values()) - 1
     if n_possible <= k:
         every = product(*(combinations(range(n_heads), c) for c in counts.values()))
-        sets = [sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
-                for choice in every]
+        sets = [
+            sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
+            for choice in every
+        ]
         return {"sets": [s for s in sets if s != chosen], "n_possible": n_possible, "exact": True}
     gen = torch.Generator().manual_seed(seed)
     sets, seen = [], {tuple(chosen)}
     while len(sets) < k:
-        picked = sorted(Head(layer, int(h)) for layer, c in counts.items()
-                        for h in torch.randperm(n_heads, generator=gen)[:c])
+        picked = sorted(
+            Head(layer, int(h)) for layer, c in counts.items() for h in torch.randperm(n_heads, generator=gen)[:c]
+        )
         if tuple(picked) not in seen:
             seen.add(tuple(picked))
             sets.append(picked)
     return {"sets": sets, "n_possible": n_possible, "exact": False}
 
 
-def control_summary(chosen: float, deltas: list[float], sets: list[list[Head]], seed: int,
-                    n_possible: int | None = None, exact: bool = False) -> dict:
+def control_summary(
+    chosen: float,
+    deltas: list[float],
+    sets: list[list[Head]],
+    seed: int,
+    n_possible: int | None = None,
+    exact: bool = False,
+) -> dict:
     """Where the chosen set's change falls among the control sets' changes."""
     larger = sum(abs(d) > abs(chosen) for d in deltas)
     at_least = sum(abs(d) >= abs(chosen) for d in deltas)
-    return {"k": len(deltas), "seed": seed, "sets": [[str(h) for h in s] for s in sets], "deltas": deltas,
-            "rank": 1 + larger, "p_value": (1 + at_least) / (1 + len(deltas)),
-            "n_possible": len(deltas) if n_possible is None else n_possible, "exact": exact,
-            "p_min": 1 / (1 + len(deltas))}
+    return {
+        "k": len(deltas),
+        "seed": seed,
+        "sets": [[str(h) for h in s] for s in sets],
+        "deltas": deltas,
+        "rank": 1 + larger,
+        "p_value": (1 + at_least) / (1 + len(deltas)),
+        "n_possible": len(deltas) if n_possible is None else n_possible,
+        "exact": exact,
+        "p_min": 1 / (1 + len(deltas)),
+    }

@@ -55,8 +55,9 @@ class SweepStore:
         existing = self.dir / MANIFEST
         if existing.is_file() or self._rows_files():
             if not resume:
-                raise OutputPathError(f"{self.dir} already holds a sweep: pass --resume to continue it, "
-                                      "or choose another --out directory")
+                raise OutputPathError(
+                    f"{self.dir} already holds a sweep: pass --resume to continue it, or choose another --out directory"
+                )
             self._check_manifest(existing)
             self._read_rows()
         else:
@@ -68,14 +69,19 @@ class SweepStore:
         except (OSError, json.JSONDecodeError):
             raise ConfigError(f"{path} is missing or unreadable: not a headlens sweep directory") from None
         if old.get("rule") != STORE_RULE:
-            raise ConfigError(f"--resume {self.dir} was made under an older evaluation rule (store rule "
-                              f"{old.get('rule', 1)}, now {STORE_RULE}): its rows mean something else; "
-                              "choose another --out directory")
-        diffs = [f"{key} {old.get(key)!r} != {value!r}"
-                 for key, value in self.manifest.items() if old.get(key) != value]
+            raise ConfigError(
+                f"--resume {self.dir} was made under an older evaluation rule (store rule "
+                f"{old.get('rule', 1)}, now {STORE_RULE}): its rows mean something else; "
+                "choose another --out directory"
+            )
+        diffs = [
+            f"{key} {old.get(key)!r} != {value!r}" for key, value in self.manifest.items() if old.get(key) != value
+        ]
         if diffs:
-            raise ConfigError(f"--resume {self.dir} was made with other settings ({'; '.join(diffs)}): "
-                              "rerun with the same settings or choose another --out directory")
+            raise ConfigError(
+                f"--resume {self.dir} was made with other settings ({'; '.join(diffs)}): "
+                "rerun with the same settings or choose another --out directory"
+            )
 
     def _rows_files(self) -> list[Path]:
         return sorted(p for p in self.dir.glob("rows*.jsonl") if p.is_file())

@@ -34,8 +34,9 @@ from headlens.heads import Head
 HEADS_PER_PASS = 1
 
 
-def scored_values(hidden: torch.Tensor, lm_head, evalset, rows: slice, seq: torch.Tensor,
-                  pos: torch.Tensor) -> torch.Tensor:
+def scored_values(
+    hidden: torch.Tensor, lm_head, evalset, rows: slice, seq: torch.Tensor, pos: torch.Tensor
+) -> torch.Tensor:
     """The metric's value at scored pairs (seq, pos) of the batch `rows`: [..., n_scored];
     hidden [..., n_scored, d_model] after the final norm. The target is token pos + 1."""
     device = hidden.device
@@ -75,9 +76,17 @@ def base_sums(model, evalset, batch_size: int = BATCH_SIZE) -> torch.Tensor:
     return total
 
 
-def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement],
-               on_head: Callable[[Head, torch.Tensor], None], skip: set[Head] | frozenset = frozenset(),
-               batch_size: int = BATCH_SIZE, heads_per_pass: int = HEADS_PER_PASS, bar=None) -> None:
+def sweep_sums(
+    model,
+    evalset,
+    heads: Sequence[Head],
+    reps: Sequence[Replacement],
+    on_head: Callable[[Head, torch.Tensor], None],
+    skip: set[Head] | frozenset = frozenset(),
+    batch_size: int = BATCH_SIZE,
+    heads_per_pass: int = HEADS_PER_PASS,
+    bar=None,
+) -> None:
     """Ablate each head of `heads` alone; call on_head(head, per-unit sums of the metric [n_units]).
 
     `skip`: heads already done (resume). Groups of `heads_per_pass` heads are fixed by `heads`
@@ -97,7 +106,7 @@ def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement
             if layer in pending:
                 layer_heads = by_layer[layer]
                 for start in range(0, len(layer_heads), heads_per_pass):
-                    group = layer_heads[start:start + heads_per_pass]
+                    group = layer_heads[start : start + heads_per_pass]
                     if all(h in skip for h in group):
                         continue
                     sums = _group_sums(adapter, evalset, ctxs, rows_list, states, attn, reps[layer], group)
@@ -109,8 +118,9 @@ def sweep_sums(model, evalset, heads: Sequence[Head], reps: Sequence[Replacement
             states = [adapter.finish_block(layer, state, out) for state, (_, out) in zip(states, attn, strict=True)]
 
 
-def _ablated_out(attn_out: torch.Tensor, z: torch.Tensor, rep: Replacement, w_o: torch.Tensor,
-                 head: Head) -> torch.Tensor:
+def _ablated_out(
+    attn_out: torch.Tensor, z: torch.Tensor, rep: Replacement, w_o: torch.Tensor, head: Head
+) -> torch.Tensor:
     """Attention output with head h's z replaced: [batch, pos, d_model]. w_o: [head, d_head, d_model]."""
     rep_h = None if rep is None else rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
     return attn_out + z_change(z[:, :, head.head], rep_h) @ w_o[head.head]  # [batch, pos, d_model]
@@ -133,8 +143,9 @@ def _group_sums(adapter, evalset, ctxs, rows_list, states, attn, rep, group) -> 
     return list(total)
 
 
-def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = BATCH_SIZE,
-                 shard_batches: bool = False) -> torch.Tensor:
+def ablated_sums(
+    model, evalset, heads: Sequence[Head], reps, batch_size: int = BATCH_SIZE, shard_batches: bool = False
+) -> torch.Tensor:
     """Per-unit sums of the metric [n_units] with `heads` ablated together, by hooks on the
     full forward pass of the base model.
 
@@ -147,7 +158,7 @@ def ablated_sums(model, evalset, heads: Sequence[Head], reps, batch_size: int = 
     indexed = enumerate(batches(evalset.input_ids.shape[0], batch_size))
     parts = {}  # batch index -> (first unit, its sums over its units) when sharded
     with torch.no_grad():
-        for index, rows in (distributed.shard(indexed) if shard_batches else indexed):
+        for index, rows in distributed.shard(indexed) if shard_batches else indexed:
             replacement = {}
             for head in heads:
                 rep = layer_replacement(reps[head.layer], rows)

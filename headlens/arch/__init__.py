@@ -29,8 +29,9 @@ SUPPORTED_TYPES = tuple(ADAPTERS)
 def check_supported(model_type: str | None, where: str = "model") -> None:
     """UnsupportedModelError naming the supported families unless `model_type` has an adapter."""
     if model_type not in ADAPTERS:
-        raise UnsupportedModelError(f"{where}: model_type {model_type!r} is not supported; headlens reads "
-                                    f"{', '.join(SUPPORTED_TYPES)}")
+        raise UnsupportedModelError(
+            f"{where}: model_type {model_type!r} is not supported; headlens reads {', '.join(SUPPORTED_TYPES)}"
+        )
 
 
 def adapter_for(model) -> Adapter:
@@ -45,5 +46,17 @@ def adapter_for(model) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "SUPPORTED_TYPES", "Adapter", "Hooks", "LayerContext", "Site", "Sites", "Split", "adapter_for",
-           "check_supported", "get_module", "kv_group"]
+__all__ = [
+    "ADAPTERS",
+    "SUPPORTED_TYPES",
+    "Adapter",
+    "Hooks",
+    "LayerContext",
+    "Site",
+    "Sites",
+    "Split",
+    "adapter_for",
+    "check_supported",
+    "get_module",
+    "kv_group",
+]

@@ -143,6 +143,7 @@ class Adapter:
         or its output (OUTPUT); a tensor it returns replaces it. Returns the handle (remove it)."""
         module = self.site_module(layer, site)
         if site.hook == INPUT:
+
             def pre_hook(module, args):
                 new = fn(args[0])
                 return None if new is None else (new, *args[1:])
@@ -208,13 +209,16 @@ class Adapter:
     def qkv_weights(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(weight [heads * d_head, d_model], bias or None) of the query, key and value projections."""
         block = self.layer(layer)
-        return [row_weights(get_module(block, row.projection), row, getattr(self, row.split.heads), self.d_head)
-                for row in (self.sites.q, self.sites.k, self.sites.v)]
+        return [
+            row_weights(get_module(block, row.projection), row, getattr(self, row.split.heads), self.d_head)
+            for row in (self.sites.q, self.sites.k, self.sites.v)
+        ]
 
     def qk_norms(self, layer: int) -> tuple[nn.Module | None, nn.Module | None]:
         """The per-head norms the q and k rows are read after (Qwen3's q_norm, k_norm), or None."""
-        return tuple(self.site_module(layer, row) if row.split.kind == NORMED else None
-                     for row in (self.sites.q, self.sites.k))
+        return tuple(
+            self.site_module(layer, row) if row.split.kind == NORMED else None for row in (self.sites.q, self.sites.k)
+        )
 
     def attention_scale(self, layer: int) -> float:
         """The factor Q K^T is multiplied by before the softmax."""
@@ -262,15 +266,17 @@ class Adapter:
             resid = get_module(self.model, self.sites.embed_dropout)(resid)
         return resid
 
-    def attention(self, layer: int, resid: torch.Tensor, ctx: LayerContext,
-                  copies: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def attention(
+        self, layer: int, resid: torch.Tensor, ctx: LayerContext, copies: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """z [batch, pos, head, d_head] and the attention output [batch, pos, d_model] of a layer."""
         block = self.layer(layer)
         seen: list[torch.Tensor] = []
         with self.hooks() as hooks:
             hooks.z(layer, seen.append)
-            out = get_module(block, self.sites.attn)(get_module(block, self.sites.input_norm)(resid),
-                                                     **ctx.attn_kwargs(copies, layer))[0]
+            out = get_module(block, self.sites.attn)(
+                get_module(block, self.sites.input_norm)(resid), **ctx.attn_kwargs(copies, layer)
+            )[0]
         return seen[0], out
 
     def finish_block(self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
@@ -287,8 +293,9 @@ class Adapter:
         _, out = self.attention(layer, resid, ctx, copies)
         return self.finish_block(layer, resid, out)
 
-    def run_from(self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor, ctx: LayerContext,
-                 copies: int = 1) -> torch.Tensor:
+    def run_from(
+        self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor, ctx: LayerContext, copies: int = 1
+    ) -> torch.Tensor:
         """Final residual from layer `layer`'s input and (edited) attention output: its MLP, then
         every later layer. [copies * batch, pos, d_model]"""
         resid = self.finish_block(layer, resid, attn_out)

@@ -39,8 +39,13 @@ def causal_masks(adapter, input_ids: torch.Tensor, mask: torch.Tensor):
     ids, mask = input_ids.to(device), mask.to(device)  # [batch, pos]
     position_ids = torch.arange(ids.shape[1], device=device)[None]  # [1, pos]
     embeds = adapter.embed()(ids)  # [batch, pos, d_model]
-    kwargs = dict(config=adapter.trunk().config, inputs_embeds=embeds, attention_mask=mask.long(), cache=None,
-                  position_ids=position_ids)
+    kwargs = dict(
+        config=adapter.trunk().config,
+        inputs_embeds=embeds,
+        attention_mask=mask.long(),
+        cache=None,
+        position_ids=position_ids,
+    )
     types = adapter.layer_types()
     full = create_causal_mask(**kwargs) if FULL in types else None  # [batch, 1, q_pos, k_pos] or None
     sliding = create_sliding_window_causal_mask(**kwargs) if SLIDING in types else None

@@ -45,9 +45,12 @@ GEMMA_NORM_OFFSET = 1.0  # Gemma3RMSNorm: x / rms(x) * (1 + weight)
 # (q_norm sees q already split and transposed, [batch, heads, pos, d_head]: see split_heads), the
 # norm before the MLP named `pre_feedforward_layernorm`, and Gemma's rotary function.
 GEMMA3_SITES = replace(
-    LLAMA_SITES, post_norm="pre_feedforward_layernorm", rotary=modeling_gemma3.apply_rotary_pos_emb,
+    LLAMA_SITES,
+    post_norm="pre_feedforward_layernorm",
+    rotary=modeling_gemma3.apply_rotary_pos_emb,
     q=Site("self_attn.q_norm", split=Split(NORMED), weights="self_attn.q_proj"),
-    k=Site("self_attn.k_norm", split=Split(NORMED, heads="n_kv_heads"), weights="self_attn.k_proj"))
+    k=Site("self_attn.k_norm", split=Split(NORMED, heads="n_kv_heads"), weights="self_attn.k_proj"),
+)
 
 
 @dataclass
@@ -69,12 +72,15 @@ class Gemma3Adapter(RotaryAdapter):
     def __init__(self, model):
         super().__init__(model)
         if getattr(self.config, "final_logit_softcapping", None) is not None:
-            raise UnsupportedModelError(f"gemma3_text with final_logit_softcapping="
-                                        f"{self.config.final_logit_softcapping} is not supported: headlens "
-                                        f"unembeds with the LM head's weight alone")
+            raise UnsupportedModelError(
+                f"gemma3_text with final_logit_softcapping="
+                f"{self.config.final_logit_softcapping} is not supported: headlens "
+                f"unembeds with the LM head's weight alone"
+            )
         if getattr(self.config, "use_bidirectional_attention", False):
-            raise UnsupportedModelError("gemma3_text with use_bidirectional_attention is not supported: "
-                                        "headlens reads causal language models")
+            raise UnsupportedModelError(
+                "gemma3_text with use_bidirectional_attention is not supported: headlens reads causal language models"
+            )
 
     # Norm gains on a head's direct path (Gemma3RMSNorm multiplies by 1 + weight) ---------------
     def final_norm_gain(self) -> torch.Tensor:
@@ -94,10 +100,19 @@ class Gemma3Adapter(RotaryAdapter):
         cos_sin = {kind: rotary(embeds, position_ids, kind) for kind in set(types)}  # 2 x [1, pos, d_head]
         # As with the masks: the global layers' cos/sin by default, a sliding layer's own where it differs
         default = cos_sin[FULL] if FULL in cos_sin else cos_sin[SLIDING]
-        return Gemma3Context(ids, mask, position_ids, full, extra={"position_embeddings": default},
-                             layer_masks=layer_masks,
-                             layer_extra={layer: {"position_embeddings": cos_sin[kind]}
-                                          for layer, kind in enumerate(types) if cos_sin[kind] is not default})
+        return Gemma3Context(
+            ids,
+            mask,
+            position_ids,
+            full,
+            extra={"position_embeddings": default},
+            layer_masks=layer_masks,
+            layer_extra={
+                layer: {"position_embeddings": cos_sin[kind]}
+                for layer, kind in enumerate(types)
+                if cos_sin[kind] is not default
+            },
+        )
 
     def finish_block(self, layer: int, resid: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Gemma's sandwich: the attention and MLP outputs are normalised before each residual add."""
@@ -122,9 +137,22 @@ class Gemma3Adapter(RotaryAdapter):
         (w_q, b_q), (w_k, b_k), (w_v, b_v) = self.qkv_weights(layer)
         rotary, kind = get_module(self.model, self.sites.rotary_emb), self.layer_types()[layer]
         return AttentionWeights(
-            w_q=w_q, w_k=w_k, w_v=w_v, w_o=out.weight, b_q=b_q, b_k=b_k, b_v=b_v, b_o=out.bias,
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, scale=self.attention_scale(layer),
+            w_q=w_q,
+            w_k=w_k,
+            w_v=w_v,
+            w_o=out.weight,
+            b_q=b_q,
+            b_k=b_k,
+            b_v=b_v,
+            b_o=out.bias,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            scale=self.attention_scale(layer),
             inv_freq=getattr(rotary, f"{kind}_inv_freq"),  # [d_head / 2]
             rotary_scale=float(getattr(rotary, f"{kind}_attention_scaling")),
-            q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight, norm_eps=float(attn.q_norm.eps),
-            norm_offset=GEMMA_NORM_OFFSET, window=self.sliding_window(layer))
+            q_norm=attn.q_norm.weight,
+            k_norm=attn.k_norm.weight,
+            norm_eps=float(attn.q_norm.eps),
+            norm_offset=GEMMA_NORM_OFFSET,
+            window=self.sliding_window(layer),
+        )

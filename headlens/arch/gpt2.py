@@ -25,12 +25,25 @@ def _qkv(part: int) -> Site:
 
 
 GPT2_SITES = Sites(
-    layers="transformer.h", attn="attn", input_norm="ln_1", post_norm="ln_2", mlp="mlp",
-    q=_qkv(0), k=_qkv(1), v=_qkv(2),
-    z=Site("attn.c_proj", INPUT, layout=CONV1D), o=Site("attn.c_proj", layout=CONV1D),
-    embed="transformer.wte", pos_embed="transformer.wpe", embed_dropout="transformer.drop",
-    final_norm="transformer.ln_f", unembed="lm_head", trunk="transformer",
-    scale=gpt2_attention_scale, scratch=_scratch)
+    layers="transformer.h",
+    attn="attn",
+    input_norm="ln_1",
+    post_norm="ln_2",
+    mlp="mlp",
+    q=_qkv(0),
+    k=_qkv(1),
+    v=_qkv(2),
+    z=Site("attn.c_proj", INPUT, layout=CONV1D),
+    o=Site("attn.c_proj", layout=CONV1D),
+    embed="transformer.wte",
+    pos_embed="transformer.wpe",
+    embed_dropout="transformer.drop",
+    final_norm="transformer.ln_f",
+    unembed="lm_head",
+    trunk="transformer",
+    scale=gpt2_attention_scale,
+    scratch=_scratch,
+)
 
 
 class GPT2Adapter(Adapter):

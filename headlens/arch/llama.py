@@ -17,13 +17,23 @@ from headlens.arch.rotary import RotaryAdapter
 from headlens.arch.sites import INPUT, Site, Sites, Split
 
 LLAMA_SITES = Sites(
-    layers="model.layers", attn="self_attn", input_norm="input_layernorm", post_norm="post_attention_layernorm",
+    layers="model.layers",
+    attn="self_attn",
+    input_norm="input_layernorm",
+    post_norm="post_attention_layernorm",
     mlp="mlp",
-    q=Site("self_attn.q_proj"), k=Site("self_attn.k_proj", split=Split(heads="n_kv_heads")),
+    q=Site("self_attn.q_proj"),
+    k=Site("self_attn.k_proj", split=Split(heads="n_kv_heads")),
     v=Site("self_attn.v_proj", split=Split(heads="n_kv_heads")),
-    z=Site("self_attn.o_proj", INPUT), o=Site("self_attn.o_proj"),
-    embed="model.embed_tokens", final_norm="model.norm", unembed="lm_head", trunk="model",
-    rotary_emb="model.rotary_emb", rotary=modeling_llama.apply_rotary_pos_emb)
+    z=Site("self_attn.o_proj", INPUT),
+    o=Site("self_attn.o_proj"),
+    embed="model.embed_tokens",
+    final_norm="model.norm",
+    unembed="lm_head",
+    trunk="model",
+    rotary_emb="model.rotary_emb",
+    rotary=modeling_llama.apply_rotary_pos_emb,
+)
 
 
 def llama_sites(modeling, **changes) -> Sites:

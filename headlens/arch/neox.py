@@ -23,11 +23,24 @@ def _qkv(part: int) -> Site:
 
 
 NEOX_SITES = Sites(
-    layers="gpt_neox.layers", attn="attention", input_norm="input_layernorm", post_norm="post_attention_layernorm",
-    mlp="mlp", q=_qkv(0), k=_qkv(1), v=_qkv(2), z=Site("attention.dense", INPUT), o=Site("attention.dense"),
-    embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm", unembed="lm_head", trunk="gpt_neox",
-    rotary_emb="gpt_neox.rotary_emb", rotary=modeling_gpt_neox.apply_rotary_pos_emb,
-    parallel_residual="use_parallel_residual")
+    layers="gpt_neox.layers",
+    attn="attention",
+    input_norm="input_layernorm",
+    post_norm="post_attention_layernorm",
+    mlp="mlp",
+    q=_qkv(0),
+    k=_qkv(1),
+    v=_qkv(2),
+    z=Site("attention.dense", INPUT),
+    o=Site("attention.dense"),
+    embed="gpt_neox.embed_in",
+    final_norm="gpt_neox.final_layer_norm",
+    unembed="lm_head",
+    trunk="gpt_neox",
+    rotary_emb="gpt_neox.rotary_emb",
+    rotary=modeling_gpt_neox.apply_rotary_pos_emb,
+    parallel_residual="use_parallel_residual",
+)
 
 
 class NeoXAdapter(RotaryAdapter):

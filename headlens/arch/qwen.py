@@ -28,4 +28,5 @@ class Qwen3Adapter(LlamaAdapter):
     sites = llama_sites(
         modeling_qwen3,
         q=Site("self_attn.q_norm", split=Split(NORMED), weights="self_attn.q_proj"),
-        k=Site("self_attn.k_norm", split=Split(NORMED, heads="n_kv_heads"), weights="self_attn.k_proj"))
+        k=Site("self_attn.k_norm", split=Split(NORMED, heads="n_kv_heads"), weights="self_attn.k_proj"),
+    )

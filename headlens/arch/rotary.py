@@ -31,8 +31,21 @@ class RotaryAdapter(Adapter):
         rotary = get_module(self.model, self.sites.rotary_emb)
         q_norm, k_norm = self.qk_norms(layer)
         return AttentionWeights(
-            w_q=w_q, w_k=w_k, w_v=w_v, w_o=out.weight, b_q=b_q, b_k=b_k, b_v=b_v, b_o=out.bias,
-            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, scale=self.attention_scale(layer),
-            inv_freq=rotary.inv_freq, rotary_scale=float(rotary.attention_scaling),
-            q_norm=None if q_norm is None else q_norm.weight, k_norm=None if k_norm is None else k_norm.weight,
-            norm_eps=float(getattr(q_norm, "variance_epsilon", 1e-6)), window=self.sliding_window(layer))
+            w_q=w_q,
+            w_k=w_k,
+            w_v=w_v,
+            w_o=out.weight,
+            b_q=b_q,
+            b_k=b_k,
+            b_v=b_v,
+            b_o=out.bias,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            scale=self.attention_scale(layer),
+            inv_freq=rotary.inv_freq,
+            rotary_scale=float(rotary.attention_scaling),
+            q_norm=None if q_norm is None else q_norm.weight,
+            k_norm=None if k_norm is None else k_norm.weight,
+            norm_eps=float(getattr(q_norm, "variance_epsilon", 1e-6)),
+            window=self.sliding_window(layer),
+        )

@@ -103,15 +103,16 @@ def to_heads(tensor: torch.Tensor, split: Split, n_heads: int, d_head: int) -> t
     return tensor.reshape(*tensor.shape[:-1], n_heads, d_head).transpose(1, 2)  # [batch, heads, pos, d_head]
 
 
-def row_weights(module: torch.nn.Module, site: Site, n_heads: int,
-                d_head: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def row_weights(
+    module: torch.nn.Module, site: Site, n_heads: int, d_head: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The row's weight [heads * d_head, d_in] (nn.Linear's layout) and bias [heads * d_head] or None."""
     weight = module.weight.t() if site.layout == CONV1D else module.weight  # [out, d_in]
     bias, split = module.bias, site.split
     if split.kind == FUSED:
         size = weight.shape[0] // split.parts
-        weight = weight[split.part * size:(split.part + 1) * size]  # [heads * d_head, d_in]
-        bias = None if bias is None else bias[split.part * size:(split.part + 1) * size]
+        weight = weight[split.part * size : (split.part + 1) * size]  # [heads * d_head, d_in]
+        bias = None if bias is None else bias[split.part * size : (split.part + 1) * size]
     elif split.kind == FUSED_HEADS:
         weight = weight.view(n_heads, split.parts, d_head, -1)[:, split.part].reshape(n_heads * d_head, -1)
         bias = None if bias is None else bias.view(n_heads, split.parts, d_head)[:, split.part].reshape(-1)

@@ -13,6 +13,20 @@ from headlens.capture.reducers import (
 )
 from headlens.capture.run import attention_implementation, attention_pattern, capture_hooks, forward, run_capture
 
-__all__ = ["Batch", "CollectPatterns", "Reducer", "attention_implementation", "attention_pattern", "capture_hooks",
-           "check_atol", "check_pattern", "forward", "is_bridge", "iter_batches", "n_heads_of", "n_layers_of",
-           "pad_batch", "run_capture"]
+__all__ = [
+    "Batch",
+    "CollectPatterns",
+    "Reducer",
+    "attention_implementation",
+    "attention_pattern",
+    "capture_hooks",
+    "check_atol",
+    "check_pattern",
+    "forward",
+    "is_bridge",
+    "iter_batches",
+    "n_heads_of",
+    "n_layers_of",
+    "pad_batch",
+    "run_capture",
+]

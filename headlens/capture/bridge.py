@@ -31,6 +31,7 @@ def bridge_hooks(model, needs, dispatch):
     fwd_hooks = []
     for layer, kinds in needs.items():
         for kind in kinds:
+
             def hook(value, hook, layer=layer, kind=kind):
                 dispatch(layer, kind, value)
                 return value
@@ -38,4 +39,3 @@ def bridge_hooks(model, needs, dispatch):
             fwd_hooks.append((f"blocks.{layer}.attn.{names[kind]}", hook))
     with model.hooks(fwd_hooks=fwd_hooks):
         yield
-

@@ -37,6 +37,8 @@ BLOCK_ELEMENTS = 12 * 128 * 1024
 def block_rows(batch: int, n_heads: int, pos: int) -> int:
     """Query rows per block for a [batch, n_heads, rows, pos] block within BLOCK_ELEMENTS."""
     return max(1, BLOCK_ELEMENTS // (batch * n_heads * pos))
+
+
 # pattern @ V against the model's z: sdpa and our softmax differ by float32 rounding (~1e-6
 # on GPT-2-small-sized activations); a wrong pattern is off by the size of V itself. Half
 # precision: 20 epsilons of the dtype (capture.check_atol).
@@ -98,8 +100,10 @@ class LeanLayer:
             scale = max(scale, (expected.abs() * real[:, :, rows]).amax().item())
         self._expected, self.verify = [], False
         if err > check_atol(z.dtype, Z_CHECK_RTOL, Z_CHECK_EPS) * scale:
-            raise LeanCheckError(f"layer {self.layer}: the rebuilt attention pattern does not reproduce the "
-                                 f"model's z (max error {err:.2e}); run the capture with recompute_patterns=False")
+            raise LeanCheckError(
+                f"layer {self.layer}: the rebuilt attention pattern does not reproduce the "
+                f"model's z (max error {err:.2e}); run the capture with recompute_patterns=False"
+            )
 
 
 def lean_hooks(hooks, needs: dict[int, set[str]], reducers, dispatch, check: bool) -> None:

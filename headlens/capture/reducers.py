@@ -25,7 +25,6 @@ def check_atol(dtype: torch.dtype, base: float = PATTERN_CHECK_ATOL, eps_multipl
     return max(base, eps_multiple * torch.finfo(dtype).eps) if dtype.is_floating_point else base
 
 
-
 @dataclass
 class Batch:
     """One batch of right-padded token sequences."""
@@ -54,8 +53,9 @@ class Reducer:
     layers: Sequence[int] | None = None  # None: every layer
     row_blocks: bool = False  # True: accepts pattern blocks of query rows (see above)
 
-    def update(self, layer: int, batch: Batch, pattern: torch.Tensor | None = None,
-               z: torch.Tensor | None = None) -> None:
+    def update(
+        self, layer: int, batch: Batch, pattern: torch.Tensor | None = None, z: torch.Tensor | None = None
+    ) -> None:
         raise NotImplementedError  # abstract: subclasses define the statistic
 
 
@@ -86,8 +86,9 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torc
     return ids, mask
 
 
-def iter_batches(sequences: Sequence[Sequence[int]] | torch.Tensor, batch_size: int,
-                 pad_id: int = 0) -> Iterator[Batch]:
+def iter_batches(
+    sequences: Sequence[Sequence[int]] | torch.Tensor, batch_size: int, pad_id: int = 0
+) -> Iterator[Batch]:
     """Split sequences (a list of token lists, or a [n, pos] tensor) into right-padded Batches."""
     for index, start in enumerate(range(0, len(sequences), batch_size)):
         chunk = sequences[start : start + batch_size]
@@ -118,7 +119,7 @@ def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int, q_start
         raise CaptureError(f"layer {layer}: attention pattern has negative weights")
     n_rows, n_keys = p.shape[-2], p.shape[-1]
     rows = p.sum(-1, dtype=torch.float32)  # [batch, head, rows]
-    real = mask.to(rows.device)[:, q_start:q_start + n_rows]  # [batch, rows]
+    real = mask.to(rows.device)[:, q_start : q_start + n_rows]  # [batch, rows]
     lower = torch.ones(n_rows, n_keys, dtype=p.dtype, device=p.device).tril(q_start)  # [rows, k_pos]: k <= q
     for row, n_real in enumerate(real.sum(-1).tolist()):
         if n_real == 0:
@@ -130,4 +131,3 @@ def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int, q_start
             raise CaptureError(f"layer {layer}: attention pattern is not causal (weight above the diagonal)")
     if ((rows - 1).abs() * real[:, None, :]).amax().item() > atol:
         raise CaptureError(f"layer {layer}: attention rows do not sum to 1")
-

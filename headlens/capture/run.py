@@ -36,14 +36,16 @@ def capture_hooks(model, reducers: Sequence[Reducer], check: bool = True, recomp
     n_layers = n_layers_of(model)
     needs: dict[int, set[str]] = {}
     for reducer in reducers:
-        for layer in (reducer.layers if reducer.layers is not None else range(n_layers)):
+        for layer in reducer.layers if reducer.layers is not None else range(n_layers):
             if not 0 <= layer < n_layers:
-                raise CaptureError(f"layer {layer} is out of range: this model has {n_layers} layers "
-                                   f"(0-{n_layers - 1})")
+                raise CaptureError(
+                    f"layer {layer} is out of range: this model has {n_layers} layers (0-{n_layers - 1})"
+                )
             needs.setdefault(layer, set()).update(reducer.wants)
     checked: set[int] = set()
     bridge = is_bridge(model)
     with Hooks(None if bridge else adapter_for(model)) as hooks:
+
         def dispatch(layer: int, kind: str, value: torch.Tensor, q_start: int | None = None) -> None:
             batch = hooks.batch
             if kind == "pattern" and check and layer not in checked:
@@ -69,8 +71,10 @@ def _hf_hooks(hooks: Hooks, needs: dict[int, set[str]], reducers, dispatch, chec
         lean_hooks(hooks, needs, reducers, dispatch, check)
     for layer, kinds in needs.items():
         if "pattern" in kinds and not recompute:
-            hooks.output(adapter.attn(layer),  # pattern [batch, head, q_pos, k_pos]
-                         lambda out, layer=layer: dispatch(layer, "pattern", attention_pattern(out)))
+            hooks.output(
+                adapter.attn(layer),  # pattern [batch, head, q_pos, k_pos]
+                lambda out, layer=layer: dispatch(layer, "pattern", attention_pattern(out)),
+            )
         if "z" in kinds:
             hooks.z(layer, lambda z, layer=layer: dispatch(layer, "z", z))
 
@@ -97,8 +101,15 @@ def attention_implementation(model, name: str):
             cfg._attn_implementation = saved[key]
 
 
-def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], check: bool = True,
-                progress: bool = False, desc: str = "capture", recompute_patterns: bool | None = None) -> None:
+def run_capture(
+    model,
+    batches: Iterable[Batch],
+    reducers: Sequence[Reducer],
+    check: bool = True,
+    progress: bool = False,
+    desc: str = "capture",
+    recompute_patterns: bool | None = None,
+) -> None:
     """Run the model over `batches`, streaming activations into `reducers` (no grad).
 
     Works on a Hugging Face model of a supported family and on a TransformerLens TransformerBridge.
@@ -112,14 +123,12 @@ def run_capture(model, batches: Iterable[Batch], reducers: Sequence[Reducer], ch
     batches = list(batches) if progress else batches
     iterator = batches
     if progress:
-
         iterator = tqdm(batches, desc=desc, unit="batch", leave=False)
     if recompute_patterns and is_bridge(model):
         raise CaptureError("recompute_patterns is for Hugging Face models: a TransformerBridge builds its own patterns")
     recompute = recompute_patterns
     if recompute is None:
-        recompute = (not is_bridge(model)
-                     and any("pattern" in r.wants for r in reducers) and takes_blocks(reducers))
+        recompute = not is_bridge(model) and any("pattern" in r.wants for r in reducers) and takes_blocks(reducers)
     implementation = attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
     with torch.no_grad(), implementation, capture_hooks(model, reducers, check, recompute) as hooks:
         for batch in iterator:

@@ -21,8 +21,9 @@ class TargetMassReducer(Reducer):
     # running sums and counts: added over processes by headlens.distributed.all_reduce_totals
     totals = ("sums", "sq_sums", "counts", "seq_sums", "seq_sq_sums", "n_seqs", "mul_sums", "mul_n")
 
-    def __init__(self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None,
-                 scored_fn=None):
+    def __init__(
+        self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None, scored_fn=None
+    ):
         self.layers = layers
         self.targets_fn = targets_fn
         # With mass_fn, optional scored_fn(batch) -> [batch, q_pos] bool must equal
@@ -96,8 +97,11 @@ class TargetMassReducer(Reducer):
 
     def result(self) -> torch.Tensor:
         """Mean target mass, [n_layers, n_heads] (NaN where nothing was scored)."""
-        return (self.sums / self.counts[:, None].clamp(min=1)).where(self.counts[:, None] > 0,
-                                                                    torch.tensor(float("nan"))).float()
+        return (
+            (self.sums / self.counts[:, None].clamp(min=1))
+            .where(self.counts[:, None] > 0, torch.tensor(float("nan")))
+            .float()
+        )
 
     def std(self) -> torch.Tensor:
         """Spread across scored queries, [n_layers, n_heads]."""

@@ -48,8 +48,9 @@ def negative_copy_share(below: torch.Tensor, k: int = BOTTOM_K) -> torch.Tensor:
     return (below < k).double().mean(-1)
 
 
-def predicted_attention(pattern: torch.Tensor, input_ids: torch.Tensor, predicted: torch.Tensor,
-                        mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def predicted_attention(
+    pattern: torch.Tensor, input_ids: torch.Tensor, predicted: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention sums on earlier copies of the predicted token, and how many positions count.
 
     pattern [batch, head, q_pos, k_pos]; input_ids, predicted (the model's top-1 at each position)
@@ -96,5 +97,9 @@ def copy_suppression_scores(loaded, text: str, seed: int = 0, window: int = WIND
     _, below = own_ranks(loaded.model, tokens)  # [layer, head, n]
     ov = negative_copy_share(below)  # [layer, head]
     attention = text_attention(loaded, windows)  # [layer, head]
-    return {"cs_ov_score": ov, "predicted_attention": attention, "n_tokens": len(tokens),
-            "copy_suppression": (ov >= CS_OV_MIN) & (attention >= CS_ATTENTION_MIN)}
+    return {
+        "cs_ov_score": ov,
+        "predicted_attention": attention,
+        "n_tokens": len(tokens),
+        "copy_suppression": (ov >= CS_OV_MIN) & (attention >= CS_ATTENTION_MIN),
+    }

@@ -65,8 +65,14 @@ def unembedding_stats(model, chunk: int = 1024) -> dict[str, torch.Tensor]:
         gram += (rows.T @ rows).double()  # float32 products per chunk, float64 running sum
     mean, gram = total.cpu() / d_vocab, gram.cpu()  # [d_model], [d_model, d_model]: the scores fold on the CPU
     cov = gram / d_vocab - torch.outer(mean, mean)  # [d_model, d_model]
-    return {"w_u": w_u, "mean": mean.float(), "cov": cov.float(), "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
-            "gamma": gamma.cpu(), "centre": adapter.final_norm_centres}
+    return {
+        "w_u": w_u,
+        "mean": mean.float(),
+        "cov": cov.float(),
+        "rms": (gram.trace() / (d_vocab * d_model)).sqrt(),
+        "gamma": gamma.cpu(),
+        "centre": adapter.final_norm_centres,
+    }
 
 
 def unembedding_rows(stats: dict, tokens: torch.Tensor, device) -> torch.Tensor:
@@ -140,7 +146,7 @@ class CopyingReducer(Reducer):
         """Scored queries among the block's rows and each head's attended key (BOS column excluded)."""
         if self._scored is None or self._scored[0] is not batch:  # once per batch, not per layer
             self._scored = (batch, (self.query_fn(batch) & batch.mask).cpu())  # [batch, q_pos]
-        scored = self._scored[1][:, q_start:q_start + pattern.shape[-2]]  # [batch, rows]
+        scored = self._scored[1][:, q_start : q_start + pattern.shape[-2]]  # [batch, rows]
         b_idx, r_idx = scored.nonzero(as_tuple=True)  # [n], [n]
         keys = pattern[b_idx, :, r_idx.to(pattern.device), 1:].argmax(-1).cpu() + 1  # [n, head]
         return b_idx, r_idx + q_start, keys

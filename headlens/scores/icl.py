@@ -77,7 +77,8 @@ def second_copy_induction_reducer(n_layers: int, n_heads: int, seq_len: int, lay
     `result()` is [n_layers, n_heads] in 0..1.
     """
     return TargetMassReducer(
-        n_layers, n_heads,
+        n_layers,
+        n_heads,
         lambda b: prefix_matching_targets(b.input_ids),
         query_fn=lambda b: second_copy_queries(b.input_ids, seq_len),
         layers=layers,

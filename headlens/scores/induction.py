@@ -12,8 +12,7 @@ import torch
 from headlens.scores.common import TargetMassReducer
 from headlens.scores.duplicate import duplicate_token_reducer, duplicate_token_targets
 
-__all__ = ["duplicate_token_reducer", "duplicate_token_targets", "prefix_matching_reducer",
-           "prefix_matching_targets"]
+__all__ = ["duplicate_token_reducer", "duplicate_token_targets", "prefix_matching_reducer", "prefix_matching_targets"]
 
 
 def prefix_matching_targets(input_ids: torch.Tensor) -> torch.Tensor:

@@ -36,8 +36,10 @@ COPY_TOP_K = 5  # Wang et al.: the name among the top 5 logits of the head's OV 
 IO_ATTENTION_MIN = 0.2  # ours (see the module docstring)
 COPY_MIN = 0.5  # ours
 N_PROMPTS = 48
-NAMES = ("Mary John Tom James Anne Paul Mark Lisa Sarah David Michael Laura Kate Peter Emma Alice Daniel Susan "
-         "Robert Linda Helen Jack George Rachel Adam Karen Steven Amy Brian Jessica").split()
+NAMES = (
+    "Mary John Tom James Anne Paul Mark Lisa Sarah David Michael Laura Kate Peter Emma Alice Daniel Susan "
+    "Robert Linda Helen Jack George Rachel Adam Karen Steven Amy Brian Jessica"
+).split()
 # {0} and {1} are the two names in order, {s} the repeated subject; each placeholder stands for
 # " Name" (with its space). ABBA prompts put IO first, BABA prompts S first (Wang et al.).
 TEMPLATES = (
@@ -94,8 +96,17 @@ def _build(tokenizer, bos_id, template, order, io, s, names) -> dict:
         ids.append(names[filled[slot]])
     ids += tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
     text = template.replace("{0}", " " + order[0]).replace("{1}", " " + order[1]).replace("{s}", " " + s)
-    return {"text": text, "ids": ids, "io": names[io], "s": names[s], "io_pos": where[io][0],
-            "s1_pos": where[s][0], "s2_pos": where[s][1], "target": " " + io, "foil": " " + s}
+    return {
+        "text": text,
+        "ids": ids,
+        "io": names[io],
+        "s": names[s],
+        "io_pos": where[io][0],
+        "s1_pos": where[s][0],
+        "s2_pos": where[s][1],
+        "target": " " + io,
+        "foil": " " + s,
+    }
 
 
 def end_attention(pattern: torch.Tensor, positions: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
@@ -137,12 +148,19 @@ def name_mover_scores(loaded, n: int = N_PROMPTS, seed: int = 0) -> dict:
     above, below = own_ranks(loaded.model, names)  # [layer, head, n_names]
     copy, negative = (above < COPY_TOP_K).double().mean(-1), (below < COPY_TOP_K).double().mean(-1)
     attends = (result["io_attention"] >= IO_ATTENTION_MIN) & (result["io_attention"] > result["s_attention"])
-    result.update(name_copy_score=copy, name_negative_copy_score=negative, prompts=prompts,
-                  name_mover=attends & (copy >= COPY_MIN), negative_name_mover=attends & (negative >= COPY_MIN))
+    result.update(
+        name_copy_score=copy,
+        name_negative_copy_score=negative,
+        prompts=prompts,
+        name_mover=attends & (copy >= COPY_MIN),
+        negative_name_mover=attends & (negative >= COPY_MIN),
+    )
     return result
 
 
 def ablation_prompts(prompts: list[dict]) -> list[dict]:
     """The prompts in headlens.ablation.prompts' format, for ablate_heads(metric="logit-diff")."""
-    return [{"prompt": p["text"], "target": p["target"], "foil": p["foil"], "line": f"IOI prompt {n}"}
-            for n, p in enumerate(prompts, start=1)]
+    return [
+        {"prompt": p["text"], "target": p["target"], "foil": p["foil"], "line": f"IOI prompt {n}"}
+        for n, p in enumerate(prompts, start=1)
+    ]

@@ -73,7 +73,7 @@ def own_ranks(model, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     for layer in range(outs.shape[0]):
         rows = outs[layer].float()  # [head, n, d_model]
         for start in range(0, w_u.shape[1], VOCAB_CHUNK):
-            logits = rows @ w_u[:, start:start + VOCAB_CHUNK]  # [head, n, chunk]
+            logits = rows @ w_u[:, start : start + VOCAB_CHUNK]  # [head, n, chunk]
             cols = torch.arange(start, start + logits.shape[-1], device=logits.device)  # [chunk]
             other = token_ids.to(cols.device)[:, None] != cols[None]  # [n, chunk]: not the token itself
             above[layer] += ((logits > own[layer, ..., None]) & other).sum(-1)

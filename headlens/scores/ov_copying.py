@@ -84,8 +84,10 @@ def _token_values(adapter, layer: int) -> torch.Tensor:
     table by sqrt(d_model) there), no position: [d_vocab, kv_head, d_head] (float64)."""
     module = adapter.embed()
     n_vocab, device = module.weight.shape[0], module.weight.device
-    parts = [value_change(adapter, layer, module(torch.arange(start, min(start + CHUNK, n_vocab), device=device)))
-             for start in range(0, n_vocab, CHUNK)]  # [chunk, kv_head, d_head] each
+    parts = [
+        value_change(adapter, layer, module(torch.arange(start, min(start + CHUNK, n_vocab), device=device)))
+        for start in range(0, n_vocab, CHUNK)
+    ]  # [chunk, kv_head, d_head] each
     return torch.cat(parts).double()
 
 

@@ -16,7 +16,7 @@ def offset_targets(input_ids: torch.Tensor, offset: int) -> torch.Tensor:
     n = input_ids.shape[1]
     eye = torch.eye(n, dtype=torch.bool, device=input_ids.device).roll(offset, dims=1)  # [q_pos, k_pos]
     if offset < 0:
-        eye[: -offset] = False  # queries before |offset| have no such key (roll wrapped them)
+        eye[:-offset] = False  # queries before |offset| have no such key (roll wrapped them)
     return eye[None].expand(input_ids.shape[0], n, n)
 
 
@@ -27,23 +27,33 @@ def offset_mass(pattern: torch.Tensor, offset: int, q_start: int = 0) -> torch.T
     (pattern * offset_targets(ids, offset)[:, q_start:q_start + rows]).sum(-1) without the [q, k] product."""
     mass = torch.zeros(pattern.shape[:-1], dtype=pattern.dtype, device=pattern.device)  # [batch, head, rows]
     diag = pattern.diagonal(offset=q_start + offset, dim1=-2, dim2=-1)  # [batch, head, rows with that key]
-    mass[..., mass.shape[-1] - diag.shape[-1]:] = diag  # the first rows lack the key only when q_start + offset < 0
+    mass[..., mass.shape[-1] - diag.shape[-1] :] = diag  # the first rows lack the key only when q_start + offset < 0
     return mass
 
 
 def prev_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for prev_token_score: mean A[i, i-1] over real positions i >= 1."""
-    return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, -1), layers=layers,
-                             mass_fn=lambda pattern, q_start: offset_mass(pattern, -1, q_start),
-                             scored_fn=lambda b: _from_position(b, 1))
+    return TargetMassReducer(
+        n_layers,
+        n_heads,
+        lambda b: offset_targets(b.input_ids, -1),
+        layers=layers,
+        mass_fn=lambda pattern, q_start: offset_mass(pattern, -1, q_start),
+        scored_fn=lambda b: _from_position(b, 1),
+    )
 
 
 def current_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
     """Reducer for current_token_score: mean A[i, i] over real positions i >= 1 (i = 0 is trivially 1)."""
-    return TargetMassReducer(n_layers, n_heads, lambda b: offset_targets(b.input_ids, 0),
-                             query_fn=_from_position_one, layers=layers,
-                             mass_fn=lambda pattern, q_start: offset_mass(pattern, 0, q_start),
-                             scored_fn=lambda b: _from_position(b, 0))
+    return TargetMassReducer(
+        n_layers,
+        n_heads,
+        lambda b: offset_targets(b.input_ids, 0),
+        query_fn=_from_position_one,
+        layers=layers,
+        mass_fn=lambda pattern, q_start: offset_mass(pattern, 0, q_start),
+        scored_fn=lambda b: _from_position(b, 0),
+    )
 
 
 def _from_position(batch, first: int) -> torch.Tensor:
@@ -72,8 +82,9 @@ def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassR
             mass[..., 0] = 0.0  # query 0 has no target (A[0, 0] = 1 trivially)
         return mass
 
-    return TargetMassReducer(n_layers, n_heads, first_column, layers=layers, mass_fn=first_mass,
-                             scored_fn=lambda b: _from_position(b, 1))
+    return TargetMassReducer(
+        n_layers, n_heads, first_column, layers=layers, mass_fn=first_mass, scored_fn=lambda b: _from_position(b, 1)
+    )
 
 
 class ArgmaxOffsetReducer:
@@ -106,7 +117,7 @@ class ArgmaxOffsetReducer:
         arg = pattern[..., 1:].argmax(-1) + 1  # [batch, head, rows]; key 0 excluded
         queries = torch.arange(q_start, q_start + n_rows, device=pattern.device)  # [rows]
         back = (queries[None, None, :] - arg).clamp(min=0, max=self.max_offset + 1)  # [batch, head, rows]
-        scored = batch.mask[:, q_start:q_start + n_rows].to(pattern.device) & (queries >= 2)  # [batch, rows]
+        scored = batch.mask[:, q_start : q_start + n_rows].to(pattern.device) & (queries >= 2)  # [batch, rows]
         onehot = torch.nn.functional.one_hot(back, self.max_offset + 2)  # [batch, head, rows, bucket]
         self.counts[layer] += (onehot * scored[:, None, :, None]).sum((0, 2)).cpu()
         self.n_scored[layer] += int(scored.sum())

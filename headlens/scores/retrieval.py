@@ -96,8 +96,13 @@ def retrieval_scores(model, prompts: Sequence, progress: bool = False, cache: bo
         nan = torch.full((n_layers, n_heads), float("nan"))
         return {"score": nan, "std": nan, "n_tests": len(prompts), "n_retrieved": 0, "n_tokens": 0}
     stacked = torch.stack(per_test)  # [test, layer, head]
-    return {"score": stacked.mean(0).float(), "std": stacked.std(0, unbiased=False).float(),
-            "n_tests": len(prompts), "n_retrieved": len(per_test), "n_tokens": n_tokens}
+    return {
+        "score": stacked.mean(0).float(),
+        "std": stacked.std(0, unbiased=False).float(),
+        "n_tests": len(prompts),
+        "n_retrieved": len(per_test),
+        "n_tokens": n_tokens,
+    }
 
 
 def count_copy_paste(group, steps: Iterator[Step], n_layers: int, n_heads: int) -> tuple[torch.Tensor, list[int]]:
@@ -161,8 +166,10 @@ def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
             w = logits.argmax(-1).cpu()  # [test]
             spans = {int(n_keys[layer]) for layer in range(adapter.n_layers)}
             if spans != {ids.shape[1] + step}:  # a sliding-window cache keeps fewer keys than positions
-                raise CaptureError(f"the cached attention rows span {sorted(spans)} keys, not the whole sequence "
-                                   f"({ids.shape[1] + step}): decode with cache=False")
+                raise CaptureError(
+                    f"the cached attention rows span {sorted(spans)} keys, not the whole sequence "
+                    f"({ids.shape[1] + step}): decode with cache=False"
+                )
             yield w, dict(keys)
 
 

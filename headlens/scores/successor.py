@@ -32,8 +32,10 @@ from headlens.scores.ov_circuit import ov_logits
 SUCCESSOR_MIN = 0.5  # share of pairs (ours; Gould et al. rank heads without a cut-off)
 MIN_TASK_TOKENS = 3  # a task needs at least this many single-token words to hold one pair and a foil
 
-NUMBER_WORDS = ("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-                "sixteen seventeen eighteen nineteen twenty").split()
+NUMBER_WORDS = (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
+).split()
 ORDINALS = "first second third fourth fifth sixth seventh eighth ninth tenth".split()
 TASKS = {
     "numbers": tuple(str(n) for n in range(1, 201)),

@@ -53,27 +53,48 @@ class TrainConfig:
 
         need(self.arch in ARCHS, "arch", f"one of {', '.join(ARCHS)}")
         need(self.train_attention in ("eager", "sdpa"), "train_attention", "eager or sdpa")
-        for name in ("steps", "n_layers", "n_heads", "d_mlp", "batch_size", "checkpoint_every", "eval_windows",
-                     "probe_seqs", "threads"):
+        for name in (
+            "steps",
+            "n_layers",
+            "n_heads",
+            "d_mlp",
+            "batch_size",
+            "checkpoint_every",
+            "eval_windows",
+            "probe_seqs",
+            "threads",
+        ):
             need(getattr(self, name) >= 1, name, ">= 1")
         need(self.seed >= 0, "seed", ">= 0")
         need(self.d_model % self.n_heads == 0, "d_model", f"a multiple of n_heads ({self.n_heads})")
-        need(self.n_kv_heads >= 0 and (self.n_kv_heads == 0 or self.n_heads % self.n_kv_heads == 0), "n_kv_heads",
-             f"0 or a divisor of n_heads ({self.n_heads})")
-        need(self.arch == "llama" or self.n_kv_heads in (0, self.n_heads), "n_kv_heads",
-             "0 for gpt2 (GPT-2 has no grouped-query attention)")
+        need(
+            self.n_kv_heads >= 0 and (self.n_kv_heads == 0 or self.n_heads % self.n_kv_heads == 0),
+            "n_kv_heads",
+            f"0 or a divisor of n_heads ({self.n_heads})",
+        )
+        need(
+            self.arch == "llama" or self.n_kv_heads in (0, self.n_heads),
+            "n_kv_heads",
+            "0 for gpt2 (GPT-2 has no grouped-query attention)",
+        )
         need(self.lr > 0, "lr", "> 0")
         need(self.warmup_steps >= 0, "warmup_steps", ">= 0")
         for name in ("decay_share", "final_lr_share", "repeat_share", "needle_share", "printable_share"):
             need(0 <= getattr(self, name) <= 1, name, "in [0, 1]")
-        need(self.repeat_share + self.needle_share <= 1, "needle_share",
-             f"<= 1 - repeat_share = {1 - self.repeat_share:g} (the rest is plain text)")
+        need(
+            self.repeat_share + self.needle_share <= 1,
+            "needle_share",
+            f"<= 1 - repeat_share = {1 - self.repeat_share:g} (the rest is plain text)",
+        )
         need(2 <= self.segment_min <= self.segment_max, "segment_min", f"in [2, segment_max={self.segment_max}]")
         need(self.segment_max <= (self.n_ctx - 1) // 2, "segment_max", f"<= (n_ctx - 1) // 2 = {(self.n_ctx - 1) // 2}")
         need(2 <= self.needle_min <= self.needle_max, "needle_min", f"in [2, needle_max={self.needle_max}]")
         need(self.needle_max <= (self.n_ctx - 1) // 4, "needle_max", f"<= (n_ctx - 1) // 4 = {(self.n_ctx - 1) // 4}")
-        need(2 <= self.probe_seq_len <= (self.n_ctx - 1) // 2, "probe_seq_len",
-             f"in [2, (n_ctx - 1) // 2 = {(self.n_ctx - 1) // 2}]")
+        need(
+            2 <= self.probe_seq_len <= (self.n_ctx - 1) // 2,
+            "probe_seq_len",
+            f"in [2, (n_ctx - 1) // 2 = {(self.n_ctx - 1) // 2}]",
+        )
 
     @property
     def kv_heads(self) -> int:
@@ -84,13 +105,29 @@ class TrainConfig:
 # The second stage of `tiny`: the first stage's model, trained on needle episodes and longer repeats
 # (the first stage forms the previous-token and induction heads; this one teaches them to copy a
 # needle out of text, the needle probe's task).
-TINY_STAGE2 = {"steps": 600, "lr": 5e-4, "repeat_share": 0.35, "needle_share": 0.4, "segment_max": 96,
-               "train_attention": "sdpa"}
+TINY_STAGE2 = {
+    "steps": 600,
+    "lr": 5e-4,
+    "repeat_share": 0.35,
+    "needle_share": 0.4,
+    "segment_max": 96,
+    "train_attention": "sdpa",
+}
 # The shipped `tiny-gqa` recipe: 8 query heads share 2 key/value heads per block (Ainslie et al. 2023),
 # 3,000 steps at a constant learning rate of 2e-3, three quarters repeat episodes and 15% needle episodes
 # (the runs that chose it are in headlens/data/tiny-gqa/README.md).
-LLAMA_RECIPE = {"arch": "llama", "n_heads": 8, "n_kv_heads": 2, "d_mlp": 384, "steps": 3000, "decay_share": 0.0,
-                "lr": 2e-3, "repeat_share": 0.75, "needle_share": 0.15, "train_attention": "sdpa"}
+LLAMA_RECIPE = {
+    "arch": "llama",
+    "n_heads": 8,
+    "n_kv_heads": 2,
+    "d_mlp": 384,
+    "steps": 3000,
+    "decay_share": 0.0,
+    "lr": 2e-3,
+    "repeat_share": 0.75,
+    "needle_share": 0.15,
+    "train_attention": "sdpa",
+}
 
 
 def stages(arch: str = "gpt2", **overrides) -> tuple[TrainConfig, ...]:

@@ -27,6 +27,7 @@ NEEDLE_GAP_MIN = 4  # fewest text tokens between a needle and its second occurre
 
 # 1) tokenizer and corpus ----------------------------------------------------------------
 
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable-unicode map (Radford et al. 2019), as the ByteLevel alphabet."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
@@ -55,8 +56,7 @@ def byte_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([BOS_TOKEN])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=BOS_TOKEN,
-                                   unk_token=BOS_TOKEN)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=BOS_TOKEN, unk_token=BOS_TOKEN)
 
 
 def load_corpus() -> torch.Tensor:
@@ -66,6 +66,7 @@ def load_corpus() -> torch.Tensor:
 
 
 # 2) batches -----------------------------------------------------------------------------
+
 
 def _randint(low: int, high: int, gen: torch.Generator) -> int:
     """One integer in [low, high]."""

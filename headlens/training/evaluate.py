@@ -33,13 +33,22 @@ def build_probes(tokenizer, config: TrainConfig) -> dict:
     text = default_text()
     windows = text_windows(tokenizer, text, config.n_ctx, bos, max_windows=config.eval_windows)
     windows = torch.tensor([w for w in windows if len(w) == config.n_ctx])  # [n_windows, n_ctx]
-    repeat = repeated_random_tokens(config.probe_seqs, config.probe_seq_len, 2, *PRINTABLE, bos,
-                                    seed=config.probe_seed)  # [n_seq, 1 + 2 * len]
-    arena = repeated_random_tokens(config.probe_seqs, arena_len(config), 2, *PRINTABLE, bos,
-                                   seed=config.probe_seed)  # [n_seq, 1 + 2 * 50]
+    repeat = repeated_random_tokens(
+        config.probe_seqs, config.probe_seq_len, 2, *PRINTABLE, bos, seed=config.probe_seed
+    )  # [n_seq, 1 + 2 * len]
+    arena = repeated_random_tokens(
+        config.probe_seqs, arena_len(config), 2, *PRINTABLE, bos, seed=config.probe_seed
+    )  # [n_seq, 1 + 2 * 50]
     hay = tokenizer(text, add_special_tokens=False)["input_ids"]
-    needles = needle_prompts(hay, config.n_ctx, bos, PRINTABLE, needle_len=min(NEEDLE_LEN, config.n_ctx // 8),
-                             restate=NEEDLE_RESTATE, seed=NEEDLE_SEED)
+    needles = needle_prompts(
+        hay,
+        config.n_ctx,
+        bos,
+        PRINTABLE,
+        needle_len=min(NEEDLE_LEN, config.n_ctx // 8),
+        restate=NEEDLE_RESTATE,
+        seed=NEEDLE_SEED,
+    )
     return {"windows": windows, "repeat": repeat, "arena": arena, "needles": needles}
 
 
@@ -91,16 +100,30 @@ def evaluate(model, probes: dict, config: TrainConfig) -> tuple[dict, list[dict]
     induction = second_copy_induction_scores(rep_patterns, probes["repeat"], config.probe_seq_len)
     arena = arena_induction_scores(arena_patterns, arena_len(config))  # [n_layers, n_heads]
     retrieved, retrieval = needle_retrieval(model, probes["needles"])  # int, [n_layers, n_heads]
-    row = {"heldout_loss": float(text_losses.double().mean()), "icl_score": icl_score(text_losses, config.n_ctx),
-           "best_induction_score": float(induction.max()), "best_prev_token_score": float(prev.max()),
-           "repeat_loss_first": first, "repeat_loss_second": second,
-           "best_arena_induction_score": float(arena.max()), "needles_retrieved": retrieved,
-           "best_retrieval_score": float(retrieval.max())}
+    row = {
+        "heldout_loss": float(text_losses.double().mean()),
+        "icl_score": icl_score(text_losses, config.n_ctx),
+        "best_induction_score": float(induction.max()),
+        "best_prev_token_score": float(prev.max()),
+        "repeat_loss_first": first,
+        "repeat_loss_second": second,
+        "best_arena_induction_score": float(arena.max()),
+        "needles_retrieved": retrieved,
+        "best_retrieval_score": float(retrieval.max()),
+    }
     n_layers, n_heads = prev.shape
-    heads = [{"layer": layer, "head": head, "prev_token_score": float(prev[layer, head]),
-              "prefix_matching_score": float(induction[layer, head]),
-              "arena_induction_score": float(arena[layer, head]), "retrieval_score": float(retrieval[layer, head])}
-             for layer in range(n_layers) for head in range(n_heads)]
+    heads = [
+        {
+            "layer": layer,
+            "head": head,
+            "prev_token_score": float(prev[layer, head]),
+            "prefix_matching_score": float(induction[layer, head]),
+            "arena_induction_score": float(arena[layer, head]),
+            "retrieval_score": float(retrieval[layer, head]),
+        }
+        for layer in range(n_layers)
+        for head in range(n_heads)
+    ]
     return row, heads
 
 

@@ -22,14 +22,34 @@ from headlens.training.data import byte_tokenizer, load_corpus, lr_at, sample_ba
 from headlens.training.evaluate import build_probes, evaluate
 
 # Columns of training_log.csv: the contract shared with the report (up to elapsed_s), then extras.
-LOG_COLUMNS = ["step", "tokens_seen", "train_loss", "heldout_loss", "icl_score", "best_induction_score",
-               "best_prev_token_score", "repeat_loss_first", "repeat_loss_second", "lr", "elapsed_s",
-               "best_arena_induction_score", "needles_retrieved", "best_retrieval_score"]
+LOG_COLUMNS = [
+    "step",
+    "tokens_seen",
+    "train_loss",
+    "heldout_loss",
+    "icl_score",
+    "best_induction_score",
+    "best_prev_token_score",
+    "repeat_loss_first",
+    "repeat_loss_second",
+    "lr",
+    "elapsed_s",
+    "best_arena_induction_score",
+    "needles_retrieved",
+    "best_retrieval_score",
+]
 # Every evaluation switches the model to eager attention, the only kernel that returns patterns;
 # training steps run the stage's `train_attention`.
 EVAL_ATTENTION = "eager"
-HEAD_COLUMNS = ["step", "layer", "head", "prev_token_score", "prefix_matching_score", "arena_induction_score",
-                "retrieval_score"]
+HEAD_COLUMNS = [
+    "step",
+    "layer",
+    "head",
+    "prev_token_score",
+    "prefix_matching_score",
+    "arena_induction_score",
+    "retrieval_score",
+]
 
 
 def model_config(config: TrainConfig, tokenizer):
@@ -38,15 +58,35 @@ def model_config(config: TrainConfig, tokenizer):
 
     bos = tokenizer.bos_token_id
     if config.arch == "gpt2":
-        hf = GPT2Config(vocab_size=len(tokenizer), n_positions=config.n_ctx, n_embd=config.d_model,
-                        n_layer=config.n_layers, n_head=config.n_heads, n_inner=config.d_mlp, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=bos, eos_token_id=bos)
+        hf = GPT2Config(
+            vocab_size=len(tokenizer),
+            n_positions=config.n_ctx,
+            n_embd=config.d_model,
+            n_layer=config.n_layers,
+            n_head=config.n_heads,
+            n_inner=config.d_mlp,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=bos,
+            eos_token_id=bos,
+        )
     else:
-        hf = LlamaConfig(vocab_size=len(tokenizer), hidden_size=config.d_model, intermediate_size=config.d_mlp,
-                         num_hidden_layers=config.n_layers, num_attention_heads=config.n_heads,
-                         num_key_value_heads=config.kv_heads, head_dim=config.d_model // config.n_heads,
-                         max_position_embeddings=config.n_ctx, tie_word_embeddings=True, attention_dropout=0.0,
-                         bos_token_id=bos, eos_token_id=bos, pad_token_id=None)
+        hf = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=config.d_model,
+            intermediate_size=config.d_mlp,
+            num_hidden_layers=config.n_layers,
+            num_attention_heads=config.n_heads,
+            num_key_value_heads=config.kv_heads,
+            head_dim=config.d_model // config.n_heads,
+            max_position_embeddings=config.n_ctx,
+            tie_word_embeddings=True,
+            attention_dropout=0.0,
+            bos_token_id=bos,
+            eos_token_id=bos,
+            pad_token_id=None,
+        )
     hf._attn_implementation = config.train_attention
     return hf
 
@@ -57,8 +97,9 @@ def build_model(config: TrainConfig, tokenizer) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, GPT2LMHeadModel, LlamaForCausalLM
 
     if config.init_from:
-        return _quietly(lambda: AutoModelForCausalLM.from_pretrained(
-            config.init_from, attn_implementation=config.train_attention)).eval()
+        return _quietly(
+            lambda: AutoModelForCausalLM.from_pretrained(config.init_from, attn_implementation=config.train_attention)
+        ).eval()
     torch.manual_seed(config.seed)
     cls = GPT2LMHeadModel if config.arch == "gpt2" else LlamaForCausalLM
     return cls(model_config(config, tokenizer)).eval()
@@ -95,8 +136,14 @@ def _prepare_out_dir(out_dir) -> Path:
     return out_dir
 
 
-def train_tiny(out_dir, steps: int | None = None, seed: int | None = None, progress: bool = False,
-               config: TrainConfig | None = None, arch: str | None = None) -> Path:
+def train_tiny(
+    out_dir,
+    steps: int | None = None,
+    seed: int | None = None,
+    progress: bool = False,
+    config: TrainConfig | None = None,
+    arch: str | None = None,
+) -> Path:
     """Train a tiny model from scratch; write the model (HF format), checkpoints and the logs to out_dir.
 
     Runs `config` alone when given, else the stages of `arch`'s shipped recipe ("gpt2": tiny,
@@ -154,8 +201,11 @@ class _TrainingRun:
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
             (decay if param.dim() >= 2 and "wpe" not in name else no_decay).append(param)
-        self.optim = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                        {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95))
+        self.optim = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=config.lr,
+            betas=(0.9, 0.95),
+        )
         self.log_rows, self.head_rows, self.pending = [], [], []
         if previous is not None:  # the earlier stages' rows, then this stage's from its first step on
             log, heads = load_training_log(previous)
@@ -200,9 +250,16 @@ class _TrainingRun:
         train_loss = sum(self.pending) / len(self.pending) if self.pending else float("nan")
         self.pending.clear()
         step += self.offset  # counted from the start of the recipe
-        self.log_rows.append({"step": step, "tokens_seen": step * config.batch_size * config.n_ctx,
-                              "train_loss": train_loss, **row, "lr": lr_at(max(step - self.offset - 1, 0), config),
-                              "elapsed_s": time.perf_counter() - self.start})
+        self.log_rows.append(
+            {
+                "step": step,
+                "tokens_seen": step * config.batch_size * config.n_ctx,
+                "train_loss": train_loss,
+                **row,
+                "lr": lr_at(max(step - self.offset - 1, 0), config),
+                "elapsed_s": time.perf_counter() - self.start,
+            }
+        )
         self.head_rows.extend({"step": step, **h} for h in heads)
         _quietly(lambda: self.model.save_pretrained(self.out_dir / "checkpoints" / f"step_{step:05d}"))
         _write_csv(pd.DataFrame(self.log_rows, columns=LOG_COLUMNS), self.out_dir / "training_log.csv")
