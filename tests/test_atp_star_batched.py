@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import GPT2Config
 
+from headlens.ablation import gradients
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.gradients import _clean_pass, _qk_correction
 from headlens.ablation.replace import ablation_hooks, layer_replacement, replacements
@@ -94,7 +95,7 @@ def per_head_fix(loaded, evalset, rows: slice, clean: dict, reps) -> tuple[torch
 
 
 @pytest.mark.parametrize(("name", "method"), [("llama-gqa", "zero"), ("gpt2", "zero"), ("llama-gqa", "mean")])
-def test_batched_qk_fix_equals_per_head(name, method):
+def test_batched_qk_fix_equals_per_head(name, method, monkeypatch):
     loaded = _model(name)
     evalset = repeat_evalset(loaded, seed=5, n_seq=3, seq_len=6)
     evalset.mask[1, -3:] = False  # a padded sequence: its padding must not leak into the fix
@@ -108,3 +109,6 @@ def test_batched_qk_fix_equals_per_head(name, method):
     for chunk in (None, 1, 3):  # every head of a layer at once; one at a time; a ragged last chunk
         found = _qk_correction(loaded.model, evalset, rows, clean, chunk=chunk)
         assert ((found - expected).abs() <= bound).all(), (chunk, ((found - expected).abs() / bound).max())
+    monkeypatch.setattr(gradients, "QK_FIX_ELEMENTS", 1)  # nothing fits: one head at a time, clean layers remade
+    found = _qk_correction(loaded.model, evalset, rows, clean)
+    assert ((found - expected).abs() <= bound).all(), ((found - expected).abs() / bound).max()

@@ -202,17 +202,22 @@ def _qk_correction(model, evalset, rows: slice, clean: dict, chunk: int | None =
     adapter = adapter_for(model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
     out = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=clean["mask"].device)  # [layer, head]
+    batch, pos = clean["mask"].shape
+    per_layer = batch * n_heads * pos * pos  # elements of one layer's pattern
+    keep = n_layers * per_layer <= 4 * QK_FIX_ELEMENTS  # every later layer's clean tensors fit: made once
+    fixed: dict[int, dict] = {}
     with torch.no_grad():
-        fixed = {later: _clean_layer(adapter, clean, later) for later in range(1, n_layers)}
-        batch, pos = clean["mask"].shape
-        chunk = chunk or max(1, QK_FIX_ELEMENTS // (batch * n_heads * pos * pos))
+        chunk = chunk or max(1, QK_FIX_ELEMENTS // per_layer)
         for layer in range(n_layers - 1):
             for start in range(0, n_heads, chunk):
                 heads = list(range(start, min(n_heads, start + chunk)))
                 change = _residual_changes(adapter, clean, layer, heads)  # [len(heads) * batch, pos, d_model]
                 for later in range(layer + 1, n_layers):
+                    found = fixed.get(later) or _clean_layer(adapter, clean, later)
+                    if keep:
+                        fixed[later] = found
                     out[layer, start : start + len(heads)] += _later_layer_fix(
-                        adapter, clean, fixed[later], later, change, len(heads)
+                        adapter, clean, found, later, change, len(heads)
                     )
     return out.cpu()  # one copy to the host per batch
 
