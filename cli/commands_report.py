@@ -9,7 +9,14 @@ import shlex
 
 import click
 
-from headlens.cli.options import lang_option, model_argument, model_info, placement_options, progress_option
+from headlens.cli.options import (
+    lang_option,
+    model_argument,
+    model_info,
+    placement_options,
+    progress_option,
+    text_option,
+)
 
 
 def reproduce_command(
@@ -87,13 +94,7 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 
 @click.command("report")
 @model_argument("tiny")
-@click.option(
-    "--text",
-    "text_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="UTF-8 text to score and show (default: the held-out text shipped with the tiny model)",
-)
+@text_option("the text classified, validated and ablated, windows per document (the viewer shows the first)")
 @click.option("--heads", "heads_spec", default=None, help="heads to ablate: L.H,L.H | layer:L | all")
 @click.option("--sweep", is_flag=True, help="also ablate every head alone (slower)")
 @click.option("--prune", is_flag=True, help="also compute the pruning curve (Michel et al. 2019; slower)")
@@ -130,9 +131,10 @@ def report_command(
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens import distributed
     from headlens.classify import classify_heads
+    from headlens.corpus import first_document, open_text
     from headlens.heads import parse_heads
     from headlens.models import load_model
-    from headlens.probes import default_text, read_text
+    from headlens.probes import default_text
     from headlens.reports import render_report
     from headlens.reports.i18n import t
     from headlens.reports.render import check_output_path
@@ -141,12 +143,12 @@ def report_command(
     from headlens.validate import validate_model
 
     check_output_path(out, lang)  # fail before minutes of work, not after
-    text = read_text(text_path) if text_path else None
+    text = open_text(text_path) if text_path else None
     loaded = load_model(model, **placement)
     spec = loaded.spec
     chosen = parse_heads(heads_spec, spec.n_layers, spec.n_heads) if heads_spec else None
     heads = classify_heads(loaded, text=text, progress=progress)
-    validation = validate_model(loaded, text, raise_on_failure=False)
+    validation = validate_model(loaded, first_document(text), raise_on_failure=False)
     sweep_frame = None
     if sweep:
         from headlens.ablation.ablate import sweep_heads
@@ -177,7 +179,7 @@ def report_command(
         pruning=pruning,
         validation=validation,
         training=training_logs(loaded),
-        viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
+        viewer=sample_patterns(loaded, first_document(text) or default_text(), n_sample, repeat=True),
         command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang, controls),
         text_label=text_path or t("text_label.default", lang),
         lang=lang,

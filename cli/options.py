@@ -1,4 +1,4 @@
-"""Options every command shares, defined once: MODEL, --format, --progress, and the helpers that
+"""Options every command shares, defined once: MODEL, --text, --format, --progress, and the helpers that
 describe a run (the model's shape facts, the command line as typed).
 
 MODEL is positional on every command that takes a model (`headlens ablate [MODEL] --heads ...`),
@@ -86,6 +86,19 @@ def lang_option(func):
     return click.option(
         "--lang", default="en", show_default=True, callback=check, metavar="en|es", help="language of the HTML report"
     )(func)
+
+
+def text_option(use: str, default: str = "the held-out text shipped with the tiny model"):
+    """`--text PATH`, the same on every command: a UTF-8 text file, a folder of .txt files or a
+    .jsonl with a text field, read by headlens.corpus.open_text; the command receives `text_path`."""
+    return click.option(
+        "--text",
+        "text_path",
+        type=click.Path(path_type=str),
+        default=None,
+        metavar="PATH",
+        help=f"UTF-8 text file, folder of .txt files, or .jsonl with a text field: {use} [default: {default}]",
+    )
 
 
 def model_info(loaded) -> dict:
