@@ -5,11 +5,10 @@ A thin shell: every number comes from a library call; `headlens.reports.render_r
 
 from __future__ import annotations
 
-import shlex
-
 import click
 
 from headlens.cli.options import (
+    command_line,
     lang_option,
     model_argument,
     model_info,
@@ -17,39 +16,6 @@ from headlens.cli.options import (
     progress_option,
     text_option,
 )
-
-
-def reproduce_command(
-    model: str,
-    text_path: str | None,
-    heads: str | None,
-    sweep: bool,
-    prune: bool,
-    out: str,
-    viewer_tokens: int | None,
-    seed: int,
-    lang: str = "en",
-    controls: int = 20,
-) -> str:
-    """The exact command line that rebuilds the page."""
-    words = ["headlens", "report", model]
-    if text_path:
-        words += ["--text", text_path]
-    if heads:
-        words += ["--heads", heads]
-    if sweep:
-        words.append("--sweep")
-    if prune:
-        words.append("--prune")
-    if viewer_tokens is not None:
-        words += ["--viewer-tokens", str(viewer_tokens)]
-    if seed:
-        words += ["--seed", str(seed)]
-    if lang != "en":
-        words += ["--lang", lang]
-    if controls != 20:
-        words += ["--controls", str(controls)]
-    return shlex.join(words + ["--out", out])
 
 
 def training_logs(loaded):
@@ -125,8 +91,9 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 @lang_option
 @progress_option
 @placement_options
+@click.pass_context
 def report_command(
-    model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang, progress, placement
+    ctx, model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang, progress, placement
 ) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens import distributed
@@ -180,7 +147,7 @@ def report_command(
         validation=validation,
         training=training_logs(loaded),
         viewer=sample_patterns(loaded, first_document(text) or default_text(), n_sample, repeat=True),
-        command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang, controls),
+        command=command_line(ctx, keep=("out",)),
         text_label=text_path or t("text_label.default", lang),
         lang=lang,
     )

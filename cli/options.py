@@ -121,15 +121,17 @@ def model_info(loaded) -> dict:
     }
 
 
-def command_line(ctx) -> str:
+def command_line(ctx, keep: tuple[str, ...] = ()) -> str:
     """The command as typed: every parameter the user gave on the command line (click's parameter source),
-    with its value as parsed, so a rerun is the same run; defaults are left to the defaults."""
+    with its value as parsed, so a rerun is the same run; defaults are left to the defaults, except the
+    parameters named in `keep` (a report names the file it was written to)."""
     from click.core import ParameterSource
 
     words = ["headlens", ctx.info_name]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
-        given = ctx.get_parameter_source(param.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        typed = ctx.get_parameter_source(param.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        given = typed or param.name in keep
         if not given or value is None or param.name == "progress":
             continue
         if isinstance(param, click.Argument):
