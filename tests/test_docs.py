@@ -74,3 +74,18 @@ def test_the_readme_library_example_runs_and_names_real_columns():
     for pattern in (name.strip() for name in promised.split(",")):
         assert fnmatch.filter(columns, pattern), (pattern, columns)
     assert {"layer", "head", "delta_loss"} <= set(scope["sweep"].columns)
+
+
+def test_benchmarks_open_with_one_table_of_the_current_figures():
+    """BENCHMARKS.md: the first section is one table (what, ours, the peer's figure, ratio, command, date and
+    load); history and method follow by topic, with no heading named after an issue."""
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^#{2,3} (.+)$", text, re.M)
+    assert headings[0] == "Current figures"
+    first = text.split("## Current figures", 1)[1].split("\n## ", 1)[0]
+    header = next(line for line in first.splitlines() if line.startswith("|"))
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    for wanted in ("what", "ours", "peer", "ratio", "command", "date"):
+        assert any(column.startswith(wanted) for column in columns), (wanted, columns)
+    assert sum(line.startswith("|---") for line in first.splitlines()) == 1  # one table
+    assert [h for h in headings if re.search(r"#\d+|\bissue\b", h, re.I)] == []
