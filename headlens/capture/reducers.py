@@ -153,7 +153,7 @@ def pattern_violations(pattern: torch.Tensor, mask: torch.Tensor, q_start: int =
     """How far the pattern is from a causal, row-stochastic attention pattern, on its device, with
     no host copy: [3] float64, each > 0 where a check fails (`raise_violations` reads them).
 
-    An old eager fallback once ran without the causal mask (REFERENCES, pitfalls). Checked on
+    It catches an attention implementation that drops the causal mask or the softmax. Checked on
     real (unpadded) query rows: every weight >= -atol; every row sums to 1 within atol; the mass
     above the diagonal, averaged over a sequence's rows, is <= atol per head. The last is an
     average because it is computed as (total mass) - (mass on and below the diagonal), the mass on
