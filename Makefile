@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint venv browser models
+.PHONY: demo test test-fast lint typecheck venv browser models
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,7 @@ models: $(STAMP)
 test: $(STAMP) models
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) typecheck
 	$(BIN)/python -m pytest -q tests
 
 # Everything except the `slow`, `browser` and `notebook` tests: the edit-test loop (one planted-ground-truth
@@ -48,3 +49,8 @@ browser:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) typecheck
+
+# mypy over the public API; the file list and settings are [tool.mypy] in pyproject.toml.
+typecheck: $(STAMP)
+	$(BIN)/mypy

@@ -2,11 +2,14 @@
 HeadlensError, every click usage error (unknown option, missing value), every OSError
 (an output path that cannot be written, a file that cannot be read), and running out of memory.
 
-Heavy imports (torch, transformers) stay inside command bodies so `headlens --help` is instant.
+Heavy imports (torch, transformers) stay inside command bodies so `headlens --help` is instant, and
+each command's module is imported only when that command runs or is listed (click's lazily loaded
+subcommands: `LAZY_COMMANDS`), so `headlens ablate` loads no classify, report or training code.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -21,8 +24,32 @@ OUT_OF_MEMORY = (
 )
 
 
+# command name -> the headlens.cli module whose COMMANDS list holds it, imported on first use.
+LAZY_COMMANDS = {
+    "heads": "commands_substrate",
+    "validate": "commands_substrate",
+    "train-tiny": "commands_train",
+    "classify": "commands_classify",
+    "ablate": "commands_ablate",
+    "prune": "commands_ablate",
+    "report": "commands_report",
+    "pull": "commands_pull",
+}
+
+
 class HeadlensGroup(click.Group):
-    """A click group that turns library errors into one clean line and exit 2."""
+    """A click group that loads its commands lazily (LAZY_COMMANDS, as click's documentation on lazily
+    loading subcommands shows) and turns library errors into one clean line and exit 2."""
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module = importlib.import_module(f"headlens.cli.{LAZY_COMMANDS[cmd_name]}")
+            for command in module.COMMANDS:
+                self.add_command(command)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx):
         try:
@@ -50,26 +77,6 @@ def _fail(message: str) -> None:
 @click.version_option(__version__, prog_name="headlens")
 def cli() -> None:
     """What does each attention head of this model do? Capture, classify, ablate, report."""
-
-
-def _register() -> None:
-    # Each command lives in its own module of headlens.cli; importing one must stay cheap.
-    from headlens.cli import commands_substrate
-
-    for command in commands_substrate.COMMANDS:
-        cli.add_command(command)
-    for module_name in ("commands_train", "commands_classify", "commands_ablate", "commands_report", "commands_pull"):
-        try:
-            module = __import__(f"headlens.cli.{module_name}", fromlist=["COMMANDS"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"headlens.cli.{module_name}":
-                raise
-            continue
-        for command in module.COMMANDS:
-            cli.add_command(command)
-
-
-_register()
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ import sys
 import click
 
 from headlens.errors import ConfigError
+from headlens.languages import check_lang
 
 
 def model_argument(default: str | None):
@@ -76,11 +77,9 @@ def progress_option(func):
 
 
 def lang_option(func):
-    """`--lang en|es`: the language of the HTML report's prose (headlens.reports.i18n.LANGS)."""
+    """`--lang en|es`: the language of the HTML report's prose (headlens.languages.LANGS)."""
 
     def check(ctx, param, value):
-        from headlens.reports.i18n import check_lang
-
         return check_lang(value)
 
     return click.option(

@@ -80,7 +80,8 @@ def wrap(words: list[str], first: str, rest: str) -> str:
 
 def synopsis(group: click.Group) -> str:
     """Every command of `group` (in name order), then the shared options."""
-    lines = [command_synopsis(name, group.commands[name]) for name in sorted(group.commands)]
+    ctx = click.Context(group)
+    lines = [command_synopsis(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)]
     lines += ["", wrap([f"[{text}]" for text in SHARED.values()], "every command that loads a model: ", " " * 34)]
     return "\n".join(lines)
 

@@ -105,8 +105,9 @@ def window_reach(loaded, info: dict) -> dict | None:
     respect it), so a probe longer than the window measures those heads only inside it. None on
     models without a window."""
     adapter = adapter_for(loaded.model)
-    windows = {layer: adapter.sliding_window(layer) for layer in range(adapter.n_layers)}
-    windows = {layer: window for layer, window in windows.items() if window is not None}
+    windows = {
+        layer: window for layer in range(adapter.n_layers) if (window := adapter.sliding_window(layer)) is not None
+    }
     if not windows:
         return None
     narrowest = min(windows.values())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, make_dataclass, replace
 from dataclasses import field as dc_field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -85,23 +86,28 @@ class ProbeConfig:
 
 # The probe settings plus one float field per threshold of the registry (headlens.kinds.THRESHOLDS:
 # `positional_min`, `retrieval_min`, ...), defaults and citations declared there.
-ClassifyConfig = make_dataclass(
-    "ClassifyConfig",
-    [(th.field, float, dc_field(default=th.default)) for th in kinds.THRESHOLDS],
-    bases=(ProbeConfig,),
-    frozen=True,
-    namespace={
-        "__module__": __name__,
-        "__doc__": "Probe settings and label thresholds of classify_heads "
-        "(ProbeConfig's fields, then one per headlens.kinds threshold). CLI flags map 1:1 to fields.",
-    },
-)
+if TYPE_CHECKING:
+    # A type checker cannot see fields made at run time: to it, ClassifyConfig is ProbeConfig. The threshold
+    # fields are read by name (`getattr(config, th.field)`) or by headlens.kinds' rules, which take it untyped.
+    ClassifyConfig = ProbeConfig
+else:
+    ClassifyConfig = make_dataclass(
+        "ClassifyConfig",
+        [(th.field, float, dc_field(default=th.default)) for th in kinds.THRESHOLDS],
+        bases=(ProbeConfig,),
+        frozen=True,
+        namespace={
+            "__module__": __name__,
+            "__doc__": "Probe settings and label thresholds of classify_heads "
+            "(ProbeConfig's fields, then one per headlens.kinds threshold). CLI flags map 1:1 to fields.",
+        },
+    )
 
 
 def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:
     """A copy of `config` with `NAME=VALUE` strings applied (NAME from THRESHOLDS or a field name)."""
     known = sorted(THRESHOLDS)
-    updates = {}
+    updates: dict[str, Any] = {}  # field -> value, checked by __post_init__
     for pair in pairs:
         name, sep, value = str(pair).partition("=")
         name = name.strip()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -26,6 +27,9 @@ from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
 from headlens.hub import check_local_dir, resolve_hub
 from headlens.sources import ModelSource, find_gguf, gguf_folder
+
+if TYPE_CHECKING:  # annotations only: transformers is imported where a model is built or read
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Short names for models that ship inside the package (headlens/data/<name>).
 SHIPPED_MODELS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa"}
@@ -54,8 +58,8 @@ class ModelSpec:
 class LoadedModel:
     """A model, its tokenizer, its shape facts and where it came from."""
 
-    model: torch.nn.Module  # a transformers causal LM of a supported family, eval mode, eager attention
-    tokenizer: object  # a transformers tokenizer
+    model: PreTrainedModel  # a transformers causal LM of a supported family, eval mode, eager attention
+    tokenizer: PreTrainedTokenizerBase  # a transformers tokenizer
     spec: ModelSpec
     name: str  # what the user asked for ("gpt2", "tiny", a path)
     path: Path | None = None  # the local directory the weights were read from, if any
@@ -129,11 +133,12 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def _to_eager(model: torch.nn.Module) -> torch.nn.Module:
+def _to_eager(model: PreTrainedModel) -> PreTrainedModel:
     model.config._attn_implementation = "eager"
     for module in model.modules():
-        if hasattr(module, "config"):
-            module.config._attn_implementation = "eager"
+        config = getattr(module, "config", None)
+        if config is not None:
+            config._attn_implementation = "eager"
     return model
 
 
@@ -236,6 +241,13 @@ def converted_tokenizer(path: Path):
     return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **special)
 
 
+def _vocab_rows(model: PreTrainedModel) -> int:
+    """Rows of the input embedding: the token ids the model can read."""
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, torch.nn.Embedding), type(embedding)  # every supported family's wte/embed_tokens
+    return embedding.num_embeddings
+
+
 def _load_tokenizer(path: Path, d_vocab: int, converted: bool = False):
     """The folder's tokenizer; without tokenizer files, the shipped GPT-2 one when the model's vocabulary
     is GPT-2's size (a folder written for random GPT-2-shaped weights), else ModelLoadError naming the files.
@@ -289,7 +301,7 @@ def load_model(
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     try:
         with _quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(
+            model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
                 str(path),
                 attn_implementation="eager",
                 dtype=dtype,
@@ -305,9 +317,12 @@ def load_model(
                 "torch.load(weights_only=True); convert it to model.safetensors"
             )
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
-    model = _to_eager(model) if target is None else _to_eager(model).to(target)
-    model.eval()
-    tokenizer = _load_tokenizer(path, model.get_input_embeddings().num_embeddings, converted=source is not None)
+    model = _to_eager(model).eval()
+    if target is not None:
+        # Module.to moves in place. PreTrainedModel.to is wrapped by functools.wraps, whose typeshed type
+        # mypy cannot bind to an instance: the cast names the signature it copies (Module.to's).
+        cast(torch.nn.Module, model).to(target)
+    tokenizer = _load_tokenizer(path, _vocab_rows(model), converted=source is not None)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

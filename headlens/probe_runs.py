@@ -183,8 +183,7 @@ def score_needles(run: ProbeRun) -> ProbeResult:
         nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
         return ProbeResult({"retrieval_score": nan, "retrieval_std": nan.clone()}, counts, dict(counts), SOURCE_OFF)
     context = run.sizes["needle_context"]
-    needle_len = min(config.needle_len, max(2, context // 8))
-    restate = min(config.needle_restate, needle_len - 1)
+    needle_len, restate = probes.needle_size(context, config.needle_len, config.needle_restate)
     source, ids = run.text_source, run.haystack
     if len(ids) < probes.needle_haystack_min(context, bos, needle_len, restate) and source != SOURCE_DEFAULT:
         source, ids = SOURCE_DEFAULT, default_ids(loaded)

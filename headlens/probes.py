@@ -199,6 +199,14 @@ class NeedlePrompt(NamedTuple):
     depth: float  # where the needle sits in the haystack, 0..1
 
 
+def needle_size(context: int, needle_len: int, restate: int) -> tuple[int, int]:
+    """(needle_len, restate) of needle tests `context` tokens long: the needle shrinks to context // 8
+    tokens (at least 2) so that the haystack keeps most of the context, and restates at most
+    needle_len - 1 of them (one is left to generate)."""
+    needle_len = min(needle_len, max(2, context // 8))
+    return needle_len, min(restate, needle_len - 1)
+
+
 def needle_prompts(
     haystack_ids: Sequence[int],
     n_ctx: int,

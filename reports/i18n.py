@@ -15,17 +15,7 @@ import json
 from functools import lru_cache
 from importlib import resources
 
-from headlens.errors import ConfigError
-
-LANGS = ("en", "es")  # languages a report can be written in; the first is the default
-DEFAULT_LANG = LANGS[0]
-
-
-def check_lang(lang: str) -> str:
-    """`lang` if it is one of LANGS, else ConfigError naming the choices."""
-    if lang not in LANGS:
-        raise ConfigError(f"unknown report language {lang!r}: choose one of {', '.join(LANGS)}")
-    return lang
+from headlens.languages import DEFAULT_LANG, LANGS, check_lang
 
 
 @lru_cache(maxsize=len(LANGS))

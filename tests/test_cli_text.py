@@ -21,13 +21,19 @@ TEXT_COMMANDS = {
 }
 
 
+def _commands() -> dict[str, click.Command]:
+    """Every command of the CLI (the group loads each command's module on first use: headlens.cli.main)."""
+    ctx = click.Context(cli)
+    return {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+
+
 def _text_param(name: str) -> click.Option:
-    (param,) = [p for p in cli.commands[name].params if "--text" in getattr(p, "opts", ())]
+    (param,) = [p for p in _commands()[name].params if "--text" in getattr(p, "opts", ())]
     return param
 
 
 def test_every_command_that_reads_a_text_takes_the_same_option():
-    with_text = {name for name, command in cli.commands.items() if any("--text" in p.opts for p in command.params)}
+    with_text = {name for name, command in _commands().items() if any("--text" in p.opts for p in command.params)}
     assert with_text == set(TEXT_COMMANDS)
     for name in TEXT_COMMANDS:
         param = _text_param(name)

@@ -10,6 +10,7 @@ from headlens.models import gpt2_tokenizer
 from headlens.probes import (
     fit_repeats,
     needle_prompts,
+    needle_size,
     random_token_range,
     repeated_random_tokens,
     text_windows,
@@ -47,6 +48,19 @@ def test_text_windows_cover_every_token_and_respect_the_cap():
     assert all(w[0] == 50256 and len(w) <= 32 for w in windows)
     assert [t for w in windows for t in w[1:]] == ids  # nothing dropped, nothing reordered
     assert len(text_windows(tok, TEXT, 32, bos_id=50256, max_windows=2)) == 2
+
+
+@pytest.mark.parametrize(
+    "context, asked, expected",
+    [
+        (1024, (16, 4), (16, 4)),  # room for the full needle
+        (64, (16, 4), (8, 4)),  # context // 8
+        (24, (16, 4), (3, 2)),  # context // 8 = 3: one token left to generate
+        (8, (16, 4), (2, 1)),  # never below 2 tokens (one restated, one generated)
+    ],
+)
+def test_needle_size_shrinks_to_an_eighth_of_the_context(context, asked, expected):
+    assert needle_size(context, *asked) == expected
 
 
 def test_needle_prompts_place_and_restate_the_needle():

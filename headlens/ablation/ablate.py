@@ -9,6 +9,8 @@ bootstrap `ci95` (headlens.ablation.stats); loss metrics also keep `n_tokens`, `
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -90,7 +92,7 @@ def ablate_heads(
 
     try:
         base = run([])
-        result = {
+        result: dict[str, Any] = {
             "model": model_label(loaded),
             "heads": [str(h) for h in heads],
             "method": method,

@@ -44,6 +44,7 @@ from headlens.probes import (
     check_text,
     default_text,
     needle_prompts,
+    needle_size,
     random_token_range,
     repeated_random_tokens,
     text_windows,
@@ -270,8 +271,7 @@ def needle_evalset(loaded, text: str | None, seed: int = 0, needle_len: int = 16
     text = default_text() if text is None else check_text(text)
     spec = loaded.spec
     context = eval_context(loaded)
-    needle_len = min(needle_len, max(2, context // 8))
-    restate = min(restate, needle_len - 1)
+    needle_len, restate = needle_size(context, needle_len, restate)
     hay = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     tests = needle_prompts(
         hay,

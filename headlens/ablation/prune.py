@@ -133,7 +133,7 @@ def removal_by_role(curve, labels: dict, seed: int = 0, n_perm: int = N_PERMUTAT
     flags = torch.tensor([bool(labels.get(h)) for h in order])  # [n_heads] labelled, in removal order
     ranks = torch.arange(1, len(order) + 1, dtype=torch.float64)  # [n_heads]
     n_lab = int(flags.sum())
-    out = {
+    out: dict[str, int | float | None] = {
         "n_labelled": n_lab,
         "n_unlabelled": len(order) - n_lab,
         "mean_rank_labelled": None,

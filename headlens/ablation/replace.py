@@ -138,10 +138,8 @@ def ablation_hooks(model, heads: Sequence[Head], replacement: dict[Head, torch.T
     """Within the block, each head's z is replaced: by 0 (zero ablation), or by
     `replacement[head]` (a tensor broadcastable to [batch, pos, d_head]: mean or resampled z).
 
-    Hooks are removed on exit, error included.
+    Hooks are removed on exit, error included (headlens.arch.hooks).
     """
-    adapter = adapter_for(model)
-    handles = []
 
     def make_edit(layer_heads: list[Head]):
         def edit(z: torch.Tensor) -> torch.Tensor:
@@ -155,32 +153,32 @@ def ablation_hooks(model, heads: Sequence[Head], replacement: dict[Head, torch.T
 
         return edit
 
-    try:
+    with adapter_for(model).hooks() as hooks:
         for layer, layer_heads in heads_by_layer(heads).items():
-            handles.append(adapter.hook_z(layer, make_edit(layer_heads)))
+            hooks.z(layer, make_edit(layer_heads))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextlib.contextmanager
 def z_edit_hooks(model, edit: Callable[[int, torch.Tensor], torch.Tensor]):
     """Within the block, layer L's z becomes edit(L, z), z: [batch, pos, head, d_head];
-    weights are frozen (requires_grad False) and restored on exit."""
-    handles, frozen = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            frozen.append(param)
-            param.requires_grad_(False)
-
+    weights are frozen (requires_grad False) and restored on exit, error included."""
     adapter = adapter_for(model)
-    try:
+    with adapter.hooks() as hooks:
+        hooks.enter(frozen_weights(model))
         for layer in range(adapter.n_layers):
-            handles.append(adapter.hook_z(layer, lambda z, layer=layer: edit(layer, z)))
+            hooks.z(layer, lambda z, layer=layer: edit(layer, z))
+        yield
+
+
+@contextlib.contextmanager
+def frozen_weights(model):
+    """Within the block, the model's trainable parameters have requires_grad False; restored on exit."""
+    frozen = [param for param in model.parameters() if param.requires_grad]
+    for param in frozen:
+        param.requires_grad_(False)
+    try:
         yield
     finally:
-        for handle in handles:
-            handle.remove()
         for param in frozen:
             param.requires_grad_(True)

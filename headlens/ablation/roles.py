@@ -15,7 +15,7 @@ from pathlib import Path
 
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
-from headlens.labels import LABELS
+from headlens.kinds import LABELS
 
 ROLES = LABELS  # every kind of the registry (headlens.kinds) is a role spec: `--heads successor`
 EACH = "each"  # every head alone: the sweep's spec, not a set

@@ -1,27 +1,28 @@
-"""One adapter per model family; `adapter_for(model)` picks it from the config's `model_type`."""
+"""One adapter per model family; `adapter_for(model)` picks it from the config's `model_type`.
+
+The table names each family's module and class; a family's module is imported when the first model of
+that family is adapted, so a GPT-2 run loads no rotary or Llama code (as transformers' auto classes
+import a model's module only when it is asked for).
+"""
 
 from __future__ import annotations
 
+import importlib
+
 from headlens.arch.base import Adapter, LayerContext, get_module, kv_group
-from headlens.arch.gemma3 import Gemma3Adapter
-from headlens.arch.gpt2 import GPT2Adapter
 from headlens.arch.hooks import Hooks
-from headlens.arch.llama import LlamaAdapter
-from headlens.arch.mistral import MistralAdapter
-from headlens.arch.neox import NeoXAdapter
-from headlens.arch.qwen import Qwen2Adapter, Qwen3Adapter
 from headlens.arch.sites import Site, Sites, Split
 from headlens.errors import UnsupportedModelError
 
-# model_type -> adapter class. Adding a family is adding a module and a line here.
-ADAPTERS: dict[str, type[Adapter]] = {
-    "gemma3_text": Gemma3Adapter,
-    "gpt2": GPT2Adapter,
-    "gpt_neox": NeoXAdapter,
-    "llama": LlamaAdapter,
-    "mistral": MistralAdapter,
-    "qwen2": Qwen2Adapter,
-    "qwen3": Qwen3Adapter,
+# model_type -> (module of headlens.arch, adapter class in it). Adding a family is adding a module and a line here.
+ADAPTERS: dict[str, tuple[str, str]] = {
+    "gemma3_text": ("gemma3", "Gemma3Adapter"),
+    "gpt2": ("gpt2", "GPT2Adapter"),
+    "gpt_neox": ("neox", "NeoXAdapter"),
+    "llama": ("llama", "LlamaAdapter"),
+    "mistral": ("mistral", "MistralAdapter"),
+    "qwen2": ("qwen", "Qwen2Adapter"),
+    "qwen3": ("qwen", "Qwen3Adapter"),
 }
 SUPPORTED_TYPES = tuple(ADAPTERS)
 
@@ -34,14 +35,19 @@ def check_supported(model_type: str | None, where: str = "model") -> None:
         )
 
 
+def adapter_class(model_type: str | None) -> type[Adapter]:
+    """The adapter class of a supported `model_type` (its module imported on first use)."""
+    check_supported(model_type)
+    module, name = ADAPTERS[model_type]
+    return getattr(importlib.import_module(f"headlens.arch.{module}"), name)
+
+
 def adapter_for(model) -> Adapter:
     """The adapter of a Hugging Face causal LM, cached on the model."""
     cached = getattr(model, "_headlens_adapter", None)
     if cached is not None:
         return cached
-    model_type = getattr(model.config, "model_type", None)
-    check_supported(model_type)
-    adapter = ADAPTERS[model_type](model)
+    adapter = adapter_class(getattr(model.config, "model_type", None))(model)
     model._headlens_adapter = adapter  # a plain attribute (not a Module): nn.Module stores it as is
     return adapter
 
@@ -55,6 +61,7 @@ __all__ = [
     "Site",
     "Sites",
     "Split",
+    "adapter_class",
     "adapter_for",
     "check_supported",
     "get_module",

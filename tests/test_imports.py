@@ -1,0 +1,152 @@
+"""How headlens's modules import each other: one way through the stages, no cycles, and a light data path
+for `headlens ablate` (no report, classify or scorer code).
+
+The graph is read from the source with `ast`: every `import headlens...` / `from headlens... import` of
+headlens/, cli/ (installed as headlens.cli) and reports/ (headlens.reports)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"headlens": ROOT / "headlens", "headlens.cli": ROOT / "cli", "headlens.reports": ROOT / "reports"}
+
+# The stages in data-flow order (STYLE: load -> capture -> score/classify -> ablate -> report, the CLI on top);
+# a module may import its own stage and earlier ones only. Prefixes are matched longest first.
+STAGES = [
+    ("load", ["headlens", "headlens.errors", "headlens.heads", "headlens.files", "headlens.devices",
+              "headlens.distributed", "headlens.languages", "headlens.cache", "headlens.dequant",
+              "headlens.ggufread", "headlens.ggufload", "headlens.named", "headlens.ollama", "headlens.hub",
+              "headlens.sources", "headlens.arch", "headlens.models", "headlens.mha"]),
+    ("capture", ["headlens.capture", "headlens.probes", "headlens.corpus", "headlens.samples", "headlens.validate"]),
+    ("score", ["headlens.scores", "headlens.kinds", "headlens.labels", "headlens.probe_runs", "headlens.classify"]),
+    ("ablate", ["headlens.ablation", "headlens.training"]),
+    ("report", ["headlens.reports"]),
+    ("cli", ["headlens.cli"]),
+]  # fmt: skip
+# `headlens ablate --model tiny --heads 1.0` loads at most this many headlens modules: the CLI shell and the
+# ablate command, loading (errors, heads, arch with the GPT-2 adapter only, models, the GGUF-capable
+# sources), capture, the probes and the ablation package.
+MAX_ABLATE_MODULES = 47
+# Stages the ablate data path never needs.
+NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify", "headlens.labels",
+                      "headlens.probe_runs", "headlens.training", "headlens.cli.commands_classify",
+                      "headlens.cli.commands_report", "headlens.arch.llama")  # fmt: skip
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            if package == "headlens" and parts and parts[0] in ("cli", "reports", "data"):
+                continue
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports(name: str, path: Path, known, top_only: bool) -> set[str]:
+    """The headlens modules `name` imports: at module level only (`top_only`), or anywhere in it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_only else list(ast.walk(tree))
+    if top_only:  # module-level imports inside `if`/`try` blocks count, TYPE_CHECKING blocks do not
+        nodes = [n for node in nodes for n in _flatten(node)]
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = ".".join(
+                    base.split(".")[: len(base.split(".")) - node.level + 1] + ([module] if module else [])
+                )
+            # `from P import x`: the submodule P.x when x is one (P itself is its parent, imported first by
+            # Python, as for any submodule), else P.
+            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _flatten(node):
+    if isinstance(node, ast.If):
+        if "TYPE_CHECKING" in ast.unparse(node.test):
+            return []
+        return [n for child in node.body + node.orelse for n in _flatten(child)]
+    if isinstance(node, ast.Try):
+        return [n for child in node.body for n in _flatten(child)]
+    return [node]
+
+
+def stage(name: str) -> int:
+    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(STAGES) for prefix in prefixes
+               if name == prefix or name.startswith(prefix + ".")]  # fmt: skip
+    assert matches, f"{name} belongs to no stage: add it to STAGES"
+    return max(matches)[1]
+
+
+# The top-level package's `show` and `show_attention` draw through headlens.reports.inline, imported when they
+# are called so that `import headlens` loads no report code (tests/test_inline.py): the one import that
+# reaches a later stage, from the package's front door.
+FRONT_DOOR = {("headlens", "headlens.reports"), ("headlens", "headlens.reports.inline")}
+
+
+def test_every_module_imports_its_own_stage_or_an_earlier_one():
+    known = modules()
+    later = [
+        f"{name} ({STAGES[stage(name)][0]}) imports {other} ({STAGES[stage(other)][0]})"
+        for name, path in known.items()
+        for other in imports(name, path, known, top_only=False)
+        if stage(other) > stage(name) and (name, other) not in FRONT_DOOR
+    ]
+    assert later == []
+
+
+def test_module_level_imports_have_no_cycle():
+    known = modules()
+    graph = {name: imports(name, path, known, top_only=True) for name, path in known.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                cycles.append(path[path.index(other) :] + [other])
+            elif other not in state:
+                visit(other, path + [other])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+@pytest.mark.slow  # a subprocess loads the tiny model and ablates a head
+def test_ablate_data_path_is_light():
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from headlens.cli.main import cli\n"
+        "result = CliRunner().invoke(cli, ['ablate', '--model', 'tiny', '--heads', '1.0'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(' '.join(sorted(m for m in sys.modules if m == 'headlens' or m.startswith('headlens.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    loaded = out.split()
+    assert "headlens.ablation.ablate" in loaded  # the run happened
+    assert [m for m in loaded if m.startswith(NOT_ON_ABLATE_PATH)] == []
+    assert len(loaded) <= MAX_ABLATE_MODULES, loaded
