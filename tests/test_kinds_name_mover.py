@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from llama_ov import load_smollm2, manual_ov_logits
-from planted import N_HEADS, N_LAYERS, place_roles
-from planted_kinds import build_planted_ioi, ioi_slots
+from planted import N_HEADS, N_LAYERS, PLANTED_TEXT, place_roles
+from planted_kinds import build_planted_ioi, ioi_slots, labelled_heads
 
 from headlens.ablation.ablate import ablate_heads
+from headlens.ablation.roles import resolve_heads
+from headlens.classify import ClassifyConfig, classify_heads
 from headlens.errors import ConfigError
 from headlens.heads import Head
 from headlens.models import gpt2_tokenizer
@@ -104,6 +106,20 @@ def test_ablating_the_planted_name_mover_lowers_the_logit_diff_most(planted):
         d for d, s in zip(result["control"]["deltas"], result["control"]["sets"], strict=True) if s != [str(mover)]
     ]  # with 3 heads a layer, some random sets are the mover itself
     assert others and result["delta"] < min(others)
+
+
+@pytest.mark.slow
+def test_classify_labels_the_planted_name_mover_alone_and_reports_the_logit_diff(planted):
+    planted, scores = planted
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    mover = planted.positions["name_mover"]
+    assert labelled_heads(frame, "name_mover") == [mover]
+    assert labelled_heads(frame, "negative_name_mover") == labelled_heads(frame, "copy_suppression") == []
+    # the probe's 48 prompts are the module's (same seed, budget // 4 = 64 capped at 48): same figure
+    assert frame["ioi_logit_diff"].iloc[0] == pytest.approx(scores["logit_diff"], rel=1e-9)
+    assert frame.attrs["probes"]["n_ioi_prompts"] == len(scores["prompts"])
+    labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
+    assert resolve_heads(planted.loaded, "name_mover", labels)[0] == [Head(*mover)]
 
 
 # SmolLM2 ------------------------------------------------------------------------------------------------------
