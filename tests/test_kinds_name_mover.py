@@ -5,6 +5,8 @@ difference more than random head sets with the same per-layer counts."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from llama_ov import load_smollm2, manual_ov_logits
@@ -177,6 +179,32 @@ def _layers_to_check(scores):
     """The layers of the labelled heads, or of the best-copying head when none is labelled."""
     labelled = (scores["name_mover"] | scores["negative_name_mover"]).nonzero()[:, 0].unique().tolist()
     return labelled[:3] or [int(scores["name_copy_score"].flatten().argmax()) // scores["name_copy_score"].shape[1]]
+
+
+def disjoint_same_layer_sets(heads: list[Head], n_heads: int, k: int, seed: int = 0) -> list[list[Head]]:
+    """Random head sets with the per-layer counts of `heads`, each drawn from the *other* heads of its
+    layers (no set shares a head with `heads`); every such set when there are at most k."""
+    counts: dict[int, int] = {}
+    for head in heads:
+        counts[head.layer] = counts.get(head.layer, 0) + 1
+    pools = {layer: [h for h in range(n_heads) if Head(layer, h) not in heads] for layer in counts}
+    every = [
+        sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
+        for choice in itertools.product(*(itertools.combinations(pools[layer], c) for layer, c in counts.items()))
+    ]
+    if len(every) <= k:
+        return every
+    order = torch.randperm(len(every), generator=torch.Generator().manual_seed(seed))[:k]
+    return [every[int(i)] for i in order]
+
+
+def test_disjoint_sets_keep_the_layer_counts_and_share_no_head():
+    heads = [Head(2, 0), Head(2, 1), Head(3, 4)]
+    sets = disjoint_same_layer_sets(heads, 5, k=100)
+    assert len(sets) == 3 * 4  # C(3, 2) in layer 2 x C(4, 1) in layer 3
+    for s in sets:
+        assert [h.layer for h in s] == [2, 2, 3] and not set(s) & set(heads)
+    assert len(disjoint_same_layer_sets(heads, 5, k=5)) == 5
 
 
 @pytest.mark.slow
