@@ -212,17 +212,22 @@ def test_disjoint_sets_keep_the_layer_counts_and_share_no_head():
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "known failure: failed in the lead's last full run (13:06-13:38 UTC); never seen to pass; not yet diagnosed"
+        "not yet seen to pass: the model does the task (logit diff 4.04, IO above S in 92% of 48 prompts, every "
+        "prompt re-tokenizes to its ids) and the labelled movers are 23.0-23.2; the former control sets (same "
+        "layer, drawn from all 9 heads) shared heads with them; this disjoint comparison has not finished a run"
     ),
 )
 def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores):
     assert scores["logit_diff"] > 0  # the model does the task: IO above S on average
     heads = [Head(int(lay), int(h)) for lay, h in scores["name_mover"].nonzero().tolist()]
-    if not heads:
-        pytest.skip("SmolLM2 has no head labelled name_mover at the module's cut-offs")
-    result = ablate_heads(
-        smollm2, heads, metric="logit-diff", prompts=ablation_prompts(scores["prompts"]), control=N_CONTROL, seed=0
-    )
-    assert result["delta"] < 0
-    assert result["control"]["rank"] == 1  # a larger change than every random set
-    assert result["delta"] < min(result["control"]["deltas"])  # and downwards
+    assert heads, "SmolLM2 has name movers at the module's cut-offs (BENCHMARKS.md: 23.0, 23.1, 23.2)"
+    prompts = ablation_prompts(scores["prompts"])
+    delta = ablate_heads(smollm2, heads, metric="logit-diff", prompts=prompts)["delta"]
+    # Controls: the same per-layer counts from the other heads of those layers, so no control set
+    # holds a labelled mover (a same-layer draw over all heads would share ~1 of 3 with them).
+    controls = [
+        ablate_heads(smollm2, s, metric="logit-diff", prompts=prompts)["delta"]
+        for s in disjoint_same_layer_sets(heads, smollm2.spec.n_heads, N_CONTROL)
+    ]
+    assert delta < 0
+    assert delta < min(controls)  # a larger drop than every control set: p <= 1 / (1 + len(controls))
