@@ -102,7 +102,7 @@ def iter_batches(
 def check_pattern(pattern: torch.Tensor, mask: torch.Tensor, layer: int, q_start: int = 0) -> None:
     """Raise CaptureError unless the pattern is a causal, row-stochastic attention pattern.
 
-    An old eager fallback once ran without the causal mask (REFERENCES, pitfalls). Checked on
+    It catches an attention implementation that drops the causal mask or the softmax. Checked on
     real (unpadded) query rows: every weight >= -atol; every row sums to 1 within atol; the mass
     above the diagonal, averaged over a sequence's rows, is <= atol per head. The last test is an
     average because it is computed as (total mass) - (mass on and below the diagonal), the second
