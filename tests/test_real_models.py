@@ -251,7 +251,10 @@ def test_induction_heads_carry_the_second_copy(smollm2, labels, figures):
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "known failure: failed in the lead's last full run (13:06-13:50 UTC) on the pulled SmolLM2; not yet diagnosed"
+        "the top-1 needle metric floors at 0: ablating the 34 labelled retrieval heads takes retrieval from 0.725 "
+        "to 0.000, but random sets of the same per-layer counts reach -0.675 (median -0.5 over 20 sets, "
+        "p = 1/21), so among 100 sets one can tie the chosen set at the floor; a continuous needle metric "
+        "(the needle tokens' loss) is what the strict comparison needs"
     ),
 )
 def test_retrieval_heads_carry_the_needle(smollm2, labels, figures):
