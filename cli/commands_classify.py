@@ -211,6 +211,16 @@ def _notes(frame, text) -> None:
             "heads are scored only on keys inside their window",
             err=True,
         )
+    if "ioi_missing" in info:
+        click.echo(f"headlens: note: no name-mover scores: {info['ioi_missing']}", err=True)
+    elif "ioi_logit_diff" in info:
+        click.echo(
+            f"headlens: note: the model's own IOI logit difference, logit(IO) - logit(S) at the last token, is "
+            f"{info['ioi_logit_diff']:.2f} on average over {info['n_ioi_prompts']} prompts (IO above S in "
+            f"{info['ioi_correct_share']:.0%}): name-mover labels read a task the model "
+            f"{'does' if info['ioi_logit_diff'] > 0 else 'does not do'}",
+            err=True,
+        )
     if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
         click.echo(
             "headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "

@@ -114,6 +114,10 @@ PROBES: dict[str, Probe] = {  # run in this order: the text probe fills the need
     "needles": Probe("needles", "headlens.probe_runs:score_needles", "needles_source"),
     "weights": Probe("weights", "headlens.probe_runs:score_weights", None),
     "successor": Probe("successor", "headlens.scores.successor:probe_successor", None),
+    "copy_suppression": Probe(
+        "copy_suppression", "headlens.scores.copy_suppression:probe_copy_suppression", "copy_suppression_source"
+    ),
+    "ioi": Probe("ioi", "headlens.scores.name_mover:probe_name_mover", "ioi_source"),
 }
 
 
@@ -134,7 +138,12 @@ def _prefix_matching(s, c) -> bool:
     return s["prefix_matching_score"] >= c.prefix_matching_min and abs(s["copying_score"]) < c.copying_min
 
 
+def _ioi_attends(s, c) -> bool:
+    return s["io_attention"] >= c.io_attention_min and s["io_attention"] > s["s_attention"]
+
+
 VOITA = "Voita et al. 2019, arXiv 1905.09418"
+IOI = "Wang et al. 2022, arXiv 2211.00593"
 OLSSON = "Olsson et al. 2022, arXiv 2209.11895"
 KINDS: tuple[Kind, ...] = (
     Kind(
@@ -268,6 +277,69 @@ KINDS: tuple[Kind, ...] = (
                 "no published cut-off: successor first on half the ordinal pairs (chance 1/26-1/7)",
             ),
         ),
+    ),
+    Kind(
+        "copy_suppression",
+        lambda s, c: s["cs_ov_score"] >= c.cs_ov_min and s["predicted_attention"] >= c.cs_attention_min,
+        ("cs_ov_score", "predicted_attention"),
+        "McDougall et al. 2023, arXiv 2310.04625",
+        "#8c564b",
+        scores=(
+            Score("cs_ov_score", "copy_suppression"),
+            Score("predicted_attention", "copy_suppression", "predicted_attention_std"),
+        ),
+        thresholds=(
+            Threshold(
+                "cs_ov",
+                "cs_ov_min",
+                0.5,
+                "cs_ov_score",
+                "no published cut-off: most tokens in their own bottom 10 of W_U W_OV W_EE (chance 10/d_vocab)",
+            ),
+            Threshold(
+                "cs_attention",
+                "cs_attention_min",
+                0.3,
+                "predicted_attention",
+                "no published cut-off: a third of attention on the predicted token's copies (even spread ~1/64)",
+            ),
+        ),
+    ),
+    Kind(
+        "name_mover",
+        lambda s, c: _ioi_attends(s, c) and s["name_copy_score"] >= c.name_copy_min,
+        ("io_attention", "name_copy_score"),
+        IOI,
+        "#17becf",
+        scores=(
+            Score("io_attention", "ioi", "io_attention_std"),
+            Score("s_attention", "ioi", "s_attention_std", table=False),
+            Score("name_copy_score", "ioi"),
+        ),
+        thresholds=(
+            Threshold(
+                "io_attention",
+                "io_attention_min",
+                0.2,
+                "io_attention",
+                "no published cut-off: END to IO at 3x an even spread over a ~15-token prompt",
+            ),
+            Threshold(
+                "name_copy",
+                "name_copy_min",
+                0.5,
+                "name_copy_score",
+                "no published cut-off: Wang et al.'s movers copy > 90% of names, most heads < 20%",
+            ),
+        ),
+    ),
+    Kind(
+        "negative_name_mover",
+        lambda s, c: _ioi_attends(s, c) and s["name_negative_copy_score"] >= c.name_copy_min,
+        ("io_attention", "name_negative_copy_score"),
+        IOI,
+        "#ff9896",
+        scores=(Score("name_negative_copy_score", "ioi"),),
     ),
 )
 

@@ -159,6 +159,7 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
             parts.append(role_block(role, rows, ablations, lang, ablation))
     parts.append(sinks_block(records, labels, heads.attrs, lang))
     parts.append(sizes_text(heads.attrs, lang))
+    parts.append(ioi_text(heads, lang))
     parts.append(sources_table(heads, lang))
     parts.append(f"<p>{esc(t('findings.details', lang))}</p>")
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
@@ -238,6 +239,25 @@ def sizes_text(attrs: dict, lang: str) -> str:
         needle=sizes.get("needle_context", "?"),
     )
     return f'<p id="probe-sizes">{esc(text)}</p>'
+
+
+def ioi_text(heads: pd.DataFrame, lang: str) -> str:
+    """Whether the model does the IOI task: its own logit difference (the `ioi_logit_diff` column, the
+    same on every row), or why no prompt was built; "" for a frame without the IOI probe."""
+    probes = heads.attrs.get("probes") or {}
+    if probes.get("ioi_missing"):
+        return f'<p id="ioi">{esc(t("findings.ioi_missing", lang, reason=probes["ioi_missing"]))}</p>'
+    if "ioi_logit_diff" not in heads or not len(heads) or not math.isfinite(float(heads["ioi_logit_diff"].iloc[0])):
+        return ""
+    share = probes.get("ioi_correct_share")
+    text = t(
+        "findings.ioi",
+        lang,
+        diff=number(float(heads["ioi_logit_diff"].iloc[0]), lang),
+        n=int(heads["n_ioi_prompts"].iloc[0]) if "n_ioi_prompts" in heads else "?",
+        share=f"{share:.0%}" if isinstance(share, float) else "?",
+    )
+    return f'<p id="ioi">{esc(text)}</p>'
 
 
 def probe_sources(heads: pd.DataFrame) -> dict[str, str]:

@@ -162,3 +162,8 @@ def build_planted_ioi(seed: int) -> Planted:
         o.zero_()
         o[half] = (COPY_GAIN / sub["s0"] * sub["out"].T).to(o.dtype)  # copy the attended name
     return Planted(planted.loaded, {**planted.positions, **slots}, sub)
+
+
+def labelled_heads(frame, label: str) -> list[tuple[int, int]]:
+    """(layer, head) of the classify frame's heads carrying `label`, in (layer, head) order."""
+    return [(int(r.layer), int(r.head)) for r in frame.itertuples() if label in r.labels]

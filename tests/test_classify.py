@@ -29,6 +29,12 @@ def _scores(**overrides) -> dict:
         "copying_score": 0.0,
         "retrieval_score": 0.0,
         "successor_score": 0.0,
+        "cs_ov_score": 0.0,
+        "predicted_attention": 0.0,
+        "io_attention": 0.0,
+        "s_attention": 0.0,
+        "name_copy_score": 0.0,
+        "name_negative_copy_score": 0.0,
     }
     return {**base, **overrides}
 
@@ -53,6 +59,16 @@ def test_labels_follow_the_published_rules():
     assert label_head(_scores(retrieval_score=float("nan")), config) == []
     both = label_head(_scores(prefix_matching_score=0.8, copying_score=0.9, retrieval_score=0.5), config)
     assert both == ["induction", "retrieval"]
+    # copy suppression needs both parts (McDougall et al. 2023): negative OV copying and attention on predicted copies
+    assert label_head(_scores(cs_ov_score=0.5, predicted_attention=0.3), config) == ["copy_suppression"]
+    assert label_head(_scores(cs_ov_score=0.9, predicted_attention=0.29), config) == []
+    # name movers attend END -> IO (more than to S) and copy the name; negative movers write it down
+    mover = {"io_attention": 0.2, "s_attention": 0.1, "name_copy_score": 0.5}
+    assert label_head(_scores(**mover), config) == ["name_mover"]
+    assert label_head(_scores(**{**mover, "s_attention": 0.3}), config) == []  # IO must beat S
+    negative = {**mover, "name_copy_score": 0.0, "name_negative_copy_score": 0.97}
+    assert label_head(_scores(**negative), config) == ["negative_name_mover"]
+    assert label_head(_scores(**{**negative, "io_attention": 0.19}), config) == []
 
 
 def test_thresholds_are_settable_by_name():
@@ -110,7 +126,13 @@ def test_needle_counts_are_tests_run_and_tests_retrieved(small_frame, small_mode
 
 
 def test_sources_name_the_given_text_when_it_is_long_enough(small_frame):
-    assert small_frame.attrs["sources"] == {"text": "given_text", "repeats": "random_tokens", "needles": "given_text"}
+    assert small_frame.attrs["sources"] == {
+        "text": "given_text",
+        "repeats": "random_tokens",
+        "needles": "given_text",
+        "copy_suppression": "given_text",
+        "ioi": "ioi_templates",
+    }
     for probe, column in SOURCE_COLUMNS.items():
         assert (small_frame[column] == small_frame.attrs["sources"][probe]).all()
 
@@ -121,7 +143,14 @@ def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text
     frame = classify_heads(small_model, text=text, config=FAST)
     assert frame.attrs["probes"]["n_text_tokens"] == 2 and frame.attrs["probes"]["n_windows"] == 1
     assert frame["n_positions"].iloc[0] > 0 and frame["prev_token_score"].notna().all()
-    assert frame.attrs["sources"] == {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
+    assert frame.attrs["sources"] == {
+        "text": "given_text",
+        "repeats": "random_tokens",
+        "needles": "default_text",
+        "copy_suppression": "given_text",  # the given text's own tokens, too few for a counted position
+        "ioi": "ioi_templates",
+    }
+    assert frame["predicted_attention"].isna().all() and (frame["n_cs_positions"] == 0).all()
     assert (frame["needles_source"] == "default_text").all() and (frame["n_needle_tests"] > 0).all()
     off = classify_heads(small_model, text=text, config=ClassifyConfig(n_seq=2, max_windows=2, needles=False))
     assert off.attrs["sources"]["needles"] == "not_run" and (off["n_needle_tests"] == 0).all()

@@ -14,6 +14,7 @@ from headlens.cli.commands_classify import TABLE_COLUMNS
 from headlens.labels import THRESHOLDS, ClassifyConfig, label_head, rank_heads
 from headlens.probe_runs import probe_sizes
 from headlens.reports import explain
+from headlens.reports.findings import ioi_text
 
 CATALOGUES = {
     lang: json.loads((Path(explain.__file__).parent / f"messages_{lang}.json").read_text(encoding="utf-8"))
@@ -94,3 +95,14 @@ def test_probe_sizes_follow_the_budget_not_the_context():
     }
     needles = probe_sizes(8192, ClassifyConfig(needle_budget=8192))  # long-context needles stay available
     assert (needles["window"], needles["needle_context"]) == (kinds.DEFAULT_TOKEN_BUDGET, 8192)
+
+
+@pytest.mark.parametrize("lang", sorted(CATALOGUES))
+def test_the_findings_say_the_models_own_ioi_logit_difference(lang):
+    frame = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "ioi_logit_diff": [4.04, 4.04], "n_ioi_prompts": [48, 48]})
+    frame.attrs["probes"] = {"ioi_correct_share": 0.75}
+    text = ioi_text(frame, lang)
+    assert ("4.04" if lang == "en" else "4,04") in text and "48" in text and "75%" in text
+    assert ioi_text(frame.drop(columns="ioi_logit_diff"), lang) == ""  # a frame without the IOI probe
+    frame.attrs["probes"] = {"ioi_missing": "no single-token names"}
+    assert "no single-token names" in ioi_text(frame, lang)

@@ -8,8 +8,11 @@ import pytest
 import torch
 from llama_ov import load_smollm2, manual_ov_logits
 from planted import PLANTED_TEXT
-from planted_kinds import build_planted_kinds, kind_seeds
+from planted_kinds import build_planted_kinds, kind_seeds, labelled_heads
 
+from headlens.ablation.roles import resolve_heads
+from headlens.classify import ClassifyConfig, classify_heads
+from headlens.heads import Head
 from headlens.probes import default_text, text_windows
 from headlens.scores.copy_suppression import (
     BOTTOM_K,
@@ -104,3 +107,18 @@ def test_smollm2_text_attention_matches_a_loop_over_positions(smollm2):
                 total[layer] += pattern[b, :, q, keys].double().sum(-1)
     assert count > 0
     assert torch.allclose(ours, total / count, atol=1e-6)
+
+
+# Through the registry: classify labels it, ablate selects it ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_classify_labels_the_planted_copy_suppression_head_alone_and_ablate_selects_it(planted):
+    planted, _ = planted
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    assert labelled_heads(frame, "copy_suppression") == [planted.positions["copy_suppression"]]
+    # no IOI circuit is planted here: no head moves names
+    assert labelled_heads(frame, "name_mover") == labelled_heads(frame, "negative_name_mover") == []
+    labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
+    heads, chosen_by = resolve_heads(planted.loaded, "copy_suppression", labels)
+    assert heads == [Head(*planted.positions["copy_suppression"])] and "copy_suppression" in chosen_by

@@ -5,13 +5,17 @@ difference more than random head sets with the same per-layer counts."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from llama_ov import load_smollm2, manual_ov_logits
-from planted import N_HEADS, N_LAYERS, place_roles
-from planted_kinds import build_planted_ioi, ioi_slots
+from planted import N_HEADS, N_LAYERS, PLANTED_TEXT, place_roles
+from planted_kinds import build_planted_ioi, ioi_slots, labelled_heads
 
 from headlens.ablation.ablate import ablate_heads
+from headlens.ablation.roles import resolve_heads
+from headlens.classify import ClassifyConfig, classify_heads
 from headlens.errors import ConfigError
 from headlens.heads import Head
 from headlens.models import gpt2_tokenizer
@@ -106,6 +110,20 @@ def test_ablating_the_planted_name_mover_lowers_the_logit_diff_most(planted):
     assert others and result["delta"] < min(others)
 
 
+@pytest.mark.slow
+def test_classify_labels_the_planted_name_mover_alone_and_reports_the_logit_diff(planted):
+    planted, scores = planted
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    mover = planted.positions["name_mover"]
+    assert labelled_heads(frame, "name_mover") == [mover]
+    assert labelled_heads(frame, "negative_name_mover") == labelled_heads(frame, "copy_suppression") == []
+    # the probe's 48 prompts are the module's (same seed, budget // 4 = 64 capped at 48): same figure
+    assert frame["ioi_logit_diff"].iloc[0] == pytest.approx(scores["logit_diff"], rel=1e-9)
+    assert frame.attrs["probes"]["n_ioi_prompts"] == len(scores["prompts"])
+    labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
+    assert resolve_heads(planted.loaded, "name_mover", labels)[0] == [Head(*mover)]
+
+
 # SmolLM2 ------------------------------------------------------------------------------------------------------
 
 
@@ -163,22 +181,53 @@ def _layers_to_check(scores):
     return labelled[:3] or [int(scores["name_copy_score"].flatten().argmax()) // scores["name_copy_score"].shape[1]]
 
 
+def disjoint_same_layer_sets(heads: list[Head], n_heads: int, k: int, seed: int = 0) -> list[list[Head]]:
+    """Random head sets with the per-layer counts of `heads`, each drawn from the *other* heads of its
+    layers (no set shares a head with `heads`); every such set when there are at most k."""
+    counts: dict[int, int] = {}
+    for head in heads:
+        counts[head.layer] = counts.get(head.layer, 0) + 1
+    pools = {layer: [h for h in range(n_heads) if Head(layer, h) not in heads] for layer in counts}
+    every = [
+        sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
+        for choice in itertools.product(*(itertools.combinations(pools[layer], c) for layer, c in counts.items()))
+    ]
+    if len(every) <= k:
+        return every
+    order = torch.randperm(len(every), generator=torch.Generator().manual_seed(seed))[:k]
+    return [every[int(i)] for i in order]
+
+
+def test_disjoint_sets_keep_the_layer_counts_and_share_no_head():
+    heads = [Head(2, 0), Head(2, 1), Head(3, 4)]
+    sets = disjoint_same_layer_sets(heads, 5, k=100)
+    assert len(sets) == 3 * 4  # C(3, 2) in layer 2 x C(4, 1) in layer 3
+    for s in sets:
+        assert [h.layer for h in s] == [2, 2, 3] and not set(s) & set(heads)
+    assert len(disjoint_same_layer_sets(heads, 5, k=5)) == 5
+
+
 @pytest.mark.slow
 @pytest.mark.real
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "known failure: failed in the lead's last full run (13:06-13:38 UTC); never seen to pass; not yet diagnosed"
+        "not yet seen to pass: the model does the task (logit diff 4.04, IO above S in 92% of 48 prompts, every "
+        "prompt re-tokenizes to its ids) and the labelled movers are 23.0-23.2; the former control sets (same "
+        "layer, drawn from all 9 heads) shared heads with them; this disjoint comparison has not finished a run"
     ),
 )
 def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores):
     assert scores["logit_diff"] > 0  # the model does the task: IO above S on average
     heads = [Head(int(lay), int(h)) for lay, h in scores["name_mover"].nonzero().tolist()]
-    if not heads:
-        pytest.skip("SmolLM2 has no head labelled name_mover at the module's cut-offs")
-    result = ablate_heads(
-        smollm2, heads, metric="logit-diff", prompts=ablation_prompts(scores["prompts"]), control=N_CONTROL, seed=0
-    )
-    assert result["delta"] < 0
-    assert result["control"]["rank"] == 1  # a larger change than every random set
-    assert result["delta"] < min(result["control"]["deltas"])  # and downwards
+    assert heads, "SmolLM2 has name movers at the module's cut-offs (BENCHMARKS.md: 23.0, 23.1, 23.2)"
+    prompts = ablation_prompts(scores["prompts"])
+    delta = ablate_heads(smollm2, heads, metric="logit-diff", prompts=prompts)["delta"]
+    # Controls: the same per-layer counts from the other heads of those layers, so no control set
+    # holds a labelled mover (a same-layer draw over all heads would share ~1 of 3 with them).
+    controls = [
+        ablate_heads(smollm2, s, metric="logit-diff", prompts=prompts)["delta"]
+        for s in disjoint_same_layer_sets(heads, smollm2.spec.n_heads, N_CONTROL)
+    ]
+    assert delta < 0
+    assert delta < min(controls)  # a larger drop than every control set: p <= 1 / (1 + len(controls))

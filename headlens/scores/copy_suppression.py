@@ -16,6 +16,11 @@ CS_ATTENTION_MIN. The paper fixes neither cut-off; ours: CS_OV_MIN = 0.5 (most t
 themselves, as for 10.7) and CS_ATTENTION_MIN = 0.3 (a third of the head's attention on the
 predicted token's copies, where a head spreading attention evenly over a 64-token window puts
 about 1/64 per copy).
+
+The classify probe (`probe_copy_suppression`, headlens.kinds) is sized by the token budget: the QK
+part reads windows of the text probe's first tokens (its haystack, already tokenized), at most
+2 x token_budget tokens; the OV part samples token_budget // 8 distinct tokens (each costs one
+full-vocabulary ranking per head, the probe's main cost).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from headlens.errors import InputTextError
+from headlens.probe_runs import ProbeResult
 from headlens.probes import text_windows
 from headlens.scores.ov_circuit import own_ranks
 
@@ -69,9 +75,16 @@ def predicted_attention(
 
 def text_attention(loaded, windows: list[list[int]]) -> torch.Tensor:
     """predicted_attention of every head, averaged over the counted positions: [n_layers, n_heads]."""
+    return window_attention(loaded, windows)[0]
+
+
+def window_attention(loaded, windows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """predicted_attention of every head over all counted positions [n_layers, n_heads], its std
+    across windows (each window's own mean; NaN below two windows with a counted position), and the
+    number of counted positions. Full windows only (those as long as the first)."""
     model = loaded.model
     device = next(model.parameters()).device
-    ids = torch.tensor([w for w in windows if len(w) == len(windows[0])])  # [batch, pos]: full windows only
+    ids = torch.tensor([w for w in windows if len(w) == len(windows[0])])  # [batch, pos]
     mask = torch.ones_like(ids, dtype=torch.bool)  # [batch, pos]
     with torch.no_grad():
         out = model(input_ids=ids.to(device), output_attentions=True)
@@ -79,13 +92,23 @@ def text_attention(loaded, windows: list[list[int]]) -> torch.Tensor:
     predicted = torch.full_like(top1, -1)  # [batch, pos]: -1 (never a token) where the prediction is wrong
     correct = top1[:, :-1] == ids[:, 1:]  # [batch, pos - 1]
     predicted[:, :-1] = torch.where(correct, top1[:, :-1], -1)
-    sums, count = [], 0
+    per_window, counts = [], torch.zeros(len(ids))  # counted positions per window: [batch]
     for pattern in out.attentions:  # each [batch, head, q_pos, k_pos]
-        mass, count = predicted_attention(pattern.cpu(), ids, predicted, mask)
-        sums.append(mass)
+        masses = [
+            predicted_attention(pattern[b : b + 1].cpu(), ids[b : b + 1], predicted[b : b + 1], mask[:1])
+            for b in range(len(ids))
+        ]
+        per_window.append(torch.stack([mass for mass, _ in masses]))  # [batch, head]
+        counts = torch.tensor([float(n) for _, n in masses])  # [batch]
+    count = int(counts.sum())
     if count == 0:
         raise InputTextError("no position of the text predicts a token that occurs earlier in its window")
-    return torch.stack(sums) / count  # [layer, head]
+    sums = torch.stack(per_window)  # [layer, batch, head]
+    mean = sums.sum(1) / count  # [layer, head]
+    seen = counts > 0  # [batch]
+    window_means = sums[:, seen] / counts[seen][None, :, None]  # [layer, seen, head]
+    std = window_means.std(1) if int(seen.sum()) > 1 else torch.full_like(mean, float("nan"))  # [layer, head]
+    return mean, std, count
 
 
 def copy_suppression_scores(loaded, text: str, seed: int = 0, window: int = WINDOW) -> dict:
@@ -103,3 +126,24 @@ def copy_suppression_scores(loaded, text: str, seed: int = 0, window: int = WIND
         "n_tokens": len(tokens),
         "copy_suppression": (ov >= CS_OV_MIN) & (attention >= CS_ATTENTION_MIN),
     }
+
+
+def probe_copy_suppression(run) -> ProbeResult:
+    """The classify probe (headlens.kinds.PROBES["copy_suppression"]): `cs_ov_score`,
+    `predicted_attention` and its `predicted_attention_std` across windows, sized by the token budget
+    (module docstring). NaN predicted_attention (no label) when no position of the text counts."""
+    loaded, budget = run.loaded, run.config.token_budget
+    window = min(WINDOW, run.sizes["window"])
+    n_windows = max(1, 2 * budget // window)
+    windows = text_windows(loaded.tokenizer, run.haystack, window, loaded.bos_token_id, max_windows=n_windows)
+    tokens = sample_tokens(windows, loaded.bos_token_id, n=max(1, budget // 8), seed=run.config.seed)  # [n]
+    _, below = own_ranks(loaded.model, tokens)  # [layer, head, n]
+    scores = {"cs_ov_score": negative_copy_share(below)}  # [layer, head]
+    try:
+        attention, std, count = window_attention(loaded, windows)  # [layer, head] x 2
+    except InputTextError:
+        attention, count = torch.full_like(scores["cs_ov_score"], float("nan")), 0
+        std = attention.clone()
+    scores.update(predicted_attention=attention, predicted_attention_std=std)
+    facts = {"cs_ov_tokens": len(tokens), "cs_windows": len(windows), "cs_window": window, "cs_positions": count}
+    return ProbeResult(scores, {"n_cs_positions": count}, facts, run.text_source)

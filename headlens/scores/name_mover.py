@@ -23,6 +23,10 @@ s_attention and name_copy_score >= COPY_MIN; a negative name mover with name_neg
 
 Prompts for any tokenizer: NAMES are kept when " Name" is one token; prompts are built piece by
 piece (template text tokenized, each name its single id), so the name positions are known exactly.
+The prompts are plain text after BOS, with no chat template, for base and instruct models alike.
+
+The classify probe (`probe_name_mover`, headlens.kinds) runs token_budget // 4 prompts (at most
+N_PROMPTS; ~18 tokens each) and ranks the names' OV outputs over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ from __future__ import annotations
 import torch
 
 from headlens.errors import ConfigError
+from headlens.probe_runs import ProbeResult
 from headlens.scores.ov_circuit import own_ranks
 
 COPY_TOP_K = 5  # Wang et al.: the name among the top 5 logits of the head's OV output
 IO_ATTENTION_MIN = 0.2  # ours (see the module docstring)
 COPY_MIN = 0.5  # ours
 N_PROMPTS = 48
+SOURCE_TEMPLATES = "ioi_templates"  # the probe's input: prompts from TEMPLATES and NAMES (seeded)
 NAMES = (
     "Mary John Tom James Anne Paul Mark Lisa Sarah David Michael Laura Kate Peter Emma Alice Daniel Susan "
     "Robert Linda Helen Jack George Rachel Adam Karen Steven Amy Brian Jessica"
@@ -117,8 +123,9 @@ def end_attention(pattern: torch.Tensor, positions: torch.Tensor, last: torch.Te
 
 
 def ioi_run(loaded, prompts: list[dict]) -> dict:
-    """One forward pass over the prompts (right-padded): `io_attention`, `s_attention`
-    [n_layers, n_heads] (means over prompts) and the model's `logit_diff` (mean) and `logit_diffs` [n]."""
+    """One forward pass over the prompts (right-padded): `io_attention`, `s_attention` [n_layers,
+    n_heads] (means over prompts) with their `io_attention_std`, `s_attention_std` across prompts,
+    and the model's `logit_diff` (mean) and `logit_diffs` [n]."""
     model = loaded.model
     device = next(model.parameters()).device
     length = max(len(p["ids"]) for p in prompts)
@@ -131,12 +138,20 @@ def ioi_run(loaded, prompts: list[dict]) -> dict:
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_attentions=True)
     io = torch.tensor([[p["io_pos"]] for p in prompts])  # [batch, 1]
     s = torch.tensor([[p["s1_pos"], p["s2_pos"]] for p in prompts])  # [batch, 2]
-    io_att = torch.stack([end_attention(a.cpu().double(), io, last).mean(0) for a in out.attentions])
-    s_att = torch.stack([end_attention(a.cpu().double(), s, last).mean(0) for a in out.attentions])
+    io_att = torch.stack([end_attention(a.cpu().double(), io, last) for a in out.attentions])  # [layer, batch, head]
+    s_att = torch.stack([end_attention(a.cpu().double(), s, last) for a in out.attentions])  # [layer, batch, head]
     final = out.logits[torch.arange(len(prompts)), last.to(out.logits.device)].double().cpu()  # [batch, d_vocab]
     rows = torch.arange(len(prompts))
     diffs = final[rows, [p["io"] for p in prompts]] - final[rows, [p["s"] for p in prompts]]  # [batch]
-    return {"io_attention": io_att, "s_attention": s_att, "logit_diff": float(diffs.mean()), "logit_diffs": diffs}
+    nan = torch.full(io_att.shape[::2], float("nan"), dtype=torch.float64)  # [layer, head]: no spread of one prompt
+    return {
+        "io_attention": io_att.mean(1),  # [layer, head]
+        "io_attention_std": io_att.std(1) if len(prompts) > 1 else nan,
+        "s_attention": s_att.mean(1),
+        "s_attention_std": s_att.std(1) if len(prompts) > 1 else nan.clone(),
+        "logit_diff": float(diffs.mean()),
+        "logit_diffs": diffs,
+    }
 
 
 def name_mover_scores(loaded, n: int = N_PROMPTS, seed: int = 0) -> dict:
@@ -164,3 +179,34 @@ def ablation_prompts(prompts: list[dict]) -> list[dict]:
         {"prompt": p["text"], "target": p["target"], "foil": p["foil"], "line": f"IOI prompt {n}"}
         for n, p in enumerate(prompts, start=1)
     ]
+
+
+SCORE_KEYS = ("io_attention", "io_attention_std", "s_attention", "s_attention_std")
+COPY_KEYS = ("name_copy_score", "name_negative_copy_score")
+
+
+def probe_name_mover(run) -> ProbeResult:
+    """The classify probe (headlens.kinds.PROBES["ioi"]): the END attention scores and their stds,
+    the two copy scores, the model's own IOI logit difference (`ioi_logit_diff`, also a frame column)
+    and the share of prompts with IO above S. NaN scores (no label) when the tokenizer spells fewer
+    than two NAMES as one token."""
+    loaded, spec = run.loaded, run.loaded.spec
+    n = min(N_PROMPTS, max(2, run.config.token_budget // 4))
+    try:
+        prompts = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, run.config.seed)
+    except ConfigError as exc:
+        nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+        scores = {key: nan.clone() for key in SCORE_KEYS + COPY_KEYS}
+        counts = {"n_ioi_prompts": 0, "ioi_logit_diff": float("nan")}
+        return ProbeResult(scores, counts, {"ioi_missing": str(exc), **counts}, SOURCE_TEMPLATES)
+    result = ioi_run(loaded, prompts)
+    names = torch.tensor(sorted(set(name_tokens(loaded.tokenizer).values())))  # [n_names]
+    above, below = own_ranks(loaded.model, names)  # [layer, head, n_names]
+    scores = {key: result[key] for key in SCORE_KEYS}
+    scores.update(
+        name_copy_score=(above < COPY_TOP_K).double().mean(-1),
+        name_negative_copy_score=(below < COPY_TOP_K).double().mean(-1),
+    )
+    counts = {"n_ioi_prompts": len(prompts), "ioi_logit_diff": result["logit_diff"]}
+    facts = {**counts, "ioi_correct_share": float((result["logit_diffs"] > 0).double().mean()), "ioi_names": len(names)}
+    return ProbeResult(scores, counts, facts, SOURCE_TEMPLATES)
