@@ -271,6 +271,28 @@ KINDS: tuple[Kind, ...] = (
     ),
 )
 
+# Rare-word and syntactic heads (Voita et al. 2019; Clark et al. 2019): their probes and kinds.
+PROBES["rare_word"] = Probe("rare_word", "headlens.scores.rare_word:probe_rare_word", None)
+KINDS = KINDS + (
+    Kind(
+        "rare_word",
+        lambda s, c: s["rare_word_score"] >= c.rare_word_min,
+        ("rare_word_score",),
+        VOITA,
+        "#8c564b",
+        scores=(Score("rare_word_score", "rare_word"),),
+        thresholds=(
+            Threshold(
+                "rare_word",
+                "rare_word_min",
+                0.5,
+                "rare_word_score",
+                "Voita et al. 2019 (their head: 66% of sentences); ours: max weight on the rarest word in half",
+            ),
+        ),
+    ),
+)
+
 # Derived tables: read these, never restate them.
 BY_LABEL: dict[str, Kind] = {kind.label: kind for kind in KINDS}
 LABELS: tuple[str, ...] = tuple(kind.label for kind in KINDS)  # the order a head's labels are written in
