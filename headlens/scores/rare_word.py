@@ -4,9 +4,10 @@ Voita et al. 2019 ("Analyzing Multi-Head Self-Attention", ACL, arXiv 1905.09418)
 encoder layer of their NMT models, a head whose maximum attention points to the least frequent token
 of the sentence (66% of sentences for their head). Here, for a causal model:
 - Sentences are cut from the natural text ([^.!?]+ ending in . ! or ?), each scored alone as BOS +
-  its tokens (tokenized after a space, as the sentence runs in the text: " The", not "The"), no longer than the probe window (min(token_budget, n_ctx)); at most MAX_SENTENCES and
-  no more tokens in all than the natural-text probe scores (max_windows x window), so the probe
-  costs at most what that one does.
+  its tokens (tokenized after a space, as the sentence runs in the text: " The", not "The"), no
+  longer than the probe window (min(token_budget, n_ctx)); at most MAX_SENTENCES and no more
+  tokens in all than the natural-text probe scores (max_windows x window), so the probe costs at
+  most what that one does.
 - Words are runs of letters (apostrophes inside kept: "Naomi's"); their frequencies come from the
   `wordfreq` package (`word_frequency(word, "en")`, its blend of Wikipedia, subtitles, news, books,
   web text, Twitter and Reddit). A word maps to every subword token whose character span overlaps
@@ -20,9 +21,9 @@ of the sentence (66% of sentences for their head). Here, for a causal model:
   rarest word. `rare_word_score` = share of counted sentences that are hits.
 Cut-off: Voita et al. report their head's share, not a cut-off. RARE_WORD_MIN = 0.5: the rarest word
 holds the head's maximum in most sentences. A head attending to a random key hits with the share of
-keys the rarest word covers (`rare_word_chance` in the facts, a few percent at these lengths); a
-previous-token head hits when the sentence's last word is its rarest (`rare_word_last_word`, the
-positional baseline), which is recorded beside the score so a reader can tell the two apart.
+keys the rarest word covers (`chance` in attrs["probes"]["rare_word"], a few percent at these lengths); a
+previous-token head hits when the sentence's last word is its rarest (`last_word`, the positional
+baseline), which is recorded beside the score so a reader can tell the two apart.
 """
 
 from __future__ import annotations
