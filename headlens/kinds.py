@@ -273,6 +273,7 @@ KINDS: tuple[Kind, ...] = (
 
 # Rare-word and syntactic heads (Voita et al. 2019; Clark et al. 2019): their probes and kinds.
 PROBES["rare_word"] = Probe("rare_word", "headlens.scores.rare_word:probe_rare_word", None)
+PROBES["syntactic"] = Probe("syntactic", "headlens.scores.syntactic:probe_syntactic", "syntax_source")
 KINDS = KINDS + (
     Kind(
         "rare_word",
@@ -288,6 +289,26 @@ KINDS = KINDS + (
                 0.5,
                 "rare_word_score",
                 "Voita et al. 2019 (their head: 66% of sentences); ours: max weight on the rarest word in half",
+            ),
+        ),
+    ),
+    Kind(
+        "syntactic",
+        lambda s, c: s["syntactic_score"] >= c.syntactic_min,
+        ("syntactic_score", "syntactic_accuracy"),
+        "Voita et al. 2019, arXiv 1905.09418; Clark et al. 2019, arXiv 1906.04341",
+        "#17becf",
+        scores=(
+            Score("syntactic_score", "syntactic", vmin=-0.5, vmax=0.5),
+            Score("syntactic_accuracy", "syntactic", table=False),
+        ),
+        thresholds=(
+            Threshold(
+                "syntactic",
+                "syntactic_min",
+                0.1,
+                "syntactic_score",
+                "Voita et al. 2019: accuracy >= 10 points above the best fixed-offset baseline",
             ),
         ),
     ),
