@@ -87,13 +87,13 @@ def pooled_words(pattern: torch.Tensor, word_of: torch.Tensor, n_words: int) -> 
 
 
 def predictions(words: torch.Tensor) -> torch.Tensor:
-    """Most-attended earlier word of each query word: words [..., word, word] -> [..., word] (-1 for
-    word 0, which has no earlier word)."""
+    """Most-attended earlier word of each query word: words [..., word, word] -> [..., word]; -1 where
+    no earlier word gets any attention (word 0 has none; a head all on BOS predicts nothing)."""
     n = words.shape[-1]
-    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)  # [q_word, k_word]: k < q
-    best = words.masked_fill(~earlier, float("-inf")).argmax(-1)  # [..., word]
-    best[..., 0] = -1
-    return best
+    earlier = torch.ones(n, n, dtype=torch.bool, device=words.device).tril(-1)  # [q_word, k_word]: k < q
+    masked = words.masked_fill(~earlier, float("-inf"))  # [..., word, word]
+    top = masked.max(-1)  # [..., word]
+    return torch.where(top.values > 0, top.indices, -1)
 
 
 class SyntacticReducer:
