@@ -138,3 +138,32 @@ def test_smollm2_scores_match_its_eager_attention(pulled):
     assert [s.rarest for s in sentences][:3] == ["ledger", "staircase", "spyglass"]
     ours = rare_word_scores(loaded, sentences, batch_size=3)  # batched, padded, lean capture
     assert torch.equal(ours, eager_rare_scores(loaded, sentences))
+
+
+def test_classify_says_why_a_rare_word_or_syntactic_head_is_absent(capsys):
+    import pandas as pd
+
+    from headlens.classify import ClassifyConfig
+    from headlens.cli.commands_classify import _kind_notes
+
+    frame = pd.DataFrame(
+        {
+            "layer": [0, 1],
+            "head": [0, 1],
+            "labels": [["rare_word"], []],
+            "rare_word_score": [0.7, 0.1],
+            "syntactic_score": [0.02, 0.08],
+        }
+    )
+    frame.attrs["config"] = {"rare_word_min": ClassifyConfig().rare_word_min, "syntactic_min": 0.1}
+    frame.attrs["probes"] = {"rare_word": {"n_sentences": 12}, "syntactic": {"relations": [{"relation": "det"}]}}
+    _kind_notes(frame)
+    assert capsys.readouterr().err.splitlines() == [
+        "headlens: note: no syntactic heads: the best, 1.1, scores 0.08 against the cut-off 0.1"
+    ]
+    frame.attrs["probes"] = {"rare_word": {"n_sentences": 0}, "syntactic": {"relations": []}}
+    _kind_notes(frame)
+    assert capsys.readouterr().err.splitlines() == [
+        "headlens: note: no rare_word heads: the probe found no sentences to score",
+        "headlens: note: no syntactic heads: the probe found no relations to score",
+    ]

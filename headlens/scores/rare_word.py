@@ -147,16 +147,21 @@ class RareWordReducer:
 
 def rare_word_scores(loaded, sentences: list[RareSentence], batch_size: int = 8) -> torch.Tensor:
     """rare_word_score of every head over `sentences`: [n_layers, n_heads] float64."""
-    spec, bos = loaded.spec, loaded.bos_token_id
     sentences = sorted(sentences, key=lambda s: len(s.ids))  # batches of like lengths: little padding
-    reducer = RareWordReducer(spec.n_layers, spec.n_heads, sentences)
+    reducer = RareWordReducer(loaded.spec.n_layers, loaded.spec.n_heads, sentences)
+    stream_sentences(loaded, sentences, reducer, batch_size)
+    return reducer.result()
+
+
+def stream_sentences(loaded, sentences, reducer, batch_size: int) -> None:
+    """One streamed pass over sentences (each with `.ids`), right-padded with BOS, batch.offset the
+    index of a batch's first sentence in `sentences`; the reducer's totals summed over processes."""
     batches = (
-        Batch(*pad_batch([s.ids for s in chunk], pad_id=bos), index=i, offset=i * batch_size)
+        Batch(*pad_batch([s.ids for s in chunk], pad_id=loaded.bos_token_id), index=i, offset=i * batch_size)
         for i, chunk in enumerate(chunks(sentences, batch_size))
     )
     run_capture(loaded.model, distributed.shard(batches), [reducer])
     distributed.all_reduce_totals([reducer])
-    return reducer.result()
 
 
 def probe_rare_word(run) -> ProbeResult:

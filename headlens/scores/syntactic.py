@@ -29,10 +29,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from headlens import distributed
-from headlens.capture import Batch, pad_batch, run_capture
-from headlens.corpus import chunks
 from headlens.probe_runs import ProbeResult
+from headlens.scores.rare_word import stream_sentences
 from headlens.treebank import TreeSentence, read_conllu, relation_of, sample_path
 
 SYNTACTIC_MIN = 0.10  # accuracy over the best fixed-offset baseline (Voita et al. 2019)
@@ -177,16 +175,10 @@ def syntax_sample(tokenizer, treebank: list[TreeSentence], bos, max_len: int, ma
 
 def relation_accuracy(loaded, sample: SyntaxSample, batch_size: int = 8) -> torch.Tensor:
     """Accuracy of every head on each relation of sample.relations: [relation, n_layers, n_heads] float64."""
-    spec, bos = loaded.spec, loaded.bos_token_id
     relations = list(sample.relations["relation"])
     sentences = sorted(sample.sentences, key=lambda s: len(s.ids))  # batches of like lengths: little padding
-    reducer = SyntacticReducer(spec.n_layers, spec.n_heads, sentences, relations)
-    batches = (
-        Batch(*pad_batch([s.ids for s in chunk], pad_id=bos), index=i, offset=i * batch_size)
-        for i, chunk in enumerate(chunks(sentences, batch_size))
-    )
-    run_capture(loaded.model, distributed.shard(batches), [reducer])
-    distributed.all_reduce_totals([reducer])
+    reducer = SyntacticReducer(loaded.spec.n_layers, loaded.spec.n_heads, sentences, relations)
+    stream_sentences(loaded, sentences, reducer, batch_size)
     n = torch.tensor(sample.relations["n"].tolist(), dtype=torch.float64)  # [relation]
     return reducer.hits / n[:, None, None]
 
