@@ -5,7 +5,8 @@ Root: `HEADLENS_CACHE`, else `$XDG_CACHE_HOME/headlens`, else `~/.cache/headlens
 built in a temporary folder beside it and renamed into place, under a per-key file lock, so two
 processes converting the same GGUF at once both end up reading one complete entry. An entry is
 complete when its record (written last) lists every file with its size; one that is not (a
-crash, a truncated or deleted file) is rebuilt.
+crash, a truncated or deleted file) or that an older layout wrote (its record's `layout` differs
+from LAYOUT) is rebuilt.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from headlens.errors import ModelLoadError
 
 RECORD = "headlens-source.json"  # the entry's record: source facts and file sizes
+LAYOUT = 2  # what a converted folder holds; 2: config.json names the model class (`architectures`)
 
 
 def cache_root() -> Path:
@@ -53,11 +55,16 @@ def locked(lock_path: Path):
 
 
 def read_record(entry: Path) -> dict | None:
-    """The entry's record when every file it lists is present with its recorded size, else None."""
+    """The entry's record when it has today's LAYOUT and every file it lists is present with its
+    recorded size, else None."""
     try:
         record = json.loads((entry / RECORD).read_text(encoding="utf-8"))
         sizes = record["files"]
-        if all((entry / name).stat().st_size == size for name, size in sizes.items()) and sizes:
+        if (
+            record.get("layout") == LAYOUT
+            and all((entry / name).stat().st_size == size for name, size in sizes.items())
+            and sizes
+        ):
             return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
@@ -81,7 +88,7 @@ def converted_entry(sha256: str, build) -> tuple[Path, dict]:
         shutil.rmtree(entry, ignore_errors=True)  # incomplete or damaged: rebuilt
         tmp = Path(tempfile.mkdtemp(prefix=f".{sha256[:16]}-", dir=root))
         try:
-            record = dict(build(tmp), sha256=sha256)
+            record = dict(build(tmp), sha256=sha256, layout=LAYOUT)
             record["files"] = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
             (tmp / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
             os.replace(tmp, entry)

@@ -130,6 +130,7 @@ def _config_and_skeleton(parsed: GGUFFile):
             f"{parsed.path.name}: {_first_line(exc)}"
         ) from None
     config.dtype = torch.float32
+    config.architectures = [type(model).__name__]  # peers (TransformerLens's bridge) pick their adapter by it
     return config, model
 
 

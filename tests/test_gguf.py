@@ -191,6 +191,8 @@ def test_gguf_file_loads_with_the_original_logits(llama, llama_gguf):
     assert loaded.source.format == "gguf" and loaded.source.quantization == "F32"
     assert loaded.source.sha256 == file_sha256(llama_gguf)
     assert loaded.display_name == "tiny-llama"
+    config = json.loads((loaded.path / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]  # what TransformerLens's bridge boots by
     assert loaded.spec.n_layers == 2 and loaded.spec.n_heads == 4 and loaded.spec.n_kv_heads == 2
 
 
@@ -360,7 +362,7 @@ def test_ollama_name_missing(llama_gguf, tmp_path, monkeypatch):
     assert "nosuch:latest" in line and "ollama pull" in line
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "record"])
+@pytest.mark.parametrize("damage", ["truncate", "delete", "record", "older layout"])
 def test_corrupt_cache_entry_is_rebuilt(llama, llama_gguf, damage):
     entry = load_model(str(llama_gguf)).path
     weights = entry / "model.safetensors"
@@ -369,8 +371,11 @@ def test_corrupt_cache_entry_is_rebuilt(llama, llama_gguf, damage):
         weights.write_bytes(weights.read_bytes()[: size // 2])
     elif damage == "delete":
         weights.unlink()
-    else:
+    elif damage == "record":
         (entry / RECORD).write_text("{not json")
+    else:  # an entry written before config.json named the model class
+        record = json.loads((entry / RECORD).read_text())
+        (entry / RECORD).write_text(json.dumps({key: v for key, v in record.items() if key != "layout"}))
     loaded = load_model(str(llama_gguf))
     assert weights.stat().st_size == size
     torch.testing.assert_close(logits(loaded.model, IDS), logits(llama, IDS), rtol=0, atol=LOGIT_TOL)
