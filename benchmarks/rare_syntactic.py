@@ -34,22 +34,22 @@ def main(name: str) -> None:
     loaded = load_model(name)
     config = ClassifyConfig()
     run = ProbeRun(loaded, config, [resolve_text(None)], SOURCE_DEFAULT, probe_sizes(loaded.spec.n_ctx, config))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     rare = kinds.PROBES["rare_word"].run(run)
-    rare_s = time.perf_counter() - start
+    rare_s, rare_cpu = time.perf_counter() - start, time.process_time() - cpu
     facts, scores = rare.facts["rare_word"], rare.scores["rare_word_score"]
     labelled = [f"{l_}.{h}" for l_, h in (scores >= config.rare_word_min).nonzero().tolist()]
-    print(f"## {name}: rare-word heads ({rare_s:.1f} s)\n")
+    print(f"## {name}: rare-word heads ({rare_s:.1f} s wall, {rare_cpu:.1f} s CPU)\n")
     print(f"- sentences {facts['n_sentences']}, skipped {facts['skipped']}")
     print(f"- chance {facts['chance']:.3f}, last word is the rarest {facts['last_word']:.3f}")
     print(f"- labelled (>= {config.rare_word_min}): {', '.join(labelled) or 'none'}; best: {best(scores)}\n")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     window = run.sizes["window"]
     sample = syntax_sample(loaded.tokenizer, load_treebank(), loaded.bos_token_id, window, config.max_windows * window)
     accuracy = relation_accuracy(loaded, sample, config.batch_size)
-    syn_s = time.perf_counter() - start
+    syn_s, syn_cpu = time.perf_counter() - start, time.process_time() - cpu
     frame = syntactic_frame(accuracy, sample.relations, config.syntactic_min)
-    print(f"## {name}: syntactic heads ({syn_s:.1f} s; {len(sample.sentences)} sentences)\n")
+    print(f"## {name}: syntactic heads ({syn_s:.1f} s wall, {syn_cpu:.1f} s CPU; {len(sample.sentences)} sentences)\n")
     print("| relation | direction | n | baseline (offset) | best head: accuracy | heads >= 10 points |")
     print("|---|---|---|---|---|---|")
     for rel, rows in frame.groupby("relation", sort=True):

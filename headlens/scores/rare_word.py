@@ -6,8 +6,8 @@ of the sentence (66% of sentences for their head). Here, for a causal model:
 - Sentences are cut from the natural text ([^.!?]+ ending in . ! or ?), each scored alone as BOS +
   its tokens (tokenized after a space, as the sentence runs in the text: " The", not "The"), no
   longer than the probe window (min(token_budget, n_ctx)); at most MAX_SENTENCES and no more
-  tokens in all than the natural-text probe scores (max_windows x window), so the probe costs at
-  most what that one does.
+  tokens in all than TOKEN_SHARE of what the natural-text probe scores (max_windows x window), so
+  the probe costs at most a quarter of that one.
 - Words are runs of letters (apostrophes inside kept: "Naomi's"); their frequencies come from the
   `wordfreq` package (`word_frequency(word, "en")`, its blend of Wikipedia, subtitles, news, books,
   web text, Twitter and Reddit). A word maps to every subword token whose character span overlaps
@@ -41,6 +41,7 @@ from headlens.probe_runs import ProbeResult
 
 RARE_WORD_MIN = 0.5  # share of sentences (ours; Voita et al.'s head: 0.66)
 MAX_SENTENCES = 64  # sentences scored at most (the rest is counted in the facts)
+TOKEN_SHARE = 0.25  # tokens in all, as a share of the natural-text probe's max_windows x window
 MIN_WORDS = 3  # a sentence needs at least this many words to have a rarest one worth the name
 LANGUAGE = "en"  # wordfreq's language code for the shipped English text
 SENTENCE = re.compile(r"[^.!?]+[.!?]")
@@ -171,7 +172,7 @@ def probe_rare_word(run) -> ProbeResult:
     spec = loaded.spec
     window = run.sizes["window"]
     sentences, skipped = rare_sentences(
-        loaded.tokenizer, run.documents, loaded.bos_token_id, window, run.config.max_windows * window
+        loaded.tokenizer, run.documents, loaded.bos_token_id, window, int(TOKEN_SHARE * run.config.max_windows * window)
     )
     facts = {"n_sentences": len(sentences), "skipped": skipped}
     if not sentences:

@@ -5,7 +5,8 @@ Clark et al. 2019 ("What Does BERT Look At?", arXiv 1906.04341) and Voita et al.
 1905.09418), for a causal model:
 - Parses come from CoNLL-U (headlens.treebank): the sample shipped with headlens or `--syntax FILE`.
   Each sentence is scored alone, BOS + its tokens (tokenized after a space, as in running text);
-  a sentence whose words do not each start a token of their own is skipped.
+  a sentence whose words do not each start a token of their own is skipped. The first sentences
+  are scored, up to TOKEN_SHARE (half) of the tokens the natural-text probe scores.
 - Word-level attention as Clark et al. build it: a word's attention to another is the sum over the
   other's subword keys, averaged over the word's own subword queries (BOS, position 0, is no word).
 - A causal model only sees earlier words, so each instance (dependent, head) is measured from the
@@ -36,7 +37,8 @@ from headlens.treebank import TreeSentence, read_conllu, relation_of, sample_pat
 SYNTACTIC_MIN = 0.10  # accuracy over the best fixed-offset baseline (Voita et al. 2019)
 MIN_CASES = 50  # a relation is scored on at least this many instances: an accuracy's standard error is then <= 0.07
 MAX_OFFSET = 8  # fixed offsets 1..MAX_OFFSET words back form the baseline
-MAX_SENTENCES = 400  # sentences scored at most (the token cap, max_windows x window, binds first)
+MAX_SENTENCES = 400  # sentences scored at most (the token cap binds first)
+TOKEN_SHARE = 0.5  # tokens in all, as a share of the natural-text probe's max_windows x window
 SKIP_RELATIONS = frozenset({"punct", "root", "dep"})  # no syntax to find, or no label to read
 DEP_TO_HEAD, HEAD_TO_DEP = "dependent->head", "head->dependent"
 
@@ -211,7 +213,9 @@ def probe_syntactic(run) -> ProbeResult:
     shipped sample; NaN (no label) when no relation has MIN_CASES instances."""
     loaded, spec, window = run.loaded, run.loaded.spec, run.sizes["window"]
     treebank = load_treebank(run.config.syntax)
-    sample = syntax_sample(loaded.tokenizer, treebank, loaded.bos_token_id, window, run.config.max_windows * window)
+    sample = syntax_sample(
+        loaded.tokenizer, treebank, loaded.bos_token_id, window, int(TOKEN_SHARE * run.config.max_windows * window)
+    )
     facts = {"n_sentences": len(sample.sentences), "n_skipped": sample.n_skipped, "relations": []}
     source = str(run.config.syntax) if run.config.syntax else SOURCE_SAMPLE
     if sample.relations.empty:
