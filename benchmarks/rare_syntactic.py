@@ -6,7 +6,7 @@ and prints a markdown summary: the labelled heads, the best heads, the sentences
 rare-word positional baselines, and per relation its direction, instances, best fixed-offset
 baseline and best head.
 
-Run: nice -n 10 .venv/bin/python benchmarks/rare_syntactic.py smollm2
+Run: .venv/bin/python benchmarks/rare_syntactic.py smollm2 [rare_word|syntactic]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from headlens import kinds
 from headlens.labels import ClassifyConfig
 from headlens.models import load_model
 from headlens.probe_runs import SOURCE_DEFAULT, ProbeRun, probe_sizes, resolve_text
+from headlens.scores import syntactic
 from headlens.scores.syntactic import load_treebank, relation_accuracy, syntactic_frame, syntax_sample
 
 TOP = 5
@@ -30,10 +31,17 @@ def best(scores, k: int = TOP) -> str:
     return ", ".join(f"{i // n_heads}.{i % n_heads} {float(flat[i]):.2f}" for i in order)
 
 
-def main(name: str) -> None:
+def main(name: str, only: str | None = None) -> None:
     loaded = load_model(name)
     config = ClassifyConfig()
     run = ProbeRun(loaded, config, [resolve_text(None)], SOURCE_DEFAULT, probe_sizes(loaded.spec.n_ctx, config))
+    if only != "syntactic":
+        rare_word(loaded, config, run, name)
+    if only != "rare_word":
+        syntax(loaded, config, run, name)
+
+
+def rare_word(loaded, config, run, name: str) -> None:
     start, cpu = time.perf_counter(), time.process_time()
     rare = kinds.PROBES["rare_word"].run(run)
     rare_s, rare_cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -43,9 +51,18 @@ def main(name: str) -> None:
     print(f"- sentences {facts['n_sentences']}, skipped {facts['skipped']}")
     print(f"- chance {facts['chance']:.3f}, last word is the rarest {facts['last_word']:.3f}")
     print(f"- labelled (>= {config.rare_word_min}): {', '.join(labelled) or 'none'}; best: {best(scores)}\n")
+
+
+def syntax(loaded, config, run, name: str) -> None:
     start, cpu = time.perf_counter(), time.process_time()
     window = run.sizes["window"]
-    sample = syntax_sample(loaded.tokenizer, load_treebank(), loaded.bos_token_id, window, config.max_windows * window)
+    sample = syntax_sample(
+        loaded.tokenizer,
+        load_treebank(),
+        loaded.bos_token_id,
+        window,
+        int(syntactic.TOKEN_SHARE * config.max_windows * window),
+    )
     accuracy = relation_accuracy(loaded, sample, config.batch_size)
     syn_s, syn_cpu = time.perf_counter() - start, time.process_time() - cpu
     frame = syntactic_frame(accuracy, sample.relations, config.syntactic_min)
@@ -63,4 +80,4 @@ def main(name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "smollm2")
+    main(sys.argv[1] if len(sys.argv) > 1 else "smollm2", sys.argv[2] if len(sys.argv) > 2 else None)
