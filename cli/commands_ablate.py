@@ -21,6 +21,7 @@ from headlens.cli.options import (
     model_info,
     placement_options,
     progress_option,
+    text_option,
 )
 
 FORMATS = ("table", "json")
@@ -165,14 +166,7 @@ def _print_ablation(ablation: dict) -> None:
 )
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
 @click.option("--metric", default="loss", show_default=True, help="loss (= text) | repeat | logit-diff | prob | needle")
-@click.option(
-    "--text",
-    "text_path",
-    type=click.Path(path_type=str),
-    default=None,
-    help="UTF-8 text for loss and needle (>= 2 tokens; default: the tiny model's held-out text); for "
-    "loss also a folder of .txt files or a .jsonl with a text field (windows per document)",
-)
+@text_option("the text of the loss metric, windows per document (needle reads one text file)")
 @click.option(
     "--prompts",
     "prompts_path",
@@ -362,14 +356,7 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
 
 @click.command("prune")
 @model_argument("gpt2")
-@click.option(
-    "--text",
-    "text_path",
-    type=click.Path(path_type=str),
-    default=None,
-    help="UTF-8 text file, folder of .txt files, or .jsonl with a text field (windows per document; "
-    "default: the held-out text shipped with the tiny model)",
-)
+@text_option("the text the loss is measured on, windows per document")
 @click.option("--step-fraction", default=0.1, show_default=True, type=float, help="share of all heads per step")
 @click.option(
     "--labels",

@@ -15,6 +15,7 @@ from headlens.cli.options import (
     model_info,
     placement_options,
     progress_option,
+    text_option,
 )
 from headlens.kinds import DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 
@@ -46,14 +47,7 @@ def _check_seq_len(ctx, param, value):
 
 @click.command("classify")
 @model_argument("tiny")
-@click.option(
-    "--text",
-    "text_file",
-    type=click.Path(path_type=str),
-    default=None,
-    help="UTF-8 text file, folder of .txt files, or .jsonl with a text field, for the natural-text and "
-    "needle probes [default: the tiny model's held-out text]",
-)
+@text_option("the natural-text and needle probes' text, windows per document")
 @click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
 @click.option(
@@ -116,7 +110,7 @@ def _check_seq_len(ctx, param, value):
 def classify_command(
     ctx,
     model,
-    text_file,
+    text_path,
     seed,
     n_seq,
     seq_len,
@@ -139,7 +133,7 @@ def classify_command(
 
     from headlens import distributed
     from headlens.classify import ClassifyConfig, classify_heads
-    from headlens.corpus import Corpus
+    from headlens.corpus import open_text
     from headlens.devices import with_largest_batch
     from headlens.labels import rank_heads
     from headlens.models import load_model
@@ -160,7 +154,7 @@ def classify_command(
     )
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
-    text = Corpus(text_file) if text_file is not None else None
+    text = open_text(text_path) if text_path is not None else None
     if syntax_file is not None:
         from headlens.treebank import read_conllu
 
@@ -196,7 +190,7 @@ def classify_command(
             model_info=model_info(loaded),
             heads=frame,
             command=command_line(ctx),
-            text_label=text_file or t("text_label.default", lang),
+            text_label=text_path or t("text_label.default", lang),
             lang=lang,
         )
         click.echo(f"headlens: wrote {written}", err=True)

@@ -5,44 +5,17 @@ A thin shell: every number comes from a library call; `headlens.reports.render_r
 
 from __future__ import annotations
 
-import shlex
-
 import click
 
-from headlens.cli.options import lang_option, model_argument, model_info, placement_options, progress_option
-
-
-def reproduce_command(
-    model: str,
-    text_path: str | None,
-    heads: str | None,
-    sweep: bool,
-    prune: bool,
-    out: str,
-    viewer_tokens: int | None,
-    seed: int,
-    lang: str = "en",
-    controls: int = 20,
-) -> str:
-    """The exact command line that rebuilds the page."""
-    words = ["headlens", "report", model]
-    if text_path:
-        words += ["--text", text_path]
-    if heads:
-        words += ["--heads", heads]
-    if sweep:
-        words.append("--sweep")
-    if prune:
-        words.append("--prune")
-    if viewer_tokens is not None:
-        words += ["--viewer-tokens", str(viewer_tokens)]
-    if seed:
-        words += ["--seed", str(seed)]
-    if lang != "en":
-        words += ["--lang", lang]
-    if controls != 20:
-        words += ["--controls", str(controls)]
-    return shlex.join(words + ["--out", out])
+from headlens.cli.options import (
+    command_line,
+    lang_option,
+    model_argument,
+    model_info,
+    placement_options,
+    progress_option,
+    text_option,
+)
 
 
 def training_logs(loaded):
@@ -87,13 +60,7 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 
 @click.command("report")
 @model_argument("tiny")
-@click.option(
-    "--text",
-    "text_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="UTF-8 text to score and show (default: the held-out text shipped with the tiny model)",
-)
+@text_option("the text classified, validated and ablated, windows per document (the viewer shows the first)")
 @click.option("--heads", "heads_spec", default=None, help="heads to ablate: L.H,L.H | layer:L | all")
 @click.option("--sweep", is_flag=True, help="also ablate every head alone (slower)")
 @click.option("--prune", is_flag=True, help="also compute the pruning curve (Michel et al. 2019; slower)")
@@ -124,15 +91,17 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
 @lang_option
 @progress_option
 @placement_options
+@click.pass_context
 def report_command(
-    model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang, progress, placement
+    ctx, model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, controls, lang, progress, placement
 ) -> None:
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens import distributed
     from headlens.classify import classify_heads
+    from headlens.corpus import first_document, open_text
     from headlens.heads import parse_heads
     from headlens.models import load_model
-    from headlens.probes import default_text, read_text
+    from headlens.probes import default_text
     from headlens.reports import render_report
     from headlens.reports.i18n import t
     from headlens.reports.render import check_output_path
@@ -141,12 +110,12 @@ def report_command(
     from headlens.validate import validate_model
 
     check_output_path(out, lang)  # fail before minutes of work, not after
-    text = read_text(text_path) if text_path else None
+    text = open_text(text_path) if text_path else None
     loaded = load_model(model, **placement)
     spec = loaded.spec
     chosen = parse_heads(heads_spec, spec.n_layers, spec.n_heads) if heads_spec else None
     heads = classify_heads(loaded, text=text, progress=progress)
-    validation = validate_model(loaded, text, raise_on_failure=False)
+    validation = validate_model(loaded, first_document(text), raise_on_failure=False)
     sweep_frame = None
     if sweep:
         from headlens.ablation.ablate import sweep_heads
@@ -177,8 +146,8 @@ def report_command(
         pruning=pruning,
         validation=validation,
         training=training_logs(loaded),
-        viewer=sample_patterns(loaded, text or default_text(), n_sample, repeat=True),
-        command=reproduce_command(model, text_path, heads_spec, sweep, prune, out, viewer_tokens, seed, lang, controls),
+        viewer=sample_patterns(loaded, first_document(text) or default_text(), n_sample, repeat=True),
+        command=command_line(ctx, keep=("out",)),
         text_label=text_path or t("text_label.default", lang),
         lang=lang,
     )

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from headlens.cli.options import format_option, model_argument, placement_options
+from headlens.cli.options import format_option, model_argument, placement_options, text_option
 
 EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.main)
 
@@ -55,27 +55,24 @@ def _format_table(frame) -> str:
 
 @click.command("validate")
 @model_argument("tiny")
-@click.option(
-    "--text",
-    "text_file",
-    default=None,
-    metavar="FILE",
-    help="UTF-8 text file to run (default: the shipped held-out text, else a built-in sentence)",
+@text_option(
+    "the text run through each layer (a corpus: its first document)",
+    "the shipped held-out text, else a built-in sentence",
 )
 @format_option("table", "json")
 @placement_options
-def validate_command(model: str, text_file: str | None, fmt: str, placement: dict) -> None:
+def validate_command(model: str, text_path: str | None, fmt: str, placement: dict) -> None:
     """Check the from-scratch attention against HF eager, sdpa and TransformerLens, layer by layer.
 
     Prints the max absolute error per layer, quantity and reference; exits 0 only if every
     error is within tolerance, 1 if any is not, 2 on bad input.
     """
+    from headlens.corpus import first_document, open_text
     from headlens.errors import ValidationFailed
     from headlens.models import load_model
-    from headlens.probes import read_text
     from headlens.validate import validate_model
 
-    text = read_text(text_file) if text_file is not None else None
+    text = first_document(open_text(text_path)) if text_path is not None else None
     loaded = load_model(model, **placement)
     try:
         frame, failure = validate_model(loaded, text), None

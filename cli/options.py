@@ -1,4 +1,4 @@
-"""Options every command shares, defined once: MODEL, --format, --progress, and the helpers that
+"""Options every command shares, defined once: MODEL, --text, --format, --progress, and the helpers that
 describe a run (the model's shape facts, the command line as typed).
 
 MODEL is positional on every command that takes a model (`headlens ablate [MODEL] --heads ...`),
@@ -88,6 +88,19 @@ def lang_option(func):
     )(func)
 
 
+def text_option(use: str, default: str = "the held-out text shipped with the tiny model"):
+    """`--text PATH`, the same on every command: a UTF-8 text file, a folder of .txt files or a
+    .jsonl with a text field, read by headlens.corpus.open_text; the command receives `text_path`."""
+    return click.option(
+        "--text",
+        "text_path",
+        type=click.Path(path_type=str),
+        default=None,
+        metavar="PATH",
+        help=f"UTF-8 text file, folder of .txt files, or .jsonl with a text field: {use} [default: {default}]",
+    )
+
+
 def model_info(loaded) -> dict:
     """The shape facts a report and an output file describe a model by."""
     spec = loaded.spec
@@ -108,15 +121,17 @@ def model_info(loaded) -> dict:
     }
 
 
-def command_line(ctx) -> str:
+def command_line(ctx, keep: tuple[str, ...] = ()) -> str:
     """The command as typed: every parameter the user gave on the command line (click's parameter source),
-    with its value as parsed, so a rerun is the same run; defaults are left to the defaults."""
+    with its value as parsed, so a rerun is the same run; defaults are left to the defaults, except the
+    parameters named in `keep` (a report names the file it was written to)."""
     from click.core import ParameterSource
 
     words = ["headlens", ctx.info_name]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
-        given = ctx.get_parameter_source(param.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        typed = ctx.get_parameter_source(param.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        given = typed or param.name in keep
         if not given or value is None or param.name == "progress":
             continue
         if isinstance(param, click.Argument):

@@ -60,12 +60,20 @@ class Corpus:
 
 
 def open_text(path) -> str | Corpus:
-    """`--text` of the ablation commands: a folder or a JSON Lines file as a Corpus (documents
-    streamed), a text file as its text."""
+    """What `--text PATH` means on every command: a folder or a JSON Lines file as a Corpus
+    (documents streamed), a text file as its text."""
     path = Path(path)
     if path.is_dir() or path.suffix.lower() in JSONL_SUFFIXES:
         return Corpus(path)
     return read_text(path)
+
+
+def first_document(text: str | Corpus | None) -> str | None:
+    """One text out of `open_text`'s answer, for what reads a single text (validation, the report's
+    viewer sample): a text as it is, a corpus's first document."""
+    if text is None or isinstance(text, str):
+        return text
+    return next(iter(text))
 
 
 def _read_document(file: Path, check: bool, skip_empty: bool) -> str | None:

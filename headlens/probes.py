@@ -213,7 +213,7 @@ def needle_prompts(
     """Needle-in-a-haystack prompts for retrieval heads, adapted from Wu et al. 2024 (arXiv 2404.15574).
 
     Wu et al. insert a needle sentence into 1K-50K-token haystacks at 10 depths and ask a chat
-    model for it. GPT-2-family models (1024-token context, or 256 for the tiny model) cannot
+    model for it. Small base models (GPT-2 small's 1024-token context, the tiny model's 256) cannot
     answer questions, so the test shrinks into a copy task: a needle of `needle_len` random
     tokens (drawn from `token_range`, the random-probe band) goes into natural-text haystack
     at each depth, for total lengths of each share in `lengths` of the context; the prompt

@@ -126,11 +126,14 @@ def role_evidence(result: dict, lang: str) -> str:
 
 
 def role_results(role: str, heads: list[str], ablation) -> list[dict]:
-    """The results that ablated this role's heads together: chosen for the role, or exactly its heads."""
+    """The results that ablated this role's heads together: chosen for the role, or exactly its heads when
+    chosen for no role. A result chosen for another role tests that role (its own metric), so it is cited
+    there, even when the two roles hold the same heads."""
     return [
         r
         for r in results_list(ablation)
-        if r.get("role") == role or (len(r.get("heads", [])) > 1 and sorted(map(str, r["heads"])) == sorted(heads))
+        if r.get("role") == role
+        or (r.get("role") is None and len(r.get("heads", [])) > 1 and sorted(map(str, r["heads"])) == sorted(heads))
     ]
 
 

@@ -311,7 +311,7 @@ def chosen_blocks(ablation, lang: str = DEFAULT_LANG, sortable: bool = True) -> 
             f"<p><strong>{esc(metric_heading(metric, lang))}</strong></p>"
             + figure(
                 figures.ablation_bars_uri(rows, lang, label=delta_axis(metric, lang)),
-                t("ablation.bars_alt", lang),
+                t("ablation.bars_alt", lang, axis=delta_axis(metric, lang)),
                 t("ablation.bars_caption", lang),
             )
             + table(shown, sortable=sortable, lang=lang)

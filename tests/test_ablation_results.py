@@ -251,6 +251,39 @@ def test_role_summaries_cite_the_ablation_and_its_control():
         assert all(word in role for word in words), (lang, role)
 
 
+def test_each_role_cites_the_experiment_run_for_it_even_when_two_roles_share_their_heads():
+    """tiny's induction heads are also its retrieval heads: the induction block cites the repeat experiment
+    chosen for induction, the retrieval block the needle one; a set chosen by hand is cited by both."""
+    import pandas as pd
+
+    from headlens.reports import findings
+
+    heads = pd.DataFrame(
+        {
+            "layer": [1, 1],
+            "head": [0, 2],
+            "labels": [["induction", "retrieval"]] * 2,
+            "prefix_matching_score": [0.9, 0.8],
+            "retrieval_score": [0.9, 0.8],
+        }
+    )
+    chosen = ["1.0", "1.2"]
+    repeat = _result("repeat", chosen, 3.21, role="induction", chosen_by="heads labelled induction by the labels given")
+    needle = _result(
+        "needle", chosen, -0.89, role="retrieval", chosen_by="heads labelled retrieval by the labels given"
+    )
+    by_hand = _result("loss", chosen, 0.57)
+    page = findings.findings_section(heads, None, [repeat, needle, by_hand])
+
+    def block(role: str) -> str:
+        found = page[page.index(f'id="role-{role}"') :]
+        return found[: found.index("</div>")]
+
+    assert "3.21" in block("induction") and "0.89" not in block("induction")
+    assert "0.89" in block("retrieval") and "3.21" not in block("retrieval")
+    assert "0.57" in block("induction") and "0.57" in block("retrieval")
+
+
 # Ctrl-C ---------------------------------------------------------------------------------------------
 
 

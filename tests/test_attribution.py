@@ -105,3 +105,19 @@ def test_graddrop_without_a_drop_is_attribution_and_scores_are_unsigned(strong_m
     assert (scores >= 0).all() and (scores[0] - plain[0].abs()).abs().max() > 1e-3
     frame = approx_sweep(strong_model, metric="repeat", approx="atp", graddrop=True)
     assert "graddrop" in frame and (frame.graddrop >= 0).all()
+
+
+def test_agreement_counts_why_top_heads_are_missed():
+    """On 40 heads the exact top 10 are heads 30..39; the estimate flips the sign of three of them
+    and shrinks two to a quarter: agreement counts 3 flipped, 2 under half the exact size."""
+    import pandas as pd
+
+    delta = [float(i + 1) for i in range(40)]
+    approx = list(delta)
+    for i in (30, 31, 32):
+        approx[i] = -approx[i]
+    for i in (33, 34):
+        approx[i] = approx[i] / 4
+    heads = {"layer": [i // 4 for i in range(40)], "head": [i % 4 for i in range(40)]}
+    found = agreement(pd.DataFrame({**heads, "delta": delta}), pd.DataFrame({**heads, "delta_approx": approx}))
+    assert found["top_k"] == 10 and found["top_flipped"] == 3 and found["top_under"] == 2

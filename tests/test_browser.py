@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -279,6 +280,89 @@ def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
     assert measured["n_queries"] > 10
 
 
+# tiny's card: heads per layer, and the heads it labels induction (and retrieval), all in layer 1.
+TINY_HEADS_PER_LAYER, TINY_ROLE_HEADS = 4, ("1.0", "1.2", "1.3")
+
+
+def test_each_ablation_chart_shows_one_metric_in_its_unit(driver, embedded_report):
+    """The page ablates 0.0 on the text and the role sets on repeat and needle: three charts, each under its
+    own metric and unit, its picture's description naming that metric's axis."""
+    from headlens.reports.sections import delta_axis, metric_heading
+
+    open_page(driver, embedded_report)
+    lang = page_lang(driver)
+    charts = driver.execute_script(
+        "return [...document.querySelectorAll('#ablation figure')].filter(f => f.querySelector('img[src^=\"data:\"]'))"
+        ".map(f => [f.previousElementSibling?.textContent, f.querySelector('img').alt])"
+    )
+    charts = [chart for chart in charts if chart[0]]  # the chosen heads' charts (the pruning curve has none)
+    metrics = ["loss", "repeat", "needle"]
+    assert charts == [
+        [metric_heading(m, lang), t("ablation.bars_alt", lang, axis=delta_axis(m, lang))] for m in metrics
+    ]
+
+
+def control_rows(driver) -> list[dict]:
+    """The rows of the roles-against-random-heads table, keyed by column (data-column), as sorted (data-sort)."""
+    return driver.execute_script(
+        "const table = [...document.querySelectorAll('#ablation table')].find(t => t.querySelector("
+        "'th[data-column=possible_sets]'));"
+        "const names = [...table.querySelectorAll('th')].map(th => th.dataset.column);"
+        "return [...table.querySelectorAll('tbody tr')].map(r => Object.fromEntries("
+        "[...r.cells].map((c, i) => [names[i], c.dataset.sort])));"
+    )
+
+
+def test_controls_draw_only_other_sets_and_say_how_many_exist(driver, embedded_report):
+    """tiny's role sets are 3 of layer 1's 4 heads: C(4, 3) - 1 = 3 other sets exist, so the 20 asked for
+    become an exact test over those 3, rank out of 4 and smallest p 1/4 (Phipson & Smyth 2010)."""
+    open_page(driver, embedded_report)
+    rows = control_rows(driver)
+    assert [row["metric"] for row in rows] == ["repeat", "needle"]
+    others = math.comb(TINY_HEADS_PER_LAYER, len(TINY_ROLE_HEADS)) - 1
+    for row in rows:
+        assert row["chosen"] == ",".join(TINY_ROLE_HEADS)
+        assert int(row["random_sets"]) == int(row["possible_sets"]) == others and row["exact"] == "1"
+        assert float(row["smallest_p"]) == pytest.approx(1 / (others + 1))
+        assert float(row["p_value"]) >= float(row["smallest_p"])
+
+
+def test_role_summaries_cite_their_ablation_and_control(driver, embedded_report):
+    """Each role's block in "What the heads do" cites the experiment run for that role, with its control, in
+    the page's language and number convention, and not the other role's."""
+    from headlens.reports.i18n import short_number
+
+    open_page(driver, embedded_report)
+    lang = page_lang(driver)
+    deltas = {row["metric"]: abs(float(row["delta"])) for row in control_rows(driver)}
+    for role, metric, other in (("induction", "repeat", "needle"), ("retrieval", "needle", "repeat")):
+        text = driver.find_element("id", f"role-{role}").text
+        assert short_number(deltas[metric], lang, ".2f") in text, (role, text)
+        assert short_number(deltas[other], lang, ".2f") not in text, (role, text)
+        assert t("ablation.rank", lang, rank=1, n=4) in text
+
+
+def test_spanish_tables_show_no_english_word_of_the_catalogue(driver, embedded_report):
+    """Every table of the Spanish page as the browser shows it (code names left out): no word that only the
+    English catalogue has."""
+    from test_report_i18n import words
+
+    from headlens.reports import i18n
+
+    open_page(driver, embedded_report)
+    if page_lang(driver) != "es":
+        pytest.skip("the Spanish page's check")
+    strip = re.compile(r"\{\w+\}")
+    english, spanish = (" ".join(i18n.catalogue(lang).values()) for lang in ("en", "es"))
+    english_only = words(strip.sub(" ", english)) - words(strip.sub(" ", spanish))
+    shown = driver.execute_script(
+        "return [...document.querySelectorAll('table')].map(t => { const c = t.cloneNode(true);"
+        " c.querySelectorAll('code').forEach(e => e.remove()); return c.textContent; }).join(' ')"
+    )
+    assert "cabezas etiquetadas" in shown  # the controls table is among them
+    assert words(shown) & english_only == set()
+
+
 def test_label_table_sorts_on_click(driver, embedded_report):
     open_page(driver, embedded_report)
     table = driver.find_element("css selector", "#scores table.sortable")
@@ -407,26 +491,27 @@ def planted_report(tmp_path_factory):
         heads=heads,
         viewer=sample_patterns(planted.loaded, PLANTED_TEXT, 32, repeat=True),
     )
-    return out, {f"{layer}.{head}" for layer, head in planted.positions.values()}
+    return out, {role: f"{layer}.{head}" for role, (layer, head) in planted.positions.items()}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known failure: the lead's last full run (13:06-13:38 UTC) failed here after the "
-        "role/registry merges; not yet diagnosed"
-    ),
-)
-def test_summary_lists_every_planted_head_and_no_other(driver, planted_report):
-    path, planted = planted_report
+def test_summary_lists_every_planted_role_head_and_no_other(driver, planted_report):
+    """Every planted head whose expected labels hold a role is listed under its role, and no other head; the
+    planted first-token head earns only first_token, a property (a sink, not a role), so it is named in the
+    sinks' summary and not in the role lists or the switch's "labelled only" view."""
+    from planted import EXPECTED_LABELS
+
+    path, positions = planted_report
+    with_role = {head for role, head in positions.items() if roles_of(EXPECTED_LABELS[role])}
+    (sink,) = (head for role, head in positions.items() if not roles_of(EXPECTED_LABELS[role]))
     open_page(driver, path)
     findings = driver.find_element("id", "findings")
     assert driver.execute_script("return document.querySelector('section').id") == "findings"  # at the top
     listed = {
         re.match(r"(\d+\.\d+) ", item.text).group(1) for item in findings.find_elements("css selector", "li[data-head]")
     }
-    assert listed == planted
-    assert {head for head, _, _ in visible_rows(driver)} == planted  # the switch's "labelled only" view
+    assert listed == with_role
+    assert f"Strongest: {sink} (" in driver.find_element("id", "role-first_token").text
+    assert {head for head, _, _ in visible_rows(driver)} == with_role  # the switch's "labelled only" view
 
 
 # Escaping: user text shows literally, runs nothing, injects nothing

@@ -87,6 +87,7 @@ def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
     assert [o["heads"] for o in objs] == [[f"{layer}.{head}"] for layer in range(2) for head in range(4)]
     assert all(list(o) == KEYS + LOSS_KEYS + ABOUT for o in objs)
     assert report.is_file() and "<html" in report.read_text(encoding="utf-8").lower()
+    assert f"headlens: wrote {report}" in result.stderr
 
 
 def test_approx_check_reports_agreement(small_model_dir):
@@ -182,10 +183,18 @@ def test_prune_command(small_model_dir, text_file):
             ],
             handle,
         )
-    result = run("prune", str(small_model_dir), "--text", text_file, "--step-fraction", "0.25", "--labels", labels)
+    report = text_file + ".html"
+    result = run(
+        *("prune", str(small_model_dir), "--text", text_file, "--step-fraction", "0.25", "--labels", labels),
+        *("--report", report),
+    )
     assert result.exit_code == 0, result.output
     assert "heads can go within +5% loss" in result.stdout and "removal order by role" in result.stdout
     assert result.stdout.count("\n") >= 6  # header + 5 steps (0, 2, 4, 6, 8 heads) + summary
+    assert f"headlens: wrote {report}" in result.stderr
+    page = open(report, encoding="utf-8").read()  # the page says what the CLI printed, and the text used
+    assert "heads can go within +5% loss" in page and "removal order" in page.lower() and text_file in page
+    assert "not recorded" not in page and '<a href="#ablation">Pruning</a>' in page
 
 
 def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_path):

@@ -8,7 +8,6 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-from headlens.cli.commands_report import reproduce_command
 from headlens.cli.main import cli
 
 EXIT_BAD_INPUT = 2
@@ -18,33 +17,35 @@ def run(*args: str):
     return CliRunner().invoke(cli, ["report", *args])
 
 
-def test_reproduce_command_round_trips_through_the_shell():
-    command = reproduce_command("my model", "a b.txt", "0.1,1.2", True, False, "out/r.html", None, 3)
-    assert shlex.split(command) == [
-        "headlens",
-        "report",
-        "my model",
-        "--text",
-        "a b.txt",
-        "--heads",
-        "0.1,1.2",
-        "--sweep",
-        "--seed",
-        "3",
-        "--out",
-        "out/r.html",
+def test_reproduce_command_is_the_command_as_typed_and_names_the_page():
+    """The page's command: every option typed (the placement options too), in shell quoting, and the file
+    written even when --out was left at its default; nothing the user did not type."""
+    import click
+
+    from headlens.cli.commands_report import report_command
+    from headlens.cli.options import command_line
+
+    seen = {}
+
+    def record(ctx, **kwargs):
+        seen["line"] = command_line(ctx, keep=("out",))
+
+    spy = click.Command("report", params=report_command.params, callback=click.pass_context(record))
+    CliRunner().invoke(spy, ["my model", "--text", "a b.txt", "--heads", "0.1,1.2", "--sweep", "--seed", "3"])
+    assert shlex.split(seen["line"]) == [
+        *("headlens", "report", "my model", "--text", "a b.txt", "--heads", "0.1,1.2", "--sweep", "--out"),
+        *("out/report.html", "--seed", "3"),
     ]
-
-
-def test_reproduce_command_names_a_language_other_than_english():
-    command = reproduce_command("tiny", None, None, False, False, "r.html", None, 0, "es")
-    assert shlex.split(command) == ["headlens", "report", "tiny", "--lang", "es", "--out", "r.html"]
+    CliRunner().invoke(spy, ["tiny", "--lang", "es", "--dtype", "bfloat16", "--out", "r.html"])
+    assert shlex.split(seen["line"]) == [
+        *("headlens", "report", "tiny", "--out", "r.html", "--lang", "es", "--dtype", "bfloat16"),
+    ]
 
 
 @pytest.fixture(scope="module")
 def small_report(small_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "sub" / "report.html"  # a missing folder is created
-    result = run(str(small_model_dir), "--heads", "0.1,1.2", "--sweep", "--out", str(out))
+    result = run(str(small_model_dir), "--heads", "0.1,1.2", "--sweep", "--out", str(out), "--dtype", "float32")
     return result, out
 
 
@@ -60,6 +61,7 @@ def test_report_end_to_end_on_a_small_model(small_report, small_model_dir):
     assert "Every head alone" in html and "Pruning curve" not in html  # --prune not asked for
     command = re.search(r'<pre class="command">(.*?)</pre>', html).group(1)
     assert "--heads 0.1,1.2 --sweep --out" in command and str(small_model_dir) in command
+    assert command.endswith("--dtype float32")  # a placement option typed is a placement option recorded
 
 
 def test_single_head_bars_come_from_the_sweep_rows():

@@ -72,6 +72,58 @@ def test_both_languages_run_the_same_code(stem):
     assert prose and all(a != b for a, b in prose)  # every text cell is translated, none copied
 
 
+# What the prose says about the viewer's sample
+# Each induction head's mean attention on the induction target, against uniform attention over the visible keys.
+UNIFORM_FACTOR = 5.0
+RANDOM_SAMPLE_WORDS = {
+    "en": "random bytes, then the same bytes again",
+    "es": "bytes aleatorios y luego los mismos bytes",
+}
+
+
+def induction_target_attention(attentions, ids: list[int], head: tuple[int, int]) -> tuple[float, float]:
+    """(mean attention on the induction targets, what uniform attention would put there) over the queries
+    that have a target (key k with ids[k - 1] == ids[q], k - 1 < q), from transformers' own attentions."""
+    targets = [[k for k in range(1, q + 1) if ids[k - 1] == ids[q]] for q in range(len(ids))]
+    queries = [q for q in range(len(ids)) if targets[q]]
+    pattern = attentions[head[0]][0, head[1]].double()  # [q_pos, k_pos]
+    shown = sum(float(pattern[q, targets[q]].sum()) for q in queries) / len(queries)
+    uniform = sum(len(targets[q]) / (q + 1) for q in queries) / len(queries)
+    return shown, uniform
+
+
+@pytest.mark.slow
+def test_the_viewer_caption_says_what_the_heads_do_on_the_sample_shown():
+    """Notebook 02 shows `show_attention(loaded, verse, repeat=True)` on tiny: the caption says the sample is
+    random bytes twice (tiny does not copy the verse), and on that sample the card's induction heads do attend
+    to the induction target, measured on the shown ids with transformers directly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from headlens.models import load_model, shipped_path
+    from headlens.reports.inline import attention_sample
+    from headlens.samples import SAMPLE_RANDOM
+
+    english = read(NOTEBOOKS / "02_what_do_the_heads_do.en.ipynb")
+    call = next(c.source for c in english.cells if c.cell_type == "code" and "show_attention" in c.source)
+    assert "repeat=True" in call
+    verse = re.search(r'^verse = "(.+)"$', call, re.M).group(1)
+    sample = attention_sample(load_model("tiny"), verse, repeat=True)  # what show_attention displays
+    assert sample["sample"] == SAMPLE_RANDOM
+    for lang, words in RANDOM_SAMPLE_WORDS.items():
+        nb = read(NOTEBOOKS / f"02_what_do_the_heads_do.{lang}.ipynb")
+        caption = " ".join(c.source for c in nb.cells if c.cell_type == "markdown" and "repeat=True" in c.source)
+        assert words in " ".join(caption.split()), lang
+    card = (shipped_path("tiny") / "README.md").read_text(encoding="utf-8")
+    heads = re.search(r"^induction: (.+)$", card, re.M).group(1).split(",")
+    model = AutoModelForCausalLM.from_pretrained(str(shipped_path("tiny")), attn_implementation="eager")
+    with torch.no_grad():
+        attentions = model(torch.tensor([sample["ids"]]), output_attentions=True).attentions
+    for head in heads:
+        shown, uniform = induction_target_attention(attentions, sample["ids"], tuple(map(int, head.split("."))))
+        assert shown > UNIFORM_FACTOR * uniform, (head, shown, uniform)
+
+
 # Execution
 
 

@@ -72,3 +72,21 @@ def test_score_heatmaps_are_drawn_large_enough_to_read():
     width, height = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).size
     assert width >= 4 * 50 + 150 and height >= 2 * 40 + 80, (width, height)
     assert figures.CELL_FONT_POINTS * figures.FIGURE_DPI / 72 >= 10  # cell numbers of 10 px or more
+
+
+def test_the_training_note_says_the_last_icl_scores_sign_in_words():
+    """The plot's y axis says "more negative is better"; the note beside it says which side the last
+    checkpoint is on, in each language, so a positive score is not read as a gain."""
+    from test_reports import training_pair
+
+    from headlens.reports import sections
+
+    log, heads = training_pair()
+    for last, words in (
+        (-0.4, "-0.400 nats on the logged windows: late tokens are predicted better"),
+        (0.136, "+0.136 nats on the logged windows: late tokens are not predicted better"),
+    ):
+        html = sections.training_section((log.assign(icl_score=[*log["icl_score"][:-1], last]), heads))
+        assert words in html, html
+    spanish = sections.training_section((log.assign(icl_score=[*log["icl_score"][:-1], 0.136]), heads), lang="es")
+    assert "+0,136" in spanish

@@ -267,12 +267,13 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_trains_the_default_recipe_for_two_steps(tmp_path):
+def test_cli_trains_the_default_recipe_for_two_steps(tmp_path, capfd):
     from headlens.cli.main import cli
 
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
+    assert "loss_type" not in result.output + capfd.readouterr().err  # transformers is told the loss, not left to warn
     assert "trained 2 steps" in result.stdout  # --steps is the total: one step in each of the two stages
     log, _ = load_training_log(out)
     assert log["step"].tolist() == [0, 1, 2]  # stage 2's log continues stage 1's

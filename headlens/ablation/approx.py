@@ -70,17 +70,25 @@ def approx_sweep(
 def agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
     """Pearson and Spearman correlation of exact `delta` and `delta_approx` per head, and
     `top10_overlap`: the share of the exact top-k heads (by |delta|) that are also in the
-    estimate's top k, k = min(10, n_heads // 4) so that a small model's overlap is not 1 by default."""
+    estimate's top k, k = min(10, n_heads // 4) so that a small model's overlap is not 1 by default.
+    Why a top head is missed, measured on the exact top k: `top_under` heads whose estimate has
+    the right sign but under half the exact size, `top_flipped` heads whose estimate has the
+    wrong sign (a first-order estimate misses curvature and paths through later nonlinearities:
+    Kramar et al. 2024, arXiv 2403.00745, Section 3)."""
     merged = exact[["layer", "head", "delta"]].merge(approx[["layer", "head", "delta_approx"]], on=["layer", "head"])
     x, y = merged["delta"], merged["delta_approx"]
     k = min(TOP_K, max(1, len(merged) // 4))
     top_x = set(x.abs().nlargest(k).index)
     top_y = set(y.abs().nlargest(k).index)
+    top = merged.loc[sorted(top_x)]
+    same_sign = (top["delta"] * top["delta_approx"]) > 0
     return {
         "pearson": float(x.corr(y)),
         "spearman": float(x.rank().corr(y.rank())),
         "top10_overlap": len(top_x & top_y) / k if k else float("nan"),
         "top_k": k,
+        "top_under": int((same_sign & (top["delta_approx"].abs() < top["delta"].abs() / 2)).sum()),
+        "top_flipped": int((~same_sign).sum()),
         "n_heads": len(merged),
     }
 

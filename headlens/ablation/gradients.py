@@ -29,6 +29,10 @@ fix applies to the later heads: for each head h of layer L,
     matters when a previous-token head is ablated: the induction head's keys *and* values move,
     and the values it no longer attends to no longer count. Together, z_g' - z_g = A'v' - Av is
     exact for the changed residual, and only what follows z_g is linearised.
+Steps 1-3 are batched across the ablated heads (as the paper batches its QK fix over key positions):
+the heads of layer L are stacked along the batch dimension, so each later layer runs once per
+layer L (per chunk of heads that fits QK_FIX_ELEMENTS), not once per ablated head; each stacked
+copy is computed as the single head's would be.
 
 GradDrop (Kramar et al.): paths of opposite sign can cancel in the gradient and hide a head that
 matters. GradDrop reruns attribution patching once per layer l with the gradient through layer l's
@@ -49,6 +53,10 @@ from headlens.ablation.replace import Replacement, layer_replacement, z_change, 
 from headlens.ablation.sweep import scored_values, unit_sums
 from headlens.arch import adapter_for
 from headlens.mha import pattern_rows
+
+# Elements of one stacked pattern [heads * batch, head, q_pos, k_pos] in the batched QK fix: bounds
+# how many ablated heads run through a later layer together (2^24 float32 = 64 MB per such tensor).
+QK_FIX_ELEMENTS = 2**24
 
 
 def scored_with_grad(model, evalset, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,12 +176,9 @@ def _clean_pass(model, evalset, rows: slice, reps) -> dict:
     with torch.enable_grad(), z_edit_hooks(model, edit):
         resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
         for layer in range(adapter.n_layers):
-            handles = adapter.hook_qkv(layer, lambda q, k, v: state["qkv"].append((q.detach(), k.detach(), v.detach())))
-            try:
+            with adapter.hooks() as hooks:
+                hooks.qkv(layer, lambda q, k, v: state["qkv"].append((q.detach(), k.detach(), v.detach())))
                 _, out = adapter.attention(layer, resid, ctx)  # [batch, pos, d_model]
-            finally:
-                for handle in handles:
-                    handle.remove()
             state["resid"].append(resid.detach())
             state["out"].append(out.detach())
             resid = adapter.finish_block(layer, resid, out)
@@ -185,52 +190,92 @@ def _clean_pass(model, evalset, rows: slice, reps) -> dict:
         torch.stack([(g * d).sum((0, 1, 3)) for g, d in zip(state["grad"], state["delta"], strict=True)]).double().cpu()
     )
     state["ctx"] = ctx
+    state["mask"] = evalset.mask[rows].to(state["z"][0].device)  # [batch, pos]
     return state
 
 
-def _qk_correction(model, evalset, rows: slice, clean: dict) -> torch.Tensor:
+def _qk_correction(model, evalset, rows: slice, clean: dict, chunk: int | None = None) -> torch.Tensor:
     """Exact-softmax minus linearised pattern contribution of every head's ablation to the
-    later heads' z: [layer, head] (sums over the batch)."""
+    later heads' z: [layer, head] (sums over the batch). The heads of a layer are batched:
+    `chunk` of them (default: as many as QK_FIX_ELEMENTS allows) are stacked along the batch
+    dimension and run through each later layer together, once."""
     adapter = adapter_for(model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
-    ctx = clean["ctx"]
-    mask = evalset.mask[rows].to(clean["z"][0].device)  # [batch, pos]
-    out = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
+    out = torch.zeros(n_layers, n_heads, dtype=torch.float64, device=clean["mask"].device)  # [layer, head]
+    batch, pos = clean["mask"].shape
+    per_layer = batch * n_heads * pos * pos  # elements of one layer's pattern
+    keep = n_layers * per_layer <= 4 * QK_FIX_ELEMENTS  # every later layer's clean tensors fit: made once
+    fixed: dict[int, dict] = {}
     with torch.no_grad():
+        chunk = chunk or max(1, QK_FIX_ELEMENTS // per_layer)
         for layer in range(n_layers - 1):
-            w_o = adapter.w_o(layer)  # [head, d_head, d_model]
-            after = adapter.finish_block(layer, clean["resid"][layer], clean["out"][layer])  # [batch, pos, d_model]
-            for head in range(n_heads):
-                edited = clean["out"][layer] + clean["delta"][layer][:, :, head] @ w_o[head]  # [batch, pos, d_model]
-                change = adapter.finish_block(layer, clean["resid"][layer], edited) - after  # [batch, pos, d_model]
-                out[layer, head] = sum(
-                    _later_layer_fix(adapter, ctx, clean, later, change, mask) for later in range(layer + 1, n_layers)
-                )
-    return out
+            for start in range(0, n_heads, chunk):
+                heads = list(range(start, min(n_heads, start + chunk)))
+                change = _residual_changes(adapter, clean, layer, heads)  # [len(heads) * batch, pos, d_model]
+                for later in range(layer + 1, n_layers):
+                    found = fixed.get(later) or _clean_layer(adapter, clean, later)
+                    if keep:
+                        fixed[later] = found
+                    out[layer, start : start + len(heads)] += _later_layer_fix(
+                        adapter, clean, found, later, change, len(heads)
+                    )
+    return out.cpu()  # one copy to the host per batch
 
 
-def _later_layer_fix(adapter, ctx, clean: dict, layer: int, change: torch.Tensor, mask: torch.Tensor) -> float:
-    """sum_g sum_t dL/dz_g[t] . ((A' - A - A (ds - A . ds)) v + (A' - A)(v' - v))[t] over the heads
-    g of `layer`, with the residual entering it moved by `change`."""
+def _residual_changes(adapter, clean: dict, layer: int, heads: list[int]) -> torch.Tensor:
+    """The exact change of the residual leaving `layer` when each of `heads` alone has its z
+    replaced (its share of the output projection, then the layer's MLP): [heads * batch, pos, d_model],
+    head-major (copies of the batch, as `Adapter.attention(..., copies)` takes them)."""
+    copies = len(heads)
+    w_o = adapter.w_o(layer)[heads]  # [copies, d_head, d_model]
+    delta = clean["delta"][layer][:, :, heads]  # [batch, pos, copies, d_head]
+    resid, out = clean["resid"][layer], clean["out"][layer]  # [batch, pos, d_model]
+    edited = out[None] + torch.einsum("bpcd,cdm->cbpm", delta, w_o)  # [copies, batch, pos, d_model]
+    after = adapter.finish_block(layer, resid, out)  # [batch, pos, d_model]
+    moved = adapter.finish_block(
+        layer, resid.repeat(copies, 1, 1), edited.flatten(0, 1)
+    )  # [copies * batch, pos, d_model]
+    return moved - after.repeat(copies, 1, 1)  # [copies * batch, pos, d_model]
+
+
+def _clean_layer(adapter, clean: dict, layer: int) -> dict:
+    """What the QK fix reads from `layer`'s clean run, the same for every ablated head: its
+    pattern A, scores, keys and values expanded to every query head, and dL/dz."""
     q, k, v = clean["qkv"][layer]  # q [batch, head, pos, d_head], k, v [batch, kv_head, pos, d_head]
-    seen = []
-    handles = adapter.hook_qkv(layer, lambda q2, k2, v2: seen.append((q2, k2, v2)))
-    try:
-        adapter.attention(layer, clean["resid"][layer] + change, ctx)
-    finally:
-        for handle in handles:
-            handle.remove()
-    q2, k2, v2 = seen[0]
     scale, window, pos = adapter.attention_scale(layer), adapter.sliding_window(layer), q.shape[2]
-    a = pattern_rows(q, k, mask, scale, 0, pos, window)  # [batch, head, q_pos, k_pos]
-    a2 = pattern_rows(q2, k2, mask, scale, 0, pos, window)  # [batch, head, q_pos, k_pos]
     groups = q.shape[1] // k.shape[1]
-    k, k2, v, v2 = (t.repeat_interleave(groups, dim=1) for t in (k, k2, v, v2))  # [batch, head, pos, d_head]
-    ds = (q2 @ k2.transpose(-2, -1) - q @ k.transpose(-2, -1)) * scale  # [batch, head, q_pos, k_pos]
-    linear = a * (ds - (a * ds).sum(-1, keepdim=True))  # [batch, head, q_pos, k_pos] softmax Jacobian . ds
-    dz = ((a2 - a) - linear) @ v + (a2 - a) @ (v2 - v)  # [batch, head, q_pos, d_head]
-    grad = clean["grad"][layer].transpose(1, 2)  # [batch, head, pos, d_head]
-    return float((grad * dz).double().sum())
+    k_all, v_all = (t.repeat_interleave(groups, dim=1) for t in (k, v))  # [batch, head, pos, d_head]
+    return {
+        "a": pattern_rows(q, k, clean["mask"], scale, 0, pos, window),  # [batch, head, q_pos, k_pos]
+        "scores": q @ k_all.transpose(-2, -1) * scale,  # [batch, head, q_pos, k_pos]
+        "v": v_all,  # [batch, head, pos, d_head]
+        "grad": clean["grad"][layer].transpose(1, 2),  # [batch, head, pos, d_head]
+        "scale": scale,
+        "window": window,
+    }
+
+
+def _later_layer_fix(adapter, clean: dict, fixed: dict, layer: int, change: torch.Tensor, copies: int) -> torch.Tensor:
+    """sum_g sum_t dL/dz_g[t] . ((A' - A - A (ds - A . ds)) v + (A' - A)(v' - v))[t] over the heads
+    g of `layer`, with the residual entering it moved by each of `copies` stacked changes
+    ([copies * batch, pos, d_model]): [copies]."""
+    seen = []
+    with adapter.hooks() as hooks:
+        hooks.qkv(layer, lambda q2, k2, v2: seen.append((q2, k2, v2)))
+        adapter.attention(layer, clean["resid"][layer].repeat(copies, 1, 1) + change, clean["ctx"], copies)
+    q2, k2, v2 = seen[0]  # q2 [copies * batch, head, pos, d_head], k2, v2 [copies * batch, kv_head, pos, d_head]
+    pos, groups = q2.shape[2], q2.shape[1] // k2.shape[1]
+    a2 = pattern_rows(q2, k2, clean["mask"].repeat(copies, 1), fixed["scale"], 0, pos, fixed["window"])
+    k2, v2 = (t.repeat_interleave(groups, dim=1) for t in (k2, v2))  # [copies * batch, head, pos, d_head]
+    split = (copies, -1, *a2.shape[1:])
+    a, a2 = fixed["a"], a2.view(split)  # [batch, head, q_pos, k_pos], [copies, batch, head, q_pos, k_pos]
+    ds = (q2 @ k2.transpose(-2, -1) * fixed["scale"]).view(split) - fixed[
+        "scores"
+    ]  # [copies, batch, head, q_pos, k_pos]
+    linear = a * (ds - (a * ds).sum(-1, keepdim=True))  # [copies, batch, head, q_pos, k_pos] softmax Jacobian . ds
+    dv = v2.view(copies, *fixed["v"].shape) - fixed["v"]  # [copies, batch, head, pos, d_head]
+    dz = ((a2 - a) - linear) @ fixed["v"] + (a2 - a) @ dv  # [copies, batch, head, q_pos, d_head]
+    return (fixed["grad"] * dz).double().sum((1, 2, 3, 4))  # [copies]
 
 
 def graddrop_scores(model, evalset, reps: list[Replacement], batch_size: int = BATCH_SIZE) -> torch.Tensor:

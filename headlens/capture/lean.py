@@ -89,17 +89,23 @@ class LeanLayer:
             self.dispatch(self.layer, "pattern", pattern, start if self.blocks else None)
 
     def on_z(self, z: torch.Tensor) -> None:
+        """Compare the checked blocks' pattern @ V with the model's z, on the device; the
+        verdict waits for the end of the batch (`hooks.checks`, one host copy per batch)."""
         if not self._expected:
             return
         z = z.detach().transpose(1, 2)  # [batch, head, pos, d_head]
         real = self.hooks.batch.mask.to(z.device)[:, None, :, None]  # [batch, 1, pos, 1]
-        err, scale = 0.0, 1.0
+        errs, scales = [], [torch.ones((), device=z.device)]
         for start, expected in self._expected:
             rows = slice(start, start + expected.shape[2])
-            err = max(err, ((z[:, :, rows] - expected).abs() * real[:, :, rows]).amax().item())
-            scale = max(scale, (expected.abs() * real[:, :, rows]).amax().item())
+            errs.append(((z[:, :, rows] - expected).abs() * real[:, :, rows]).amax())
+            scales.append((expected.abs() * real[:, :, rows]).amax())
         self._expected, self.verify = [], False
-        if err > check_atol(z.dtype, Z_CHECK_RTOL, Z_CHECK_EPS) * scale:
+        found = torch.stack([torch.stack(errs).amax(), torch.stack(scales).amax()])  # [2] error, scale
+        self.hooks.checks.append((found, lambda host, dtype=z.dtype: self._judge(*host, dtype)))
+
+    def _judge(self, err: float, scale: float, dtype: torch.dtype) -> None:
+        if err > check_atol(dtype, Z_CHECK_RTOL, Z_CHECK_EPS) * scale:
             raise LeanCheckError(
                 f"layer {self.layer}: the rebuilt attention pattern does not reproduce the "
                 f"model's z (max error {err:.2e}); run the capture with recompute_patterns=False"

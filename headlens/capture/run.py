@@ -8,6 +8,8 @@ Sites come from the model's architecture adapter (headlens.arch):
 On a TransformerLens `TransformerBridge`: `blocks.{L}.attn.hook_pattern` and `hook_z`.
 Hooks are GLOBAL state (TransformerLens docs), so they are only ever installed inside one
 scoped `Hooks` context (headlens.arch.hooks) that removes them on exit, error included.
+Reducers' statistics and the checks stay on the model's device during a batch; `end_batch`
+copies them to the host together, once per batch (headlens.capture.reducers.flush_to_host).
 """
 
 from __future__ import annotations
@@ -22,16 +24,38 @@ from headlens.arch import adapter_for
 from headlens.arch.hooks import Hooks
 from headlens.capture.bridge import bridge_hooks, is_bridge, n_layers_of
 from headlens.capture.lean import lean_hooks, takes_blocks
-from headlens.capture.reducers import Batch, Reducer, check_pattern
+from headlens.capture.reducers import Batch, Reducer, flush_to_host, pattern_violations, raise_violations
 from headlens.errors import CaptureError
+
+
+class CaptureHooks(Hooks):
+    """The capture's scoped hooks, plus what waits for the end of the batch: the reducers' pending
+    device-side sums and `checks`, (device tensor, fn(host tensor)) pairs whose fn may raise."""
+
+    def __init__(self, adapter, reducers: Sequence[Reducer]):
+        super().__init__(adapter)
+        self.reducers = reducers
+        self.checks: list[tuple[torch.Tensor, object]] = []
+
+    def end_batch(self) -> None:
+        """One copy to the host: every pending statistic and check of the batch just run."""
+        checks, self.checks = self.checks, []
+        flush_to_host(self.reducers, checks)
+
+
+@contextlib.contextmanager
+def _end_batch_at_exit(hooks: CaptureHooks):
+    """On a normal exit, what the last batch left pending (a caller that ran its own forwards)."""
+    yield
+    hooks.end_batch()
 
 
 @contextlib.contextmanager
 def capture_hooks(model, reducers: Sequence[Reducer], check: bool = True, recompute_patterns: bool = False):
     """Install the hooks that feed `reducers` in one scoped `Hooks` context (headlens.arch.hooks:
     removed on exit, error or not) and yield it: set `hooks.batch` to the Batch being run before
-    each forward pass. `recompute_patterns` (HF models only, run with sdpa): the lean path,
-    headlens.capture.lean.
+    each forward pass, and call `hooks.end_batch()` after it (the context's exit does so for the
+    last). `recompute_patterns` (HF models only, run with sdpa): the lean path, headlens.capture.lean.
     """
     n_layers = n_layers_of(model)
     needs: dict[int, set[str]] = {}
@@ -44,12 +68,14 @@ def capture_hooks(model, reducers: Sequence[Reducer], check: bool = True, recomp
             needs.setdefault(layer, set()).update(reducer.wants)
     checked: set[int] = set()
     bridge = is_bridge(model)
-    with Hooks(None if bridge else adapter_for(model)) as hooks:
+    with CaptureHooks(None if bridge else adapter_for(model), reducers) as hooks:
+        hooks.enter(_end_batch_at_exit(hooks))
 
         def dispatch(layer: int, kind: str, value: torch.Tensor, q_start: int | None = None) -> None:
             batch = hooks.batch
             if kind == "pattern" and check and layer not in checked:
-                check_pattern(value, batch.mask, layer, q_start or 0)
+                found = pattern_violations(value, batch.mask, q_start or 0)  # [3] on the device
+                hooks.checks.append((found, lambda host, layer=layer: raise_violations(host, layer)))
                 if (q_start or 0) + value.shape[-2] >= value.shape[-1]:  # the last block of the layer
                     checked.add(layer)
             extra = {} if q_start is None else {"q_start": q_start}
@@ -134,6 +160,7 @@ def run_capture(
         for batch in iterator:
             hooks.batch = batch
             _forward_trunk(model, batch)
+            hooks.end_batch()
 
 
 def _forward_trunk(model, batch: Batch) -> None:

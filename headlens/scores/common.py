@@ -69,9 +69,9 @@ class TargetMassReducer(Reducer):
             on_target = pattern * targets[:, None, rows].to(pattern.device)  # [batch, head, rows, k_pos]
             raw = on_target.sum(-1, dtype=torch.float64)  # [batch, head, rows]
         mass = raw * scored[:, None]  # [batch, head, rows]: padding and target-less queries -> 0
-        self.sums[layer] += mass.sum((0, 2)).cpu()
-        self.sq_sums[layer] += (mass**2).sum((0, 2)).cpu()
-        self.counts[layer] += int(scored.sum())
+        self.add_total("sums", layer, mass.sum((0, 2)))  # on the device until the batch ends
+        self.add_total("sq_sums", layer, (mass**2).sum((0, 2)))
+        self.add_total("counts", layer, scored.sum())
         real = batch.mask[:, rows].to(pattern.device)  # [batch, rows]
         part = (mass.sum(-1), (raw * real[:, None]).sum(-1))  # [batch, head] each: scored mass, all real mass
         if q_start > 0:
@@ -86,17 +86,19 @@ class TargetMassReducer(Reducer):
         n_scored = scored_all.sum(-1).to(scored_mass.device)  # [batch]
         has = n_scored > 0
         seq_mean = scored_mass / n_scored.clamp(min=1)[:, None]  # [batch, head]: mean over scored queries
-        self.seq_sums[layer] += seq_mean[has].sum(0).cpu()
-        self.seq_sq_sums[layer] += (seq_mean[has] ** 2).sum(0).cpu()
-        self.n_seqs[layer] += int(has.sum())
+        kept = seq_mean * has[:, None]  # [batch, head]: sequences with no scored query add 0
+        self.add_total("seq_sums", layer, kept.sum(0))
+        self.add_total("seq_sq_sums", layer, (kept**2).sum(0))
+        self.add_total("n_seqs", layer, has.sum())
         # "mul" form (TransformerLens detect_head): target mass summed over every real query,
         # divided by the pattern's total mass (= the number of real queries), per sequence
         n_real = batch.mask.sum(-1).to(real_mass.device)  # [batch]
-        self.mul_sums[layer] += (real_mass / n_real.clamp(min=1)[:, None]).sum(0).cpu()
+        self.add_total("mul_sums", layer, (real_mass / n_real.clamp(min=1)[:, None]).sum(0))
         self.mul_n[layer] += batch.mask.shape[0]
 
     def result(self) -> torch.Tensor:
         """Mean target mass, [n_layers, n_heads] (NaN where nothing was scored)."""
+        self.flush()
         return (
             (self.sums / self.counts[:, None].clamp(min=1))
             .where(self.counts[:, None] > 0, torch.tensor(float("nan")))
@@ -105,12 +107,14 @@ class TargetMassReducer(Reducer):
 
     def std(self) -> torch.Tensor:
         """Spread across scored queries, [n_layers, n_heads]."""
+        self.flush()
         n = self.counts[:, None].clamp(min=1)
         mean = self.sums / n
         return (self.sq_sums / n - mean**2).clamp(min=0).sqrt().float()
 
     def seq_std(self) -> torch.Tensor:
         """Spread of the per-sequence score across sequences, [n_layers, n_heads] (0 with one sequence)."""
+        self.flush()
         n = self.n_seqs[:, None].clamp(min=1)
         mean = self.seq_sums / n
         return (self.seq_sq_sums / n - mean**2).clamp(min=0).sqrt().float()
@@ -119,4 +123,5 @@ class TargetMassReducer(Reducer):
         """TransformerLens `detect_head` "mul" form, [n_layers, n_heads]: per sequence
         sum(A * P) / sum(A) over all real queries (rows sum to 1, so / n_queries), then the mean
         over sequences, as detect_head averages a list of prompts."""
+        self.flush()
         return (self.mul_sums / self.mul_n[:, None].clamp(min=1)).float()

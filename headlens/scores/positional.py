@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from headlens.capture import Reducer
 from headlens.scores.common import TargetMassReducer
 
 
@@ -87,7 +88,7 @@ def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassR
     )
 
 
-class ArgmaxOffsetReducer:
+class ArgmaxOffsetReducer(Reducer):
     """Where does each head's maximum attention weight fall, relative to the query?
 
     Voita et al. 2019 (arXiv 1905.09418): a head is positional if for >= 90% of tokens its
@@ -119,10 +120,11 @@ class ArgmaxOffsetReducer:
         back = (queries[None, None, :] - arg).clamp(min=0, max=self.max_offset + 1)  # [batch, head, rows]
         scored = batch.mask[:, q_start : q_start + n_rows].to(pattern.device) & (queries >= 2)  # [batch, rows]
         onehot = torch.nn.functional.one_hot(back, self.max_offset + 2)  # [batch, head, rows, bucket]
-        self.counts[layer] += (onehot * scored[:, None, :, None]).sum((0, 2)).cpu()
-        self.n_scored[layer] += int(scored.sum())
+        self.add_total("counts", layer, (onehot * scored[:, None, :, None]).sum((0, 2)))  # on the device
+        self.add_total("n_scored", layer, scored.sum())
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.flush()
         best = self.counts[..., : self.max_offset + 1].argmax(-1)  # [layer, head] bucket = -offset
         share = self.counts.gather(-1, best[..., None])[..., 0].double() / self.n_scored[:, None].clamp(min=1)
         return -best, share.float()
