@@ -119,10 +119,16 @@ class SyntacticReducer:
         for b, sentence in enumerate(chosen):
             word_of[b, : len(sentence.word_of)] = torch.tensor(sentence.word_of)
         best = predictions(pooled_words(whole, word_of, max(s.n_words for s in chosen)))  # [batch, head, word]
-        for b, sentence in enumerate(chosen):
-            for later, earlier, rel, _ in sentence.instances:
-                if rel in self.relations:
-                    self.hits[self.relations[rel], layer] += (best[b, :, later] == earlier).double()
+        cases = [
+            (b, later, earlier, self.relations[rel])
+            for b, sentence in enumerate(chosen)
+            for later, earlier, rel, _ in sentence.instances
+            if rel in self.relations
+        ]
+        if cases:
+            b, later, earlier, rel = torch.tensor(cases).T  # each [case]
+            hit = (best[b, :, later] == earlier[:, None]).double()  # [case, head]
+            self.hits[:, layer].index_add_(0, rel, hit)
 
 
 @dataclass(frozen=True)
