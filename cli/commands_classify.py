@@ -74,6 +74,13 @@ def _check_seq_len(ctx, param, value):
 )
 @click.option("--no-needles", is_flag=True, help="skip the needle-in-a-haystack probe (no retrieval_score)")
 @click.option(
+    "--syntax",
+    "syntax_file",
+    type=click.Path(path_type=str),
+    default=None,
+    help="CoNLL-U treebank for the syntactic-head probe [default: the English sample shipped with headlens]",
+)
+@click.option(
     "--threshold",
     "thresholds",
     multiple=True,
@@ -111,6 +118,7 @@ def classify_command(
     token_budget,
     needle_budget,
     no_needles,
+    syntax_file,
     thresholds,
     out_dir,
     fmt,
@@ -137,6 +145,7 @@ def classify_command(
         "max_windows": max_windows,
         "token_budget": token_budget,
         "needle_budget": needle_budget,
+        "syntax": syntax_file,
     }
     config = replace(
         ClassifyConfig(),
@@ -146,6 +155,10 @@ def classify_command(
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
     text = open_text(text_path) if text_path is not None else None
+    if syntax_file is not None:
+        from headlens.treebank import read_conllu
+
+        read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
     out = _check_out_dir(out_dir) if out_dir is not None else None
     if report_path is not None:
         from headlens.reports.render import check_output_path
@@ -225,6 +238,29 @@ def _notes(frame, text) -> None:
         click.echo(
             "headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
             "haystack is the held-out text shipped with headlens (needles_source = default_text)",
+            err=True,
+        )
+    _kind_notes(frame)
+
+
+def _kind_notes(frame) -> None:
+    """Why a rare-word or syntactic head is absent: the probe had nothing to score, or no head reached
+    its cut-off (the best one is named)."""
+    from headlens import kinds
+
+    info, config = frame.attrs["probes"], frame.attrs["config"]
+    for label, key, unit in (("rare_word", "n_sentences", "sentences"), ("syntactic", "relations", "relations")):
+        kind, facts = kinds.BY_LABEL[label], info.get(label, {})
+        if not facts.get(key):
+            click.echo(f"headlens: note: no {label} heads: the probe found no {unit} to score", err=True)
+            continue
+        if frame["labels"].map(lambda names, label=label: label in names).any():
+            continue
+        best = frame.loc[frame[kind.score].idxmax()]
+        cut = config[kind.thresholds[0].field]
+        click.echo(
+            f"headlens: note: no {label} heads: the best, {int(best['layer'])}.{int(best['head'])}, scores "
+            f"{best[kind.score]:.2f} against the cut-off {cut:g}",
             err=True,
         )
 

@@ -343,6 +343,49 @@ KINDS: tuple[Kind, ...] = (
     ),
 )
 
+# Rare-word and syntactic heads (Voita et al. 2019; Clark et al. 2019): their probes and kinds.
+PROBES["rare_word"] = Probe("rare_word", "headlens.scores.rare_word:probe_rare_word", None)
+PROBES["syntactic"] = Probe("syntactic", "headlens.scores.syntactic:probe_syntactic", "syntax_source")
+KINDS = KINDS + (
+    Kind(
+        "rare_word",
+        lambda s, c: s["rare_word_score"] >= c.rare_word_min,
+        ("rare_word_score",),
+        VOITA,
+        "#8c564b",
+        scores=(Score("rare_word_score", "rare_word"),),
+        thresholds=(
+            Threshold(
+                "rare_word",
+                "rare_word_min",
+                0.5,
+                "rare_word_score",
+                "Voita et al. 2019 (their head: 66% of sentences); ours: max weight on the rarest word in half",
+            ),
+        ),
+    ),
+    Kind(
+        "syntactic",
+        lambda s, c: s["syntactic_score"] >= c.syntactic_min,
+        ("syntactic_score", "syntactic_accuracy"),
+        "Voita et al. 2019, arXiv 1905.09418; Clark et al. 2019, arXiv 1906.04341",
+        "#17becf",
+        scores=(
+            Score("syntactic_score", "syntactic", vmin=-0.5, vmax=0.5),
+            Score("syntactic_accuracy", "syntactic", table=False),
+        ),
+        thresholds=(
+            Threshold(
+                "syntactic",
+                "syntactic_min",
+                0.1,
+                "syntactic_score",
+                "Voita et al. 2019: accuracy >= 10 points above the best fixed-offset baseline",
+            ),
+        ),
+    ),
+)
+
 # Derived tables: read these, never restate them.
 BY_LABEL: dict[str, Kind] = {kind.label: kind for kind in KINDS}
 LABELS: tuple[str, ...] = tuple(kind.label for kind in KINDS)  # the order a head's labels are written in

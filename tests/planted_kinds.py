@@ -167,3 +167,76 @@ def build_planted_ioi(seed: int) -> Planted:
 def labelled_heads(frame, label: str) -> list[tuple[int, int]]:
     """(layer, head) of the classify frame's heads carrying `label`, in (layer, head) order."""
     return [(int(r.layer), int(r.head)) for r in frame.itertuples() if label in r.labels]
+
+
+# A rare-word head ---------------------------------------------------------------------------------------------
+
+# Words GPT-2 spells as one token (with a leading space), common to rare; the rare-word text is made of them.
+RARE_POOL = (
+    "the of and to in that was for with his they from have were said would there when which their time "
+    "people water house little number family ship garden letter window river bridge market lantern harbour "
+    "ledger barrel anchor ribbon tavern orchard thistle walrus goblet"
+).split()
+RARE_GAIN = 4.0  # query size, in PEAK_SCORE units: one rank of rarity is worth 4 / (pool - 1) peaks (~4)
+RARE_SENTENCES = 60
+
+
+def rare_pool(tokenizer) -> list[tuple[str, int]]:
+    """(word, token id) of RARE_POOL's words that are one token, most frequent first, distinct frequencies."""
+    from wordfreq import word_frequency
+
+    pool, seen = [], set()
+    for word in RARE_POOL:
+        ids = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
+        freq = word_frequency(word, "en")
+        if len(ids) == 1 and freq not in seen:
+            pool.append((word, ids[0], freq))
+            seen.add(freq)
+    return [(word, tok) for word, tok, _ in sorted(pool, key=lambda p: -p[2])]
+
+
+def rare_text(tokenizer, seed: int, n: int = RARE_SENTENCES) -> str:
+    """n sentences of 6-9 distinct pool words in random order, each ending with a full stop."""
+    words = [w for w, _ in rare_pool(tokenizer)]
+    gen = torch.Generator().manual_seed(40_000 + seed)
+    sentences = []
+    for _ in range(n):
+        size = int(torch.randint(6, 10, (1,), generator=gen))
+        pick = torch.randperm(len(words), generator=gen)[:size].tolist()
+        sentences.append(" ".join(words[i] for i in pick) + ".")
+    return " ".join(sentences)
+
+
+def rare_slot(roles: dict) -> tuple[int, int]:
+    """The first free head, layer 0 first (where the LayerNorm scale is known)."""
+    used = set(roles.values())
+    return next((lay, h) for lay in range(N_LAYERS) for h in range(N_HEADS) if (lay, h) not in used)
+
+
+def build_planted_rare_word(seed: int) -> Planted:
+    """build_planted(seed) with a rare-word head: the pool's tokens carry their rarity along a direction
+    f of TOK (e = c f + sqrt(1 - c^2) e_perp, c = rank / (pool - 1), the rarest at c = 1), and a free
+    head's constant query f against keys TOK (its background Q/K weights cleared) scores every key by
+    its c: its maximum falls on the sentence's least frequent word."""
+    planted = build_planted(seed)
+    sub, model = planted.subspaces, planted.loaded.model
+    slot = rare_slot(planted.positions)
+    pool = rare_pool(planted.loaded.tokenizer)
+    gen = torch.Generator().manual_seed(50_000 + seed)
+    flag = torch.randn(SUB, generator=gen, dtype=torch.float64)
+    flag /= flag.norm()  # f, in TOK coordinates: [SUB]
+    half = slice(0, SUB)
+    with torch.no_grad():
+        wte = model.transformer.wte.weight  # [d_vocab, d_model]
+        ids = torch.tensor([tok for _, tok in pool])  # [n]
+        rarity = torch.arange(len(pool), dtype=torch.float64) / (len(pool) - 1)  # [n]: 0 commonest .. 1 rarest
+        coords = wte[ids].double() @ sub["tok"]  # [n, SUB]
+        perp = coords - (coords @ flag)[:, None] * flag
+        perp /= perp.norm(dim=-1, keepdim=True)
+        coords = rarity[:, None] * flag + (1 - rarity[:, None] ** 2).sqrt() * perp  # [n, SUB], unit
+        wte[ids] = (coords @ sub["tok"].T).to(wte.dtype)
+        q, k, v, o, b_q = _head_weights(model, *slot, bias=True)
+        q.zero_(), k.zero_()  # no background scores: the key's rarity alone ranks the keys
+        b_q[half] += (RARE_GAIN * sub["gain"] * sub["s0"] * flag).to(b_q.dtype)  # a constant query: f
+        k[:, half] += (sub["gain"] * sub["tok"]).to(k.dtype)
+    return Planted(planted.loaded, {**planted.positions, "rare_word": slot}, sub)

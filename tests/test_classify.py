@@ -35,6 +35,8 @@ def _scores(**overrides) -> dict:
         "s_attention": 0.0,
         "name_copy_score": 0.0,
         "name_negative_copy_score": 0.0,
+        "rare_word_score": 0.0,
+        "syntactic_score": 0.0,
     }
     return {**base, **overrides}
 
@@ -57,6 +59,9 @@ def test_labels_follow_the_published_rules():
     assert label_head(_scores(prefix_matching_score=0.39, copying_score=0.1), config) == []
     assert label_head(_scores(retrieval_score=0.11), config) == ["retrieval"]  # Wu: > 0.1
     assert label_head(_scores(retrieval_score=float("nan")), config) == []
+    assert label_head(_scores(rare_word_score=0.5), config) == ["rare_word"]  # ours: >= 0.5 (Voita's head: 0.66)
+    assert label_head(_scores(syntactic_score=0.1), config) == ["syntactic"]  # Voita: >= 10 points over the baseline
+    assert label_head(_scores(syntactic_score=0.09), config) == []
     both = label_head(_scores(prefix_matching_score=0.8, copying_score=0.9, retrieval_score=0.5), config)
     assert both == ["induction", "retrieval"]
     # copy suppression needs both parts (McDougall et al. 2023): negative OV copying and attention on predicted copies
