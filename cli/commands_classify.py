@@ -78,7 +78,8 @@ def _check_seq_len(ctx, param, value):
     "syntax_file",
     type=click.Path(path_type=str),
     default=None,
-    help="CoNLL-U treebank for the syntactic-head probe [default: the English sample shipped with headlens]",
+    help="CoNLL-U treebank for the syntactic-head probe, or 'sample' for the English one shipped with headlens "
+    "[default: the probe does not run]",
 )
 @click.option(
     "--threshold",
@@ -155,7 +156,7 @@ def classify_command(
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
     text = open_text(text_path) if text_path is not None else None
-    if syntax_file is not None:
+    if syntax_file not in (None, "sample"):
         from headlens.treebank import read_conllu
 
         read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
@@ -224,6 +225,8 @@ def _notes(frame, text) -> None:
             "heads are scored only on keys inside their window",
             err=True,
         )
+    if "syntactic_missing" in info:
+        click.echo(f"headlens: note: no syntactic-head scores: {info['syntactic_missing']}", err=True)
     if "ioi_missing" in info:
         click.echo(f"headlens: note: no name-mover scores: {info['ioi_missing']}", err=True)
     elif "ioi_logit_diff" in info:

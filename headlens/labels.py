@@ -57,7 +57,7 @@ class ProbeConfig:
     needles: bool = True  # run the needle-in-a-haystack probe (retrieval_score NaN when off)
     needle_len: int = 16  # needle tokens (restated + generated); shrunk to needle context // 8 when short
     needle_restate: int = 4  # needle tokens restated at the end of the prompt
-    syntax: str | None = None  # CoNLL-U treebank of the syntactic-head probe; None: the shipped sample
+    syntax: str | None = None  # CoNLL-U treebank of the syntactic-head probe; "sample": the shipped one; None: not run
 
     def __post_init__(self):
         def need(ok: bool, name: str, rule: str):

@@ -137,7 +137,7 @@ def test_sources_name_the_given_text_when_it_is_long_enough(small_frame):
         "needles": "given_text",
         "copy_suppression": "given_text",
         "ioi": "ioi_templates",
-        "syntactic": "shipped_treebank",
+        "syntactic": "not_run",
     }
     for probe, column in SOURCE_COLUMNS.items():
         assert (small_frame[column] == small_frame.attrs["sources"][probe]).all()
@@ -155,7 +155,7 @@ def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text
         "needles": "default_text",
         "copy_suppression": "given_text",  # the given text's own tokens, too few for a counted position
         "ioi": "ioi_templates",
-        "syntactic": "shipped_treebank",
+        "syntactic": "not_run",
     }
     assert frame["predicted_attention"].isna().all() and (frame["n_cs_positions"] == 0).all()
     assert (frame["needles_source"] == "default_text").all() and (frame["n_needle_tests"] > 0).all()

@@ -10,8 +10,10 @@ import torch
 from click.testing import CliRunner
 
 from headlens.capture import Batch, pad_batch
+from headlens.classify import classify_heads
 from headlens.errors import InputTextError
-from headlens.models import gpt2_tokenizer
+from headlens.labels import ClassifyConfig
+from headlens.models import gpt2_tokenizer, load_model
 from headlens.scores import syntactic
 from headlens.scores.syntactic import (
     DEP_TO_HEAD,
@@ -243,3 +245,18 @@ def test_smollm2_accuracy_matches_its_eager_attention(pulled, monkeypatch):
                     hits[relations.index(rel), layer] += (best == earlier).double()
     n = torch.tensor(sample.relations["n"].tolist(), dtype=torch.float64)
     assert torch.equal(ours, hits / n[:, None, None])
+
+
+def test_the_probe_runs_only_when_a_treebank_is_asked_for():
+    """Without --syntax the syntactic probe (the costliest) does not run and the note says how to run it;
+    `--syntax sample` scores the shipped treebank."""
+    from headlens.cli.main import cli
+
+    skipped = CliRunner().invoke(cli, ["classify", "tiny", "--format", "json", "--no-progress"])
+    assert skipped.exit_code == 0, skipped.output
+    assert "no syntactic-head scores" in skipped.stderr and "--syntax sample" in skipped.stderr
+    frame = classify_heads(load_model("tiny"), config=ClassifyConfig(n_seq=2, max_windows=2, syntax="sample"))
+    assert (frame["syntax_source"] == "shipped_treebank").all() and frame.attrs["probes"]["syntactic"][
+        "n_sentences"
+    ] > 0
+    assert "syntactic_missing" not in frame.attrs["probes"]

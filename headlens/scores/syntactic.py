@@ -3,7 +3,10 @@ the relation more often than any fixed offset predicts.
 
 Clark et al. 2019 ("What Does BERT Look At?", arXiv 1906.04341) and Voita et al. 2019 (arXiv
 1905.09418), for a causal model:
-- Parses come from CoNLL-U (headlens.treebank): the sample shipped with headlens or `--syntax FILE`.
+- Parses come from CoNLL-U (headlens.treebank): `--syntax sample` (the sample shipped with headlens)
+  or `--syntax FILE`. Without either the probe does not run (NOT_RUN says why): it is the costliest
+  probe (a whole pattern per layer over TOKEN_SHARE of the text probe's tokens; ~175 CPU s on
+  SmolLM2-135M, BENCHMARKS.md).
   Each sentence is scored alone, BOS + its tokens (tokenized after a space, as in running text);
   a sentence whose words do not each start a token of their own is skipped. The first sentences
   are scored, up to TOKEN_SHARE (half) of the tokens the natural-text probe scores.
@@ -218,12 +221,20 @@ def probe_syntactic(run) -> ProbeResult:
     the relations) and syntactic_accuracy (the accuracy on that relation) on `config.syntax` or the
     shipped sample; NaN (no label) when no relation has MIN_CASES instances."""
     loaded, spec, window = run.loaded, run.loaded.spec, run.sizes["window"]
-    treebank = load_treebank(run.config.syntax)
+    if run.config.syntax is None:
+        nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+        return ProbeResult(
+            {"syntactic_score": nan, "syntactic_accuracy": nan.clone()},
+            {},
+            {"syntactic_missing": NOT_RUN},
+            SOURCE_NOT_RUN,
+        )
+    treebank = load_treebank(None if run.config.syntax == SAMPLE_NAME else run.config.syntax)
     sample = syntax_sample(
         loaded.tokenizer, treebank, loaded.bos_token_id, window, int(TOKEN_SHARE * run.config.max_windows * window)
     )
     facts = {"n_sentences": len(sample.sentences), "n_skipped": sample.n_skipped, "relations": []}
-    source = str(run.config.syntax) if run.config.syntax else SOURCE_SAMPLE
+    source = SOURCE_SAMPLE if run.config.syntax == SAMPLE_NAME else str(run.config.syntax)
     if sample.relations.empty:
         nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
         return ProbeResult(
@@ -245,3 +256,8 @@ def probe_syntactic(run) -> ProbeResult:
 
 
 SOURCE_SAMPLE = "shipped_treebank"  # the CoNLL-U sample shipped with headlens
+SOURCE_NOT_RUN = "not_run"  # no treebank was asked for
+SAMPLE_NAME = "sample"  # `--syntax sample`: the shipped sample
+NOT_RUN = (
+    "the syntactic probe runs only when asked (--syntax sample, or --syntax FILE.conllu): it is the costliest probe"
+)
