@@ -58,7 +58,8 @@ def classify_heads(
 
     `text`: one text, or documents (any iterable of str, e.g. a headlens.corpus.Corpus), read
     one at a time: text windows never span two documents, and the needle haystacks come from
-    the first documents (whole, until the needle context is reached).
+    the first documents (whole, until the needle context is reached). Several probes read the
+    documents, so a one-shot iterator is read into a list first (a Corpus streams each time).
 
     Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
     LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
@@ -75,6 +76,8 @@ def classify_heads(
     """
     config = config or ClassifyConfig()
     documents = [resolve_text(text)] if text is None or isinstance(text, str) else text
+    if iter(documents) is documents:  # a one-shot iterator: the later probes read the documents again
+        documents = list(documents)
     run = ProbeRun(
         loaded,
         config,
