@@ -160,6 +160,7 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     parts.append(sinks_block(records, labels, heads.attrs, lang))
     parts.append(sizes_text(heads.attrs, lang))
     parts.append(ioi_text(heads, lang))
+    parts.append(syntactic_text(heads, lang))
     parts.append(sources_table(heads, lang))
     parts.append(f"<p>{esc(t('findings.details', lang))}</p>")
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
@@ -239,6 +240,13 @@ def sizes_text(attrs: dict, lang: str) -> str:
         needle=sizes.get("needle_context", "?"),
     )
     return f'<p id="probe-sizes">{esc(text)}</p>'
+
+
+def syntactic_text(heads: pd.DataFrame, lang: str) -> str:
+    """That the syntactic probe did not run and how to run it; "" when it ran (or the frame predates it)."""
+    if not (heads.attrs.get("probes") or {}).get("syntactic_missing"):
+        return ""
+    return f'<p id="syntactic">{esc(t("findings.syntactic_not_run", lang))}</p>'
 
 
 def ioi_text(heads: pd.DataFrame, lang: str) -> str:

@@ -187,6 +187,8 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     parts.append(label_switch(n_roles, len(frame), lang))
     parts.append(table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"])))
     settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
+    # why a probe did not run is prose: the findings say it in the page's language
+    settings = {key: value for key, value in settings.items() if not key.endswith("_missing")}
     if settings:
         frame = pd.DataFrame({"setting": list(settings), "value": pd.Series(list(settings.values()), dtype=object)})
         parts.append(details(t("scores.settings", lang), table(frame, sortable=False, lang=lang)))
