@@ -131,28 +131,13 @@ class Gemma3Adapter(RotaryAdapter):
         return super().split_heads(tensor, site)
 
     # Weights, for the from-scratch attention (headlens.mha) ----------------------------------
-    def attention_weights(self, layer: int) -> AttentionWeights:
-        """The layer's projections, its layer type's rotary frequencies and the (1 + w) q/k norms."""
-        attn, out = self.attn(layer), get_module(self.layer(layer), self.sites.o.projection)
-        (w_q, b_q), (w_k, b_k), (w_v, b_v) = self.qkv_weights(layer)
+    def rotary_tables(self, layer: int) -> tuple[torch.Tensor, float]:
+        """The rotary frequencies [d_head / 2] and scaling of `layer`'s layer type (sliding or full)."""
         rotary, kind = get_module(self.model, self.sites.rotary_emb), self.layer_types()[layer]
-        return AttentionWeights(
-            w_q=w_q,
-            w_k=w_k,
-            w_v=w_v,
-            w_o=out.weight,
-            b_q=b_q,
-            b_k=b_k,
-            b_v=b_v,
-            b_o=out.bias,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            scale=self.attention_scale(layer),
-            inv_freq=getattr(rotary, f"{kind}_inv_freq"),  # [d_head / 2]
-            rotary_scale=float(getattr(rotary, f"{kind}_attention_scaling")),
-            q_norm=attn.q_norm.weight,
-            k_norm=attn.k_norm.weight,
-            norm_eps=float(attn.q_norm.eps),
-            norm_offset=GEMMA_NORM_OFFSET,
-            window=self.sliding_window(layer),
+        return getattr(rotary, f"{kind}_inv_freq"), float(getattr(rotary, f"{kind}_attention_scaling"))
+
+    def attention_weights(self, layer: int) -> AttentionWeights:
+        """RotaryAdapter's weights with Gemma's (1 + w) q/k norms and their epsilon."""
+        return replace(
+            super().attention_weights(layer), norm_eps=float(self.attn(layer).q_norm.eps), norm_offset=GEMMA_NORM_OFFSET
         )

@@ -14,6 +14,8 @@ attention (headlens.mha.GroupedQueryAttention) needs.
 
 from __future__ import annotations
 
+import torch
+
 from headlens.arch.base import Adapter, get_module
 from headlens.arch.context import FULL, SLIDING
 from headlens.mha import AttentionWeights
@@ -24,11 +26,16 @@ __all__ = ["FULL", "SLIDING", "RotaryAdapter"]
 class RotaryAdapter(Adapter):
     """Rotary positions, a per-layer causal or sliding-window mask, separate or fused Q/K/V."""
 
+    def rotary_tables(self, layer: int) -> tuple[torch.Tensor, float]:
+        """`layer`'s rotary inverse frequencies [d_head / 2] and the factor cos/sin are scaled by."""
+        rotary = get_module(self.model, self.sites.rotary_emb)
+        return rotary.inv_freq, float(rotary.attention_scaling)
+
     def attention_weights(self, layer: int) -> AttentionWeights:
         """Every weight and setting of `layer`'s attention: projections, rotary frequencies, q/k norms."""
         out = get_module(self.layer(layer), self.sites.o.projection)
         (w_q, b_q), (w_k, b_k), (w_v, b_v) = self.qkv_weights(layer)
-        rotary = get_module(self.model, self.sites.rotary_emb)
+        inv_freq, rotary_scale = self.rotary_tables(layer)
         q_norm, k_norm = self.qk_norms(layer)
         return AttentionWeights(
             w_q=w_q,
@@ -42,8 +49,8 @@ class RotaryAdapter(Adapter):
             n_heads=self.n_heads,
             n_kv_heads=self.n_kv_heads,
             scale=self.attention_scale(layer),
-            inv_freq=rotary.inv_freq,
-            rotary_scale=float(rotary.attention_scaling),
+            inv_freq=inv_freq,
+            rotary_scale=rotary_scale,
             q_norm=None if q_norm is None else q_norm.weight,
             k_norm=None if k_norm is None else k_norm.weight,
             norm_eps=float(getattr(q_norm, "variance_epsilon", 1e-6)),
