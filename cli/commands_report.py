@@ -99,7 +99,7 @@ def report_command(
     from headlens import distributed
     from headlens.classify import classify_heads
     from headlens.corpus import first_document, open_text
-    from headlens.heads import parse_heads
+    from headlens.heads import Head, parse_heads
     from headlens.models import load_model
     from headlens.probes import default_text
     from headlens.reports import render_report
@@ -122,11 +122,10 @@ def report_command(
 
         sweep_frame = sweep_heads(loaded, text=text, seed=seed, progress=progress)
     ablation = chosen_ablations(loaded, chosen, text, seed, progress, sweep_frame) if chosen else None
+    labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in heads.itertuples()}
     if controls:
         from headlens.ablation.ablate import role_experiments
-        from headlens.heads import Head
 
-        labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in heads.itertuples()}
         roles = role_experiments(loaded, control=controls, seed=seed, labels=labels, progress=progress)
         ablation = (ablation or []) + roles or None
     pruning = None
@@ -146,7 +145,13 @@ def report_command(
         pruning=pruning,
         validation=validation,
         training=training_logs(loaded),
-        viewer=sample_patterns(loaded, first_document(text) or default_text(), n_sample, repeat=True),
+        viewer=sample_patterns(
+            loaded,
+            first_document(text) or default_text(),
+            n_sample,
+            repeat=True,
+            induction_heads=[head for head, names in labels.items() if "induction" in names],
+        ),
         command=command_line(ctx, keep=("out",)),
         text_label=text_path or t("text_label.default", lang),
         lang=lang,

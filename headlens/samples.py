@@ -6,10 +6,12 @@ patterns, so the sample is capped at `max_tokens` (GPT-2 small: 12 x 12 heads x 
 `headlens.capture`.
 
 A repeated sample is chosen so that induction heads do on it what the caption says
-(`choose_repeated`): the start of the text twice when the model copies repeated text, else a
-segment of seeded random tokens twice, the probe classify finds induction heads on (Olsson et
-al. 2022). Whether the model copies the text is measured, not assumed: its own loss on the
-second copy against the first.
+(`choose_repeated`): the start of the text twice when the model copies repeated text and the
+heads labelled induction (when given) prefix-match on it, else a segment of seeded random tokens
+twice, the probe classify finds induction heads on (Olsson et al. 2022). Both are measured, not
+assumed: the model's own loss on the second copy against the first, and each labelled head's
+prefix-matching score on the sample (classify's score, headlens.scores.induction, against
+classify's threshold for it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import torch
 
 from headlens.capture import Batch, Reducer, run_capture
 from headlens.errors import ConfigError, InputTextError
+from headlens.heads import Head
+from headlens.labels import ClassifyConfig
 from headlens.probes import check_text, random_token_range, repeated_random_tokens
+from headlens.scores.induction import prefix_matching_targets
 
 # Below two tokens there is no attention to show (a lone BOS attends to itself).
 MIN_SAMPLE_TOKENS = 2
@@ -31,6 +36,9 @@ COPY_LOSS_RATIO = 0.5
 # Values of the sample's `sample` key: what the repeated segment is.
 SAMPLE_TEXT = "text"  # the text as given (or its start twice)
 SAMPLE_RANDOM = "random_tokens"  # seeded random tokens twice (headlens.probes.repeated_random_tokens)
+# A labelled induction head does induction on a sample when its prefix-matching score there reaches the
+# threshold that labelled it (Olsson et al. 2022's prefix matching; classify's default).
+PREFIX_MATCHING_MIN = ClassifyConfig().prefix_matching_min
 
 
 class _KeepPatterns(Reducer):
@@ -65,17 +73,45 @@ def choose_repeated(loaded, body: list[int], limit: int, seed: int = 0) -> dict:
     first, second = copy_losses(loaded, text_ids, period) if period >= 2 else (float("nan"), float("nan"))
     if period >= 2 and second <= COPY_LOSS_RATIO * first:
         return {"ids": text_ids, "sample": SAMPLE_TEXT, "copy_loss": [first, second]}
+    return {"ids": random_repeat(loaded, limit, seed), "sample": SAMPLE_RANDOM, "copy_loss": [first, second]}
+
+
+def prefix_matching(patterns: torch.Tensor, ids: list[int], heads: list[Head]) -> dict[Head, float]:
+    """Each head's mean attention mass on prefix-matching targets (the key after an earlier occurrence of
+    the query's token) over the queries that have one: classify's prefix-matching score on one sample.
+    patterns [layer, head, q, k]."""
+    targets = prefix_matching_targets(torch.tensor([ids]))[0]  # [q, k]
+    scored = targets.any(-1)  # [q]
+    if not bool(scored.any()):
+        return {head: 0.0 for head in heads}
+    mass = (patterns * targets).sum(-1)[..., scored].mean(-1)  # [layer, head]
+    return {head: float(mass[head.layer, head.head]) for head in heads}
+
+
+def capture_patterns(loaded, ids: list[int]) -> torch.Tensor:
+    """Every head's pattern on one sequence: [layer, head, q, k] float32."""
+    input_ids = torch.tensor([ids], dtype=torch.long)  # [1, pos]
+    keeper = _KeepPatterns()
+    run_capture(loaded.model, [Batch(input_ids, torch.ones_like(input_ids, dtype=torch.bool))], [keeper])
+    return torch.stack([keeper.patterns[layer] for layer in range(loaded.spec.n_layers)])  # [layer, head, q, k]
+
+
+def random_repeat(loaded, limit: int, seed: int) -> list[int]:
+    """BOS, then (limit - 1) // 2 seeded random tokens twice."""
     low, high = random_token_range(loaded.spec.d_vocab)
     tokens = repeated_random_tokens(1, max(1, (limit - 1) // 2), 2, low, high, loaded.bos_token_id, seed=seed)
-    return {"ids": tokens[0].tolist(), "sample": SAMPLE_RANDOM, "copy_loss": [first, second]}
+    return tokens[0].tolist()
 
 
-def sample_patterns(loaded, text: str, max_tokens: int = 64, *, repeat: bool = False, seed: int = 0) -> dict:
+def sample_patterns(
+    loaded, text: str, max_tokens: int = 64, *, repeat: bool = False, seed: int = 0, induction_heads=None
+) -> dict:
     """Tokenize `text` (BOS first), keep the first `max_tokens` tokens, capture every head's pattern.
 
     With `repeat=True` the sample is a segment of (max_tokens - 1) // 2 tokens, twice (choose_repeated):
-    the text's start when the model copies it, else seeded random tokens (`seed`). On the second copy
-    induction heads attend to the token after the earlier occurrence (Olsson et al. 2022's
+    the text's start when the model copies it and every head of `induction_heads` (heads labelled
+    induction) prefix-matches on it (score >= PREFIX_MATCHING_MIN), else seeded random tokens (`seed`).
+    On the second copy induction heads attend to the token after the earlier occurrence (Olsson et al. 2022's
     repeated-sequence probe), so their pattern shows in a thumbnail.
 
     Returns a dict:
@@ -86,7 +122,9 @@ def sample_patterns(loaded, text: str, max_tokens: int = 64, *, repeat: bool = F
     - `text`: the text itself, or with a repeated text the repeated sample (the report quotes its start);
     - `repeated`: whether the sample is a repeated segment;
     - `sample`: SAMPLE_TEXT or SAMPLE_RANDOM, and with `repeat` `copy_loss`: the model's mean loss on the
-      first and second copy of the repeated text.
+      first and second copy of the repeated text;
+    - with `repeat` and `induction_heads`: `prefix_matching` ({"L.H": score} on the sample shown) and, when
+      the text was set aside for random tokens, `text_prefix_matching` (the scores on the text).
     """
     if not isinstance(max_tokens, int) or max_tokens < MIN_SAMPLE_TOKENS:
         raise ConfigError(f"max_tokens must be an integer >= {MIN_SAMPLE_TOKENS}, got {max_tokens!r}")
@@ -102,11 +140,16 @@ def sample_patterns(loaded, text: str, max_tokens: int = 64, *, repeat: bool = F
         else {"ids": [loaded.bos_token_id] + body, "sample": SAMPLE_TEXT}
     )
     kept = chosen["ids"][:limit]
-    input_ids = torch.tensor([kept], dtype=torch.long)  # [1, pos]
-    mask = torch.ones_like(input_ids, dtype=torch.bool)  # [1, pos]
-    keeper = _KeepPatterns()
-    run_capture(loaded.model, [Batch(input_ids, mask)], [keeper])
-    patterns = torch.stack([keeper.patterns[layer] for layer in range(loaded.spec.n_layers)])  # [layer, head, q, k]
+    patterns = capture_patterns(loaded, kept)  # [layer, head, q, k]
+    heads = sorted(Head(*h) for h in induction_heads or [])
+    if repeat and heads:
+        chosen["prefix_matching"] = prefix_matching(patterns, kept, heads)
+        if chosen["sample"] == SAMPLE_TEXT and min(chosen["prefix_matching"].values()) < PREFIX_MATCHING_MIN:
+            kept = random_repeat(loaded, limit, seed)  # the heads do not prefix-match on the text: the probe's sample
+            patterns = capture_patterns(loaded, kept)  # [layer, head, q, k]
+            text_scores = chosen["prefix_matching"]
+            chosen = {**chosen, "sample": SAMPLE_RANDOM, "text_prefix_matching": text_scores}
+            chosen["prefix_matching"] = prefix_matching(patterns, kept, heads)
     out = {
         "tokens": [tokenizer.decode([token]) for token in kept],
         "ids": kept,
@@ -118,4 +161,7 @@ def sample_patterns(loaded, text: str, max_tokens: int = 64, *, repeat: bool = F
     }
     if repeat:
         out["copy_loss"] = chosen["copy_loss"]
+    for key in ("prefix_matching", "text_prefix_matching"):
+        if key in chosen:
+            out[key] = {str(head): score for head, score in chosen[key].items()}
     return out

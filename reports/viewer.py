@@ -15,6 +15,7 @@ import numpy as np
 
 from headlens.reports.i18n import DEFAULT_LANG, js_messages, number, t
 from headlens.reports.sections import esc, labelled_heads, section
+from headlens.samples import PREFIX_MATCHING_MIN
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 64 tokens (~0.8 MB of base64),
 # which keeps its whole report under the 5 MB size cap; smaller models get longer samples for the same bytes.
@@ -65,9 +66,21 @@ def messages_block(lang: str = DEFAULT_LANG) -> str:
 
 def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
     """What a repeated sample is, and why: the text's start twice, or random tokens twice when the model
-    does not copy the text (headlens.samples.choose_repeated measured it)."""
+    does not copy the text or its induction heads do not prefix-match on it (headlens.samples measured it)."""
     if viewer.get("sample") != "random_tokens":
         return t("viewer.repeated", lang, shown=shown)
+    on_text = viewer.get("text_prefix_matching")
+    if on_text:  # the model copies the text, but its induction heads do not prefix-match on it
+        head, low = min(on_text.items(), key=lambda item: item[1])
+        return t(
+            "viewer.repeated_random_heads",
+            lang,
+            period=(shown - 1) // 2,
+            shown=shown,
+            low=number(low, lang),
+            head=head,
+            threshold=number(PREFIX_MATCHING_MIN, lang),
+        )
     first, second = viewer.get("copy_loss") or (float("nan"), float("nan"))
     return t(
         "viewer.repeated_random",

@@ -343,7 +343,9 @@ def smollm2_report(smollm2, labels, tmp_path_factory):
         out,
         model_info=model_info(smollm2),
         heads=labels[1],
-        viewer=sample_patterns(smollm2, default_text()[:TEXT_CHARS], n_tokens, repeat=True),
+        viewer=sample_patterns(
+            smollm2, default_text()[:TEXT_CHARS], n_tokens, repeat=True, induction_heads=labelled(labels, "induction")
+        ),
         command="headlens report smollm2",
         text_label="the held-out text shipped with headlens",
     )

@@ -16,15 +16,17 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE, build_evalset
+from headlens.ablation.evalset import BATCH_SIZE, batches, build_evalset
 from headlens.ablation.metrics import UNIT, check_choice, is_loss
 from headlens.ablation.replace import replacements
 from headlens.ablation.roles import model_labels, resolve_heads
+from headlens.ablation.stacked import set_sums
 from headlens.ablation.stats import control_design, control_summary, head_seed, summarize
 from headlens.ablation.store import SweepInterrupted, SweepStore
 from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.errors import HeadlensError
 from headlens.heads import Head, all_heads
+from headlens.kinds import DEFAULT_TOKEN_BUDGET
 
 
 def model_label(loaded) -> str:
@@ -60,12 +62,13 @@ def ablate_heads(
     labels: dict | None = None,
     batch_size: int = BATCH_SIZE,
     chosen_by: str | None = None,
+    context: int | None = None,
 ) -> dict:
     """Ablate a set of heads together; how does the metric change?
 
     heads: list of Head, a spec string ("3.4,5.1", "layer:3", `all` = every head together) or a
     role (headlens.ablation.roles); `each` (every head alone) is `sweep_heads`.
-    metric, text, prompts, reference, bos: the evaluation set (headlens.ablation.evalset).
+    metric, text, prompts, reference, bos, context: the evaluation set (headlens.ablation.evalset).
     Returns `model`, `heads` (["L.H"]), `method`, `metric`, `unit`, `n`, `clean`, `ablated`, `delta`,
     `ci95` ([low, high] paired bootstrap, seeded; None below 2 units), the loss keys for loss
     metrics, then `data`, `reference`, `resampled` (in words), `chosen_by` for a role (or as given,
@@ -76,22 +79,15 @@ def ablate_heads(
     metric = check_choice(method, metric)
     heads, resolved_by = resolve_heads(loaded, heads, labels)
     chosen_by = resolved_by or chosen_by
-    evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
+    evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos, context)
     model = loaded.model
     design = control_design(heads, loaded.spec.n_heads, control, seed) if control else None
     sets = design["sets"] if design else []
     bar = tqdm(total=2 + len(sets), desc="ablate", unit="pass", leave=False) if progress else None
     reps = replacements(model, evalset, method, seed, batch_size=batch_size)
     counts = evalset.unit_counts()  # [n_units]
-
-    def run(head_set: list[Head]) -> torch.Tensor:
-        sums = ablated_sums(model, evalset, head_set, reps, batch_size=batch_size)  # [n_units]
-        if bar is not None:
-            bar.update(1)
-        return sums
-
     try:
-        base = run([])
+        base, chosen, *controls = _sums(model, evalset, [[], heads, *sets], reps, batch_size, bar, design is not None)
         result: dict[str, Any] = {
             "model": model_label(loaded),
             "heads": [str(h) for h in heads],
@@ -99,12 +95,12 @@ def ablate_heads(
             "metric": metric,
             "unit": UNIT[metric],
         }
-        result.update(summarize(base, run(heads), counts, seed, is_loss(metric)))
+        result.update(summarize(base, chosen, counts, seed, is_loss(metric)))
         result.update(describe(evalset, method))
         if chosen_by:
             result["chosen_by"] = chosen_by
         if design is not None:
-            deltas = [float((run(s) - base).sum() / counts.sum()) for s in sets]
+            deltas = [float((row - base).sum() / counts.sum()) for row in controls]
             result["control"] = control_summary(
                 result["delta"], deltas, sets, seed, design["n_possible"], design["exact"]
             )
@@ -112,6 +108,21 @@ def ablate_heads(
         if bar is not None:
             bar.close()
     return result
+
+
+def _sums(model, evalset, head_sets, reps, batch_size: int, bar, stacked: bool) -> list[torch.Tensor]:
+    """Per-unit sums [n_units] with each set ablated: by hooks on full forward passes, or (`stacked`:
+    a set and its controls) all from one cached clean residual (headlens.ablation.stacked)."""
+    if stacked:
+        n_batches = len(batches(evalset.input_ids.shape[0], batch_size))
+        tick = None if bar is None else (lambda: bar.update(1 / n_batches))
+        return list(set_sums(model, evalset, head_sets, reps, batch_size, on_pass=tick))  # [n_units] each
+    out = []
+    for heads in head_sets:
+        out.append(ablated_sums(model, evalset, heads, reps, batch_size=batch_size))  # [n_units]
+        if bar is not None:
+            bar.update(1)
+    return out
 
 
 def sweep_heads(
@@ -234,21 +245,37 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip
 
 
 ROLE_EXPERIMENTS = (("induction", "repeat"), ("retrieval", "needle"))  # role -> the task it should carry
+# Longest needle test of a role experiment: the token budget the labelling probes use (headlens.kinds), so the
+# retrieval heads are tested on needles as long as those they were found on, and 22 ablated runs (the role,
+# the clean model, 20 controls) of SmolLM2 fit in seconds rather than minutes (BENCHMARKS.md, "make demo").
+ROLE_CONTEXT = DEFAULT_TOKEN_BUDGET
 
 
 def role_experiments(
-    loaded, control: int = 20, seed: int = 0, labels: dict | None = None, progress: bool = False
+    loaded,
+    control: int = 20,
+    seed: int = 0,
+    labels: dict | None = None,
+    progress: bool = False,
+    context: int = ROLE_CONTEXT,
 ) -> list[dict]:
-    """Induction heads on `repeat` and retrieval heads on `needle` (Wu et al. 2024), each against
-    `control` random sets of the same per-layer counts: ablate_heads results, one per role that
-    some head carries (labels from `labels` or from classifying the model once)."""
+    """Induction heads on `repeat` and retrieval heads on `needle` (Wu et al. 2024; tests of at most
+    `context` tokens), each against `control` random sets of the same per-layer counts: ablate_heads
+    results, one per role that some head carries (labels from `labels` or from classifying the model once)."""
     source = "the labels given" if labels is not None else "classifying the model (default probes)"
     labels = model_labels(loaded, labels)
     results = []
     for role, metric in ROLE_EXPERIMENTS:
         if any(role in names for names in labels.values()):
             result = ablate_heads(
-                loaded, role, metric=metric, seed=seed, progress=progress, control=control, labels=labels
+                loaded,
+                role,
+                metric=metric,
+                seed=seed,
+                progress=progress,
+                control=control,
+                labels=labels,
+                context=context,
             )
             results.append({**result, "chosen_by": f"heads labelled {role} by {source}", "role": role})
     return results

@@ -265,12 +265,15 @@ def prompt_evalset(loaded, prompts: list[dict], metric: str) -> EvalSet:
     return EvalSet(ids, mask, counted, metric, digest, description, foils=foil_ids if min(foils) >= 0 else None)
 
 
-def needle_evalset(loaded, text: str | None, seed: int = 0, needle_len: int = 16, restate: int = 4) -> EvalSet:
-    """Needle-in-a-haystack tests in `text` (default: the shipped held-out text), teacher-forced:
-    each asked-for needle token (after the `restate` restated ones) is one scored position."""
+def needle_evalset(
+    loaded, text: str | None, seed: int = 0, needle_len: int = 16, restate: int = 4, context: int | None = None
+) -> EvalSet:
+    """Needle-in-a-haystack tests in `text` (default: the shipped held-out text) of at most `context`
+    tokens (default: eval_context), teacher-forced: each asked-for needle token (after the
+    `restate` restated ones) is one scored position."""
     text = default_text() if text is None else check_text(text)
     spec = loaded.spec
-    context = eval_context(loaded)
+    context = min(context or eval_context(loaded), eval_context(loaded))
     needle_len, restate = needle_size(context, needle_len, restate)
     hay = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     tests = needle_prompts(
@@ -292,7 +295,8 @@ def needle_evalset(loaded, text: str | None, seed: int = 0, needle_len: int = 16
         raise ConfigError("needle metric: no needle token to score")
     digest = hashlib.sha256(f"needle|{seed}|{needle_len}|{restate}|".encode() + text.encode("utf-8")).hexdigest()
     description = (
-        f"{len(tests)} needle-in-a-haystack tests ({needle_len}-token needles, {restate} restated), teacher-forced"
+        f"{len(tests)} needle-in-a-haystack tests of <= {context} tokens ({needle_len}-token needles, "
+        f"{restate} restated), teacher-forced"
     )
     return EvalSet(ids, mask, counted, "needle", digest, description)
 
@@ -305,9 +309,11 @@ def build_evalset(
     prompts: list[dict] | None = None,
     reference: str | None = None,
     bos: bool = True,
+    context: int | None = None,
 ) -> EvalSet:
     """The evaluation set of `metric` (see the module docstring); `prompts` from `read_prompts`;
-    `reference` a text for mean / resample ablation."""
+    `reference` a text for mean / resample ablation; `context` caps the needle tests' length
+    (default: eval_context)."""
     metric = canonical_metric(metric)
     if text is not None and not isinstance(text, str) and metric == "needle":
         raise ConfigError(
@@ -330,7 +336,7 @@ def build_evalset(
     elif metric == "repeat":
         evalset = repeat_evalset(loaded, seed=seed)
     else:
-        evalset = needle_evalset(loaded, text, seed=seed)
+        evalset = needle_evalset(loaded, text, seed=seed, context=context)
     if reference is not None:
         with_reference(loaded, evalset, reference)
     return evalset

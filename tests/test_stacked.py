@@ -1,0 +1,65 @@
+"""Many head sets from one cached clean residual (headlens.ablation.stacked) equal full forward passes
+with the same sets ablated by hooks (headlens.ablation.sweep.ablated_sums)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from strong import sample_text
+
+from headlens.ablation.ablate import ablate_heads
+from headlens.ablation.evalset import repeat_evalset, text_evalset
+from headlens.ablation.replace import replacements
+from headlens.ablation.stacked import first_layer, set_sums
+from headlens.ablation.sweep import ablated_sums
+from headlens.heads import Head
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
+
+# Per-unit sums of float32 per-position values (losses of a few nats): the stacked run does the same
+# operations on the same rows as the hooked forward pass, so only the batch layout of a stacked copy can
+# move a sum, by float32 rounding (~1e-7 relative per operation over 2 layers): 1e-4 nats per unit sum.
+SUM_ATOL = 1e-4
+
+SETS = [[], [Head(1, 0), Head(1, 2)], [Head(0, 3), Head(1, 1)], [Head(1, 3)], [Head(0, 0), Head(0, 1), Head(1, 0)]]
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+@pytest.mark.parametrize("sets_per_pass", [1, 3])
+def test_set_sums_equal_hooked_forward_passes(strong_model, method, sets_per_pass):
+    evalset = repeat_evalset(strong_model, seed=1, n_seq=6, seq_len=12)
+    reps = replacements(strong_model.model, evalset, method, seed=3, batch_size=4)
+    stacked = set_sums(strong_model.model, evalset, SETS, reps, batch_size=4, sets_per_pass=sets_per_pass)
+    hooked = torch.stack([ablated_sums(strong_model.model, evalset, s, reps, batch_size=4) for s in SETS])
+    assert stacked.shape == hooked.shape == (len(SETS), evalset.n_units)
+    assert (hooked - hooked[0]).abs().max() > 1.0  # the ablations change the metric
+    assert torch.allclose(stacked, hooked, atol=SUM_ATOL, rtol=0), (stacked - hooked).abs().max()
+
+
+def test_set_sums_from_a_later_layer_on_padded_text(strong_model):
+    """Sets all in layer 1: layer 0 runs once per batch; right-padded windows, batches of 2."""
+    for n_words in range(400, 800, 20):  # a length whose last evaluation window is short
+        evalset = text_evalset(strong_model, sample_text(n_words))
+        if not bool(evalset.mask.all()):
+            break
+    assert not bool(evalset.mask.all())  # padding is exercised
+    sets = [[], [Head(1, 0)], [Head(1, 2), Head(1, 3)]]
+    assert first_layer(sets, 2) == 1 and first_layer([[], []], 2) == 2
+    reps = replacements(strong_model.model, evalset, "zero", seed=0, batch_size=2)
+    stacked = set_sums(strong_model.model, evalset, sets, reps, batch_size=2, sets_per_pass=2)
+    hooked = torch.stack([ablated_sums(strong_model.model, evalset, s, reps, batch_size=2) for s in sets])
+    assert torch.allclose(stacked, hooked, atol=SUM_ATOL, rtol=0), (stacked - hooked).abs().max()
+
+
+def test_a_controlled_ablation_reports_what_the_hooked_one_does(strong_model):
+    """With controls, ablate_heads runs the set, the clean model and the controls stacked; the chosen
+    set's numbers match the hooked run's, and each control's delta is that set's own hooked delta."""
+    heads = [Head(1, 0), Head(1, 2)]
+    alone = ablate_heads(strong_model, heads, metric="repeat", seed=2)
+    controlled = ablate_heads(strong_model, heads, metric="repeat", seed=2, control=3)
+    for key in ("clean", "ablated", "delta"):
+        assert controlled[key] == pytest.approx(alone[key], abs=1e-5)
+    assert controlled["n"] == alone["n"]
+    for names, delta in zip(controlled["control"]["sets"], controlled["control"]["deltas"], strict=True):
+        own = ablate_heads(strong_model, [Head(*map(int, n.split("."))) for n in names], metric="repeat", seed=2)
+        assert delta == pytest.approx(own["delta"], abs=1e-5)
