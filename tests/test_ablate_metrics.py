@@ -226,7 +226,9 @@ def test_random_control_is_seeded_and_keeps_per_layer_counts(strong_model):
     assert control["sets"] == [[str(h) for h in s] for s in control_sets(4, seed=5)]
     for names, delta in zip(control["sets"], control["deltas"], strict=True):
         alone = ablate_heads(strong_model, names and ",".join(names), metric="repeat", seed=5)
-        assert delta == pytest.approx(alone["delta"], abs=1e-9)
+        # the controls run from a cached clean residual through the adapter's blocks, `alone` by hooks on the
+        # model's own forward: the same float32 operations, summed in another order (test_sweep's FAST_ATOL)
+        assert delta == pytest.approx(alone["delta"], abs=1e-5)
     larger = sum(abs(d) >= abs(result["delta"]) for d in control["deltas"])
     assert control["p_value"] == (1 + larger) / 5
     assert ablate_heads(strong_model, heads, metric="repeat", control=4, seed=5) == result

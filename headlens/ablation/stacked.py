@@ -22,8 +22,9 @@ from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for
 from headlens.heads import Head
 
-# Sets stacked as batch copies per forward pass. On CPU stacking did not pay for single heads
-# (headlens.ablation.sweep.HEADS_PER_PASS) nor for control sets (BENCHMARKS.md, "make demo").
+# Sets stacked as batch copies per forward pass: the same FLOPs in fewer, larger calls. On CPU stacking
+# single-head ablations did not pay (headlens.ablation.sweep.HEADS_PER_PASS, benchmarks/bench_ablate.py);
+# control sets are taken one at a time likewise (stacking them is not measured yet).
 SETS_PER_PASS = 1
 
 
