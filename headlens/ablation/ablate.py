@@ -246,8 +246,8 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip
 
 ROLE_EXPERIMENTS = (("induction", "repeat"), ("retrieval", "needle"))  # role -> the task it should carry
 # Longest needle test of a role experiment: the token budget the labelling probes use (headlens.kinds), so the
-# retrieval heads are tested on needles as long as those they were found on, and 22 ablated runs (the role,
-# the clean model, 20 controls) of SmolLM2 fit in seconds rather than minutes (BENCHMARKS.md, "make demo").
+# retrieval heads are tested on needles as long as those they were found on. On SmolLM2 that is 15 tests of 64,
+# 128 and 256 tokens (2,240 tokens per ablated run) instead of 256, 512 and 1,024 (8,960) at EVAL_CONTEXT.
 ROLE_CONTEXT = DEFAULT_TOKEN_BUDGET
 
 
