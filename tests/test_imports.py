@@ -7,6 +7,7 @@ headlens/, cli/ (installed as headlens.cli) and reports/ (headlens.reports)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -168,8 +169,6 @@ LAZY_PACKAGES = ("headlens.ablation", "headlens.capture")
 def test_lazy_re_exports_are_the_modules_names(package):
     """Every public name resolves to its defining module's object, and the TYPE_CHECKING imports that type
     checkers read name the same modules as the LAZY table (one listing cannot drift from the other)."""
-    import importlib
-
     module = importlib.import_module(package)
     assert set(module.LAZY) <= set(module.__all__)
     for name in module.__all__:
@@ -179,6 +178,6 @@ def test_lazy_re_exports_are_the_modules_names(package):
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         module.no_such_name  # noqa: B018
     tree = ast.parse(modules()[package].read_text(encoding="utf-8"))
-    checked = [node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
+    checked = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
     typed = {alias.name: node.module for block in checked for node in block.body for alias in node.names}
     assert typed == {name: f"{package}.{source}" for name, source in module.LAZY.items()}

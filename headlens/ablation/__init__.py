@@ -6,15 +6,14 @@ sweep store.
 
 Public names are re-exported here. The exact ablation's are imported with the package; the gradient
 estimates' and pruning's (approx, prune and the gradients they read) when first asked for, through the
-module's `__getattr__` (PEP 562, as `from headlens.ablation import prune_curve` does), so an exact
-ablation loads no gradient code.
+module's `__getattr__` (headlens.lazy_getattr, PEP 562), so an exact ablation loads no gradient code.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from headlens import lazy_getattr
 from headlens.ablation.ablate import ablate_heads, sweep_heads
 from headlens.ablation.replace import ablation_hooks
 
@@ -25,13 +24,8 @@ if TYPE_CHECKING:  # the names LAZY imports, for type checkers
 # Public name -> the module of headlens.ablation that defines it, imported on first access.
 LAZY = {"agreement": "approx", "approx_sweep": "approx", "prune_curve": "prune", "removal_by_role": "prune"}
 
-
-def __getattr__(name: str) -> Any:
-    if name not in LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{LAZY[name]}"), name)
-    globals()[name] = value  # later lookups find it without this hook
-    return value
+if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
+    __getattr__ = lazy_getattr(__name__, LAZY)
 
 
 __all__ = [

@@ -3,15 +3,15 @@ lean path) and on a TransformerLens bridge.
 
 Public names are re-exported here. The reducers' (batches, padding, pattern checks) are imported with the
 package; the capture run's and the bridge's when first asked for, through the module's `__getattr__`
-(PEP 562, as `from headlens.capture import run_capture` does), so a stage that only pads batches (the
-ablation's evaluation sets) loads no capture hooks.
+(headlens.lazy_getattr, PEP 562), so a stage that only pads batches (the ablation's evaluation sets)
+loads no capture hooks.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from headlens import lazy_getattr
 from headlens.capture.reducers import (
     Batch,
     CollectPatterns,
@@ -38,13 +38,8 @@ LAZY = {
     "run_capture": "run",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{LAZY[name]}"), name)
-    globals()[name] = value  # later lookups find it without this hook
-    return value
+if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
+    __getattr__ = lazy_getattr(__name__, LAZY)
 
 
 __all__ = [
