@@ -255,9 +255,9 @@ def test_induction_heads_carry_the_second_copy(smollm2, labels, figures):
     strict=False,
     reason=(
         "not yet seen to pass on the needle-loss metric: its run (2026-12-01 18:18-19:05 UTC, load 15-18 on the 2 "
-        "shared cores, ~0.15 of a core) was still in the labels fixture's classify (the IOI probe's full-vocabulary "
-        "ranking) at the deadline; the top-1 metric this replaces tied at its floor (0.725 -> 0.000, random sets "
-        "down to -0.675 over 20)"
+        "shared cores, ~0.15 of a core) passed the labels and the top-1 clean > 0.5 check and was inside the "
+        "needle-loss causal check at the deadline; the top-1 metric this replaces tied at its floor (0.725 -> "
+        "0.000, random sets down to -0.675 over 20)"
     ),
 )
 def test_retrieval_heads_carry_the_needle(smollm2, labels, figures):
