@@ -122,7 +122,9 @@ def _trust_line(kind: str, summary: dict) -> str:
     )
     return (
         f"{kind} vs {where}: spearman {summary['spearman']:.3f}, pearson {summary['pearson']:.3f}, "
-        f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f} (trust the estimate only as far as this)"
+        f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f}; of the exact top {summary['top_k']}, "
+        f"{summary['top_flipped']} with the wrong sign, {summary['top_under']} under half their size "
+        "(trust the estimate only as far as this)"
     )
 
 

@@ -107,7 +107,29 @@ def test_approx_check_reports_agreement(small_model_dir):
     )
     assert result.exit_code == 0, result.output
     assert "pearson" in result.stdout and "spearman" in result.stdout and "delta_loss_approx" in result.stdout
-    assert "atp vs the exact sweep" in result.stdout
+    assert "atp vs the exact sweep" in result.stdout and "with the wrong sign" in result.stdout
+
+
+def test_approx_prints_the_agreement_it_measured(small_model_dir):
+    """--check's summary is the agreement of the printed rows (delta vs delta_approx), recomputed here."""
+    result = run(
+        "ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat", "--approx", "--check",
+        "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    exact = torch.tensor([o["delta"] for o in doc["rows"]], dtype=torch.float64)  # [heads]
+    approx = torch.tensor([o["delta_approx"] for o in doc["rows"]], dtype=torch.float64)  # [heads]
+    ranks = [torch.argsort(torch.argsort(v)).double() for v in (exact, approx)]  # no ties in float deltas
+    spearman = torch.corrcoef(torch.stack(ranks))[0, 1]
+    k = min(10, len(exact) // 4)
+    top_exact, top_approx = set(exact.abs().topk(k).indices.tolist()), set(approx.abs().topk(k).indices.tolist())
+    flipped = sum(float(exact[i] * approx[i]) <= 0 for i in top_exact)
+    under = sum(float(exact[i] * approx[i]) > 0 and abs(approx[i]) < abs(exact[i]) / 2 for i in top_exact)
+    check = doc["check"]
+    assert check["spearman"] == pytest.approx(float(spearman), abs=1e-9)
+    assert check["top_k"] == k and check["top10_overlap"] == len(top_exact & top_approx) / k
+    assert (check["top_flipped"], check["top_under"]) == (flipped, under)
     star = run(
         "ablate",
         "--model",
