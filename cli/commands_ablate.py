@@ -167,8 +167,13 @@ def _print_ablation(ablation: dict) -> None:
     "duplicate_token, first_token, label:NAME: ablated together; each: every head alone (a sweep)",
 )
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
-@click.option("--metric", default="loss", show_default=True, help="loss (= text) | repeat | logit-diff | prob | needle")
-@text_option("the text of the loss metric, windows per document (needle reads one text file)")
+@click.option(
+    "--metric",
+    default="loss",
+    show_default=True,
+    help="loss (= text) | repeat | logit-diff | prob | needle | needle-loss",
+)
+@text_option("the text of the loss metric, windows per document (the needle metrics read one text file)")
 @click.option(
     "--prompts",
     "prompts_path",

@@ -51,6 +51,17 @@ def test_set_json(small_model_dir):
     assert obj["ci95"][0] <= obj["delta_loss"] <= obj["ci95"][1]
 
 
+def test_needle_loss_json_states_its_unit_and_scores_the_needle_positions(small_model_dir):
+    """--metric needle-loss: a loss metric (nats/token, the loss keys) on the same needle tokens as --metric needle."""
+    args = ["ablate", "--model", str(small_model_dir), "--heads", "1.2", "--format", "json", "--metric"]
+    loss, top1 = (json.loads(run(*args, metric).stdout) for metric in ("needle-loss", "needle"))
+    assert list(loss) == KEYS + LOSS_KEYS + ABOUT and list(top1) == KEYS + ABOUT
+    assert (loss["metric"], loss["unit"]) == ("needle-loss", "nats/token")
+    assert top1["unit"] == "share of needle tokens retrieved"
+    assert loss["n"] == top1["n"] > 0 and loss["data"] == top1["data"]
+    assert loss["delta"] == pytest.approx(loss["ablated"] - loss["clean"], abs=1e-9) and loss["clean"] > 0
+
+
 def test_layer_set_and_table(small_model_dir, text_file):
     result = run(
         "ablate", "--model", str(small_model_dir), "--heads", "layer:1", "--method", "mean", "--text", text_file

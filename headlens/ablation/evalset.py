@@ -18,7 +18,8 @@ of each metric (`build_evalset`):
   Wu et al. 2024 adapted to small contexts), scored teacher-forced: the sequence is the prompt
   followed by the rest of the needle, and each asked-for needle token counts 1 when it is the
   model's top prediction given the true earlier ones. Free greedy decoding (the retrieval probe's)
-  would let one miss derail the rest; teacher forcing scores each token alone.
+  would let one miss derail the rest; teacher forcing scores each token alone;
+- `needle-loss`: the same tests and scored positions, each needle token's cross-entropy.
 Reference set (mean and resample ablation draw z from it): by default the evaluation set itself,
 every real position; or the windows of a separate reference text (`reference`), kept apart from the
 evaluation as Wang et al. 2022 do for mean ablation.
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from headlens.ablation.metrics import KIND, PROMPT_METRICS, canonical_metric
+from headlens.ablation.metrics import KIND, NEEDLE_METRICS, PROMPT_METRICS, canonical_metric
 from headlens.ablation.stats import assign_units
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
@@ -266,11 +267,17 @@ def prompt_evalset(loaded, prompts: list[dict], metric: str) -> EvalSet:
 
 
 def needle_evalset(
-    loaded, text: str | None, seed: int = 0, needle_len: int = 16, restate: int = 4, context: int | None = None
+    loaded,
+    text: str | None,
+    seed: int = 0,
+    needle_len: int = 16,
+    restate: int = 4,
+    metric: str = "needle",
+    context: int | None = None,
 ) -> EvalSet:
     """Needle-in-a-haystack tests in `text` (default: the shipped held-out text) of at most `context`
-    tokens (default: eval_context), teacher-forced: each asked-for needle token (after the
-    `restate` restated ones) is one scored position."""
+    tokens (default: eval_context), teacher-forced: each asked-for needle token (after the `restate`
+    restated ones) is one scored position, of `metric` `needle` (top-1 hit) or `needle-loss` (cross-entropy)."""
     text = default_text() if text is None else check_text(text)
     spec = loaded.spec
     context = min(context or eval_context(loaded), eval_context(loaded))
@@ -292,13 +299,13 @@ def needle_evalset(
         first = len(test.prompt) - 1  # the prompt's last token predicts the first asked-for needle token
         counted[row, first : first + len(test.needle) - test.restate] = True
     if int(counted.sum()) == 0:
-        raise ConfigError("needle metric: no needle token to score")
+        raise ConfigError(f"{metric} metric: no needle token to score")
     digest = hashlib.sha256(f"needle|{seed}|{needle_len}|{restate}|".encode() + text.encode("utf-8")).hexdigest()
     description = (
         f"{len(tests)} needle-in-a-haystack tests of <= {context} tokens ({needle_len}-token needles, "
         f"{restate} restated), teacher-forced"
     )
-    return EvalSet(ids, mask, counted, "needle", digest, description)
+    return EvalSet(ids, mask, counted, metric, digest, description)
 
 
 def build_evalset(
@@ -315,9 +322,9 @@ def build_evalset(
     `reference` a text for mean / resample ablation; `context` caps the needle tests' length
     (default: eval_context)."""
     metric = canonical_metric(metric)
-    if text is not None and not isinstance(text, str) and metric == "needle":
+    if text is not None and not isinstance(text, str) and metric in NEEDLE_METRICS:
         raise ConfigError(
-            "metric needle reads one text: give --text a text file (a folder or JSON Lines "
+            f"metric {metric} reads one text: give --text a text file (a folder or JSON Lines "
             "file of documents goes with the loss metric)"
         )
     if prompts is not None:
@@ -336,7 +343,7 @@ def build_evalset(
     elif metric == "repeat":
         evalset = repeat_evalset(loaded, seed=seed)
     else:
-        evalset = needle_evalset(loaded, text, seed=seed, context=context)
+        evalset = needle_evalset(loaded, text, seed=seed, metric=metric, context=context)
     if reference is not None:
         with_reference(loaded, evalset, reference)
     return evalset
