@@ -361,15 +361,6 @@ def smollm2_report(smollm2, labels, tmp_path_factory):
     return out
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "diagnosed: on the text's start twice (46 tokens) labelled induction head 18.7 put 0.120 of its attention on "
-        "induction targets against 5 x uniform = 0.246; the viewer now sets the text aside for the random-token probe "
-        "when a labelled head's prefix-matching score on it is below the label's threshold (headlens.samples); "
-        "that fix is not yet confirmed on SmolLM2 (the run did not finish on the loaded machine)"
-    ),
-)
 def test_smollm2_viewer_sample_shows_its_induction_heads(smollm2, smollm2_report, figures):
     from test_browser import check_viewer_shows_induction, viewer_data
 
