@@ -16,9 +16,11 @@ Here:
   biases are dropped: eigenvalues are a property of the linear map.
 The nonzero eigenvalues of (W_E W_V)(W_O W_U), a [d_vocab, d_vocab] matrix of rank d_head, equal
 those of (W_O W_U)(W_E W_V) = W_O (W_U W_E W_V), [d_head, d_head]. The vocabulary-long product
-W_U (W_E W_V) is made once per key/value head and shared by the query heads that read it, so
-the cost per layer is one pass of the vocabulary through the value projection and one
-[d_model, d_vocab] @ [d_vocab, d_head] product per key/value head.
+W_U (W_E W_V) is made once per key/value head and shared by the query heads that read it.
+Where every layer's input norm is gain-type (norm_L(x) - norm_L(0) = N(x) g_L, checked:
+_shared_read), W_U N(E) g_0 [d_model, d_model] is made once for the whole model and each layer
+costs one [d_model, d_model] @ [d_model, kv_head * d_head] product; otherwise each layer passes
+the vocabulary through its value projection and makes W_U (W_E W_V) itself.
 """
 
 from __future__ import annotations
