@@ -1,10 +1,11 @@
 """Real weights: SmolLM2-135M-Instruct (30 layers x 9 query heads = 270 heads, dequantized from
-Q4_1; `headlens pull smollm2` first), float32, one thread per process. Each section runs in its own
-fresh subprocess (peak memory is the child's own; VmHWM reset after set-up), its two sides one
-after the other in that process, so a ratio compares runs under the same load. Wall and CPU
-seconds are both given: on a shared machine the CPU-time ratio is the steadier one.
+Q4_1; `headlens pull smollm2` first) or, with `--model gemma3-270m`, Gemma 3 270M (18 layers x 4
+query heads = 72 heads), float32, one thread per process. Each section runs in its own fresh
+subprocess (peak memory is the child's own; VmHWM reset after set-up), its two sides one after the other
+in that process, so a ratio compares runs under the same load. Wall and CPU seconds
+are both given: on a shared machine the CPU-time ratio is the steadier one.
 
-attribution  exact zero-ablation sweep of all 270 heads vs `atp` and `atp*`
+attribution  exact zero-ablation sweep of all heads vs `atp` and `atp*`
              (headlens.ablation.approx's estimators; agreement = headlens.ablation.agreement),
              and AtP*'s GradDrop score (unsigned) ranked against |exact delta|; a `why` line per
              metric gives the measured sign flips and underestimates among the exact top 10,
@@ -16,14 +17,15 @@ classify     headlens's streamed previous-token / duplicate-token / induction ("
              vs TransformerLens `detect_head` through the bridge (headlens.models.boot_bridge), on
              the same token ids (`--prompts` passages of `--passage-chars` characters, each
              repeated twice). Targets: >= 3x faster, <= half the added peak, max |diff| <= 1e-4.
-             `--whole` also runs `headlens classify smollm2` under /usr/bin/time (peak RSS) and
+             `--whole` also runs `headlens classify MODEL` under /usr/bin/time (peak RSS) and
              gives the weights' share of it.
-sweep        the exact sweep (all 270 heads) vs the TransformerLens `run_with_hooks` loop
+sweep        the exact sweep (all heads) vs the TransformerLens `run_with_hooks` loop
              (benchmarks/tl_loop.py) on the attribution section's text, and its wall / CPU time
-             vs the FLOP floor (matmul FLOPs the sweep must do / the best fp32 matmul rate
-             measured in the same process). Targets: >= 1.5x the peer, <= 1.6x the floor.
+             vs the FLOP floor (matmul FLOPs the sweep must do, counted for a Llama: smollm2 /
+             the best fp32 matmul rate measured in the same process). Targets: >= 1.5x the peer, <= 1.6x the floor.
 
     nice -n 10 .venv/bin/python benchmarks/bench_real.py [attribution classify sweep] [--whole]
+        [--model gemma3-270m]
 """
 
 from __future__ import annotations
@@ -40,18 +42,21 @@ import torch
 from peak_memory import reset_peak, status_kb  # benchmarks/ is on sys.path when run as a script
 from tl_loop import zero_ablation_deltas
 
-MODEL = "smollm2"
+MODELS = {  # --model: the name load_model takes -> what the header says it is
+    "smollm2": "SmolLM2-135M-Instruct, Q4_1 dequantized to float32",
+    "gemma3-270m": "Gemma 3 270M, 18 layers x 4 query heads = 72 heads, dequantized to float32",
+}
 THREADS = 1  # one thread: on a loaded 2-core machine two threads stall on OpenMP barriers
 SECTIONS = ("attribution", "classify", "sweep")
 DETECT = ("previous_token_head", "duplicate_token_head", "induction_head")
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576"}  # as in bench_capture.py: RSS follows live tensors
 
 
-def _load():
+def _load(args):
     from headlens.models import load_model
 
     torch.set_num_threads(THREADS)
-    return load_model(MODEL)
+    return load_model(args.model)
 
 
 def _timed(fn):
@@ -110,7 +115,7 @@ def run_attribution(args) -> dict:
     from headlens.ablation.approx import ESTIMATES
     from headlens.ablation.gradients import graddrop_scores
 
-    loaded = _load()
+    loaded = _load(args)
     out, zero = {}, [None] * loaded.spec.n_layers
     for metric, evalset in evalsets(loaded, args).items():
         if metric not in args.metrics.split(","):
@@ -169,7 +174,7 @@ def run_classify_side(side: str, args) -> dict:
 
     from headlens.models import boot_bridge
 
-    loaded, texts = _load(), prompts(args)
+    loaded, texts = _load(args), prompts(args)
     if side == "ours":
         sequences = [[loaded.bos_token_id] + loaded.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         step = _ours_step(loaded, sequences)
@@ -195,17 +200,20 @@ def run_classify_side(side: str, args) -> dict:
     }
 
 
-def weights_mb() -> float:
-    loaded = _load()
+def weights_mb(args) -> float:
+    loaded = _load(args)
     return sum(p.numel() * p.element_size() for p in loaded.model.parameters()) / 2**20
 
 
-def whole_classify() -> dict:
-    """`headlens classify smollm2` under /usr/bin/time -v: wall, CPU and peak RSS."""
+def whole_classify(args) -> dict:
+    """`headlens classify MODEL` under /usr/bin/time -v: wall, CPU and peak RSS."""
     cli = os.path.join(os.path.dirname(sys.executable), "headlens")
     start = time.perf_counter()
     done = subprocess.run(
-        ["/usr/bin/time", "-v", cli, "classify", MODEL, "--format", "csv"], capture_output=True, text=True, check=True
+        ["/usr/bin/time", "-v", cli, "classify", args.model, "--format", "csv"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     wall = time.perf_counter() - start
     fields = dict(line.strip().split(": ", 1) for line in done.stderr.splitlines() if ": " in line)
@@ -246,7 +254,7 @@ def run_sweep(args) -> dict:
     from headlens.models import boot_bridge
 
     before = matmul_rate()
-    loaded = model = _load()
+    loaded = model = _load(args)
     evalset = evalsets(loaded, args)["loss"]
     n_seq, pos = evalset.input_ids.shape
     assert bool(evalset.mask.all()), "the TL loop scores every position: use full windows"
@@ -325,7 +333,7 @@ def _why(rows: dict) -> str:
     )
 
 
-def print_classify(ours: dict, tl: dict, whole: dict | None, weights: float) -> None:
+def print_classify(ours: dict, tl: dict, whole: dict | None, weights: float, model: str) -> None:
     same = ours["tokens"] == tl["tokens"]
     diffs = {k: (torch.tensor(ours["scores"][k]) - torch.tensor(tl["scores"][k])).abs().max().item() for k in DETECT}
     lengths = [len(t) for t in ours["tokens"]]
@@ -344,7 +352,7 @@ def print_classify(ours: dict, tl: dict, whole: dict | None, weights: float) -> 
     )
     if whole:
         print(
-            f"whole `headlens classify {MODEL}`: {whole['wall_s']:.0f} s wall, {whole['cpu_s']:.0f} CPU s, "
+            f"whole `headlens classify {model}`: {whole['wall_s']:.0f} s wall, {whole['cpu_s']:.0f} CPU s, "
             f"peak RSS {whole['peak_rss_mb']:.0f} MB; float32 weights {weights:.0f} MB = "
             f"{weights / whole['peak_rss_mb']:.0%} of it"
         )
@@ -358,7 +366,8 @@ def print_sweep(found: dict) -> None:
     floor, floor_cpu = found["flops"] / (rate * 1e9), found["flops"] / (per_cpu * 1e9)
     n_seq, pos = found["shape"]
     print(
-        f"270 heads, {n_seq} x {pos} tokens of natural text; fp32 matmul {rate:.1f} GFLOP/s best wall, "
+        f"{len(exact['deltas'])} heads, {n_seq} x {pos} tokens of natural text; "
+        f"fp32 matmul {rate:.1f} GFLOP/s best wall, "
         f"{per_cpu:.1f} GFLOP per CPU-s; sweep {found['flops'] / 1e12:.2f} TFLOP"
     )
     print("| sweep | wall s | CPU s |\n|---|---|---|")
@@ -376,6 +385,7 @@ def print_sweep(found: dict) -> None:
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sections", nargs="*", default=list(SECTIONS), help=", ".join(SECTIONS))
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2", help="the pulled model to measure")
     parser.add_argument("--text-tokens", type=int, default=64, help="tokens per natural-text window")
     parser.add_argument("--text-windows", type=int, default=1, help="natural-text windows")
     parser.add_argument("--repeat-seqs", type=int, default=2, help="repeated-random-token sequences")
@@ -395,9 +405,9 @@ def child_main(args) -> dict:
     if args.child == "sweep":
         return run_sweep(args)
     if args.child == "weights":
-        return {"mb": weights_mb()}
+        return {"mb": weights_mb(args)}
     if args.child == "whole":
-        return whole_classify()
+        return whole_classify(args)
     return run_classify_side(args.child, args)
 
 
@@ -408,7 +418,7 @@ def main() -> None:
         return
     passed = [a for a in sys.argv[1:] if a not in SECTIONS]
     print(
-        f"{MODEL} (SmolLM2-135M-Instruct, Q4_1 dequantized to float32), {THREADS} thread per process, "
+        f"{args.model} ({MODELS[args.model]}), {THREADS} thread per process, "
         f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     for section in SECTIONS:
@@ -422,8 +432,8 @@ def main() -> None:
             print_sweep(_child(["--child", "sweep", *passed], args.raw))
         else:
             ours, tl = _child(["--child", "ours", *passed], args.raw), _child(["--child", "tl", *passed], args.raw)
-            whole = _child(["--child", "whole"], args.raw) if args.whole else None
-            print_classify(ours, tl, whole, _child(["--child", "weights"])["mb"])
+            whole = _child(["--child", "whole", *passed], args.raw) if args.whole else None
+            print_classify(ours, tl, whole, _child(["--child", "weights", *passed])["mb"], args.model)
         print(f"(load average at end {_load_average()})", flush=True)
 
 

@@ -122,7 +122,9 @@ def _trust_line(kind: str, summary: dict) -> str:
     )
     return (
         f"{kind} vs {where}: spearman {summary['spearman']:.3f}, pearson {summary['pearson']:.3f}, "
-        f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f} (trust the estimate only as far as this)"
+        f"top-{summary['top_k']} overlap {summary['top10_overlap']:.2f}; of the exact top {summary['top_k']}, "
+        f"{summary['top_flipped']} with the wrong sign, {summary['top_under']} under half their size "
+        "(trust the estimate only as far as this)"
     )
 
 
@@ -165,8 +167,13 @@ def _print_ablation(ablation: dict) -> None:
     "duplicate_token, first_token, label:NAME: ablated together; each: every head alone (a sweep)",
 )
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
-@click.option("--metric", default="loss", show_default=True, help="loss (= text) | repeat | logit-diff | prob | needle")
-@text_option("the text of the loss metric, windows per document (needle reads one text file)")
+@click.option(
+    "--metric",
+    default="loss",
+    show_default=True,
+    help="loss (= text) | repeat | logit-diff | prob | needle | needle-loss",
+)
+@text_option("the text of the loss metric, windows per document (the needle metrics read one text file)")
 @click.option(
     "--prompts",
     "prompts_path",

@@ -6,10 +6,30 @@ In a notebook, `headlens.show(result)` draws any result inline (headlens.reports
 
 __version__ = "0.1.0"
 
+import importlib  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable, Mapping  # noqa: E402
+from typing import Any  # noqa: E402
+
 from headlens.errors import HeadlensError  # noqa: E402
 from headlens.heads import Head, all_heads, parse_heads  # noqa: E402
 
 __all__ = ["Head", "HeadlensError", "__version__", "all_heads", "parse_heads", "show", "show_attention"]
+
+
+def lazy_getattr(package: str, table: Mapping[str, str]) -> Callable[[str], Any]:
+    """The module `__getattr__` (PEP 562) of a package whose `table` (public name -> its submodule) names
+    what it re-exports lazily: a name is imported from its submodule on first access and then kept in the
+    package, so `from package import name` works and importing one submodule loads only what it imports."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{table[name]}"), name)
+        setattr(sys.modules[package], name, value)  # later lookups find it without this hook
+        return value
+
+    return __getattr__
 
 
 def show(result, heads=None, lang: str = "en") -> None:

@@ -1,6 +1,7 @@
 """Loading causal language models: hub ids, local Hugging Face directories (found and checked by
 headlens.hub), the models we ship, and GGUF files (headlens.sources: named models, `ollama:`,
-`.gguf` paths), read from the float folder they are dequantized into once.
+`.gguf` paths), read from the float folder they are dequantized into once. A shipped name is the
+shipped model: headlens.sources is imported only for the other names.
 
 Every model comes back in eager attention, because sdpa/flash never materialise the
 attention pattern (transformers 5 defaults to sdpa). Shape facts always come from the
@@ -26,10 +27,11 @@ from headlens.arch import adapter_for, check_supported, kv_group
 from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
 from headlens.hub import check_local_dir, resolve_hub
-from headlens.sources import ModelSource, find_gguf, gguf_folder
 
 if TYPE_CHECKING:  # annotations only: transformers is imported where a model is built or read
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from headlens.sources import ModelSource
 
 # Short names for models that ship inside the package (headlens/data/<name>).
 SHIPPED_MODELS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa"}
@@ -210,10 +212,14 @@ def resolve_model_path(name_or_path: str) -> Path:
 
 def resolve_model(name_or_path: str) -> tuple[Path, ModelSource | None, str]:
     """(local Hugging Face directory, the GGUF it was dequantized from or None, display name)."""
-    gguf = find_gguf(name_or_path)
+    if name_or_path in SHIPPED_MODELS:
+        return resolve_model_path(name_or_path), None, name_or_path
+    from headlens import sources  # GGUF names (named models, ollama:, .gguf): optional for a shipped model
+
+    gguf = sources.find_gguf(name_or_path)
     if gguf is not None:
         gguf_path, sha256, display = gguf
-        folder, source = gguf_folder(gguf_path, sha256)
+        folder, source = sources.gguf_folder(gguf_path, sha256)
         return folder, source, display
     path = resolve_model_path(name_or_path)
     local = Path(name_or_path).expanduser().exists()

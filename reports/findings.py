@@ -253,7 +253,10 @@ def ioi_text(heads: pd.DataFrame, lang: str) -> str:
     """Whether the model does the IOI task: its own logit difference (the `ioi_logit_diff` column, the
     same on every row), or why no prompt was built; "" for a frame without the IOI probe."""
     probes = heads.attrs.get("probes") or {}
-    if probes.get("ioi_missing"):
+    if probes.get("ioi_missing") and "ioi_names_total" in probes:
+        text = t("findings.ioi_missing_names", lang, n=probes["ioi_names"], total=probes["ioi_names_total"])
+        return f'<p id="ioi">{esc(text)}</p>'
+    if probes.get("ioi_missing"):  # a frame without the counts: the reason as the probe wrote it
         return f'<p id="ioi">{esc(t("findings.ioi_missing", lang, reason=probes["ioi_missing"]))}</p>'
     if "ioi_logit_diff" not in heads or not len(heads) or not math.isfinite(float(heads["ioi_logit_diff"].iloc[0])):
         return ""

@@ -135,22 +135,22 @@ def test_prompt_metrics_equal_a_plain_computation(strong_model, prompts_file, me
     assert abs(result["delta"]) > 0.01 * abs(result["clean"])  # the head matters
 
 
+def _needle_tests(loaded, text: str):
+    """The retrieval probe's needle tests in `text` at the strong model's 64-token context (8-token
+    needles, 4 restated, seed 3), and each test's teacher-forced sequence."""
+    hay = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    tests = needle_prompts(
+        hay, 64, loaded.bos_token_id, random_token_range(loaded.spec.d_vocab), needle_len=8, restate=4, seed=3
+    )
+    return tests, [t.prompt + t.needle[4:] for t in tests]
+
+
 def test_needle_metric_equals_teacher_forced_hits(strong_model):
     """Share of asked-for needle tokens that are the top prediction, from the probe's own prompts."""
     text = sample_text(400)
     heads = [Head(1, 0), Head(1, 3)]
     result = ablate_heads(strong_model, heads, metric="needle", text=text, seed=3)
-    hay = strong_model.tokenizer(text, add_special_tokens=False)["input_ids"]
-    tests = needle_prompts(
-        hay,
-        64,
-        strong_model.bos_token_id,
-        random_token_range(strong_model.spec.d_vocab),
-        needle_len=8,
-        restate=4,
-        seed=3,
-    )
-    seqs = [t.prompt + t.needle[4:] for t in tests]
+    tests, seqs = _needle_tests(strong_model, text)
     for key, chosen in (("clean", []), ("ablated", heads)):
         hits = []
         for test, logits in zip(tests, _hf_logits(strong_model, seqs, chosen), strict=True):
@@ -159,6 +159,27 @@ def test_needle_metric_equals_teacher_forced_hits(strong_model):
             hits.append(predicted == torch.tensor(test.needle[4:]))
         assert result["n"] == 4 * len(tests)
         assert result[key] == pytest.approx(float(torch.cat(hits).double().mean()), abs=1e-12)
+
+
+def test_needle_loss_metric_equals_the_needle_tokens_cross_entropy(strong_model):
+    """Mean -log p(needle token | true earlier tokens) over the asked-for needle tokens, in nats, from
+    float64 log-softmaxes of Hugging Face logits; the same positions as the top-1 needle metric."""
+    text = sample_text(400)
+    heads = [Head(1, 0), Head(1, 3)]
+    result = ablate_heads(strong_model, heads, metric="needle-loss", text=text, seed=3)
+    tests, seqs = _needle_tests(strong_model, text)
+    for key, chosen in (("clean", []), ("ablated", heads)):
+        losses = []
+        for test, logits in zip(tests, _hf_logits(strong_model, seqs, chosen), strict=True):
+            start = len(test.prompt) - 1
+            logp = torch.log_softmax(logits[start : start + 4].double(), dim=-1)  # [4, d_vocab]
+            losses.append(-logp[torch.arange(4), torch.tensor(test.needle[4:])])  # [4]
+        # float32 logits, float64 here: ~1e-7 relative on losses of a few nats
+        assert result[key] == pytest.approx(float(torch.cat(losses).mean()), abs=SAME_ATOL)
+    assert result["n"] == 4 * len(tests) and result["unit"] == "nats/token"
+    assert abs(result["delta"]) > 100 * SAME_ATOL  # the ablation moves the loss: clean and ablated both checked
+    top1 = ablate_heads(strong_model, heads, metric="needle", text=text, seed=3)
+    assert top1["n"] == result["n"]  # the two needle metrics score the same positions
 
 
 def test_prompt_errors_name_the_line(strong_model, tmp_path):

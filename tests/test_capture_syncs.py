@@ -69,7 +69,8 @@ class SyncCounter:
                 self.active = False
 
         def counted_forward(model, batch):
-            self.runs[-1].append(0)  # copies from here to the next batch's forward belong to this batch
+            if self.active:  # a forward of a counted run_capture (other passes call capture directly)
+                self.runs[-1].append(0)  # copies from here to the next batch's forward belong to this batch
             return forward(model, batch)
 
         monkeypatch.setattr(probe_runs, "run_capture", counted_run)
@@ -124,11 +125,10 @@ def test_classify_copies_to_the_host_once_per_batch(counted):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="CopyingReducer (headlens/scores/copying.py) folds each layer on the host: its attended keys "
-    "and z are copied per layer and block, so the repeat probe's pass copies more than once per batch",
-)
 def test_repeat_pass_with_the_copying_score_copies_once_per_batch(counted):
+    """The repeat probe's pass (duplicate-token, prefix-matching and copying reducers): one copy
+    per batch; the deferred copying scores equal the on-host ones (the frames, compared above)."""
     per_batch = _per_batch(counted[2], copying=True)
-    assert per_batch and max(per_batch) <= 1, counted[2].runs
+    assert len(per_batch) >= 2  # several batches
+    assert max(per_batch) <= 1, counted[2].runs
+    assert min(per_batch) == 1  # every batch's statistics did travel, in its one copy

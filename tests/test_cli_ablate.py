@@ -51,6 +51,17 @@ def test_set_json(small_model_dir):
     assert obj["ci95"][0] <= obj["delta_loss"] <= obj["ci95"][1]
 
 
+def test_needle_loss_json_states_its_unit_and_scores_the_needle_positions(small_model_dir):
+    """--metric needle-loss: a loss metric (nats/token, the loss keys) on the same needle tokens as --metric needle."""
+    args = ["ablate", "--model", str(small_model_dir), "--heads", "1.2", "--format", "json", "--metric"]
+    loss, top1 = (json.loads(run(*args, metric).stdout) for metric in ("needle-loss", "needle"))
+    assert list(loss) == KEYS + LOSS_KEYS + ABOUT and list(top1) == KEYS + ABOUT
+    assert (loss["metric"], loss["unit"]) == ("needle-loss", "nats/token")
+    assert top1["unit"] == "share of needle tokens retrieved"
+    assert loss["n"] == top1["n"] > 0 and loss["data"] == top1["data"]
+    assert loss["delta"] == pytest.approx(loss["ablated"] - loss["clean"], abs=1e-9) and loss["clean"] > 0
+
+
 def test_layer_set_and_table(small_model_dir, text_file):
     result = run(
         "ablate", "--model", str(small_model_dir), "--heads", "layer:1", "--method", "mean", "--text", text_file
@@ -96,7 +107,29 @@ def test_approx_check_reports_agreement(small_model_dir):
     )
     assert result.exit_code == 0, result.output
     assert "pearson" in result.stdout and "spearman" in result.stdout and "delta_loss_approx" in result.stdout
-    assert "atp vs the exact sweep" in result.stdout
+    assert "atp vs the exact sweep" in result.stdout and "with the wrong sign" in result.stdout
+
+
+def test_approx_prints_the_agreement_it_measured(small_model_dir):
+    """--check's summary is the agreement of the printed rows (delta vs delta_approx), recomputed here."""
+    result = run(
+        "ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat", "--approx", "--check",
+        "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    exact = torch.tensor([o["delta"] for o in doc["rows"]], dtype=torch.float64)  # [heads]
+    approx = torch.tensor([o["delta_approx"] for o in doc["rows"]], dtype=torch.float64)  # [heads]
+    ranks = [torch.argsort(torch.argsort(v)).double() for v in (exact, approx)]  # no ties in float deltas
+    spearman = torch.corrcoef(torch.stack(ranks))[0, 1]
+    k = min(10, len(exact) // 4)
+    top_exact, top_approx = set(exact.abs().topk(k).indices.tolist()), set(approx.abs().topk(k).indices.tolist())
+    flipped = sum(float(exact[i] * approx[i]) <= 0 for i in top_exact)
+    under = sum(float(exact[i] * approx[i]) > 0 and abs(approx[i]) < abs(exact[i]) / 2 for i in top_exact)
+    check = doc["check"]
+    assert check["spearman"] == pytest.approx(float(spearman), abs=1e-9)
+    assert check["top_k"] == k and check["top10_overlap"] == len(top_exact & top_approx) / k
+    assert (check["top_flipped"], check["top_under"]) == (flipped, under)
     star = run(
         "ablate",
         "--model",

@@ -209,6 +209,24 @@ def test_ov_copying_runs_through_gemmas_norm_gains(gemma):
     assert (without - expected).abs().max() > 1e-2  # the post-attention gain is not a detail
 
 
+def test_ov_circuit_runs_through_gemmas_norm_gains(gemma):
+    """W_U W_OV W_EE of every head (the successor, copy-suppression and name-mover scores' circuit) equals
+    tests/gemma_ov.py's circuit written from the Hugging Face modules; without the attention-output norm's
+    gain it would not."""
+    from gemma_ov import REL_TOL, manual_gemma_ov_logits
+
+    from headlens.scores.ov_circuit import ov_logits
+
+    tokens, columns = torch.arange(0, 40), torch.arange(gemma.spec.d_vocab)
+    ours = ov_logits(gemma.model, tokens, columns)  # [layer, head, n, d_vocab]
+    with torch.no_grad():
+        for layer in range(gemma.spec.n_layers):
+            manual = manual_gemma_ov_logits(gemma.model, tokens, columns, layer)  # [head, n, d_vocab]
+            assert (ours[layer] - manual).abs().max() <= REL_TOL * manual.abs().max(), layer
+            gain = 1 + gemma.model.model.layers[layer].post_attention_layernorm.weight.double()  # [d_model]
+            assert (gain - 1).abs().max() > 1e-2  # the family model's gains are not all 1: the check has teeth
+
+
 # Errors
 
 

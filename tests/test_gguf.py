@@ -214,7 +214,7 @@ def test_tokenizer_comes_from_the_gguf(llama_gguf):
 
 def test_second_load_reads_the_cache(llama_gguf, monkeypatch):
     first = load_model(str(llama_gguf))
-    monkeypatch.setattr("headlens.sources.convert_gguf", _must_not_convert)
+    monkeypatch.setattr("headlens.ggufload.convert_gguf", _must_not_convert)
     second = load_model(str(llama_gguf))
     assert second.path == first.path and second.path.parent == cache_root() / "converted"
     torch.testing.assert_close(logits(second.model, IDS), logits(first.model, IDS), rtol=0, atol=0)
@@ -385,16 +385,17 @@ def _convert_in_process(gguf_path, cache, counter, barrier, results):
     import os
 
     os.environ["HEADLENS_CACHE"] = cache
+    import headlens.ggufload as ggufload
     import headlens.sources as sources
 
-    original = sources.convert_gguf
+    original = ggufload.convert_gguf
 
     def counting(parsed, folder):
         with open(counter, "a") as handle:
             handle.write("converted\n")
         original(parsed, folder)
 
-    sources.convert_gguf = counting
+    ggufload.convert_gguf = counting
     barrier.wait()
     folder, source = sources.gguf_folder(Path(gguf_path), None)
     results.put((str(folder), source.sha256))

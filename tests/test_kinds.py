@@ -104,5 +104,9 @@ def test_the_findings_say_the_models_own_ioi_logit_difference(lang):
     text = ioi_text(frame, lang)
     assert ("4.04" if lang == "en" else "4,04") in text and "48" in text and "75%" in text
     assert ioi_text(frame.drop(columns="ioi_logit_diff"), lang) == ""  # a frame without the IOI probe
-    frame.attrs["probes"] = {"ioi_missing": "no single-token names"}
+    frame.attrs["probes"] = {"ioi_missing": "no single-token names"}  # a frame without the name counts
     assert "no single-token names" in ioi_text(frame, lang)
+    frame.attrs["probes"] = {"ioi_missing": "the probe's English reason", "ioi_names": 1, "ioi_names_total": 40}
+    text = ioi_text(frame, lang)
+    assert " 1 " in text and "40" in text and "English reason" not in text  # the reason in the page's language
+    assert ("tokenizer" if lang == "en" else "tokenizador") in text

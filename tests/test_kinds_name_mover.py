@@ -6,6 +6,9 @@ difference more than random head sets with the same per-layer counts."""
 from __future__ import annotations
 
 import itertools
+import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +17,10 @@ from planted import N_HEADS, N_LAYERS, PLANTED_TEXT, place_roles
 from planted_kinds import build_planted_ioi, ioi_slots, labelled_heads
 
 from headlens.ablation.ablate import ablate_heads
+from headlens.ablation.evalset import build_evalset
+from headlens.ablation.replace import replacements
 from headlens.ablation.roles import resolve_heads
+from headlens.ablation.sweep import ablated_sums
 from headlens.classify import ClassifyConfig, classify_heads
 from headlens.errors import ConfigError
 from headlens.heads import Head
@@ -133,6 +139,16 @@ def smollm2():
 
 
 @pytest.fixture(scope="module")
+def figures():
+    """What the causal check measured, written as JSON to $HEADLENS_NAME_MOVER_FIGURES when set
+    (BENCHMARKS.md, "Real models: causal checks")."""
+    found: dict = {}
+    yield found
+    if os.environ.get("HEADLENS_NAME_MOVER_FIGURES"):
+        Path(os.environ["HEADLENS_NAME_MOVER_FIGURES"]).write_text(json.dumps(found, indent=1))
+
+
+@pytest.fixture(scope="module")
 def scores(smollm2):
     return name_mover_scores(smollm2)
 
@@ -212,22 +228,43 @@ def test_disjoint_sets_keep_the_layer_counts_and_share_no_head():
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "not yet seen to pass: the model does the task (logit diff 4.04, IO above S in 92% of 48 prompts, every "
-        "prompt re-tokenizes to its ids) and the labelled movers are 23.0-23.2; the former control sets (same "
-        "layer, drawn from all 9 heads) shared heads with them; this disjoint comparison has not finished a run"
+        "fails as measured (2026-12-01, 46.8 min wall / 6.7 CPU min at load 15-18): zero-ablating the labelled "
+        "movers 23.0-23.2 moves the logit diff by -0.010 logits (clean 4.04, 95% CI [-0.29, 0.30]) while the 20 "
+        "disjoint layer-23 sets move it by -2.78 / -0.29 / +0.22 (min / median / max), p = 0.81: the labels do not "
+        "carry the task by this test"
     ),
 )
-def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores):
+def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores, figures):
     assert scores["logit_diff"] > 0  # the model does the task: IO above S on average
     heads = [Head(int(lay), int(h)) for lay, h in scores["name_mover"].nonzero().tolist()]
     assert heads, "SmolLM2 has name movers at the module's cut-offs (BENCHMARKS.md: 23.0, 23.1, 23.2)"
     prompts = ablation_prompts(scores["prompts"])
-    delta = ablate_heads(smollm2, heads, metric="logit-diff", prompts=prompts)["delta"]
+    chosen = ablate_heads(smollm2, heads, metric="logit-diff", prompts=prompts, batch_size=len(prompts))
     # Controls: the same per-layer counts from the other heads of those layers, so no control set
-    # holds a labelled mover (a same-layer draw over all heads would share ~1 of 3 with them).
-    controls = [
-        ablate_heads(smollm2, s, metric="logit-diff", prompts=prompts)["delta"]
-        for s in disjoint_same_layer_sets(heads, smollm2.spec.n_heads, N_CONTROL)
-    ]
-    assert delta < 0
-    assert delta < min(controls)  # a larger drop than every control set: p <= 1 / (1 + len(controls))
+    # holds a labelled mover (a same-layer draw over all heads would share ~1 of 3 with them). One
+    # evaluation set and one clean pass for all of them, every prompt in one batch.
+    evalset = build_evalset(smollm2, "logit-diff", prompts=prompts)
+    reps = replacements(smollm2.model, evalset, "zero", 0, len(prompts))
+    n = int(evalset.counted.sum())
+
+    def mean_with(heads_off: list[Head]) -> float:
+        return float(ablated_sums(smollm2.model, evalset, heads_off, reps, batch_size=len(prompts)).sum()) / n
+
+    clean = mean_with([])
+    assert mean_with(heads) - clean == pytest.approx(chosen["delta"], abs=1e-6)  # the same ablation as ablate_heads
+    sets = disjoint_same_layer_sets(heads, smollm2.spec.n_heads, N_CONTROL)
+    controls = [mean_with(s) - clean for s in sets]
+    figures["name_mover_logit_diff"] = {
+        "heads": [str(h) for h in heads],
+        "clean": chosen["clean"],
+        "delta": chosen["delta"],
+        "ci95": chosen["ci95"],
+        "unit": chosen["unit"],
+        "control_min": min(controls),
+        "control_median": sorted(controls)[len(controls) // 2],
+        "control_max": max(controls),
+        "k": len(controls),
+        "p_value": (1 + sum(c <= chosen["delta"] for c in controls)) / (1 + len(controls)),
+    }
+    assert chosen["delta"] < 0
+    assert chosen["delta"] < min(controls)  # a larger drop than every control set: p = 1 / (1 + len(controls))

@@ -6,7 +6,7 @@ is checked against a peer or a causal experiment:
    prompts, through the bridge (headlens.models.boot_bridge);
 2. zero-ablating the induction heads raises the second-copy loss on repeated random tokens more than every
    one of N_CONTROLS random head sets with the same count per layer (empirical p <= P_MAX), and the same
-   for the retrieval heads on the needle metric (Wu et al. 2024's knockout against random heads);
+   for the retrieval heads on the needle tokens' loss (Wu et al. 2024's knockout against random heads);
 3. K-composition (Olsson et al. 2022): ablating the previous-token heads lowers the induction heads'
    prefix-matching score more than random sets of the same per-layer counts do;
 4. the model's report (browser tests) shows a viewer sample on which the labelled induction heads attend to
@@ -230,8 +230,11 @@ def summary_of(heads, check) -> dict:
         "clean": check["result"]["clean"],
         "delta": check["result"]["delta"],
         "ci95": check["result"]["ci95"],
-        "control_max_abs": max(abs(d) for d in check["deltas"]),
+        "unit": check["result"]["unit"],
+        "control_min": min(check["deltas"]),
         "control_median": sorted(check["deltas"])[len(check["deltas"]) // 2],
+        "control_max": max(check["deltas"]),
+        "control_max_abs": max(abs(d) for d in check["deltas"]),
         "k": check["k"],
         "rank": check["rank"],
         "p_value": check["p_value"],
@@ -251,20 +254,25 @@ def test_induction_heads_carry_the_second_copy(smollm2, labels, figures):
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "the top-1 needle metric floors at 0: ablating the 34 labelled retrieval heads takes retrieval from 0.725 "
-        "to 0.000, but random sets of the same per-layer counts reach -0.675 (median -0.5 over 20 sets, "
-        "p = 1/21), so among 100 sets one can tie the chosen set at the floor; a continuous needle metric "
-        "(the needle tokens' loss) is what the strict comparison needs"
+        "not yet seen to pass on the needle-loss metric: its run (2026-12-01 18:18-19:05 UTC, load 15-18 on the 2 "
+        "shared cores, ~0.15 of a core) passed the labels and the top-1 clean > 0.5 check and was inside the "
+        "needle-loss causal check at the deadline; the top-1 metric this replaces tied at its floor (0.725 -> "
+        "0.000, random sets down to -0.675 over 20)"
     ),
 )
 def test_retrieval_heads_carry_the_needle(smollm2, labels, figures):
+    """The needle tokens' loss (nats/token, continuous) rises more than under every random set. The top-1
+    share of needle tokens retrieved is recorded beside it but not compared: it floors at 0, where random
+    sets tie the chosen one."""
     heads = labelled(labels, "retrieval")
-    check = causal_check(smollm2, heads, "needle", seed=0)
-    figures["retrieval_needle"] = summary_of(heads, check)
-    chosen = check["result"]["delta"]  # change of the share of needle tokens predicted (top-1)
-    assert check["result"]["clean"] > 0.5  # the model retrieves the needle at all
+    top1 = ablate_heads(smollm2, heads, metric="needle", seed=0)
+    assert top1["clean"] > 0.5  # the model retrieves the needle at all
+    check = causal_check(smollm2, heads, "needle-loss", seed=0)
+    figures["retrieval_needle_loss"] = summary_of(heads, check)
+    figures["retrieval_needle_top1"] = {key: top1[key] for key in ("clean", "ablated", "delta", "n", "unit")}
+    chosen = check["result"]["delta"]  # change of the needle tokens' mean loss, nats/token
     assert abs(check["stacked_delta"] - chosen) < STACKED_ATOL
-    assert chosen < 0 and chosen < min(check["deltas"]) - STACKED_ATOL, (chosen, min(check["deltas"]))
+    assert chosen > 0 and chosen > max(check["deltas"]) + STACKED_ATOL, (chosen, max(check["deltas"]))
     assert check["p_value"] <= P_MAX
 
 
@@ -315,6 +323,7 @@ def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, labels
         "induction": [str(h) for h in later],
         "score": float(scores[0]),
         "drop": drops[0],
+        "control_min": min(drops[1:]),
         "control_max": max(drops[1:]),
         "control_median": sorted(drops[1:])[len(drops) // 2 - 1],
         "k": summary["k"],

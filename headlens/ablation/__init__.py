@@ -2,12 +2,31 @@
 (zero / mean / resample) and the hooks that put it there, the exact sums (heads together, every head
 alone layer by layer), their statistics (bootstrap, random controls), heads by role, gradient
 estimates (attribution patching, AtP*, GradDrop, head importance), pruning curves and the resumable
-sweep store. Public names are re-exported here."""
+sweep store.
 
+Public names are re-exported here. The exact ablation's are imported with the package; the gradient
+estimates' and pruning's (approx, prune and the gradients they read) when first asked for, through the
+module's `__getattr__` (headlens.lazy_getattr, PEP 562), so an exact ablation loads no gradient code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from headlens import lazy_getattr
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.ablation.approx import agreement, approx_sweep
-from headlens.ablation.prune import prune_curve, removal_by_role
 from headlens.ablation.replace import ablation_hooks
+
+if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+    from headlens.ablation.approx import agreement, approx_sweep
+    from headlens.ablation.prune import prune_curve, removal_by_role
+
+# Public name -> the module of headlens.ablation that defines it, imported on first access.
+LAZY = {"agreement": "approx", "approx_sweep": "approx", "prune_curve": "prune", "removal_by_role": "prune"}
+
+if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
+    __getattr__ = lazy_getattr(__name__, LAZY)
+
 
 __all__ = [
     "ablate_heads",

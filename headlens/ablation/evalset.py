@@ -18,7 +18,8 @@ of each metric (`build_evalset`):
   Wu et al. 2024 adapted to small contexts), scored teacher-forced: the sequence is the prompt
   followed by the rest of the needle, and each asked-for needle token counts 1 when it is the
   model's top prediction given the true earlier ones. Free greedy decoding (the retrieval probe's)
-  would let one miss derail the rest; teacher forcing scores each token alone.
+  would let one miss derail the rest; teacher forcing scores each token alone;
+- `needle-loss`: the same tests and scored positions, each needle token's cross-entropy.
 Reference set (mean and resample ablation draw z from it): by default the evaluation set itself,
 every real position; or the windows of a separate reference text (`reference`), kept apart from the
 evaluation as Wang et al. 2022 do for mean ablation.
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from headlens.ablation.metrics import KIND, PROMPT_METRICS, canonical_metric
+from headlens.ablation.metrics import KIND, NEEDLE_METRICS, PROMPT_METRICS, canonical_metric
 from headlens.ablation.stats import assign_units
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
@@ -265,9 +266,12 @@ def prompt_evalset(loaded, prompts: list[dict], metric: str) -> EvalSet:
     return EvalSet(ids, mask, counted, metric, digest, description, foils=foil_ids if min(foils) >= 0 else None)
 
 
-def needle_evalset(loaded, text: str | None, seed: int = 0, needle_len: int = 16, restate: int = 4) -> EvalSet:
+def needle_evalset(
+    loaded, text: str | None, seed: int = 0, needle_len: int = 16, restate: int = 4, metric: str = "needle"
+) -> EvalSet:
     """Needle-in-a-haystack tests in `text` (default: the shipped held-out text), teacher-forced:
-    each asked-for needle token (after the `restate` restated ones) is one scored position."""
+    each asked-for needle token (after the `restate` restated ones) is one scored position, of
+    `metric` `needle` (top-1 hit) or `needle-loss` (cross-entropy)."""
     text = default_text() if text is None else check_text(text)
     spec = loaded.spec
     context = eval_context(loaded)
@@ -289,12 +293,12 @@ def needle_evalset(loaded, text: str | None, seed: int = 0, needle_len: int = 16
         first = len(test.prompt) - 1  # the prompt's last token predicts the first asked-for needle token
         counted[row, first : first + len(test.needle) - test.restate] = True
     if int(counted.sum()) == 0:
-        raise ConfigError("needle metric: no needle token to score")
+        raise ConfigError(f"{metric} metric: no needle token to score")
     digest = hashlib.sha256(f"needle|{seed}|{needle_len}|{restate}|".encode() + text.encode("utf-8")).hexdigest()
     description = (
         f"{len(tests)} needle-in-a-haystack tests ({needle_len}-token needles, {restate} restated), teacher-forced"
     )
-    return EvalSet(ids, mask, counted, "needle", digest, description)
+    return EvalSet(ids, mask, counted, metric, digest, description)
 
 
 def build_evalset(
@@ -309,9 +313,9 @@ def build_evalset(
     """The evaluation set of `metric` (see the module docstring); `prompts` from `read_prompts`;
     `reference` a text for mean / resample ablation."""
     metric = canonical_metric(metric)
-    if text is not None and not isinstance(text, str) and metric == "needle":
+    if text is not None and not isinstance(text, str) and metric in NEEDLE_METRICS:
         raise ConfigError(
-            "metric needle reads one text: give --text a text file (a folder or JSON Lines "
+            f"metric {metric} reads one text: give --text a text file (a folder or JSON Lines "
             "file of documents goes with the loss metric)"
         )
     if prompts is not None:
@@ -330,7 +334,7 @@ def build_evalset(
     elif metric == "repeat":
         evalset = repeat_evalset(loaded, seed=seed)
     else:
-        evalset = needle_evalset(loaded, text, seed=seed)
+        evalset = needle_evalset(loaded, text, seed=seed, metric=metric)
     if reference is not None:
         with_reference(loaded, evalset, reference)
     return evalset

@@ -7,7 +7,10 @@ from the final residual stream at that position (after the final norm) and a tar
 - `logit-diff`: logit(target) - logit(foil) at a prompt's last position (IOI, Wang et al. 2022);
 - `prob`: the target's probability at a prompt's last position;
 - `needle`: 1 where the target (a needle token) is the model's top prediction, else 0: the share
-  of needle tokens retrieved (Wu et al. 2024, adapted: headlens.ablation.evalset).
+  of needle tokens retrieved (Wu et al. 2024, adapted: headlens.ablation.evalset);
+- `needle-loss`: the cross-entropy of those same needle tokens, in nats: continuous where the
+  top-1 share is a step (it moves before a needle token stops being the top prediction, and
+  keeps moving once none is).
 Being means of per-position values, all metrics share one summing, bootstrapping and sweeping path.
 Each metric has a unit (`UNIT`), carried by every result so that no chart or table mixes metrics.
 
@@ -32,10 +35,17 @@ from headlens.errors import ConfigError
 UNEMBED_CHUNK = 4096
 
 METHODS = ("zero", "mean", "resample")
-METRICS = ("loss", "repeat", "logit-diff", "prob", "needle")
+METRICS = ("loss", "repeat", "logit-diff", "prob", "needle", "needle-loss")
 ALIASES = {"text": "loss"}
 # The per-position value each metric averages.
-KIND = {"loss": "loss", "repeat": "loss", "logit-diff": "logit_diff", "prob": "prob", "needle": "hit"}
+KIND = {
+    "loss": "loss",
+    "repeat": "loss",
+    "logit-diff": "logit_diff",
+    "prob": "prob",
+    "needle": "hit",
+    "needle-loss": "loss",
+}
 # The unit of each metric's value (and of its change).
 UNIT = {
     "loss": "nats/token",
@@ -43,10 +53,12 @@ UNIT = {
     "logit-diff": "logits",
     "prob": "probability",
     "needle": "share of needle tokens retrieved",
+    "needle-loss": "nats/token",
 }
 PROMPT_METRICS = ("loss", "logit-diff", "prob")  # metrics a --prompts file can be scored with
+NEEDLE_METRICS = ("needle", "needle-loss")  # metrics scored on the needle-in-a-haystack tests
 # Metrics with a gradient (attribution patching needs one): the top-1 hit of `needle` has none.
-DIFFERENTIABLE = ("loss", "repeat", "logit-diff", "prob")
+DIFFERENTIABLE = ("loss", "repeat", "logit-diff", "prob", "needle-loss")
 
 
 def canonical_metric(metric: str) -> str:

@@ -1,7 +1,17 @@
 """Capture: stream every head's pattern and z into reducers, on Hugging Face models (eager or
-lean path) and on a TransformerLens bridge. Public names are re-exported here."""
+lean path) and on a TransformerLens bridge.
 
-from headlens.capture.bridge import is_bridge, n_heads_of, n_layers_of
+Public names are re-exported here. The reducers' (batches, padding, pattern checks) are imported with the
+package; the capture run's and the bridge's when first asked for, through the module's `__getattr__`
+(headlens.lazy_getattr, PEP 562), so a stage that only pads batches (the ablation's evaluation sets)
+loads no capture hooks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from headlens import lazy_getattr
 from headlens.capture.reducers import (
     Batch,
     CollectPatterns,
@@ -11,7 +21,26 @@ from headlens.capture.reducers import (
     iter_batches,
     pad_batch,
 )
-from headlens.capture.run import attention_implementation, attention_pattern, capture_hooks, forward, run_capture
+
+if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+    from headlens.capture.bridge import is_bridge, n_heads_of, n_layers_of
+    from headlens.capture.run import attention_implementation, attention_pattern, capture_hooks, forward, run_capture
+
+# Public name -> the module of headlens.capture that defines it, imported on first access.
+LAZY = {
+    "attention_implementation": "run",
+    "attention_pattern": "run",
+    "capture_hooks": "run",
+    "forward": "run",
+    "is_bridge": "bridge",
+    "n_heads_of": "bridge",
+    "n_layers_of": "bridge",
+    "run_capture": "run",
+}
+
+if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
+    __getattr__ = lazy_getattr(__name__, LAZY)
+
 
 __all__ = [
     "Batch",

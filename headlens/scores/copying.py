@@ -94,12 +94,13 @@ def copying_per_query(out: torch.Tensor, tokens: torch.Tensor, stats: dict) -> t
     target = (u * unembedding_rows(stats, tokens, u.device).to(dtype)).sum(-1)  # [n] l[t*]
     mean = u @ stats["mean"]  # [n] mean(l)
     var = ((u @ stats["cov"]) * u).sum(-1).clamp(min=0)  # [n] var(l): [n, d_model] @ [d_model, d_model]
-    return _erf_score(target - mean, var.sqrt(), u, stats)
+    return _erf_score(target - mean, var.sqrt(), u, float(stats["rms"]))
 
 
-def _erf_score(centred: torch.Tensor, std: torch.Tensor, u: torch.Tensor, stats: dict) -> torch.Tensor:
-    """erf(s / sqrt 2) with s = centred / std; 0 where the logits are flat (see FLAT_LOGITS_RTOL)."""
-    flat = std <= FLAT_LOGITS_RTOL * u.norm(dim=-1) * float(stats["rms"]) * math.sqrt(u.shape[-1])
+def _erf_score(centred: torch.Tensor, std: torch.Tensor, u: torch.Tensor, rms: float) -> torch.Tensor:
+    """erf(s / sqrt 2) with s = centred / std; 0 where the logits are flat (see FLAT_LOGITS_RTOL;
+    `rms`: the unembedding's, a float so that no tensor is read back to the host)."""
+    flat = std <= FLAT_LOGITS_RTOL * u.norm(dim=-1) * rms * math.sqrt(u.shape[-1])
     score = torch.erf(centred / std.clamp(min=torch.finfo(std.dtype).tiny) / math.sqrt(2.0))  # [n]
     return score.masked_fill(flat, 0.0)
 
@@ -107,8 +108,13 @@ def _erf_score(centred: torch.Tensor, std: torch.Tensor, u: torch.Tensor, stats:
 class CopyingReducer(Reducer):
     """Streams copying_score for every head (needs pattern and z of each layer).
 
-    `query_fn(batch) -> [batch, q_pos] bool` picks the scored queries (classify uses the
-    prefix-matching positions of the repeated-random-token probe). `result()` -> [n_layers, n_heads].
+    `query_fn(batch) -> [batch, q_pos] bool` picks the scored queries from the batch's host
+    tensors (classify uses the prefix-matching positions of the repeated-random-token probe).
+    Everything computed from activations stays on their device: the attended keys, the folded
+    scores and their sums (`Reducer.add_total`, copied to the host once per batch by
+    `flush_to_host`); only the query indices, known on the host, travel the other way. With an
+    unembedding accelerate keeps off the device, its gathered rows are the one exception.
+    `result()` -> [n_layers, n_heads].
     """
 
     wants = frozenset({"pattern", "z"})
@@ -121,14 +127,16 @@ class CopyingReducer(Reducer):
         self.layers = layers
         self.n_heads, self.d_head = adapter.n_heads, adapter.d_head
         self.stats = unembedding_stats(model)
+        self.rms = float(self.stats["rms"])
         self.adapter = adapter  # W_O per head: adapter.w_o(layer), read when a layer is first folded
         self.query_fn = query_fn
         self.sums = torch.zeros(n_layers, self.n_heads, dtype=torch.float64)  # [layer, head]
         self.sq_sums = torch.zeros(n_layers, self.n_heads, dtype=torch.float64)  # [layer, head]
         self.counts = torch.zeros(n_layers, dtype=torch.long)  # [layer]
         self._pending: dict[int, dict] = {}  # layer -> attended keys so far and z, until both are whole
-        self._maps: dict[int, tuple] = {}
-        self._scored: tuple | None = None
+        self._maps: dict[tuple, tuple] = {}  # (layer, device) -> (A m, A C A^T)
+        self._on_device: dict = {}  # device -> the final norm's gain, m and C there
+        self._batch: tuple | None = None  # (batch, scored queries [batch, q_pos] on the host, {key: indices})
 
     def update(self, layer: int, batch: Batch, pattern=None, z=None, q_start: int = 0) -> None:
         # z and the pattern blocks of a layer arrive in either order (eager: z first; lean: blocks first)
@@ -142,59 +150,88 @@ class CopyingReducer(Reducer):
             del self._pending[layer]
             self._fold(layer, batch, slot["keys"], slot["z"])
 
+    def _indices(self, batch: Batch, q_start: int, rows: int, device) -> tuple:
+        """Scored queries among rows q_start.. of the batch: (batch index, query position) [n] each,
+        on the host and on `device`. Computed once per batch and block (the same for every layer)."""
+        if self._batch is None or self._batch[0] is not batch:
+            self._batch = (batch, self.query_fn(batch) & batch.mask, {})  # [batch, q_pos] on the host
+        _, scored, found = self._batch
+        key = (q_start, rows, device)
+        if key not in found:
+            b_idx, r_idx = scored[:, q_start : q_start + rows].nonzero(as_tuple=True)  # [n], [n]
+            q_idx = r_idx + q_start  # [n]
+            found[key] = (b_idx, q_idx, b_idx.to(device), q_idx.to(device), r_idx.to(device))
+        return found[key]
+
     def _attended(self, batch: Batch, pattern: torch.Tensor, q_start: int):
-        """Scored queries among the block's rows and each head's attended key (BOS column excluded)."""
-        if self._scored is None or self._scored[0] is not batch:  # once per batch, not per layer
-            self._scored = (batch, (self.query_fn(batch) & batch.mask).cpu())  # [batch, q_pos]
-        scored = self._scored[1][:, q_start : q_start + pattern.shape[-2]]  # [batch, rows]
-        b_idx, r_idx = scored.nonzero(as_tuple=True)  # [n], [n]
-        keys = pattern[b_idx, :, r_idx.to(pattern.device), 1:].argmax(-1).cpu() + 1  # [n, head]
-        return b_idx, r_idx + q_start, keys
+        """Scored queries among the block's rows and each head's attended key (BOS column excluded,
+        left on the pattern's device)."""
+        b_idx, q_idx, b_dev, q_dev, r_dev = self._indices(batch, q_start, pattern.shape[-2], pattern.device)
+        keys = pattern[b_dev, :, r_dev, 1:].argmax(-1) + 1  # [n, head]
+        return b_idx, q_idx, b_dev, q_dev, keys
 
     def _fold(self, layer: int, batch: Batch, parts: list, z: torch.Tensor) -> None:
-        b_idx, q_idx, keys = (torch.cat(column) for column in zip(*parts, strict=True))  # [n], [n], [n, head]
+        b_idx, _, b_dev, q_dev, keys = (torch.cat(column) for column in zip(*parts, strict=True))  # [n] x 4, [n, head]
         if len(b_idx) == 0:
             return
-        a, m_vec, m_cov = self._layer_maps(layer)
+        a, m_vec, m_cov = self._layer_maps(layer, z.device)
+        ids = self._device_ids(batch, z.device)  # [batch, pos]
         for start in range(0, len(b_idx), FOLD_QUERIES):
             part = slice(start, start + FOLD_QUERIES)
-            tokens = batch.input_ids[b_idx[part, None], keys[part]]  # [n, head]
-            zq = z[b_idx[part], q_idx[part]].cpu().float()  # [n, head, d_head]
+            b_part = b_dev[part].to(keys.device)  # [n]
+            tokens = ids[b_part[:, None], keys[part]]  # [n, head]
+            zq = z[b_dev[part], q_dev[part]].float()  # [n, head, d_head]
             u = torch.bmm(zq.transpose(0, 1), a).transpose(0, 1)  # [n, head, d_model]: (centred,) norm-scaled outputs
             target = (u * unembedding_rows(self.stats, tokens, u.device)).sum(-1)  # [n, head] l[t*]
             mean = torch.einsum("nhd,hd->nh", zq, m_vec)  # [n, head] mean(l)
             var = (torch.einsum("nhd,hde->nhe", zq, m_cov) * zq).sum(-1).clamp(min=0)  # [n, head] z (A C A^T) z^T
-            score = _erf_score(target - mean, var.sqrt(), u, self.stats).double()  # [n, head]
-            self.sums[layer] += score.sum(0)
-            self.sq_sums[layer] += (score**2).sum(0)
-        self.counts[layer] += len(b_idx)
+            score = _erf_score(target - mean, var.sqrt(), u, self.rms).double()  # [n, head]
+            self.add_total("sums", layer, score.sum(0))
+            self.add_total("sq_sums", layer, (score**2).sum(0))
+        self.counts[layer] += len(b_idx)  # known on the host: no copy
 
-    def _layer_maps(self, layer: int):
+    def _device_ids(self, batch: Batch, device) -> torch.Tensor:
+        """The batch's token ids on `device` [batch, pos], moved once per batch."""
+        found = self._batch[2]
+        if ("ids", device) not in found:
+            found["ids", device] = batch.input_ids.to(device)
+        return found["ids", device]
+
+    def _layer_maps(self, layer: int, device):
         """Per head A = centre(W_O * gamma_a) * gamma_f [d_head, d_model] (gamma_a: the gain of a norm on the
         attention output, Gemma's; no centring under an RMSNorm), A m [d_head]
         and A C A^T [d_head, d_head]: mean and variance of the direct-path logits from z alone
-        (d_head^2, not d_model^2, per query). Only the small A m and A C A^T are kept across batches
-        (A C A^T costs a d_model^2 product); A itself, as large as the layer's W_O, is rebuilt per
-        call (elementwise). W_O of a layer accelerate offloaded is loaded for the read and copied."""
+        (d_head^2, not d_model^2, per query), all on `device` (z's). Only the small A m and A C A^T
+        are kept across batches (A C A^T costs a d_model^2 product); A itself, as large as the layer's
+        W_O, is rebuilt per call (elementwise). W_O of a layer accelerate offloaded is loaded for the
+        read and copied."""
+        if device not in self._on_device:
+            self._on_device[device] = tuple(self.stats[k].to(device) for k in ("gamma", "mean", "cov"))
+        gamma, mean, cov = self._on_device[device]  # [d_model], [d_model], [d_model, d_model]
         with onloaded(self.adapter.z_module(layer)):
-            w_o = self.adapter.w_o(layer).detach().to("cpu", torch.float32, copy=True)  # [head, d_head, d_model]
+            w_o = self.adapter.w_o(layer).detach().to(device, torch.float32, copy=True)  # [head, d_head, d_model]
         gain = self.adapter.attn_out_gain(layer)  # a norm before the residual add (Gemma): its gain is on the path
         if gain is not None:
-            w_o = w_o * gain.detach().to("cpu", torch.float32)  # [head, d_head, d_model]
+            w_o = w_o * gain.detach().to(device, torch.float32)  # [head, d_head, d_model]
         if self.stats["centre"]:
             w_o = w_o - w_o.mean(-1, keepdim=True)  # [head, d_head, d_model]
-        a = w_o * self.stats["gamma"]  # [head, d_head, d_model]
-        if layer not in self._maps:
-            self._maps[layer] = (a @ self.stats["mean"], a @ self.stats["cov"] @ a.transpose(1, 2))
-        return (a, *self._maps[layer])
+        a = w_o * gamma  # [head, d_head, d_model]
+        if (layer, device) not in self._maps:
+            self._maps[layer, device] = (
+                a @ mean,
+                a @ cov @ a.transpose(1, 2),
+            )  # [head, d_head], [head, d_head, d_head]
+        return (a, *self._maps[layer, device])
 
     def result(self) -> torch.Tensor:
         """Mean copying score, [n_layers, n_heads] (NaN where nothing was scored)."""
+        self.flush()
         mean = self.sums / self.counts[:, None].clamp(min=1)
         return mean.where(self.counts[:, None] > 0, torch.tensor(float("nan"), dtype=torch.float64)).float()
 
     def std(self) -> torch.Tensor:
         """Spread across scored queries, [n_layers, n_heads]."""
+        self.flush()
         n = self.counts[:, None].clamp(min=1)
         mean = self.sums / n
         return (self.sq_sums / n - mean**2).clamp(min=0).sqrt().float()

@@ -189,7 +189,8 @@ def probe_name_mover(run) -> ProbeResult:
     """The classify probe (headlens.kinds.PROBES["ioi"]): the END attention scores and their stds,
     the two copy scores, the model's own IOI logit difference (`ioi_logit_diff`, also a frame column)
     and the share of prompts with IO above S. NaN scores (no label) when the tokenizer spells fewer
-    than two NAMES as one token."""
+    than two NAMES as one token: `ioi_missing` says so in English, `ioi_names` of `ioi_names_total`
+    counts the single-token names for a page to say it in its language."""
     loaded, spec = run.loaded, run.loaded.spec
     n = min(N_PROMPTS, max(2, run.config.token_budget // 4))
     try:
@@ -198,7 +199,11 @@ def probe_name_mover(run) -> ProbeResult:
         nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
         scores = {key: nan.clone() for key in SCORE_KEYS + COPY_KEYS}
         counts = {"n_ioi_prompts": 0, "ioi_logit_diff": float("nan")}
-        return ProbeResult(scores, counts, {"ioi_missing": str(exc), **counts}, SOURCE_TEMPLATES)
+        names = {
+            "ioi_names": len(name_tokens(loaded.tokenizer)),
+            "ioi_names_total": len(NAMES),
+        }  # the reason, as counts
+        return ProbeResult(scores, counts, {"ioi_missing": str(exc), **names, **counts}, SOURCE_TEMPLATES)
     result = ioi_run(loaded, prompts)
     names = torch.tensor(sorted(set(name_tokens(loaded.tokenizer).values())))  # [n_names]
     above, below = own_ranks(loaded.model, names)  # [layer, head, n_names]

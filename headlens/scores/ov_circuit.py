@@ -5,9 +5,11 @@ leaves layer 0 with when layer 0's attention is left out (McDougall et al. 2023,
 Suppression", arXiv 2310.04625, section 3; Gould et al. 2023, "Successor Heads", arXiv
 2312.09230, use the same effective embedding). Layer L's head h reads it through the layer's
 input norm and its value projection (v(x) - v(0), so biases drop out: the circuit is a linear map,
-as in headlens.scores.ov_copying), writes z_h W_O^h, and the unembedding reads that with the final
-norm's gain folded in (and LayerNorm's centring applied). Families differ only through the
-architecture adapter: any tokenizer, any supported model.
+as in headlens.scores.ov_copying) and writes z_h W_O^h, times the gain of a norm on the attention
+output where there is one (Gemma's post-attention norm; its 1/rms is one positive factor on all of
+a token's logits, left out); the unembedding reads that with the final norm's gain folded in (and
+LayerNorm's centring applied). Families differ only through the architecture adapter: any
+tokenizer, any supported model.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def head_outputs(model, token_ids: torch.Tensor) -> torch.Tensor:
             v = value_change(adapter, layer, resid).double()  # [n, kv_head, d_head]
             with onloaded(adapter.z_module(layer)):
                 w_o = adapter.w_o(layer).double().to(v.device)  # [head, d_head, d_model]
+            gain = adapter.attn_out_gain(layer)  # a norm on the attention output (Gemma): its gain is on the path
+            if gain is not None:
+                w_o = w_o * gain.detach().double().to(v.device)  # [head, d_head, d_model]
             groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)], device=v.device)
             z = v[:, groups]  # [n, head, d_head]
             out = torch.einsum("nhd,hdm->hnm", z, w_o)  # [head, n, d_model]
