@@ -72,8 +72,11 @@ def _torch_gguf(parsed: GGUFFile):
             raise ModelLoadError(f"internal: asked to read {path} while converting {reader.path}")
         return reader
 
-    saved = gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map, hf_gguf.tqdm
+    saved = gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map, hf_gguf.tqdm, hf_gguf._gguf_parse_value
     gguf.GGUFReader, gguf.dequantize = open_reader, dequant.dequantize
+    # load_gguf_checkpoint decodes every metadata value on each of its three calls (config, tensors,
+    # tokenizer): a Gemma 3 vocabulary is 786,432 of them per call; each decoded once here
+    hf_gguf._gguf_parse_value = _parsed_once(saved[4])
     # get_gguf_hf_weights_map rebuilds the (arch, n_layers) name table once per submodule (~400
     # times, 40 s); the table is a pure function of its arguments
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=4)(saved[2])
@@ -85,8 +88,22 @@ def _torch_gguf(parsed: GGUFFile):
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map, hf_gguf.tqdm = saved
+        gguf.GGUFReader, gguf.dequantize, gguf.get_tensor_name_map, hf_gguf.tqdm, hf_gguf._gguf_parse_value = saved
         torch.set_num_threads(threads)
+
+
+def _parsed_once(parse):
+    """`parse(part, types)` remembered per part object (a _Field's parts live as long as its
+    _Reader, which the memo keeps alive with them): the same value, decoded once."""
+    memo: dict[int, tuple[object, object]] = {}
+
+    def parse_once(part, types):
+        hit = memo.get(id(part))
+        if hit is None or hit[0] is not part:
+            hit = memo[id(part)] = (part, parse(part, types))
+        return hit[1]
+
+    return parse_once
 
 
 def convert_gguf(parsed: GGUFFile, dest: Path) -> None:

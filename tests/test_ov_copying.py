@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.scores.ov_copying import ov_copying_scores
+from headlens.arch import adapter_for
+from headlens.scores.ov_copying import _shared_read, folded_unembed, ov_copying_scores
 
 # The library reads the values through the model in float32 (the test builds them in float64),
 # and the full 257 x 257 matrix adds ~225 round-off eigenvalues to sum(|eig|): float32 rounding.
@@ -65,17 +66,9 @@ def test_planted_induction_head_copies_or_suppresses(sign):
     assert max(abs(float(s)) for s in others) < 0.1  # junk writes nothing the unembedding reads
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-window"])
-def test_grouped_query_families_against_their_raw_projections(name):
-    """Llama (8 query heads over 2 key/value heads) and Qwen2 (v bias): W_V and W_O read straight
-    from v_proj / o_proj, RMSNorm written here (no centring), the kv group as h // 4."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from families import build_family
-
-    model = build_family(name).model
+def _raw_projection_scores(model) -> torch.Tensor:
+    """sum(eig) / sum(|eig|) from v_proj / o_proj, each layer's RMSNorm written here with its own
+    epsilon (no centring), the kv group as h // group."""
     cfg = model.config
     d_head = cfg.hidden_size // cfg.num_attention_heads
     group = cfg.num_attention_heads // cfg.num_key_value_heads
@@ -94,5 +87,44 @@ def test_grouped_query_families_against_their_raw_projections(name):
                 small = w_o[:, head * d_head : (head + 1) * d_head].T @ w_u.T @ values  # [d_head, d_head]
                 eig = torch.linalg.eigvals(small)
                 expected[layer, head] = eig.sum().real / eig.abs().sum()
-    ours = ov_copying_scores(model)
-    assert torch.allclose(ours, expected, atol=EIG_ATOL, rtol=0)
+    return expected
+
+
+def _build_family(name: str):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from families import build_family
+
+    model = build_family(name).model
+    torch.manual_seed(0)
+    for block in model.model.layers:  # gains that differ per layer and dimension (initialised to 1)
+        block.input_layernorm.weight.data = torch.rand(model.config.hidden_size) + 0.5  # [d_model]
+    return model
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-window"])
+def test_grouped_query_families_against_their_raw_projections(name):
+    """Llama (8 query heads over 2 key/value heads) and Qwen2 (v bias), read through the shared
+    product W_U N(E) g_0 that their gain-type norms allow."""
+    model = _build_family(name)
+    assert _shared_read(adapter_for(model), folded_unembed(adapter_for(model))) is not None
+    assert torch.allclose(ov_copying_scores(model), _raw_projection_scores(model), atol=EIG_ATOL, rtol=0)
+
+
+def test_a_layer_whose_norm_differs_in_form_reads_the_whole_vocabulary():
+    """A layer-dependent epsilon breaks norm_L(x) = N(x) g_L: the shared product is refused and
+    every layer reads the vocabulary itself, with the same scores as the raw projections."""
+    model = _build_family("llama-gqa")
+    model.model.layers[1].input_layernorm.variance_epsilon = 0.5  # rows' mean square is ~1e-4
+    adapter = adapter_for(model)
+    assert _shared_read(adapter, folded_unembed(adapter)) is None
+    assert torch.allclose(ov_copying_scores(model), _raw_projection_scores(model), atol=EIG_ATOL, rtol=0)
+
+
+def test_the_layernorm_model_takes_the_shared_product():
+    from headlens.models import load_model
+
+    adapter = adapter_for(load_model("tiny").model)  # GPT-2: LayerNorm with a bias in every layer
+    assert _shared_read(adapter, folded_unembed(adapter)) is not None

@@ -16,9 +16,11 @@ Here:
   biases are dropped: eigenvalues are a property of the linear map.
 The nonzero eigenvalues of (W_E W_V)(W_O W_U), a [d_vocab, d_vocab] matrix of rank d_head, equal
 those of (W_O W_U)(W_E W_V) = W_O (W_U W_E W_V), [d_head, d_head]. The vocabulary-long product
-W_U (W_E W_V) is made once per key/value head and shared by the query heads that read it, so
-the cost per layer is one pass of the vocabulary through the value projection and one
-[d_model, d_vocab] @ [d_vocab, d_head] product per key/value head.
+W_U (W_E W_V) is made once per key/value head and shared by the query heads that read it.
+Where every layer's input norm is gain-type (norm_L(x) - norm_L(0) = N(x) g_L, checked:
+_shared_read), W_U N(E) g_0 [d_model, d_model] is made once for the whole model and each layer
+costs one [d_model, d_model] @ [d_model, kv_head * d_head] product; otherwise each layer passes
+the vocabulary through its value projection and makes W_U (W_E W_V) itself.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from headlens.arch import adapter_for, get_module
 from headlens.devices import onloaded
 
 CHUNK = 4096  # vocabulary rows per pass through a layer's attention
+# How far norm_L(x) - norm_L(0) may sit from N(x) g_0 (g_L / g_0), relative to the magnitudes it is
+# computed from: a few float32 ulps (2^-24 each) of rounding, never a different function.
+GAIN_RTOL = 16 * 2.0**-24
+PROBE = 256  # rows per criterion of _probe_rows
 
 
 def ov_copying_scores(model) -> torch.Tensor:
@@ -37,8 +43,9 @@ def ov_copying_scores(model) -> torch.Tensor:
     out = torch.zeros(adapter.n_layers, adapter.n_heads, dtype=torch.float64)  # [layer, head]
     w_u = folded_unembed(adapter)  # [d_model, d_vocab]
     with torch.no_grad():
+        shared = _shared_read(adapter, w_u)  # (W_U N(E) G_0, G_L / G_0) or None
         for layer in range(adapter.n_layers):
-            values = _token_values(adapter, layer)  # [d_vocab, kv_head, d_head]
+            through = _through(adapter, layer, w_u, shared)  # [d_model, kv_head, d_head]
             with onloaded(adapter.z_module(layer)):  # W_O of a layer accelerate offloaded, copied
                 w_o = adapter.w_o(layer).double()  # [head, d_head, d_model]
             gain = adapter.attn_out_gain(layer)  # a norm on the attention output (Gemma): its gain is on the path
@@ -46,13 +53,84 @@ def ov_copying_scores(model) -> torch.Tensor:
                 w_o = w_o * gain.detach().double()  # [head, d_head, d_model]
             if isinstance(adapter.final_norm(), torch.nn.LayerNorm):
                 w_o = w_o - w_o.mean(-1, keepdim=True)  # LayerNorm's centring, folded in
-            through = [w_u @ values[:, group] for group in range(adapter.n_kv_heads)]  # [d_model, d_head] each
             for head in range(adapter.n_heads):
-                small = w_o[head] @ through[adapter.kv_group(head)]  # [d_head, d_head]
+                small = w_o[head] @ through[:, adapter.kv_group(head)]  # [d_head, d_head]
                 eig = torch.linalg.eigvals(small)  # [d_head] complex
                 total = float(eig.abs().sum())
                 out[layer, head] = float(eig.sum().real) / total if total > 0 else 0.0
     return out
+
+
+def _through(adapter, layer: int, w_u: torch.Tensor, shared) -> torch.Tensor:
+    """W_U (W_E W_V) of `layer`'s key/value heads: [d_model, kv_head, d_head] (float64). With the
+    shared read, (W_U N(E) G_0)(G_L / G_0) W_V^T: one [d_model, d_model] product per layer."""
+    if shared is None:
+        values = _token_values(adapter, layer)  # [d_vocab, kv_head, d_head]
+        flat = w_u @ values.flatten(1)  # [d_model, kv_head * d_head]
+    else:
+        read, ratios = shared  # [d_model, d_model], [layer, d_model]
+        block = adapter.layer(layer)
+        with onloaded(get_module(block, adapter.sites.v.projection)):  # offloaded by accelerate
+            w_v = adapter.qkv_weights(layer)[2][0].detach().double()  # [kv_head * d_head, d_model]
+        flat = (read * ratios[layer]) @ w_v.T  # [d_model, kv_head * d_head]
+    return flat.view(-1, adapter.n_kv_heads, adapter.d_head)  # [d_model, kv_head, d_head]
+
+
+def _shared_read(adapter, w_u: torch.Tensor):
+    """For gain-type input norms (RMSNorm, Gemma's (1 + w) RMSNorm, LayerNorm's centring and
+    scaling), norm_L(x) - norm_L(0) = N(x) * g_L with N the same in every layer, so the
+    vocabulary-long product W_U (N(E) g_L) is (W_U N(E) g_0) (g_L / g_0): made once.
+    Returns (W_U N(E) g_0 [d_model, d_model] float64, g_L / g_0 [n_layers, d_model] float64), or
+    None where a layer's norm is not of that form on the probe rows (_probe_rows), each element
+    compared within float32 rounding (then every layer reads the whole vocabulary itself)."""
+    module = adapter.embed()
+    n_vocab, device = module.weight.shape[0], module.weight.device
+    read = torch.zeros(w_u.shape[0], w_u.shape[0], dtype=torch.float64)  # [d_model, d_model]
+    spread = []  # (rms, centred std) of each token's embedding, [chunk, 2] each
+    for start in range(0, n_vocab, CHUNK):
+        resid = module(torch.arange(start, min(start + CHUNK, n_vocab), device=device))  # [chunk, d_model]
+        base = _norm_change(adapter, 0, resid)[0]  # [chunk, d_model]
+        read += w_u[:, start : start + CHUNK] @ base.double()  # [d_model, chunk] @ [chunk, d_model]
+        spread.append(torch.stack([resid.pow(2).mean(-1), resid.var(-1)], -1).cpu())  # [chunk, 2]
+    resid = module(_probe_rows(torch.cat(spread)).to(device))  # [probe, d_model]
+    base, base_zero = _norm_change(adapter, 0, resid)  # [probe, d_model], [1, d_model]
+    ratios = []  # g_L / g_0 per layer, [d_model] each
+    for layer in range(adapter.n_layers):
+        change, zero = _norm_change(adapter, layer, resid)  # [probe, d_model], [1, d_model]
+        ratio = _ratio(base, change)  # [d_model]
+        scale = change.abs() + zero.abs() + (ratio * base_zero).abs()  # [probe, d_model]
+        if ((change - base * ratio).abs() > GAIN_RTOL * scale).any():
+            return None
+        ratios.append(ratio)
+    return read, torch.stack(ratios).double()
+
+
+def _probe_rows(spread: torch.Tensor) -> torch.Tensor:
+    """Token ids the gain form is checked on: the PROBE smallest and largest by embedding rms and
+    by centred spread (where a layer-dependent epsilon or centring would show) and PROBE spaced
+    through the vocabulary. spread: [d_vocab, 2] -> [n] int64."""
+    n_vocab, k = spread.shape[0], min(PROBE, spread.shape[0])
+    picks = [torch.linspace(0, n_vocab - 1, k).long()]  # [k]
+    for column in spread.T:  # [d_vocab]
+        order = column.argsort()  # [d_vocab]
+        picks += [order[:k], order[-k:]]  # [k] each
+    return torch.cat(picks).unique()  # [n]
+
+
+def _norm_change(adapter, layer: int, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x) - norm(0) [..., d_model], norm(0) [1, d_model]) of `layer`'s input norm."""
+    norm = get_module(adapter.layer(layer), adapter.sites.input_norm)
+    with onloaded(norm):
+        zero = norm(torch.zeros(1, resid.shape[-1], dtype=resid.dtype, device=resid.device))  # [1, d_model]
+        return (norm(resid) - zero).cpu(), zero.cpu()
+
+
+def _ratio(base: torch.Tensor, change: torch.Tensor) -> torch.Tensor:
+    """Least-squares g_L / g_0 per dimension from change = base * ratio: [d_model] (float32; 0 where
+    base is 0, so a gain that is 0 in the first layer only fails the check)."""
+    base, change = base.double(), change.double()  # [chunk, d_model]
+    den = (base * base).sum(0)  # [d_model]
+    return torch.where(den > 0, (base * change).sum(0) / den.clamp_min(1e-300), 0.0).float()
 
 
 def folded_unembed(adapter) -> torch.Tensor:
