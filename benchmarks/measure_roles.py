@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
@@ -20,7 +21,12 @@ from headlens.models import shipped_path
 from headlens.probes import needle_prompts, repeated_random_tokens
 from headlens.scores.icl import icl_score
 from headlens.training.data import PRINTABLE
-from headlens.training.evaluate import arena_induction_scores, needle_retrieval, prev_token_scores, run_eager
+from headlens.training.evaluate import EVAL_BATCH
+
+# The eager-attention arithmetic (output_attentions=True, no headlens.capture or headlens.scores) lives with
+# its cross-check test; tests/ is on sys.path as benchmarks/bench_attribution.py puts it.
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+from test_training_evaluate import arena_induction_scores, needle_retrieval, prev_token_scores  # noqa: E402
 
 ARENA_LEN, ARENA_SEQS, ARENA_SEED = 50, 64, 2024  # unseen in training (the log's probe uses seed 1234)
 HELDOUT_WINDOWS = 128  # the first 128 full windows of heldout.txt (32,512 queries per head)
@@ -32,6 +38,18 @@ def heldout_windows(n_ctx: int, bos: int) -> torch.Tensor:
     body = n_ctx - 1
     rows = [[bos, *raw[i : i + body]] for i in range(0, len(raw) - body, body)][:HELDOUT_WINDOWS]
     return torch.tensor(rows)  # [n, n_ctx]
+
+
+def run_eager(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token losses [n, pos - 1] and patterns [n_layers, n, head, q_pos, k_pos] of ids [n, pos]."""
+    losses, patterns = [], []
+    with torch.no_grad():
+        for batch in ids.split(EVAL_BATCH):
+            out = model(input_ids=batch, output_attentions=True)
+            logits = out.logits[:, :-1].float()  # [batch, pos - 1, d_vocab]
+            losses.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none"))
+            patterns.append(torch.stack(out.attentions))  # [n_layers, batch, head, q_pos, k_pos]
+    return torch.cat(losses), torch.cat(patterns, dim=1)
 
 
 def argmax_offsets(patterns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
