@@ -16,6 +16,7 @@ import time
 import torch
 
 from headlens.ablation.ablate import ablate_heads
+from headlens.errors import InputTextError
 from headlens.heads import Head
 from headlens.models import load_model
 from headlens.probes import default_text
@@ -45,12 +46,16 @@ def main(path: str) -> None:
         f"- successor (tasks: {', '.join(f'{t.name} {len(t.tokens)}' for t in tasks)}): "
         f"labelled {successor_heads(succ)}; top {top(succ)}"
     )
-    cs = copy_suppression_scores(loaded, default_text())
-    print(
-        f"- copy suppression: labelled {cs['copy_suppression'].nonzero().tolist()}; top cs_ov_score"
-        f"/predicted_attention {top(cs['cs_ov_score'], cs['predicted_attention'])}; top predicted_attention"
-        f"/cs_ov_score {top(cs['predicted_attention'], cs['cs_ov_score'])}"
-    )
+    try:
+        cs = copy_suppression_scores(loaded, default_text())
+    except InputTextError as err:  # a model that predicts no earlier token of the text (random weights)
+        print(f"- copy suppression: not measured: {err}")
+    else:
+        print(
+            f"- copy suppression: labelled {cs['copy_suppression'].nonzero().tolist()}; top cs_ov_score"
+            f"/predicted_attention {top(cs['cs_ov_score'], cs['predicted_attention'])}; top predicted_attention"
+            f"/cs_ov_score {top(cs['predicted_attention'], cs['cs_ov_score'])}"
+        )
     nm = name_mover_scores(loaded)
     io, copy, neg = nm["io_attention"], nm["name_copy_score"], nm["name_negative_copy_score"]
     print(

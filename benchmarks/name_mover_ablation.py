@@ -62,6 +62,9 @@ def main(name: str) -> None:
             f"copy {float(nm['name_copy_score'][at]):.2f}, "
             f"negative copy {float(nm['name_negative_copy_score'][at]):.2f}"
         )
+    if not movers:
+        print(f"no labelled name movers: nothing to ablate; wall {time.perf_counter() - start:.0f} s")
+        return
     prompts = ablation_prompts(nm["prompts"])
     result = ablate_heads(loaded, movers, metric="logit-diff", prompts=prompts, control=N_CONTROL, seed=0)
     control = result["control"]
