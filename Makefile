@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck venv browser models
+.PHONY: demo test test-fast lint typecheck venv browser models bench-smoke
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,11 @@ test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q tests -m "not slow and not browser and not notebook"
+
+# Smoke runs of the benchmark scripts (tests/test_benchmarks_smoke.py, marked `slow`): each at its smallest
+# sizes on the tiny model or random weights. HEADLENS_BENCH_SMOKE_ALL=1 adds the minutes-long ones.
+bench-smoke: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_benchmarks_smoke.py
 
 # Debian's chromium + chromium-driver for the browser tests (tests/test_browser.py, marked `browser`);
 # needs root (CI runs as root). Skipped when both are already installed.

@@ -1,0 +1,113 @@
+"""Smoke runs of the benchmark scripts: each script as a subprocess at the smallest sizes it accepts, on the
+shipped tiny model or random weights (never the pulled real models), checked for exit status 0 and for a
+result line it prints (a table row or a figure), not only for the absence of a crash.
+
+The scripts in HEAVY take minutes even at their smallest sizes and run only with HEADLENS_BENCH_SMOKE_ALL=1.
+Not run at all, each for a stated reason:
+  peak_memory.py, tl_loop.py   helper modules imported by the other scripts, not runnable on their own
+  bench_load.py                its names are restricted to the pulled real GGUF models (smollm2, gemma3-270m)
+  bench_real.py                measures only the real models (--model smollm2 | gemma3-270m)
+  sweep_recipes.py             starts 17 concurrent training processes; an exploration tool for a GPU machine
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+RUN_HEAVY = os.environ.get("HEADLENS_BENCH_SMOKE_ALL") == "1"
+TIMEOUT_S = 600 if RUN_HEAVY else 180  # per script, on 2 loaded cores
+NUMBER = r"-?[\d.]+(?:e[-+]?\d+)?"
+
+
+def run_script(argv: list[str], env: dict | None = None) -> str:
+    """Run argv from the repository root; assert exit status 0; return stdout."""
+    done = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **(env or {})}
+    )
+    assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def assert_prints(stdout: str, pattern: str) -> re.Match:
+    found = re.search(pattern, stdout, re.MULTILINE)
+    assert found, f"no line matching {pattern!r} in:\n{stdout[-3000:]}"
+    return found
+
+
+# (script, arguments, a line its result prints). "{tmp}" is the test's tmp_path, "{small}" a saved 2-layer x
+# 4-head random GPT-2 (the GPT-2 tokenizer: the IOI names are single tokens, which the byte-level tiny lacks).
+CASES = [
+    ("bench_report.py", [], rf"^total {NUMBER} MB$"),
+    ("bench_train.py", ["--steps", "1"], rf"^\| tiny recipe \(gpt2\): training step, 1 thread\(s\).* {NUMBER} ms"),
+    ("bench_ov_copying.py", ["tiny"], rf"^tiny: shared product taken True;.* max \|diff\| {NUMBER}$"),
+    ("classify_probes.py", ["tiny", "--only", "text,weights,successor"], rf"^all: cpu {NUMBER} s$"),
+    ("rare_syntactic.py", ["tiny"], r"^\| nsubj \| head->dependent \| \d+ \|"),
+    ("name_mover_ablation.py", ["{small}"], rf"^IOI logit difference {NUMBER}, IO above S in \d+%$"),
+    ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
+]
+# Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured
+# in several fresh subprocesses, or a whole classify per child: minutes each on 2 loaded cores, too long for
+# this module's few-minute budget. HEADLENS_BENCH_SMOKE_ALL=1 runs them too.
+HEAVY = [
+    ("measure_roles.py", ["headlens/data/tiny"], r"^\| 1\.0 \| -?\d+ \| [\d.]+ \|"),
+    ("bench_budget.py", ["tiny", "--budget", "64", "--factor", "2", "--out", "{tmp}"], r'^ "n_heads": 8,$'),
+    ("bench_capture.py", ["--rounds", "1", "--repeats", "1"], r'^\{"summary": \{'),
+    ("bench_classify.py", ["--rounds", "1", "--repeats", "1"], rf"^max \|ours mul - detect_head\|: \w+ {NUMBER}"),
+    ("bench_scale_classify.py", ["--needles-only", "--max-length", "64"], r"identical scores: True$"),
+    (
+        "bench_scale_context.py",
+        ["--sizes", "256", "512", "--families", "gpt2", "--tl-max", "256"],
+        rf"^gpt2 \w+: log-log exponent {NUMBER}$",
+    ),
+    ("bench_ablate.py", ["--quick"], rf"^attribution vs exact: pearson {NUMBER}, spearman {NUMBER}$"),
+    ("bench_attribution.py", [], r"^\| GPT-2-small shape, 4 x 128 tokens"),
+    ("bench_arch.py", ["--rounds", "1", "--repeats", "1", "--layers", "0"], r"^\| exact"),
+    ("bench_scale_dist.py", [], r"2 ranks equal 1 thread exactly"),
+]
+HEAVY_SKIP = pytest.mark.skipif(not RUN_HEAVY, reason="minutes at its smallest sizes; HEADLENS_BENCH_SMOKE_ALL=1")
+PARAMS = [pytest.param(*c, id=c[0]) for c in CASES] + [pytest.param(*c, id=c[0], marks=HEAVY_SKIP) for c in HEAVY]
+
+
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory):
+    from transformers import GPT2Config
+
+    from headlens.models import build_model, save_model
+
+    loaded = build_model(GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128), seed=0, name="small-random")
+    return save_model(loaded, tmp_path_factory.mktemp("small_gpt2"))
+
+
+@pytest.mark.parametrize(("script", "args", "pattern"), PARAMS)
+def test_benchmark_runs_and_prints_its_result(script, args, pattern, tmp_path, request):
+    small = request.getfixturevalue("small_dir") if "{small}" in args else None
+    argv = [a.format(tmp=tmp_path, small=small) for a in args]
+    assert_prints(run_script([sys.executable, str(BENCH / script), *argv]), pattern)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA these run the real GPU check (gpu_check.sh)")
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        ([sys.executable, "benchmarks/bench_scale_gpu.py"], "bench_scale_gpu: no CUDA GPU, skipped"),
+        (
+            ["bash", "benchmarks/gpu_check.sh"],
+            "gpu_check: no CUDA GPU on this machine: GPU tests and throughput skipped",
+        ),
+    ],
+    ids=["bench_scale_gpu.py", "gpu_check.sh"],
+)
+def test_gpu_script_says_no_cuda(argv, line):
+    stdout = run_script(argv, env={"PY": sys.executable})
+    assert line in stdout.splitlines()
