@@ -56,9 +56,9 @@ CASES = [
     ("name_mover_ablation.py", ["{small}"], rf"^IOI logit difference {NUMBER}, IO above S in \d+%$"),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
 ]
-# Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured
-# in several fresh subprocesses, or a whole classify per child: minutes each on 2 loaded cores, too long for
-# this module's few-minute budget. HEADLENS_BENCH_SMOKE_ALL=1 runs them too.
+# Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured in
+# several fresh subprocesses, or a whole classify per child: 50 s to several minutes each on 2 loaded cores, too
+# long for this module's few-minute budget. HEADLENS_BENCH_SMOKE_ALL=1 runs them too.
 HEAVY = [
     ("measure_roles.py", ["headlens/data/tiny"], r"^\| 1\.0 \| -?\d+ \| [\d.]+ \|"),
     ("bench_budget.py", ["tiny", "--budget", "64", "--factor", "2", "--out", "{tmp}"], r'^ "n_heads": 8,$'),
@@ -75,7 +75,9 @@ HEAVY = [
     ("bench_arch.py", ["--rounds", "1", "--repeats", "1", "--layers", "0"], r"^\| exact"),
     ("bench_scale_dist.py", [], r"2 ranks equal 1 thread exactly"),
 ]
-HEAVY_SKIP = pytest.mark.skipif(not RUN_HEAVY, reason="minutes at its smallest sizes; HEADLENS_BENCH_SMOKE_ALL=1")
+HEAVY_SKIP = pytest.mark.skipif(
+    not RUN_HEAVY, reason="50 s to minutes at its smallest sizes; HEADLENS_BENCH_SMOKE_ALL=1 runs it"
+)
 PARAMS = [pytest.param(*c, id=c[0]) for c in CASES] + [pytest.param(*c, id=c[0], marks=HEAVY_SKIP) for c in HEAVY]
 
 
