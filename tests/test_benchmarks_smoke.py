@@ -54,6 +54,7 @@ CASES = [
     ("classify_probes.py", ["tiny", "--only", "text,weights,successor"], rf"^all: cpu {NUMBER} s$"),
     ("rare_syntactic.py", ["tiny"], r"^\| nsubj \| head->dependent \| \d+ \|"),
     ("name_mover_ablation.py", ["{small}"], rf"^IOI logit difference {NUMBER}, IO above S in \d+%$"),
+    ("bench_scale_classify.py", ["--needles-only", "--max-length", "64"], r"identical scores: True$"),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
 ]
 # Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured in
@@ -64,7 +65,6 @@ HEAVY = [
     ("bench_budget.py", ["tiny", "--budget", "64", "--factor", "2", "--out", "{tmp}"], r'^ "n_heads": 8,$'),
     ("bench_capture.py", ["--rounds", "1", "--repeats", "1"], r'^\{"summary": \{'),
     ("bench_classify.py", ["--rounds", "1", "--repeats", "1"], rf"^max \|ours mul - detect_head\|: \w+ {NUMBER}"),
-    ("bench_scale_classify.py", ["--needles-only", "--max-length", "64"], r"identical scores: True$"),
     (
         "bench_scale_context.py",
         ["--sizes", "256", "512", "--families", "gpt2", "--tl-max", "256"],
