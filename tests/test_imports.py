@@ -24,20 +24,23 @@ STAGES = [
               "headlens.distributed", "headlens.languages", "headlens.cache", "headlens.dequant",
               "headlens.ggufread", "headlens.ggufload", "headlens.named", "headlens.ollama", "headlens.hub",
               "headlens.sources", "headlens.arch", "headlens.models", "headlens.mha"]),
-    ("capture", ["headlens.capture", "headlens.probes", "headlens.corpus", "headlens.samples", "headlens.validate"]),
-    ("score", ["headlens.scores", "headlens.kinds", "headlens.labels", "headlens.probe_runs", "headlens.classify"]),
+    ("capture", ["headlens.capture", "headlens.probes", "headlens.corpus", "headlens.validate"]),
+    # samples: the viewer's sample, chosen by the labelled heads' prefix-matching scores on it
+    ("score", ["headlens.scores", "headlens.kinds", "headlens.labels", "headlens.probe_runs", "headlens.classify",
+               "headlens.samples"]),
     ("ablate", ["headlens.ablation", "headlens.training"]),
     ("report", ["headlens.reports"]),
     ("cli", ["headlens.cli"]),
 ]  # fmt: skip
-# `headlens ablate --model tiny --heads 1.0` loads at most this many headlens modules (34 of the 68 it loaded
+# `headlens ablate --model tiny --heads 1.0` loads at most this many headlens modules (35 of the 68 it loaded
 # at 68aeb1a): the CLI shell (headlens.cli, main, options with languages, commands_ablate, corpus); loading
 # (headlens, errors, heads, devices, distributed, files, mha, models, hub's local-folder check, arch with its
 # base, context, hooks, sites and the GPT-2 adapter only); the capture reducers (padding) and the probes (the
 # evaluation text); the exact ablation (ablate, evalset, metrics, replace, roles with the kinds registry's
-# labels, stats, store, sweep). Not on it: the GGUF sources (named models, ollama, cache, reading and
-# dequantizing), the capture run and bridge, the gradient estimates and pruning.
-MAX_ABLATE_MODULES = 34
+# labels, stats, store, sweep, and stacked: the controls' runs from one cached residual). Not on it: the GGUF
+# sources (named models, ollama, cache, reading and dequantizing), the capture run and bridge, the gradient
+# estimates and pruning.
+MAX_ABLATE_MODULES = 35
 # Stages the ablate data path never needs.
 NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify", "headlens.labels",
                       "headlens.probe_runs", "headlens.training", "headlens.cli.commands_classify",
