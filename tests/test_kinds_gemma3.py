@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 from gemma_ov import REL_TOL, manual_gemma_ov_logits
+from test_kinds_name_mover import check_ioi_run_one_prompt_at_a_time
 from test_kinds_rare_word import SMOL_TEXT, eager_rare_scores
 from test_kinds_syntactic import eager_relation_accuracy, small_sample
 
 from headlens.probes import default_text, text_windows
 from headlens.scores import syntactic
 from headlens.scores.copy_suppression import BOTTOM_K, text_attention
-from headlens.scores.name_mover import COPY_TOP_K, ioi_run, name_mover_scores, name_tokens
+from headlens.scores.name_mover import COPY_TOP_K, name_mover_scores, name_tokens
 from headlens.scores.ov_circuit import ov_logits, own_ranks
 from headlens.scores.rare_word import rare_sentences, rare_word_scores
 from headlens.scores.successor import successor_scores, successor_tasks
@@ -93,17 +94,7 @@ def test_copy_suppression_ranks_and_attention_match_hand_computations(gemma):
 
 def test_name_mover_attention_logit_diff_and_copy_scores_match_hand_computations(gemma):
     scores = name_mover_scores(gemma)
-    prompts = scores["prompts"][:6]
-    batched = ioi_run(gemma, prompts)
-    io = torch.zeros_like(batched["io_attention"])
-    diffs = []
-    with torch.no_grad():
-        for p in prompts:
-            out = gemma.model(input_ids=torch.tensor([p["ids"]]), output_attentions=True)
-            io += torch.stack([a[0, :, -1, p["io_pos"]].double() for a in out.attentions]) / len(prompts)
-            diffs.append(float(out.logits[0, -1, p["io"]] - out.logits[0, -1, p["s"]]))
-    assert torch.allclose(batched["io_attention"], io, atol=1e-5)  # float32 softmax, padded vs unpadded
-    assert batched["logit_diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-3)
+    check_ioi_run_one_prompt_at_a_time(gemma, scores["prompts"][:6])
     names = torch.tensor(sorted(set(name_tokens(gemma.tokenizer).values())))
     vocab = torch.arange(gemma.spec.d_vocab)
     best = int(scores["name_copy_score"].flatten().argmax()) // gemma.spec.n_heads

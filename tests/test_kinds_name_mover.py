@@ -161,18 +161,24 @@ def test_smollm2_prompts(smollm2):
 
 @pytest.mark.slow
 @pytest.mark.real
-def test_smollm2_attention_and_logit_diff_match_one_prompt_at_a_time(smollm2, scores):
-    prompts = scores["prompts"][:6]
-    batched = ioi_run(smollm2, prompts)
-    io = torch.zeros_like(batched["io_attention"])
+def check_ioi_run_one_prompt_at_a_time(loaded, prompts: list[dict]) -> dict:
+    """ioi_run on `prompts` (batched, padded) against the model run on each prompt alone: END -> IO attention
+    [n_layers, n_heads] and the mean logit difference. Returns the batched run."""
+    batched = ioi_run(loaded, prompts)
+    io = torch.zeros_like(batched["io_attention"])  # [layer, head]
     diffs = []
     with torch.no_grad():
         for p in prompts:
-            out = smollm2.model(input_ids=torch.tensor([p["ids"]]), output_attentions=True)
+            out = loaded.model(input_ids=torch.tensor([p["ids"]]), output_attentions=True)
             io += torch.stack([a[0, :, -1, p["io_pos"]].double() for a in out.attentions]) / len(prompts)
             diffs.append(float(out.logits[0, -1, p["io"]] - out.logits[0, -1, p["s"]]))
     assert torch.allclose(batched["io_attention"], io, atol=1e-5)  # float32 softmax, padded vs unpadded
     assert batched["logit_diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-3)
+    return batched
+
+
+def test_smollm2_attention_and_logit_diff_match_one_prompt_at_a_time(smollm2, scores):
+    check_ioi_run_one_prompt_at_a_time(smollm2, scores["prompts"][:6])
 
 
 @pytest.mark.slow
