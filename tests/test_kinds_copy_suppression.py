@@ -86,15 +86,14 @@ def test_smollm2_own_ranks_match_a_hand_computed_ov_circuit(smollm2):
             assert (above[layer] - (logits > own).sum(-1)).abs().max() <= 2, layer
 
 
-@pytest.mark.slow
-@pytest.mark.real
-def test_smollm2_text_attention_matches_a_loop_over_positions(smollm2):
-    windows = text_windows(smollm2.tokenizer, default_text(), 32, smollm2.bos_token_id, max_windows=2)
-    ours = text_attention(smollm2, windows)  # [layer, head]
+def check_text_attention_loop_over_positions(loaded, windows: list[list[int]]) -> None:
+    """text_attention (batched) against a loop over every position of an eager run: the mean attention each head
+    puts on earlier copies of the token the model correctly predicts next."""
+    ours = text_attention(loaded, windows)  # [layer, head]
     ids = torch.tensor(windows)
     with torch.no_grad():
-        out = smollm2.model(input_ids=ids, output_attentions=True)
-    top1 = out.logits.argmax(-1)
+        out = loaded.model(input_ids=ids, output_attentions=True)
+    top1 = out.logits.argmax(-1)  # [batch, pos]
     total, count = torch.zeros_like(ours), 0
     for b in range(ids.shape[0]):
         for q in range(ids.shape[1] - 1):
@@ -103,10 +102,17 @@ def test_smollm2_text_attention_matches_a_loop_over_positions(smollm2):
             if p != int(ids[b, q + 1]) or not keys:
                 continue
             count += 1
-            for layer, pattern in enumerate(out.attentions):
+            for layer, pattern in enumerate(out.attentions):  # [batch, head, q, k]
                 total[layer] += pattern[b, :, q, keys].double().sum(-1)
     assert count > 0
     assert torch.allclose(ours, total / count, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_text_attention_matches_a_loop_over_positions(smollm2):
+    windows = text_windows(smollm2.tokenizer, default_text(), 32, smollm2.bos_token_id, max_windows=2)
+    check_text_attention_loop_over_positions(smollm2, windows)
 
 
 # Through the registry: classify labels it, ablate selects it ---------------------------------------------------

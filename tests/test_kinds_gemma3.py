@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 from gemma_ov import REL_TOL, manual_gemma_ov_logits
+from test_kinds_copy_suppression import check_text_attention_loop_over_positions
 from test_kinds_name_mover import check_ioi_run_one_prompt_at_a_time
 from test_kinds_rare_word import SMOL_TEXT, eager_rare_scores
 from test_kinds_syntactic import eager_relation_accuracy, small_sample
 
 from headlens.probes import default_text, text_windows
 from headlens.scores import syntactic
-from headlens.scores.copy_suppression import BOTTOM_K, text_attention
+from headlens.scores.copy_suppression import BOTTOM_K
 from headlens.scores.name_mover import COPY_TOP_K, name_mover_scores, name_tokens
 from headlens.scores.ov_circuit import ov_logits, own_ranks
 from headlens.scores.rare_word import rare_sentences, rare_word_scores
@@ -73,23 +74,7 @@ def test_copy_suppression_ranks_and_attention_match_hand_computations(gemma):
             assert _ranks_match(below[layer], logits, own, larger=False), layer
             assert _ranks_match(above[layer], logits, own, larger=True), layer
     short = text_windows(gemma.tokenizer, default_text(), 32, gemma.bos_token_id, max_windows=2)
-    ours = text_attention(gemma, short)  # [layer, head]
-    ids = torch.tensor(short)
-    with torch.no_grad():
-        out = gemma.model(input_ids=ids, output_attentions=True)
-    top1 = out.logits.argmax(-1)  # [batch, pos]
-    total, count = torch.zeros_like(ours), 0
-    for b in range(ids.shape[0]):
-        for q in range(ids.shape[1] - 1):
-            p = int(top1[b, q])
-            keys = [j for j in range(1, q + 1) if int(ids[b, j]) == p]
-            if p != int(ids[b, q + 1]) or not keys:
-                continue
-            count += 1
-            for layer, pattern in enumerate(out.attentions):  # [batch, head, q, k]
-                total[layer] += pattern[b, :, q, keys].double().sum(-1)
-    assert count > 0
-    assert torch.allclose(ours, total / count, atol=1e-6)
+    check_text_attention_loop_over_positions(gemma, short)
 
 
 def test_name_mover_attention_logit_diff_and_copy_scores_match_hand_computations(gemma):
