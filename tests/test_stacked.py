@@ -63,3 +63,33 @@ def test_a_controlled_ablation_reports_what_the_hooked_one_does(strong_model):
     for names, delta in zip(controlled["control"]["sets"], controlled["control"]["deltas"], strict=True):
         own = ablate_heads(strong_model, [Head(*map(int, n.split("."))) for n in names], metric="repeat", seed=2)
         assert delta == pytest.approx(own["delta"], abs=1e-5)
+
+
+def test_a_batch_runs_at_its_own_width_and_matches_unpadded_runs(strong_model):
+    """Each batch runs cut after its longest sequence (EvalSet.batch): a short last text window costs
+    its own length, not the set's. The clean sums equal an independent computation: each window run
+    alone, unpadded, through the Hugging Face model, cross-entropy summed at the counted positions."""
+    for n_words in range(400, 800, 20):  # a length whose last evaluation window is short
+        evalset = text_evalset(strong_model, sample_text(n_words))
+        if not bool(evalset.mask.all()):
+            break
+    lengths = evalset.mask.sum(1)  # [n_seq]
+    assert int(lengths.min()) < evalset.input_ids.shape[1]  # a short window exists
+    model = strong_model.model
+    widths = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, args, out: widths.append(out.shape[1]))
+    try:
+        reps = replacements(model, evalset, "zero", seed=0, batch_size=1)
+        sums = set_sums(model, evalset, [[], [Head(1, 0)]], reps, batch_size=1)  # [2, n_units]
+    finally:
+        handle.remove()
+    assert set(widths) == set(lengths.tolist()) and widths[-1] == int(lengths[-1])  # each batch at its own length
+    expected = 0.0
+    with torch.no_grad():
+        for row, n in enumerate(lengths.tolist()):
+            ids = evalset.input_ids[row, :n]  # [n]
+            logits = model(input_ids=ids[None]).logits[0].double()  # [n, d_vocab]
+            losses = torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="none")  # [n - 1]
+            expected += float(losses[evalset.counted[row, : n - 1]].sum())
+    assert float(sums[0].sum()) == pytest.approx(expected, rel=1e-5)
+    assert float((sums[1] - sums[0]).abs().max()) > 0  # the ablated set is a different run

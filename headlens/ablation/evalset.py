@@ -71,6 +71,14 @@ def batches(n_seq: int, batch_size: int = BATCH_SIZE) -> list[slice]:
     return [slice(start, min(start + batch_size, n_seq)) for start in range(0, n_seq, batch_size)]
 
 
+def cut_padding(input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch [batch, pos] cut after the last position any of its sequences reaches: [batch, width].
+    Exact: the sequences are right-padded and attention is causal, so no real position reads the cut
+    columns. Needle tests of 64 to 256 tokens in one set cost their own lengths, not 256 each."""
+    width = int(mask.any(0).nonzero().max()) + 1 if bool(mask.any()) else mask.shape[1]
+    return input_ids[:, :width], mask[:, :width]
+
+
 @dataclass
 class EvalSet:
     """Token sequences, the predictions that count, the bootstrap units and the reference set."""
@@ -118,6 +126,11 @@ class EvalSet:
             reference_mask=self.reference_mask,
             reference_label=self.reference_label,
         )
+
+    def batch(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids and mask of the sequences `rows`, without the padding none of them reaches
+        (cut_padding): [batch, width] each. Scored positions index them as they do the whole set."""
+        return cut_padding(self.input_ids[rows], self.mask[rows])
 
     def unit_counts(self) -> torch.Tensor:
         """Scored positions per bootstrap unit: [n_units]."""

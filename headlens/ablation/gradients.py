@@ -68,7 +68,7 @@ def scored_with_grad(model, evalset, rows: slice) -> tuple[torch.Tensor, torch.T
     backward instead of autograd's logits, log_softmax and their gradients)."""
     adapter = adapter_for(model)
     device = next(model.parameters()).device
-    ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
+    ids, mask = (t.to(device) for t in evalset.batch(rows))  # [batch, width]
     hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model]
     seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored (sequence, position) pairs
     return scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos), seq
@@ -89,7 +89,7 @@ def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int 
         alphas = [torch.zeros(n_heads, requires_grad=True) for _ in range(n_layers)]  # [head] per layer
 
         def edit(layer: int, z: torch.Tensor, rows=rows, alphas=alphas) -> torch.Tensor:
-            change = z_change(z, layer_replacement(reps[layer], rows))  # [batch, pos, head, d_head]
+            change = z_change(z, layer_replacement(reps[layer], rows, z.shape[1]))  # [batch, pos, head, d_head]
             return z + alphas[layer].to(z.device)[None, None, :, None] * change  # [batch, pos, head, d_head]
 
         with torch.enable_grad(), z_edit_hooks(model, edit):
@@ -164,7 +164,8 @@ def _clean_pass(model, evalset, rows: slice, reps) -> dict:
     attention output, z, dL/dz, the change z' - z of every head, and q, k, v; `atp`
     [layer, head] = sum(dL/dz . (z' - z)) (plain attribution patching)."""
     adapter = adapter_for(model)
-    ctx = adapter.context(evalset.input_ids[rows], evalset.mask[rows])
+    ids, mask = evalset.batch(rows)  # [batch, width]
+    ctx = adapter.context(ids, mask)
     state = {"resid": [], "out": [], "z": [], "eps": [], "qkv": []}
 
     def edit(layer: int, z: torch.Tensor) -> torch.Tensor:
@@ -185,12 +186,14 @@ def _clean_pass(model, evalset, rows: slice, reps) -> dict:
         value = unit_sums(adapter, resid, evalset, rows).sum()
         grads = torch.autograd.grad(value, state["eps"])  # each [batch, pos, head, d_head]
     state["grad"] = [g.detach() for g in grads]
-    state["delta"] = [z_change(z, layer_replacement(reps[layer], rows)) for layer, z in enumerate(state["z"])]
+    state["delta"] = [
+        z_change(z, layer_replacement(reps[layer], rows, z.shape[1])) for layer, z in enumerate(state["z"])
+    ]
     state["atp"] = (
         torch.stack([(g * d).sum((0, 1, 3)) for g, d in zip(state["grad"], state["delta"], strict=True)]).double().cpu()
     )
     state["ctx"] = ctx
-    state["mask"] = evalset.mask[rows].to(state["z"][0].device)  # [batch, pos]
+    state["mask"] = mask.to(state["z"][0].device)  # [batch, width]
     return state
 
 
@@ -298,7 +301,7 @@ def _attribution(model, evalset, rows: slice, reps, drop: int) -> torch.Tensor:
     """sum(dL/dz . (z' - z)) per head of one batch with layer `drop`'s residual write detached
     (drop = n_layers: nothing dropped): [n_layers, n_heads]."""
     adapter = adapter_for(model)
-    ctx = adapter.context(evalset.input_ids[rows], evalset.mask[rows])
+    ctx = adapter.context(*evalset.batch(rows))
     zs, probes = [], []
 
     def edit(layer: int, z: torch.Tensor) -> torch.Tensor:
@@ -316,6 +319,6 @@ def _attribution(model, evalset, rows: slice, reps, drop: int) -> torch.Tensor:
     out = torch.zeros(adapter.n_layers, adapter.n_heads, dtype=torch.float64)  # [layer, head]
     for layer, (z, grad) in enumerate(zip(zs, grads, strict=True)):
         if grad is not None:
-            change = z_change(z, layer_replacement(reps[layer], rows))  # [batch, pos, head, d_head]
+            change = z_change(z, layer_replacement(reps[layer], rows, z.shape[1]))  # [batch, pos, head, d_head]
             out[layer] = (grad * change).sum((0, 1, 3)).double().cpu()
     return out

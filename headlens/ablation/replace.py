@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from headlens.ablation.evalset import batches
+from headlens.ablation.evalset import batches, cut_padding
 from headlens.arch import adapter_for
 from headlens.errors import ConfigError
 from headlens.heads import Head
@@ -32,11 +32,12 @@ def capture_z(
     batch_size: int,
     on_z: Callable[[int, slice, torch.Tensor], None],
 ) -> None:
-    """Run a set of sequences layer by layer; call on_z(layer, rows, z [batch, pos, head, d_head])."""
+    """Run a set of sequences layer by layer; call on_z(layer, rows, z [batch, width, head, d_head]),
+    width the batch's own (cut_padding)."""
     adapter = adapter_for(model)
     with torch.no_grad():
         for rows in batches(input_ids.shape[0], batch_size):
-            ctx = adapter.context(input_ids[rows], mask[rows])
+            ctx = adapter.context(*cut_padding(input_ids[rows], mask[rows]))
             resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
             for layer in range(adapter.n_layers):
                 z, out = adapter.attention(layer, resid, ctx)  # [batch, pos, head, d_head], [batch, pos, d_model]
@@ -68,7 +69,7 @@ def replacements(model, evalset, method: str, seed: int, batch_size: int) -> lis
         sums: list = [0.0] * n_layers
 
         def add(layer: int, rows: slice, z: torch.Tensor) -> None:
-            keep = ref_mask[rows].to(z.device)  # [batch, pos]
+            keep = ref_mask[rows, : z.shape[1]].to(z.device)  # [batch, pos]
             sums[layer] = sums[layer] + z[keep].double().sum(0)  # [head, d_head]
 
         capture_z(model, ref_ids, ref_mask, batch_size, add)
@@ -113,11 +114,12 @@ def _resample_sources(
     return src_seq, src_pos
 
 
-def layer_replacement(rep: Replacement, rows: slice) -> Replacement:
-    """The replacement of a layer for a slice of evaluation sequences."""
+def layer_replacement(rep: Replacement, rows: slice, width: int | None = None) -> Replacement:
+    """The replacement of a layer for a slice of evaluation sequences, its positions cut to `width`
+    (the batch's, EvalSet.batch) when it has a position axis."""
     if rep is None or rep.shape[0] == 1:
         return rep
-    return rep[rows]
+    return rep[rows, :width]
 
 
 def heads_by_layer(heads: Sequence) -> dict[int, list]:

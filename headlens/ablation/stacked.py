@@ -50,7 +50,7 @@ def set_sums(
     total = torch.zeros(len(head_sets), evalset.n_units, dtype=torch.float64)  # [n_sets, n_units]
     with torch.no_grad():
         for rows in batches(evalset.input_ids.shape[0], batch_size):
-            ctx = adapter.context(evalset.input_ids[rows], evalset.mask[rows])
+            ctx = adapter.context(*evalset.batch(rows))
             clean = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
             for layer in range(first):
                 clean = adapter.block(layer, clean, ctx)  # the residual entering `first`, for every set
@@ -74,7 +74,7 @@ def _run_sets(adapter, clean, ctx, group, reps, rows: slice, first: int) -> torc
         for layer in range(first, adapter.n_layers):
             edits = [(copy, by_layer[layer]) for copy, by_layer in enumerate(per_set) if layer in by_layer]
             if edits:
-                rep = layer_replacement(reps[layer], rows)
+                rep = layer_replacement(reps[layer], rows, clean.shape[1])
                 hooks.z(layer, _z_edit(edits, rep, n_rows))
         for layer in range(first, adapter.n_layers):
             resid = adapter.block(layer, resid, ctx, copies)

@@ -68,7 +68,7 @@ def base_sums(model, evalset, batch_size: int = BATCH_SIZE) -> torch.Tensor:
     total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
     with torch.no_grad():
         for rows in batches(evalset.input_ids.shape[0], batch_size):
-            ctx = adapter.context(evalset.input_ids[rows], evalset.mask[rows])
+            ctx = adapter.context(*evalset.batch(rows))
             resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
             for layer in range(adapter.n_layers):
                 resid = adapter.block(layer, resid, ctx)
@@ -99,7 +99,7 @@ def sweep_sums(
     adapter = adapter_for(model)
     rows_list = batches(evalset.input_ids.shape[0], batch_size)
     with torch.no_grad():
-        ctxs = [adapter.context(evalset.input_ids[rows], evalset.mask[rows]) for rows in rows_list]
+        ctxs = [adapter.context(*evalset.batch(rows)) for rows in rows_list]
         states = [adapter.embed_tokens(ctx) for ctx in ctxs]  # residual entering the current layer
         for layer in range(max(pending) + 1):
             attn = [adapter.attention(layer, state, ctx) for ctx, state in zip(ctxs, states, strict=True)]  # (z, out)
@@ -135,7 +135,7 @@ def _group_sums(adapter, evalset, ctxs, rows_list, states, attn, rep, group) -> 
         w_o = adapter.w_o(layer)  # [head, d_head, d_model]
         w_o = w_o.clone() if is_offloaded(adapter.z_module(layer)) else w_o
     for ctx, rows, state, (z, out) in zip(ctxs, rows_list, states, attn, strict=True):
-        rep_rows = layer_replacement(rep, rows)
+        rep_rows = layer_replacement(rep, rows, state.shape[1])
         outs = torch.cat([_ablated_out(out, z, rep_rows, w_o, h) for h in group])  # [copies * batch, pos, d_model]
         resid = state.repeat(copies, 1, 1) if copies > 1 else state  # [copies * batch, pos, d_model]
         final = adapter.run_from(layer, resid, outs, ctx, copies=copies)  # [copies * batch, pos, d_model]
@@ -159,12 +159,12 @@ def ablated_sums(
     parts = {}  # batch index -> (first unit, its sums over its units) when sharded
     with torch.no_grad():
         for index, rows in distributed.shard(indexed) if shard_batches else indexed:
+            ids, mask = (t.to(device) for t in evalset.batch(rows))  # [batch, width]
             replacement = {}
             for head in heads:
-                rep = layer_replacement(reps[head.layer], rows)
+                rep = layer_replacement(reps[head.layer], rows, ids.shape[1])
                 if rep is not None:
                     replacement[head] = rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
-            ids, mask = evalset.input_ids[rows].to(device), evalset.mask[rows].to(device)  # [batch, pos]
             with ablation_hooks(model, heads, replacement):
                 hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model], final norm applied
             seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored pairs
