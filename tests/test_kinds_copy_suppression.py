@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from families import build_family
 from llama_ov import load_smollm2, manual_ov_logits
 from planted import PLANTED_TEXT
 from planted_kinds import build_planted_kinds, kind_seeds, labelled_heads
@@ -23,12 +24,29 @@ from headlens.scores.copy_suppression import (
     predicted_attention,
     text_attention,
 )
-from headlens.scores.ov_circuit import own_ranks
+from headlens.scores.ov_circuit import ov_logits, own_ranks
 
 
 def test_negative_copy_share_counts_the_bottom_k():
     below = torch.tensor([[0, BOTTOM_K - 1, BOTTOM_K, 500]])  # [head, n]
     assert negative_copy_share(below).tolist() == [0.5]
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "gemma3_text-mqa"])
+def test_own_ranks_count_the_rest_of_the_vocabulary_as_a_float64_ranking_does(family):
+    """own_ranks (float32, vocabulary blocks, the token's own column taken back out) against every
+    logit of ov_logits (float64) ranked here; a 50,257-token vocabulary ends in a partial block."""
+    loaded = build_family(family, seed=2)
+    vocab = torch.arange(loaded.spec.d_vocab)  # [d_vocab]
+    tokens = torch.tensor([0, 5, 777, 4096, loaded.spec.d_vocab - 1])  # [n]: first, inside, last block
+    above, below = own_ranks(loaded.model, tokens)  # [layer, head, n]
+    logits = ov_logits(loaded.model, tokens, vocab)  # [layer, head, n, d_vocab]
+    own = logits[..., torch.arange(len(tokens)), tokens][..., None]  # [layer, head, n, 1]
+    others = vocab != tokens[:, None]  # [n, d_vocab]
+    assert int((above + below).max()) <= loaded.spec.d_vocab - 1  # the token never counts against itself
+    # float32 against float64: a count moves only by logits within rounding of the token's own
+    assert (above - ((logits > own) & others).sum(-1)).abs().max() <= 2
+    assert (below - ((logits < own) & others).sum(-1)).abs().max() <= 2
 
 
 def test_attention_on_the_predicted_tokens_copy():

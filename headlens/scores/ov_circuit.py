@@ -20,7 +20,7 @@ from headlens.arch import adapter_for
 from headlens.devices import onloaded
 from headlens.scores.ov_copying import folded_unembed, value_change
 
-VOCAB_CHUNK = 8192  # unembedding columns per matmul when ranking over the whole vocabulary
+VOCAB_CHUNK = 512  # unembedding rows per matmul when ranking over the whole vocabulary (logits kept in cache)
 
 
 def effective_embedding(adapter, token_ids: torch.Tensor) -> torch.Tensor:
@@ -68,19 +68,29 @@ def own_ranks(model, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     """Where each token's own logit falls in its OV output over the whole vocabulary:
     (above, below), each [n_layers, n_heads, n] int64: how many vocabulary tokens get a strictly
     larger (smaller) logit than the token itself. above < k: the token is in the top k. Ranked in
-    float32 (a full-vocabulary pass per head is the cost; float32 ties only where logits tie exactly)."""
+    float32 (a full-vocabulary pass per head is the cost; float32 ties only where logits tie exactly).
+
+    The unembedding is read in VOCAB_CHUNK-row blocks whose logits stay in cache while they are
+    compared; the token's own column, counted by those comparisons against `own` (the same logit
+    from another matmul, so rounding may put it above or below), is taken back out."""
     w_u = folded_unembed(adapter_for(model))  # [d_model, d_vocab]
     outs = head_outputs(model, token_ids)  # [layer, head, n, d_model]
-    w_u = w_u.to(outs.device).float()
-    own = torch.einsum("lhnm,mn->lhn", outs.float(), w_u[:, token_ids.to(w_u.device)])  # [layer, head, n]
+    w_t = w_u.T.to(outs.device).float().contiguous()  # [d_vocab, d_model]
+    ids = token_ids.to(outs.device)  # [n]
+    own = torch.einsum("lhnm,nm->lhn", outs.float(), w_t[ids])  # [layer, head, n]
     above = torch.zeros(own.shape, dtype=torch.long, device=own.device)  # [layer, head, n]
     below = torch.zeros_like(above)
     for layer in range(outs.shape[0]):
         rows = outs[layer].float()  # [head, n, d_model]
-        for start in range(0, w_u.shape[1], VOCAB_CHUNK):
-            logits = rows @ w_u[:, start : start + VOCAB_CHUNK]  # [head, n, chunk]
-            cols = torch.arange(start, start + logits.shape[-1], device=logits.device)  # [chunk]
-            other = token_ids.to(cols.device)[:, None] != cols[None]  # [n, chunk]: not the token itself
-            above[layer] += ((logits > own[layer, ..., None]) & other).sum(-1)
-            below[layer] += ((logits < own[layer, ..., None]) & other).sum(-1)
+        mine = own[layer, ..., None]  # [head, n, 1]
+        for start in range(0, w_t.shape[0], VOCAB_CHUNK):
+            logits = torch.nn.functional.linear(rows, w_t[start : start + VOCAB_CHUNK])  # [head, n, chunk]
+            above[layer] += (logits > mine).sum(-1)
+            below[layer] += (logits < mine).sum(-1)
+            inside = (ids >= start) & (ids < start + logits.shape[-1])  # [n]: own column in this chunk
+            if bool(inside.any()):
+                cols = (ids[inside] - start)[None, :, None].expand(logits.shape[0], -1, 1)  # [head, m, 1]
+                self_logit = logits[:, inside].gather(-1, cols)  # [head, m, 1]
+                above[layer][:, inside] -= (self_logit > mine[:, inside]).squeeze(-1).long()
+                below[layer][:, inside] -= (self_logit < mine[:, inside]).squeeze(-1).long()
     return above.cpu(), below.cpu()
