@@ -17,7 +17,7 @@ from headlens.cli.options import (
     progress_option,
     text_option,
 )
-from headlens.kinds import DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
+from headlens.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 
 FORMATS = ("table", "csv", "json")
 # The shortest period --seq-len accepts. With period T the induction target of a token sits T - 1 tokens back
@@ -58,7 +58,12 @@ def _check_seq_len(ctx, param, value):
     help=f"period T of the random segment [default: 25; at least {MIN_SEQ_LEN}, so the previous token, "
     "the earlier copy and the induction target are positions a positional head cannot confuse]",
 )
-@click.option("--max-windows", type=int, default=None, help="natural-text windows scored at most [default: 32]")
+@click.option(
+    "--max-windows",
+    type=int,
+    default=None,
+    help=f"natural-text windows scored at most [default: {DEFAULT_MAX_WINDOWS}]",
+)
 @click.option(
     "--token-budget",
     type=int,

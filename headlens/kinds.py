@@ -38,6 +38,10 @@ from dataclasses import dataclass
 # its context (Olsson et al.'s repeated tokens take 101; needle tests 64 to 256). BENCHMARKS.md
 # compares the labels of a real model at this budget and at 4x it.
 DEFAULT_TOKEN_BUDGET = 256
+# Natural-text windows scored at most (ClassifyConfig.max_windows; the rest is reported, not silently cut):
+# 16 windows of 256 tokens gave SmolLM2 the labels 32 give, and Gemma 3 270M all of them but one sink
+# label (head 8.2's first_token, at its threshold); BENCHMARKS.md.
+DEFAULT_MAX_WINDOWS = 16
 
 
 @dataclass(frozen=True)

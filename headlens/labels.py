@@ -36,6 +36,7 @@ ROLES, PROPERTIES = kinds.ROLES, kinds.PROPERTIES
 # --threshold NAME=VALUE: NAME -> ClassifyConfig field.
 THRESHOLDS = {th.name: th.field for th in kinds.THRESHOLDS}
 DEFAULT_TOKEN_BUDGET = kinds.DEFAULT_TOKEN_BUDGET
+DEFAULT_MAX_WINDOWS = kinds.DEFAULT_MAX_WINDOWS
 MIN_BUDGET = 8  # a budget below this leaves no probe anything to measure
 
 
@@ -49,7 +50,7 @@ class ProbeConfig:
     repeats: int = 4  # copies of the segment (Olsson et al.: 4); fewer if the budget is short (>= 2)
     token_low: int | None = None  # random ids from [token_low, token_high); None: probes.random_token_range
     token_high: int | None = None
-    max_windows: int = 32  # natural-text windows scored at most (the rest is reported, not silently cut)
+    max_windows: int = DEFAULT_MAX_WINDOWS  # natural-text windows scored at most (headlens.kinds)
     token_budget: int = DEFAULT_TOKEN_BUDGET  # longest text window / repeated sequence: min(budget, n_ctx)
     needle_budget: int | None = None  # longest needle test, min(budget, n_ctx); None: token_budget
     batch_size: int = 8  # sequences per forward pass
