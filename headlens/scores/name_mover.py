@@ -134,13 +134,20 @@ def ioi_run(loaded, prompts: list[dict]) -> dict:
     for row, p in enumerate(prompts):
         ids[row, : len(p["ids"])], mask[row, : len(p["ids"])] = torch.tensor(p["ids"]), 1
     last = mask.sum(1) - 1  # [batch]
+    ends = torch.unique(last)  # [n_ends] the positions whose logits are read (the LM head runs on these only)
     with torch.no_grad():
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_attentions=True)
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            output_attentions=True,
+            logits_to_keep=ends.to(device),
+        )
     io = torch.tensor([[p["io_pos"]] for p in prompts])  # [batch, 1]
     s = torch.tensor([[p["s1_pos"], p["s2_pos"]] for p in prompts])  # [batch, 2]
     io_att = torch.stack([end_attention(a.cpu().double(), io, last) for a in out.attentions])  # [layer, batch, head]
     s_att = torch.stack([end_attention(a.cpu().double(), s, last) for a in out.attentions])  # [layer, batch, head]
-    final = out.logits[torch.arange(len(prompts)), last.to(out.logits.device)].double().cpu()  # [batch, d_vocab]
+    column = torch.searchsorted(ends, last)  # [batch]: each prompt's end among `ends`
+    final = out.logits[torch.arange(len(prompts)), column.to(out.logits.device)].double().cpu()  # [batch, d_vocab]
     rows = torch.arange(len(prompts))
     diffs = final[rows, [p["io"] for p in prompts]] - final[rows, [p["s"] for p in prompts]]  # [batch]
     nan = torch.full(io_att.shape[::2], float("nan"), dtype=torch.float64)  # [layer, head]: no spread of one prompt
