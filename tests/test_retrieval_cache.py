@@ -16,7 +16,13 @@ from strong import sample_text
 from headlens import probes
 from headlens.arch import adapter_for
 from headlens.probes import random_token_range
-from headlens.scores.retrieval import count_copy_paste, decode_cached, decode_uncached, retrieval_scores
+from headlens.scores.retrieval import (
+    _next_tokens,
+    count_copy_paste,
+    decode_cached,
+    decode_uncached,
+    retrieval_scores,
+)
 
 # The planted induction head puts e^40 more weight on its target than elsewhere (tests/planted.py).
 PLANTED_MASS_MIN = 0.98
@@ -112,3 +118,14 @@ def test_cached_decoding_equals_uncached_on_every_family(name, one_thread):
     prompts (Mistral, Qwen2): the cache keeps every key, the model's own mask applies the window."""
     loaded = build_family(name)
     _assert_same_steps(loaded.model, _prompts(loaded, sample_text(1500)))
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_greedy_tokens_are_the_argmax_of_the_models_own_logits(family):
+    """The decoders' next tokens (the trunk, then the LM head applied as W_U @ h^T at the last
+    position) are the argmax of the model's own forward's last logits, on right-sized random rows."""
+    loaded = build_family(family, seed=4)
+    ids = torch.randint(0, loaded.spec.d_vocab, (5, 12), generator=torch.Generator().manual_seed(4))  # [batch, pos]
+    with torch.no_grad():
+        expected = loaded.model(input_ids=ids).logits[:, -1].argmax(-1)  # [batch]
+        assert _next_tokens(loaded.model, input_ids=ids).tolist() == expected.tolist()

@@ -135,7 +135,7 @@ def decode_uncached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
             if is_bridge(model):
                 w = forward(model, batch)[:, -1].argmax(-1).cpu()  # [test]
             else:
-                w = _logits(model, input_ids=ids).argmax(-1).cpu()  # [test]
+                w = _next_tokens(model, input_ids=ids)  # [test]
             yield w, dict(reducer.keys)
             ids = torch.cat([ids, w[:, None]], dim=1)  # [test, pos + 1]
 
@@ -155,15 +155,14 @@ def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
     with attention_implementation(model, "sdpa"), adapter.hooks() as hooks:
         for layer in range(adapter.n_layers):
             hooks.qkv(layer, _last_row(adapter, layer, keys))
-        w = _logits(model, input_ids=ids, cache=kv, use_cache=True).argmax(-1).cpu()  # [test]
+        w = _next_tokens(model, input_ids=ids, cache=kv, use_cache=True)  # [test]
     yield w, dict(keys)
     n_keys: dict[int, int] = {}
     with adapter.hooks() as hooks:
         for layer in range(adapter.n_layers):
             hooks.output(adapter.attn(layer), _new_row(layer, keys, n_keys))
         for step in range(1, n_steps):
-            logits = _logits(model, input_ids=w[:, None], cache=kv, use_cache=True)  # [test, d_vocab]
-            w = logits.argmax(-1).cpu()  # [test]
+            w = _next_tokens(model, input_ids=w[:, None], cache=kv, use_cache=True)  # [test]
             spans = {int(n_keys[layer]) for layer in range(adapter.n_layers)}
             if spans != {ids.shape[1] + step}:  # a sliding-window cache keeps fewer keys than positions
                 raise CaptureError(
@@ -199,9 +198,17 @@ def _new_row(layer: int, keys: dict, n_keys: dict):
     return on_output
 
 
-def _logits(model, **inputs) -> torch.Tensor:
-    """Last-position logits [batch, d_vocab] of a Hugging Face causal LM (the LM head runs on one
-    position only)."""
+def _next_tokens(model, **inputs) -> torch.Tensor:
+    """Greedy next token of each row of a Hugging Face causal LM: the argmax of its last position's
+    logits, [batch] (on the CPU). The trunk runs as the model's own (`base_model`, final norm
+    included); the LM head is applied here as W_U @ h^T to the last positions only: for a few rows
+    against a large vocabulary, MKL takes about 3x longer for h @ W_U^T (5 rows x 262,144 x 640:
+    287 ms against 87 ms on 2 CPU cores). A logit softcap (tanh) keeps the argmax, so it is left out."""
     device = next(model.parameters()).device
     inputs["input_ids"] = inputs["input_ids"].to(device)
-    return model(**inputs, logits_to_keep=1).logits[:, -1].float()  # [batch, d_vocab]
+    hidden = model.base_model(**inputs).last_hidden_state[:, -1]  # [batch, d_model]
+    head = model.get_output_embeddings()
+    logits = (head.weight @ hidden.T).T  # [batch, d_vocab]
+    if getattr(head, "bias", None) is not None:
+        logits = logits + head.bias
+    return logits.argmax(-1).cpu()  # [batch]
