@@ -1,4 +1,5 @@
 """Classify a real model under the default token budget and under K times it: time and labels.
+With `--vary windows`, the budget stays and the natural-text windows go from W to K x W instead.
 
 Each budget runs in a fresh subprocess (model load included, as `headlens classify` pays it): wall
 seconds and CPU seconds (user + system of the process, all threads) for the load, each probe
@@ -6,7 +7,8 @@ seconds and CPU seconds (user + system of the process, all threads) for the load
 compared and the heads that differ listed. The machine is shared: CPU seconds are the figure that
 does not depend on the load; `uptime` is printed before and after.
 
-    .venv/bin/python benchmarks/bench_budget.py MODEL [--factor 4] [--budget N] [--max-windows W] [--out DIR]
+    .venv/bin/python benchmarks/bench_budget.py MODEL [--factor 4] [--budget N] [--max-windows W]
+        [--vary budget|windows] [--out DIR]
 """
 
 from __future__ import annotations
@@ -25,8 +27,13 @@ def cpu() -> float:
     return times.user + times.system
 
 
+def key(budget: int, max_windows: int) -> str:
+    return f"budget{budget}_windows{max_windows}"
+
+
 def child(model: str, budget: int, out: Path, max_windows: int) -> None:
-    """One classify run at `budget`, every probe timed; the frame goes to out/heads_<budget>.json."""
+    """One classify run at `budget` and `max_windows`, every probe timed; the frame goes to
+    out/heads_<key>.json."""
     from headlens import kinds
     from headlens.classify import classify_heads, head_records
     from headlens.labels import ClassifyConfig
@@ -54,11 +61,12 @@ def child(model: str, budget: int, out: Path, max_windows: int) -> None:
     frame = classify_heads(loaded, config=ClassifyConfig(token_budget=budget, max_windows=max_windows))
     timings["classify"] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
     sizes = frame.attrs["probes"]["sizes"]
-    (out / f"heads_{budget}.json").write_text(json.dumps(head_records(frame), default=str))
+    (out / f"heads_{key(budget, max_windows)}.json").write_text(json.dumps(head_records(frame), default=str))
     print(
         json.dumps(
             {
                 "budget": budget,
+                "max_windows": max_windows,
                 "sizes": sizes,
                 "timings": timings,
                 "n_needle_retrieved": int(frame["n_needle_retrieved"].iloc[0]),
@@ -68,8 +76,8 @@ def child(model: str, budget: int, out: Path, max_windows: int) -> None:
     )
 
 
-def compare(out: Path, low: int, high: int) -> dict:
-    """Heads whose labels differ between the two budgets, and the label counts at each."""
+def compare(out: Path, low: str, high: str) -> dict:
+    """Heads whose labels differ between the two runs (keys), and the label counts at each."""
     a = {(r["layer"], r["head"]): r["labels"] for r in json.loads((out / f"heads_{low}.json").read_text())}
     b = {(r["layer"], r["head"]): r["labels"] for r in json.loads((out / f"heads_{high}.json").read_text())}
     differ = {
@@ -102,6 +110,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=DEFAULT_TOKEN_BUDGET)
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--max-windows", type=int, default=ClassifyConfig.max_windows)
+    parser.add_argument("--vary", choices=("budget", "windows"), default="budget")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_budget"))
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -110,7 +119,13 @@ def main() -> None:
         child(args.model, args.child, args.out, args.max_windows)
         return
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
-    for budget in (args.budget, args.budget * args.factor):
+    runs = [(args.budget, args.max_windows)]
+    runs.append(
+        (args.budget * args.factor, args.max_windows)
+        if args.vary == "budget"
+        else (args.budget, args.max_windows * args.factor)
+    )
+    for budget, max_windows in runs:
         done = subprocess.run(
             [
                 sys.executable,
@@ -121,7 +136,7 @@ def main() -> None:
                 "--child",
                 str(budget),
                 "--max-windows",
-                str(args.max_windows),
+                str(max_windows),
             ],
             capture_output=True,
             text=True,
@@ -129,7 +144,7 @@ def main() -> None:
         )
         print(done.stdout.strip().splitlines()[-1])
         print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
-    print(json.dumps(compare(args.out, args.budget, args.budget * args.factor), indent=1))
+    print(json.dumps(compare(args.out, key(*runs[0]), key(*runs[1])), indent=1))
 
 
 if __name__ == "__main__":
