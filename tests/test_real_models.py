@@ -252,15 +252,6 @@ def test_induction_heads_carry_the_second_copy(smollm2, labels, figures):
     assert check["p_value"] <= P_MAX
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "not yet seen to pass on the needle-loss metric: its run (2026-12-01 18:18-19:05 UTC, load 15-18 on the 2 "
-        "shared cores, ~0.15 of a core) passed the labels and the top-1 clean > 0.5 check and was inside the "
-        "needle-loss causal check at the deadline; the top-1 metric this replaces tied at its floor (0.725 -> "
-        "0.000, random sets down to -0.675 over 20)"
-    ),
-)
 def test_retrieval_heads_carry_the_needle(smollm2, labels, figures):
     """The needle tokens' loss (nats/token, continuous) rises more than under every random set. The top-1
     share of needle tokens retrieved is recorded beside it but not compared: it floors at 0, where random
