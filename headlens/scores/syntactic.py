@@ -9,7 +9,7 @@ Clark et al. 2019 ("What Does BERT Look At?", arXiv 1906.04341) and Voita et al.
   SmolLM2-135M, BENCHMARKS.md).
   Each sentence is scored alone, BOS + its tokens (tokenized after a space, as in running text);
   a sentence whose words do not each start a token of their own is skipped. The first sentences
-  are scored, up to TOKEN_SHARE (half) of the tokens the natural-text probe scores.
+  are scored, up to TOKEN_SHARE (as many) of the tokens the natural-text probe scores.
 - Word-level attention as Clark et al. build it: a word's attention to another is the sum over the
   other's subword keys, averaged over the word's own subword queries (BOS, position 0, is no word).
 - A causal model only sees earlier words, so each instance (dependent, head) is measured from the
@@ -41,7 +41,9 @@ SYNTACTIC_MIN = 0.10  # accuracy over the best fixed-offset baseline (Voita et a
 MIN_CASES = 50  # a relation is scored on at least this many instances: an accuracy's standard error is then <= 0.07
 MAX_OFFSET = 8  # fixed offsets 1..MAX_OFFSET words back form the baseline
 MAX_SENTENCES = 400  # sentences scored at most (the token cap binds first)
-TOKEN_SHARE = 0.5  # tokens in all, as a share of the natural-text probe's max_windows x window
+# Tokens in all, as a share of the natural-text probe's max_windows x window: as many (16 x 256 = 4,096 tokens on
+# a real model; 1,024 on tiny, where half of that leaves no relation MIN_CASES instances).
+TOKEN_SHARE = 1.0
 SKIP_RELATIONS = frozenset({"punct", "root", "dep"})  # no syntax to find, or no label to read
 DEP_TO_HEAD, HEAD_TO_DEP = "dependent->head", "head->dependent"
 
