@@ -207,7 +207,7 @@ def _next_tokens(model, **inputs) -> torch.Tensor:
     device = next(model.parameters()).device
     inputs["input_ids"] = inputs["input_ids"].to(device)
     hidden = model.base_model(**inputs).last_hidden_state[:, -1]  # [batch, d_model]
-    head = model.get_output_embeddings()
+    head = adapter_for(model).unembed()  # the site table's LM head
     logits = (head.weight @ hidden.T).T  # [batch, d_vocab]
     if getattr(head, "bias", None) is not None:
         logits = logits + head.bias
