@@ -64,15 +64,15 @@ def _print_frame(frame, fmt: str, to_objects, head: dict, tail: dict | None = No
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
 
 
-def _batched(run, batch_size):
-    """`run(size)` at `batch_size` (None: the library's default), or under auto at the largest size
-    that fits, the choice reported on stderr by rank 0."""
+def _batched(run, batch_size, default: int | None = None):
+    """`run(size)` at `batch_size` (None: `default`; a None default lets the library size each batch
+    to its sequences, headlens.ablation.evalset.EvalSet.default_batch_size), or under auto at the
+    largest size that fits, the choice reported on stderr by rank 0."""
     from headlens import distributed
-    from headlens.ablation.evalset import BATCH_SIZE
     from headlens.devices import with_largest_batch
 
     if batch_size != "auto":
-        return run(batch_size or BATCH_SIZE)
+        return run(batch_size or default)
     result, chosen = with_largest_batch(run)
     if distributed.is_main():
         click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
@@ -221,7 +221,7 @@ def _print_ablation(ablation: dict) -> None:
 @lang_option
 @progress_option
 @placement_options
-@batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
+@batch_size_option("4, or up to 1024 tokens of shorter sequences")  # evalset.BATCH_SIZE, BATCH_TOKENS
 def ablate_command(
     model,
     spec,
@@ -336,7 +336,7 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
 
     tries = []
 
-    def sweep(size: int):
+    def sweep(size: int | None):
         tries.append(size)  # a retry at a smaller batch keeps the rows already in --out
         return sweep_heads(
             loaded, progress=progress, out=out, resume=resume or len(tries) > 1, batch_size=size, **options
@@ -392,6 +392,7 @@ def prune_command(
 
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
+    from headlens.ablation.evalset import BATCH_SIZE
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
     from headlens.corpus import open_text
@@ -410,6 +411,7 @@ def prune_command(
             loaded, text=text, step_fraction=step_fraction, progress=progress, labels=labels, batch_size=size
         ),
         batch_size,
+        default=BATCH_SIZE,
     )
     order = removal_by_role(curve, labels, seed=seed) if roles else None
     n_ok = heads_within(curve)

@@ -207,9 +207,9 @@ def placement_options(func):
     return wrapper
 
 
-def batch_size_option(default: int):
+def batch_size_option(default: int | str):
     """`--batch-size N|auto` for commands that batch their work; the command receives `batch_size`
-    (int, "auto", or None for its default, `default`, named in the help)."""
+    (int, "auto", or None for its default, `default`, named in the help: a number or words)."""
     return click.option(
         "--batch-size",
         default=None,

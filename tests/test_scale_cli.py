@@ -206,9 +206,11 @@ def test_batch_size_with_approx_is_one_line(runner, small_model_dir):
 
 def test_batch_size_defaults_in_the_help_are_the_librarys():
     from headlens.ablation.evalset import BATCH_SIZE as BATCH
+    from headlens.ablation.evalset import BATCH_TOKENS
     from headlens.classify import ClassifyConfig
 
     runner = CliRunner()
-    for command, default in (("classify", ClassifyConfig.batch_size), ("ablate", BATCH), ("prune", BATCH)):
+    ablate = f"{BATCH}, or up to {BATCH_TOKENS} tokens of shorter sequences"
+    for command, default in (("classify", ClassifyConfig.batch_size), ("ablate", ablate), ("prune", BATCH)):
         text = " ".join(runner.invoke(cli, [command, "--help"]).output.split())
         assert f"(the choice is reported) [default: {default}]" in text, command

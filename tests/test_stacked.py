@@ -93,3 +93,29 @@ def test_a_batch_runs_at_its_own_width_and_matches_unpadded_runs(strong_model):
             expected += float(losses[evalset.counted[row, : n - 1]].sum())
     assert float(sums[0].sum()) == pytest.approx(expected, rel=1e-5)
     assert float((sums[1] - sums[0]).abs().max()) > 0  # the ablated set is a different run
+
+
+def test_short_sequences_share_a_pass_by_default_and_give_the_same_result(strong_model):
+    """With no batch size, an ablation fills BATCH_TOKENS at its longest sequence's length (never fewer
+    than BATCH_SIZE sequences): 16 repeats of 2 x 12 tokens + BOS go in one pass, counted by a hook, and
+    the result equals one sequence per pass."""
+    from headlens.ablation.evalset import BATCH_SIZE, BATCH_TOKENS
+
+    evalset = repeat_evalset(strong_model, seed=4, n_seq=16, seq_len=12)
+    longest = int(evalset.mask.sum(1).max())
+    assert longest == 25
+    assert evalset.default_batch_size() == max(BATCH_SIZE, BATCH_TOKENS // longest) >= 16
+    windows = text_evalset(strong_model, sample_text(600), window=BATCH_TOKENS)
+    assert windows.default_batch_size() == BATCH_SIZE  # long windows keep the fixed size
+    model = strong_model.model
+    passes = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, args, out: passes.append(out.shape[0]))
+    try:
+        default = ablate_heads(strong_model, [Head(1, 0)], metric="repeat", seed=4, control=3)
+    finally:
+        handle.remove()
+    assert max(passes) == 16  # every sequence in one pass
+    one = ablate_heads(strong_model, [Head(1, 0)], metric="repeat", seed=4, control=3, batch_size=1)
+    for key in ("clean", "ablated", "delta"):
+        assert default[key] == pytest.approx(one[key], abs=1e-5)
+    assert default["control"]["deltas"] == pytest.approx(one["control"]["deltas"], abs=1e-5)

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE, batches, build_evalset
+from headlens.ablation.evalset import batches, build_evalset
 from headlens.ablation.metrics import UNIT, check_choice, is_loss
 from headlens.ablation.replace import replacements
 from headlens.ablation.roles import model_labels, resolve_heads
@@ -60,7 +60,7 @@ def ablate_heads(
     bos: bool = True,
     control: int = 0,
     labels: dict | None = None,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = None,
     chosen_by: str | None = None,
     context: int | None = None,
 ) -> dict:
@@ -74,12 +74,14 @@ def ablate_heads(
     metrics, then `data`, `reference`, `resampled` (in words), `chosen_by` for a role (or as given,
     for heads a caller resolved from one), and with `control` = K > 0 the random same-layer-count
     sets (headlens.ablation.stats: `k`, `n_possible`, `exact`, `rank`, `p_value`, `p_min`, ...).
-    `progress` shows a bar over the forward passes; `batch_size` sequences go through each forward pass.
+    `progress` shows a bar over the forward passes; `batch_size` sequences go through each forward pass
+    (None: the evaluation set's default, headlens.ablation.evalset.EvalSet.default_batch_size).
     """
     metric = check_choice(method, metric)
     heads, resolved_by = resolve_heads(loaded, heads, labels)
     chosen_by = resolved_by or chosen_by
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos, context)
+    batch_size = batch_size or evalset.default_batch_size()
     model = loaded.model
     design = control_design(heads, loaded.spec.n_heads, control, seed) if control else None
     sets = design["sets"] if design else []
@@ -138,10 +140,10 @@ def sweep_heads(
     prompts: list[dict] | None = None,
     reference: str | None = None,
     bos: bool = True,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = None,
 ):
     """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep
-    (`batch_size` evaluation sequences per forward pass).
+    (`batch_size` evaluation sequences per forward pass; None: the evaluation set's default).
 
     Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
     `ablated`, `delta`, `ci95_low`, `ci95_high` (NaN below 2 bootstrap units), and for loss
@@ -154,6 +156,7 @@ def sweep_heads(
     spec = loaded.spec
     heads = sorted(Head(*h) for h in heads) if heads is not None else all_heads(spec.n_layers, spec.n_heads)
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
+    batch_size = batch_size or evalset.default_batch_size()
     store = None
     if out is not None:
         manifest = {

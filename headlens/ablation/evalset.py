@@ -24,8 +24,9 @@ Reference set (mean and resample ablation draw z from it): by default the evalua
 every real position; or the windows of a separate reference text (`reference`), kept apart from the
 evaluation as Wang et al. 2022 do for mean ablation.
 
-Every pass over a set's sequences goes `batch_size` sequences at a time (`batches`, default
-BATCH_SIZE).
+Every pass over a set's sequences goes `batch_size` sequences at a time (`batches`); an ablation
+given no size takes `EvalSet.default_batch_size()`: BATCH_SIZE, or as many more short sequences
+as fill BATCH_TOKENS.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ from headlens.probes import (
 )
 
 BATCH_SIZE = 4  # evaluation sequences per forward (and backward) pass, every ablation computation
+# Tokens an ablation's default batch may hold: BATCH_SIZE sequences of 256 tokens. Shorter sequences go more
+# per pass (the 16 repeated-token sequences of 51 tokens go in one): on 2 CPU cores a matrix product of ~200
+# rows runs at 2/3 the rate of one of ~800 (BENCHMARKS.md, "less work per classify and per ablated run").
+BATCH_TOKENS = 1024
 MAX_TEXT_WINDOWS = 32  # windows evaluated at most; `description` states the cap when it applies
 REPEAT_N_SEQ = 16  # repeated-random-token sequences in the evaluation set
 REPEAT_SEQ_LEN = 25  # tokens per copy (Olsson et al.: 25 random tokens)
@@ -131,6 +136,12 @@ class EvalSet:
         """input_ids and mask of the sequences `rows`, without the padding none of them reaches
         (cut_padding): [batch, width] each. Scored positions index them as they do the whole set."""
         return cut_padding(self.input_ids[rows], self.mask[rows])
+
+    def default_batch_size(self) -> int:
+        """Sequences per pass when the caller names none: BATCH_SIZE, or as many as fill
+        BATCH_TOKENS at the longest sequence's length when that is more."""
+        longest = max(int(self.mask.sum(1).max()), 1)
+        return max(BATCH_SIZE, BATCH_TOKENS // longest)
 
     def unit_counts(self) -> torch.Tensor:
         """Scored positions per bootstrap unit: [n_units]."""
