@@ -312,13 +312,15 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         "name_mover",
         lambda s, c: _ioi_attends(s, c) and s["name_copy_score"] >= c.name_copy_min,
-        ("io_attention", "name_copy_score"),
+        ("io_attention", "name_copy_score", "ioi_direct_effect"),
         IOI,
         "#17becf",
         scores=(
             Score("io_attention", "ioi", "io_attention_std"),
             Score("s_attention", "ioi", "s_attention_std", table=False),
             Score("name_copy_score", "ioi"),
+            # logits, signed: what the head writes straight into logit(IO) - logit(S) at END
+            Score("ioi_direct_effect", "ioi", "ioi_direct_effect_std", vmin=-2.0, vmax=2.0),
         ),
         thresholds=(
             Threshold(
@@ -340,7 +342,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         "negative_name_mover",
         lambda s, c: _ioi_attends(s, c) and s["name_negative_copy_score"] >= c.name_copy_min,
-        ("io_attention", "name_negative_copy_score"),
+        ("io_attention", "name_negative_copy_score", "ioi_direct_effect"),
         IOI,
         "#ff9896",
         scores=(Score("name_negative_copy_score", "ioi"),),

@@ -133,6 +133,10 @@ class Adapter:
         the output is added as it is). The direct path of a head's output runs through it."""
         return None
 
+    def attn_out_norm_module(self, layer: int) -> nn.Module | None:
+        """That norm itself (None: the attention output is added as it is)."""
+        return None
+
     # Hook sites ---------------------------------------------------------------------------
     def hooks(self) -> Hooks:
         """A scoped hook context on this model (headlens.arch.hooks): `with adapter.hooks() as hooks:`."""

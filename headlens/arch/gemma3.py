@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch import nn
 from transformers.models.gemma3 import modeling_gemma3
 
 from headlens.arch.base import FULL, SLIDING, LayerContext, get_module
@@ -88,6 +89,9 @@ class Gemma3Adapter(RotaryAdapter):
 
     def attn_out_gain(self, layer: int) -> torch.Tensor:
         return GEMMA_NORM_OFFSET + get_module(self.layer(layer), self.attn_out_norm).weight  # [d_model]
+
+    def attn_out_norm_module(self, layer: int) -> nn.Module:
+        return get_module(self.layer(layer), self.attn_out_norm)
 
     # Running one layer --------------------------------------------------------------------
     def context(self, input_ids: torch.Tensor, mask: torch.Tensor) -> Gemma3Context:

@@ -7,6 +7,9 @@ John gave a drink to" -> " Mary". Name movers attend from the last token (END) t
 negative name movers attend to IO and write it down (GPT-2 small: 9.9, 10.0, 9.6; negative 10.7,
 11.10). Per head:
 - `io_attention`: attention from END to IO, mean over prompts; `s_attention` to S1 + S2;
+- `ioi_direct_effect`: what the head writes straight into logit(IO) - logit(S) at END, the norms'
+  scales frozen (direct logit attribution, headlens.scores.direct_logit), mean over prompts: how
+  Wang et al. find their name movers (path patching to the logits) without a pass per head;
 - `name_copy_score`: share of the names whose own logit is in the top COPY_TOP_K = 5 of the
   vocabulary under the head's OV circuit (Wang et al.'s copy score); `name_negative_copy_score`:
   share in the bottom 5 (their negative copy score). Wang et al. apply the OV circuit to the
@@ -33,8 +36,10 @@ from __future__ import annotations
 
 import torch
 
+from headlens.arch import adapter_for
 from headlens.errors import ConfigError
 from headlens.probe_runs import ProbeResult
+from headlens.scores.direct_logit import head_direct_effects
 from headlens.scores.ov_circuit import own_ranks
 
 COPY_TOP_K = 5  # Wang et al.: the name among the top 5 logits of the head's OV output
@@ -123,8 +128,8 @@ def end_attention(pattern: torch.Tensor, positions: torch.Tensor, last: torch.Te
 
 
 def ioi_run(loaded, prompts: list[dict]) -> dict:
-    """One forward pass over the prompts (right-padded): `io_attention`, `s_attention` [n_layers,
-    n_heads] (means over prompts) with their `io_attention_std`, `s_attention_std` across prompts,
+    """One forward pass over the prompts (right-padded): `io_attention`, `s_attention` and
+    `ioi_direct_effect` [n_layers, n_heads] (means over prompts) with their `_std` across prompts,
     and the model's `logit_diff` (mean) and `logit_diffs` [n]."""
     model = loaded.model
     device = next(model.parameters()).device
@@ -135,7 +140,10 @@ def ioi_run(loaded, prompts: list[dict]) -> dict:
         ids[row, : len(p["ids"])], mask[row, : len(p["ids"])] = torch.tensor(p["ids"]), 1
     last = mask.sum(1) - 1  # [batch]
     ends = torch.unique(last)  # [n_ends] the positions whose logits are read (the LM head runs on these only)
-    with torch.no_grad():
+    adapter = adapter_for(model)
+    at_end = _EndCapture(adapter, last)
+    with torch.no_grad(), adapter.hooks() as hooks:
+        at_end.register(hooks)
         out = model(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
@@ -149,16 +157,58 @@ def ioi_run(loaded, prompts: list[dict]) -> dict:
     column = torch.searchsorted(ends, last)  # [batch]: each prompt's end among `ends`
     final = out.logits[torch.arange(len(prompts)), column.to(out.logits.device)].double().cpu()  # [batch, d_vocab]
     rows = torch.arange(len(prompts))
-    diffs = final[rows, [p["io"] for p in prompts]] - final[rows, [p["s"] for p in prompts]]  # [batch]
+    io_ids, s_ids = torch.tensor([p["io"] for p in prompts]), torch.tensor([p["s"] for p in prompts])  # [batch]
+    diffs = final[rows, io_ids] - final[rows, s_ids]  # [batch]
+    direct = at_end.direct_effects(io_ids, s_ids).cpu()  # [layer, batch, head]
     nan = torch.full(io_att.shape[::2], float("nan"), dtype=torch.float64)  # [layer, head]: no spread of one prompt
     return {
         "io_attention": io_att.mean(1),  # [layer, head]
         "io_attention_std": io_att.std(1) if len(prompts) > 1 else nan,
         "s_attention": s_att.mean(1),
         "s_attention_std": s_att.std(1) if len(prompts) > 1 else nan.clone(),
+        "ioi_direct_effect": direct.mean(1),  # [layer, head]
+        "ioi_direct_effect_std": direct.std(1) if len(prompts) > 1 else nan.clone(),
         "logit_diff": float(diffs.mean()),
         "logit_diffs": diffs,
     }
+
+
+class _EndCapture:
+    """What head_direct_effects reads at each prompt's last position, captured during the IOI pass:
+    every layer's z, the attention output where a norm follows it, and the final norm's input."""
+
+    def __init__(self, adapter, last: torch.Tensor):
+        self.adapter, self.last = adapter, last  # last [batch]
+        self.z: dict[int, torch.Tensor] = {}  # layer -> [batch, head, d_head]
+        self.attn_out: dict[int, torch.Tensor] = {}  # layer -> [batch, d_model]
+        self.final_in: list[torch.Tensor] = []  # [[batch, d_model]]
+
+    def _at_end(self, x: torch.Tensor) -> torch.Tensor:
+        return x[torch.arange(x.shape[0], device=x.device), self.last.to(x.device)].detach()  # [batch, ...]
+
+    def register(self, hooks) -> None:
+        adapter = self.adapter
+        for layer in range(adapter.n_layers):
+            hooks.z(layer, self._keeper(self.z, layer))
+            if adapter.attn_out_norm_module(layer) is not None:
+                hooks.output(adapter.z_module(layer), self._keeper(self.attn_out, layer))
+        norm = adapter.final_norm()
+        hooks.add(norm.register_forward_pre_hook(lambda module, args: self.final_in.append(self._at_end(args[0]))))
+
+    def _keeper(self, store: dict, layer: int):
+        """A hook function keeping a layer's tensor at END in `store` (returns None: nothing replaced)."""
+
+        def keep(x: torch.Tensor) -> None:
+            store[layer] = self._at_end(x)
+
+        return keep
+
+    def direct_effects(self, target: torch.Tensor, foil: torch.Tensor) -> torch.Tensor:
+        """Each head's direct effect on logit(target) - logit(foil) at END: [layer, batch, head]."""
+        layers = range(self.adapter.n_layers)
+        attn_out = [self.attn_out[layer] for layer in layers] if self.attn_out else None
+        z = [self.z[layer] for layer in layers]
+        return head_direct_effects(self.adapter, z, attn_out, self.final_in[-1], target, foil)
 
 
 def name_mover_scores(loaded, n: int = N_PROMPTS, seed: int = 0) -> dict:
@@ -188,7 +238,14 @@ def ablation_prompts(prompts: list[dict]) -> list[dict]:
     ]
 
 
-SCORE_KEYS = ("io_attention", "io_attention_std", "s_attention", "s_attention_std")
+SCORE_KEYS = (
+    "io_attention",
+    "io_attention_std",
+    "s_attention",
+    "s_attention_std",
+    "ioi_direct_effect",
+    "ioi_direct_effect_std",
+)
 COPY_KEYS = ("name_copy_score", "name_negative_copy_score")
 
 

@@ -1,0 +1,103 @@
+"""Which heads of a real model write the IOI answer, and which carry it when ablated? One run.
+
+Prints, on the IOI probe's 48 seeded prompts (headlens.scores.name_mover):
+- the model's logit(IO) - logit(S) at END and the sum of every head's direct effect on it
+  (headlens.scores.direct_logit; the rest is embeddings, MLPs and biases);
+- the heads with the largest and smallest direct effects, with their END -> IO / S attention, name
+  copy scores and labels;
+- the direct-path version of the name-mover causal check: the labelled movers' summed direct effect
+  against every set of the same per-layer counts from the other heads of those layers (at most 20);
+- with --sweep FIRST: every head of layers FIRST.. zero-ablated alone on `logit-diff` (the total effect,
+  headlens.ablation.ablate.sweep_heads), the heads that lower it most, beside their direct effects.
+
+Run: .venv/bin/python -u benchmarks/ioi_direct_effects.py smollm2 --sweep 14
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import torch
+
+from headlens.ablation.ablate import sweep_heads
+from headlens.classify import classify_heads
+from headlens.heads import Head
+from headlens.models import load_model
+from headlens.scores.name_mover import ablation_prompts, ioi_prompts, ioi_run
+
+N_CONTROL = 20
+N_SHOWN = 8
+
+
+def same_layer_sets(heads: list[Head], n_heads: int) -> list[list[Head]]:
+    """Every set with the per-layer counts of `heads` drawn from the other heads of those layers."""
+    counts: dict[int, int] = {}
+    for head in heads:
+        counts[head.layer] = counts.get(head.layer, 0) + 1
+    pools = {layer: [h for h in range(n_heads) if Head(layer, h) not in heads] for layer in counts}
+    choices = itertools.product(*(itertools.combinations(pools[layer], c) for layer, c in counts.items()))
+    return [
+        sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
+        for choice in choices
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--sweep", type=int, default=None, metavar="FIRST", help="also sweep layers FIRST..")
+    args = parser.parse_args()
+    loaded = load_model(args.model)
+    frame = classify_heads(loaded).set_index(["layer", "head"])
+    prompts = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, 48, 0)
+    run = ioi_run(loaded, prompts)
+    effect = run["ioi_direct_effect"]  # [layer, head]
+    print(f"logit diff {run['logit_diff']:.3f}; sum of the heads' direct effects {float(effect.sum()):.3f}")
+
+    def describe(layer: int, head: int) -> str:
+        row = frame.loc[(layer, head)]
+        return (
+            f"{layer}.{head}: direct {float(effect[layer, head]):+.3f}  END->IO {row.io_attention:.2f}  "
+            f"END->S {row.s_attention:.2f}  copy {row.name_copy_score:.2f}  negative copy "
+            f"{row.name_negative_copy_score:.2f}  labels {', '.join(row.labels) or '-'}"
+        )
+
+    order = sorted((float(effect[la, h]), la, h) for la in range(effect.shape[0]) for h in range(effect.shape[1]))
+    print("largest direct effects:")
+    for _, layer, head in order[::-1][:N_SHOWN]:
+        print("  " + describe(layer, head))
+    print("smallest direct effects:")
+    for _, layer, head in order[:N_SHOWN]:
+        print("  " + describe(layer, head))
+
+    movers = [Head(la, h) for (la, h), labels in frame["labels"].items() if "name_mover" in labels]
+    if movers:
+        chosen = -sum(float(effect[h.layer, h.head]) for h in movers)  # removing their direct path
+        sets = same_layer_sets(movers, loaded.spec.n_heads)
+        if len(sets) > N_CONTROL:
+            picks = torch.randperm(len(sets), generator=torch.Generator().manual_seed(0))[:N_CONTROL]
+            sets = [sets[int(i)] for i in picks]
+        controls = sorted(-sum(float(effect[h.layer, h.head]) for h in s) for s in sets)
+        p = (1 + sum(c <= chosen for c in controls)) / (1 + len(controls))
+        print(
+            f"direct path of the movers {', '.join(map(str, movers))} removed: {chosen:+.3f} logits; "
+            f"{len(controls)} same-layer sets: min {controls[0]:+.3f} median {controls[len(controls) // 2]:+.3f} "
+            f"max {controls[-1]:+.3f}; p = {p:.2f}"
+        )
+    if args.sweep is not None:
+        start = time.time()
+        heads = [Head(la, h) for la in range(args.sweep, loaded.spec.n_layers) for h in range(loaded.spec.n_heads)]
+        swept = sweep_heads(loaded, metric="logit-diff", prompts=ablation_prompts(prompts), heads=heads, batch_size=48)
+        print(f"single-head zero ablations of layers {args.sweep}.. ({time.time() - start:.0f} s); largest drops:")
+        for row in swept.sort_values("delta").head(N_SHOWN).itertuples():
+            print(f"  ablated delta {row.delta:+.3f}  " + describe(int(row.layer), int(row.head)))
+        for head in movers:
+            delta = float(swept[(swept.layer == head.layer) & (swept.head == head.head)].delta.iloc[0])
+            direct = float(effect[head.layer, head.head])
+            print(f"  labelled mover {head}: ablated delta {delta:+.3f}, direct effect {direct:+.3f}")
+
+
+if __name__ == "__main__":
+    main()

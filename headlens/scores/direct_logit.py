@@ -1,0 +1,78 @@
+"""Direct logit attribution: what each head writes straight into a logit difference at one position.
+
+A head's output z_h W_O^h enters the residual stream and reaches the logits through the final norm
+and the unembedding. With the norms' scales frozen at their values in the clean run (the usual
+linearisation: Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"; Wang et al.
+2022, arXiv 2211.00593, measure name movers by this direct path), that path is linear, so the
+heads' direct effects add up with the other components' to the logit difference itself:
+
+    direct_h = (c(g_a * z_h W_O^h / s_a) / s_f) . (W_U[target] - W_U[foil]) * g_f
+
+where g_f and s_f are the final norm's gain and scale at that position, c() its centring (LayerNorm
+only), and g_a, s_a a norm on the attention output where the family has one (Gemma 3's
+post-attention norm; 1 elsewhere). A norm's scale is read from the norm itself (`norm_factor`), so
+no epsilon is restated here. A positive direct effect raises the target over the foil.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headlens.devices import onloaded
+from headlens.scores.ov_copying import folded_unembed
+
+
+def norm_factor(norm, gain: torch.Tensor | None, centres: bool, x: torch.Tensor) -> torch.Tensor:
+    """1 / s of a norm at each row of its input x [n, d_model]: norm(x) = bias + gain * c(x) / s.
+    The least-squares fit of that one number per row, exact for LayerNorm and RMSNorm: [n, 1] (float64)."""
+    with onloaded(norm):  # offloaded by accelerate: its weights are real only here (its forward re-offloads them)
+        bias = getattr(norm, "bias", None)
+        bias = None if bias is None else bias.detach().double().clone()  # [d_model]
+    with torch.no_grad():
+        y = norm(x).double()  # [n, d_model]
+    if bias is not None:
+        y = y - bias.to(y.device)
+    u = x.double()
+    if centres:
+        u = u - u.mean(-1, keepdim=True)
+    if gain is not None:
+        u = u * gain.to(u.device)
+    return (y * u).sum(-1, keepdim=True) / (u * u).sum(-1, keepdim=True)  # [n, 1]
+
+
+def head_direct_effects(
+    adapter,
+    z: list[torch.Tensor],
+    attn_out: list[torch.Tensor] | None,
+    final_in: torch.Tensor,
+    target: torch.Tensor,
+    foil: torch.Tensor,
+) -> torch.Tensor:
+    """Each head's direct effect on logit(target) - logit(foil): [n_layers, n, n_heads] (float64).
+
+    z: per layer z at the scored positions [n, head, d_head]; attn_out: per layer the attention
+    output there [n, d_model] (the input of a norm on it; None when the family has none);
+    final_in: the final norm's input there [n, d_model]; target, foil: [n] token ids."""
+    w_fold = folded_unembed(adapter)  # [d_model, d_vocab], the final norm's gain folded in
+    direction = (w_fold[:, target.to(w_fold.device)] - w_fold[:, foil.to(w_fold.device)]).T  # [n, d_model]
+    final = adapter.final_norm()
+    with onloaded(final):
+        gain = adapter.final_norm_gain()
+        gain = None if gain is None else gain.detach().double()  # [d_model]
+    inv_final = norm_factor(final, gain, adapter.final_norm_centres, final_in)  # [n, 1]
+    direction = direction.to(inv_final.device) * inv_final  # [n, d_model]
+    out = []
+    for layer, z_layer in enumerate(z):
+        with onloaded(adapter.z_module(layer)):  # offloaded by accelerate
+            w_o = adapter.w_o(layer).detach().double().to(z_layer.device)  # [head, d_head, d_model]
+        written = torch.einsum("nhd,hdm->nhm", z_layer.double(), w_o)  # [n, head, d_model]
+        norm = adapter.attn_out_norm_module(layer)
+        if norm is not None and attn_out is not None:
+            with onloaded(norm):
+                gain = adapter.attn_out_gain(layer).detach().double()  # [d_model]
+            inv = norm_factor(norm, gain, False, attn_out[layer])  # [n, 1]
+            written = written * (gain.to(inv.device) * inv)[:, None, :]  # [n, head, d_model]
+        if adapter.final_norm_centres:
+            written = written - written.mean(-1, keepdim=True)  # LayerNorm's centring
+        out.append(torch.einsum("nhm,nm->nh", written, direction.to(written.device)))  # [n, head]
+    return torch.stack(out)  # [layer, n, head]
