@@ -54,7 +54,11 @@ CASES = [
     ("rare_syntactic.py", ["tiny"], r"^\| nsubj \| head->dependent \| \d+ \|"),
     ("name_mover_ablation.py", ["{small}"], rf"^IOI logit difference {NUMBER}, IO above S in \d+%$"),
     ("bench_scale_classify.py", ["--needles-only", "--max-length", "64"], r"identical scores: True$"),
-    ("ioi_direct_effects.py", ["{small}", "--sweep", "1"], rf"^  ablated delta {NUMBER}  1\.\d: direct {NUMBER}"),
+    (
+        "ioi_direct_effects.py",
+        ["{small}", "--sweep", "1"],
+        rf"^  ablated delta [-+]?{NUMBER}  1\.\d: direct [-+]?{NUMBER}",
+    ),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
 ]
 # Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured in
