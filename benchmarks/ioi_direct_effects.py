@@ -7,6 +7,9 @@ Prints, on the IOI probe's 48 seeded prompts (headlens.scores.name_mover):
   copy scores and labels;
 - the direct-path version of the name-mover causal check: the labelled movers' summed direct effect
   against every set of the same per-layer counts from the other heads of those layers (at most 20);
+- who makes up for the movers: the IOI run again with the labelled movers zero-ablated (and with the
+  head of the largest direct effect ablated alone), the logit difference then, and the heads whose direct
+  effects rise most (Wang et al. 2022's backup name movers);
 - with --sweep FIRST: every head of layers FIRST.. zero-ablated alone on `logit-diff` (the total effect,
   headlens.ablation.ablate.sweep_heads), the heads that lower it most, beside their direct effects.
 
@@ -22,6 +25,7 @@ import time
 import torch
 
 from headlens.ablation.ablate import sweep_heads
+from headlens.ablation.replace import ablation_hooks
 from headlens.classify import classify_heads
 from headlens.heads import Head
 from headlens.models import load_model
@@ -86,6 +90,25 @@ def main() -> None:
             f"{len(controls)} same-layer sets: min {controls[0]:+.3f} median {controls[len(controls) // 2]:+.3f} "
             f"max {controls[-1]:+.3f}; p = {p:.2f}"
         )
+    top = Head(order[-1][1], order[-1][2])
+    for off in ([movers] if movers else []) + [[top]]:
+        with ablation_hooks(loaded.model, off):
+            after = ioi_run(loaded, prompts)
+        rise = after["ioi_direct_effect"] - effect  # [layer, head]
+        rise[[h.layer for h in off], [h.head for h in off]] = float("nan")  # the ablated heads themselves
+        ranked = sorted(
+            ((float(rise[la, h]), la, h) for la in range(rise.shape[0]) for h in range(rise.shape[1])),
+            key=lambda item: -item[0] if item[0] == item[0] else float("inf"),
+        )
+        names = ", ".join(map(str, off))
+        print(
+            f"{names} zero-ablated: logit diff {after['logit_diff']:.3f} (clean {run['logit_diff']:.3f}); "
+            f"direct effects rising most: "
+            + ", ".join(
+                f"{la}.{h} {float(effect[la, h]):+.3f} -> {float(after['ioi_direct_effect'][la, h]):+.3f}"
+                for _, la, h in ranked[:4]
+            )
+        )
     if args.sweep is not None:
         start = time.time()
         heads = [Head(la, h) for la in range(args.sweep, loaded.spec.n_layers) for h in range(loaded.spec.n_heads)]
@@ -94,7 +117,7 @@ def main() -> None:
         for row in swept.sort_values("delta").head(N_SHOWN).itertuples():
             print(f"  ablated delta {row.delta:+.3f}  " + describe(int(row.layer), int(row.head)))
         for head in movers:
-            delta = float(swept[(swept.layer == head.layer) & (swept.head == head.head)].delta.iloc[0])
+            delta = float(swept[(swept["layer"] == head.layer) & (swept["head"] == head.head)]["delta"].iloc[0])
             direct = float(effect[head.layer, head.head])
             print(f"  labelled mover {head}: ablated delta {delta:+.3f}, direct effect {direct:+.3f}")
 

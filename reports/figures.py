@@ -24,6 +24,8 @@ from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 
 # Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap.
 FIGURE_DPI = 80
+# Colour map of signed scores and deltas (blue below 0, red above, white at 0)
+SIGNED_CMAP = "RdBu_r"
 # Annotating every cell stays legible up to about this many cells (GPT-2 small has 144).
 MAX_ANNOTATED_CELLS = 400
 # A heatmap cell and its number: 0.75 in x 80 dpi = 60 px wide, numbers of 10 pt = 11 px (tiny's 2 x 4 map
@@ -88,9 +90,11 @@ def _heatmap(
 def score_heatmap_uri(
     frame: pd.DataFrame, column: str, *, vmin: float, vmax: float, threshold: float | None, lang: str = DEFAULT_LANG
 ) -> str:
-    """Layer x head heatmap of one score; cells at or above `threshold` are outlined in black."""
+    """Layer x head heatmap of one score; cells at or above `threshold` are outlined in black. A signed
+    score (vmin < 0 < vmax: a direct effect in logits) is drawn in a diverging map, white at 0."""
     grid = pivot_heads(frame, column)
-    fig, ax = _heatmap(grid, cmap="viridis", vmin=vmin, vmax=vmax, label=column, lang=lang)
+    cmap = SIGNED_CMAP if vmin < 0 < vmax else "viridis"
+    fig, ax = _heatmap(grid, cmap=cmap, vmin=vmin, vmax=vmax, label=column, lang=lang)
     if threshold is not None:
         values = grid.to_numpy(dtype=float)  # [layer, head]
         for row, col in zip(*np.nonzero(np.nan_to_num(values, nan=-np.inf) >= threshold), strict=True):
@@ -173,7 +177,7 @@ def delta_heatmap_uri(
     grid = pivot_heads(sweep, column)
     bound = float(np.nanmax(np.abs(grid.to_numpy(dtype=float)))) or 1.0
     label = plain_text(label or t("fig.delta_loss", lang))
-    fig, _ = _heatmap(grid, cmap="RdBu_r", vmin=-bound, vmax=bound, label=label, lang=lang)
+    fig, _ = _heatmap(grid, cmap=SIGNED_CMAP, vmin=-bound, vmax=bound, label=label, lang=lang)
     return figure_uri(fig)
 
 
