@@ -7,6 +7,9 @@ Prints, on the IOI probe's 48 seeded prompts (headlens.scores.name_mover):
   copy scores and labels;
 - the direct-path version of the name-mover causal check: the labelled movers' summed direct effect
   against every set of the same per-layer counts from the other heads of those layers (at most 20);
+- Wang et al.'s copy score in context: each head's OV circuit applied to the IO name's residual after
+  block 0 at its position in each prompt (theirs), beside the effective-embedding score classify uses,
+  for the heads that attend to IO;
 - who makes up for the movers: the IOI run again with the labelled movers zero-ablated (and with the
   head of the largest direct effect ablated alone), the logit difference then, and the heads whose direct
   effects rise most (Wang et al. 2022's backup name movers);
@@ -29,7 +32,8 @@ from headlens.ablation.replace import ablation_hooks
 from headlens.classify import classify_heads
 from headlens.heads import Head
 from headlens.models import load_model
-from headlens.scores.name_mover import ablation_prompts, ioi_prompts, ioi_run
+from headlens.scores.name_mover import COPY_TOP_K, ablation_prompts, ioi_prompts, ioi_run
+from headlens.scores.ov_circuit import own_ranks
 
 N_CONTROL = 20
 N_SHOWN = 8
@@ -46,6 +50,18 @@ def same_layer_sets(heads: list[Head], n_heads: int) -> list[list[Head]]:
         sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
         for choice in choices
     ]
+
+
+def in_context_copy_scores(loaded, prompts: list[dict]) -> torch.Tensor:
+    """Share of prompts whose IO name is in the top COPY_TOP_K of the head's OV output applied to the
+    name's residual after block 0 at its position in the prompt (Wang et al. 2022): [layer, head]."""
+    rows = []
+    with torch.no_grad():
+        for p in prompts:
+            out = loaded.model(input_ids=torch.tensor([p["ids"]]), output_hidden_states=True)
+            rows.append(out.hidden_states[1][0, p["io_pos"]])  # [d_model], after block 0
+    above, _ = own_ranks(loaded.model, torch.tensor([p["io"] for p in prompts]), torch.stack(rows))
+    return (above < COPY_TOP_K).double().mean(-1)  # [layer, head]
 
 
 def main() -> None:
@@ -89,6 +105,15 @@ def main() -> None:
             f"direct path of the movers {', '.join(map(str, movers))} removed: {chosen:+.3f} logits; "
             f"{len(controls)} same-layer sets: min {controls[0]:+.3f} median {controls[len(controls) // 2]:+.3f} "
             f"max {controls[-1]:+.3f}; p = {p:.2f}"
+        )
+    context_copy = in_context_copy_scores(loaded, prompts)  # [layer, head]
+    attends = ((run["io_attention"] >= 0.2) & (run["io_attention"] > run["s_attention"])).nonzero().tolist()
+    print("heads attending to IO (>= 0.2, above S): copy score by the effective embedding / in context:")
+    for layer, head in attends:
+        row = frame.loc[(layer, head)]
+        print(
+            f"  {layer}.{head}: {row.name_copy_score:.2f} / {float(context_copy[layer, head]):.2f}  "
+            f"direct {float(effect[layer, head]):+.3f}"
         )
     top = Head(order[-1][1], order[-1][2])
     for off in ([movers] if movers else []) + [[top]]:

@@ -33,11 +33,12 @@ def effective_embedding(adapter, token_ids: torch.Tensor) -> torch.Tensor:
         return adapter.finish_block(0, x, zero)[:, 0]  # [n, d_model]
 
 
-def head_outputs(model, token_ids: torch.Tensor) -> torch.Tensor:
-    """Every head's OV output for each token's effective embedding, before the unembedding:
+def head_outputs(model, token_ids: torch.Tensor, resid: torch.Tensor | None = None) -> torch.Tensor:
+    """Every head's OV output for each token's effective embedding (or for `resid` [n, d_model], the
+    tokens' residual vectors taken elsewhere, e.g. after layer 0 in a prompt), before the unembedding:
     [n_layers, n_heads, n, d_model] (float64; LayerNorm centring applied when the final norm centres)."""
     adapter = adapter_for(model)
-    resid = effective_embedding(adapter, token_ids)  # [n, d_model]
+    resid = effective_embedding(adapter, token_ids) if resid is None else resid  # [n, d_model]
     outs = []
     with torch.no_grad():
         for layer in range(adapter.n_layers):
@@ -64,8 +65,9 @@ def ov_logits(model, token_ids: torch.Tensor, columns: torch.Tensor) -> torch.Te
     return outs @ w_u[:, columns.to(w_u.device)].to(outs.device)  # [layer, head, n, c]
 
 
-def own_ranks(model, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where each token's own logit falls in its OV output over the whole vocabulary:
+def own_ranks(model, token_ids: torch.Tensor, resid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each token's own logit falls in its OV output (from its effective embedding, or from
+    `resid` [n, d_model] as head_outputs takes it) over the whole vocabulary:
     (above, below), each [n_layers, n_heads, n] int64: how many vocabulary tokens get a strictly
     larger (smaller) logit than the token itself. above < k: the token is in the top k. Ranked in
     float32 (a full-vocabulary pass per head is the cost; float32 ties only where logits tie exactly).
@@ -74,7 +76,7 @@ def own_ranks(model, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     compared; the token's own column, counted by those comparisons against `own` (the same logit
     from another matmul, so rounding may put it above or below), is taken back out."""
     w_u = folded_unembed(adapter_for(model))  # [d_model, d_vocab]
-    outs = head_outputs(model, token_ids)  # [layer, head, n, d_model]
+    outs = head_outputs(model, token_ids, resid)  # [layer, head, n, d_model]
     w_t = w_u.T.to(outs.device).float().contiguous()  # [d_vocab, d_model]
     ids = token_ids.to(outs.device)  # [n]
     own = torch.einsum("lhnm,nm->lhn", outs.float(), w_t[ids])  # [layer, head, n]
