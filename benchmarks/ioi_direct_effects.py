@@ -32,7 +32,7 @@ from headlens.ablation.replace import ablation_hooks
 from headlens.classify import classify_heads
 from headlens.heads import Head
 from headlens.models import load_model
-from headlens.scores.name_mover import COPY_TOP_K, ablation_prompts, ioi_prompts, ioi_run
+from headlens.scores.name_mover import COPY_TOP_K, IO_ATTENTION_MIN, ablation_prompts, ioi_prompts, ioi_run
 from headlens.scores.ov_circuit import own_ranks
 
 N_CONTROL = 20
@@ -107,8 +107,9 @@ def main() -> None:
             f"max {controls[-1]:+.3f}; p = {p:.2f}"
         )
     context_copy = in_context_copy_scores(loaded, prompts)  # [layer, head]
-    attends = ((run["io_attention"] >= 0.2) & (run["io_attention"] > run["s_attention"])).nonzero().tolist()
-    print("heads attending to IO (>= 0.2, above S): copy score by the effective embedding / in context:")
+    io, s_att = run["io_attention"], run["s_attention"]  # [layer, head]
+    attends = ((io >= IO_ATTENTION_MIN) & (io > s_att)).nonzero().tolist()
+    print(f"heads attending to IO (>= {IO_ATTENTION_MIN}, above S): copy score by W_EE / in context:")
     for layer, head in attends:
         row = frame.loc[(layer, head)]
         print(
