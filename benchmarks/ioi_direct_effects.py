@@ -22,10 +22,11 @@ Run: .venv/bin/python -u benchmarks/ioi_direct_effects.py smollm2 --sweep 14
 from __future__ import annotations
 
 import argparse
-import itertools
+import sys
 import time
 
 import torch
+from name_mover_ablation import disjoint_sets  # benchmarks/ is on sys.path when run as a script
 
 from headlens.ablation.ablate import sweep_heads
 from headlens.ablation.replace import ablation_hooks
@@ -37,19 +38,6 @@ from headlens.scores.ov_circuit import own_ranks
 
 N_CONTROL = 20
 N_SHOWN = 8
-
-
-def same_layer_sets(heads: list[Head], n_heads: int) -> list[list[Head]]:
-    """Every set with the per-layer counts of `heads` drawn from the other heads of those layers."""
-    counts: dict[int, int] = {}
-    for head in heads:
-        counts[head.layer] = counts.get(head.layer, 0) + 1
-    pools = {layer: [h for h in range(n_heads) if Head(layer, h) not in heads] for layer in counts}
-    choices = itertools.product(*(itertools.combinations(pools[layer], c) for layer, c in counts.items()))
-    return [
-        sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
-        for choice in choices
-    ]
 
 
 def in_context_copy_scores(loaded, prompts: list[dict]) -> torch.Tensor:
@@ -95,7 +83,7 @@ def main() -> None:
     movers = [Head(la, h) for (la, h), labels in frame["labels"].items() if "name_mover" in labels]
     if movers:
         chosen = -sum(float(effect[h.layer, h.head]) for h in movers)  # removing their direct path
-        sets = same_layer_sets(movers, loaded.spec.n_heads)
+        sets = disjoint_sets(movers, loaded.spec.n_heads, k=sys.maxsize)  # every one
         if len(sets) > N_CONTROL:
             picks = torch.randperm(len(sets), generator=torch.Generator().manual_seed(0))[:N_CONTROL]
             sets = [sets[int(i)] for i in picks]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from headlens.devices import onloaded
-from headlens.scores.ov_copying import folded_unembed
 
 
 def norm_factor(norm, gain: torch.Tensor | None, centres: bool, x: torch.Tensor) -> torch.Tensor:
@@ -53,12 +52,14 @@ def head_direct_effects(
     z: per layer z at the scored positions [n, head, d_head]; attn_out: per layer the attention
     output there [n, d_model] (the input of a norm on it; None when the family has none);
     final_in: the final norm's input there [n, d_model]; target, foil: [n] token ids."""
-    w_fold = folded_unembed(adapter)  # [d_model, d_vocab], the final norm's gain folded in
-    direction = (w_fold[:, target.to(w_fold.device)] - w_fold[:, foil.to(w_fold.device)]).T  # [n, d_model]
-    final = adapter.final_norm()
-    with onloaded(final):
+    final, unembed = adapter.final_norm(), adapter.unembed()
+    with onloaded(unembed), onloaded(final):  # only the two unembedding rows per position are read
+        w_u = unembed.weight.detach()  # [d_vocab, d_model]
+        direction = w_u[target.to(w_u.device)].double() - w_u[foil.to(w_u.device)].double()  # [n, d_model]
         gain = adapter.final_norm_gain()
-        gain = None if gain is None else gain.detach().double()  # [d_model]
+        gain = None if gain is None else gain.detach().double().to(w_u.device)  # [d_model]
+    if gain is not None:
+        direction = direction * gain  # the final norm's gain folded in
     inv_final = norm_factor(final, gain, adapter.final_norm_centres, final_in)  # [n, 1]
     direction = direction.to(inv_final.device) * inv_final  # [n, d_model]
     out = []
