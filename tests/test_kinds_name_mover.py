@@ -213,6 +213,88 @@ def test_smollm2_name_movers_write_io_above_s_directly(scores):
         assert float(effect[layer, head]) < 0, f"{layer}.{head}"
 
 
+N_PATH_CONTROL = 1000  # random same-size sets for the direct-path check (cheap: one pass, then sums)
+PATH_ALPHA = 0.05  # the conventional level; the check states its p-value beside it
+
+
+def end_contributions(loaded, prompts: list[dict]) -> torch.Tensor:
+    """Each head's direct contribution to logit(IO) - logit(S) at END, written out here from a Llama's
+    weights: the head's z at END through its slice of o_proj, the final RMSNorm's gain over the clean
+    residual's RMS (frozen), dotted with W_U[IO] - W_U[S]. One prompt at a time: [prompt, layer, head]."""
+    inner, d_head = loaded.model.model, loaded.spec.d_head
+    n_layers, n_heads = loaded.spec.n_layers, loaded.spec.n_heads
+    seen: dict = {}
+    hooks = [
+        layer.self_attn.o_proj.register_forward_pre_hook(lambda _m, args, i=i: seen.__setitem__(i, args[0][0, -1]))
+        for i, layer in enumerate(inner.layers)
+    ]
+    hooks.append(inner.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("resid", args[0][0, -1])))
+    out = torch.zeros(len(prompts), n_layers, n_heads, dtype=torch.float64)  # [prompt, layer, head]
+    unembed = loaded.model.lm_head.weight.double()  # [d_vocab, d_model]
+    try:
+        with torch.no_grad():
+            for n, p in enumerate(prompts):
+                loaded.model(input_ids=torch.tensor([p["ids"]]))
+                resid = seen["resid"].double()  # [d_model], entering the final norm
+                scale = inner.norm.weight.double() / torch.sqrt(resid.pow(2).mean() + inner.norm.variance_epsilon)
+                direction = (unembed[p["io"]] - unembed[p["s"]]) * scale  # [d_model]
+                for layer in range(n_layers):
+                    z = seen[layer].double().view(n_heads, d_head)  # [head, d_head]
+                    w_o = inner.layers[layer].self_attn.o_proj.weight.double().view(-1, n_heads, d_head)
+                    out[n, layer] = torch.einsum("hd,mhd,m->h", z, w_o, direction)  # [head]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_removing_the_movers_direct_path_lowers_the_logit_diff_more_than_random_heads(smollm2, scores, figures):
+    """Wang et al.'s path-patching view of name movers: remove only the labelled heads' direct path to the
+    logits (their END outputs taken out of the final residual, the final norm's scale frozen) and the
+    IOI logit difference falls more than when the same number of random heads (from all heads but
+    the labelled ones) lose theirs; the negative movers' removal raises it more. The total effect
+    (every downstream head free to respond) is the xfail below: the model makes up for the movers."""
+    prompts = scores["prompts"]
+    parts = end_contributions(smollm2, prompts)  # [prompt, layer, head]
+    effect = parts.mean(0)  # [layer, head]
+    # the module's direct effect is this same quantity through its own code (norm_factor, head_direct_effects)
+    assert torch.allclose(scores["ioi_direct_effect"].double(), effect, atol=1e-4)
+    everyone = [Head(layer, head) for layer in range(effect.shape[0]) for head in range(effect.shape[1])]
+    gen = torch.Generator().manual_seed(0)
+    found = {}
+    for kind, sign in (("name_mover", -1.0), ("negative_name_mover", 1.0)):
+        heads = [Head(int(a), int(b)) for a, b in scores[kind].nonzero().tolist()]
+        if not heads:
+            continue
+        others = [h for h in everyone if h not in heads]
+
+        def removed(chosen: list[Head]) -> float:  # the change of the mean logit diff, in logits
+            return -sum(float(effect[h.layer, h.head]) for h in chosen)
+
+        delta = removed(heads)
+        controls = [
+            removed([others[int(i)] for i in torch.randperm(len(others), generator=gen)[: len(heads)]])
+            for _ in range(N_PATH_CONTROL)
+        ]
+        as_far = sum(sign * c >= sign * delta for c in controls)  # sets moving it at least as far its way
+        p_value = (1 + as_far) / (1 + N_PATH_CONTROL)
+        found[kind] = {
+            "heads": [str(h) for h in heads],
+            "delta": delta,
+            "control_min": min(controls),
+            "control_median": sorted(controls)[len(controls) // 2],
+            "control_max": max(controls),
+            "k": N_PATH_CONTROL,
+            "p_value": p_value,
+        }
+        assert sign * delta > 0, (kind, delta)
+        assert p_value <= PATH_ALPHA, found[kind]
+    figures["name_mover_direct_path"] = found
+    assert "name_mover" in found, "SmolLM2 has name movers at the module's cut-offs (BENCHMARKS.md: 23.0-23.2)"
+
+
 def _layers_to_check(scores):
     """The layers of the labelled heads, or of the best-copying head when none is labelled."""
     labelled = (scores["name_mover"] | scores["negative_name_mover"]).nonzero()[:, 0].unique().tolist()
