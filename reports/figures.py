@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import io
+import multiprocessing
+import os
 
 import numpy as np
 import pandas as pd
@@ -26,6 +28,9 @@ from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 # the dpi they are saved at, so text is laid out once: heatmaps come out byte for byte as when built at
 # matplotlib's default 100 and saved at 80 (line plots move by sub-pixel rounding), ~13% faster each.
 FIGURE_DPI = 80
+# Score heatmaps are drawn in worker processes forked from this one, at most this many at once (one per CPU
+# this process may use): drawing one is ~1 s of single-threaded matplotlib, and a 270-head report has 17.
+MAX_FIGURE_WORKERS = 8
 # Colour map of signed scores and deltas (blue below 0, red above, white at 0)
 SIGNED_CMAP = "RdBu_r"
 # Annotating every cell stays legible up to about this many cells (GPT-2 small has 144).
@@ -108,6 +113,24 @@ def score_heatmap_uri(
             colorbar.ax.axhline(threshold, color="red", linewidth=2)
         ax.set_title(t("fig.outlined", lang, threshold=short_number(threshold, lang)), fontsize=8)
     return figure_uri(fig)
+
+
+def score_heatmap_uris(frame: pd.DataFrame, jobs: list[dict], lang: str = DEFAULT_LANG) -> list[str]:
+    """score_heatmap_uri(frame, **job, lang=lang) for each job (its `column`, `vmin`, `vmax`, `threshold`), in
+    order, the same PNG bytes as one at a time. Several go to worker processes forked from this one (fork:
+    the workers start without importing anything again); where fork is not available, or with one CPU,
+    they are drawn here one after another. The workers draw only: they never touch the model or torch."""
+    parts = [(frame[["layer", "head", job["column"]]], job) for job in jobs]  # each worker gets its column only
+    workers = min(len(parts), MAX_FIGURE_WORKERS, len(os.sched_getaffinity(0)))
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [_heatmap_job(part, lang) for part in parts]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.starmap(_heatmap_job, [(part, lang) for part in parts], chunksize=1)
+
+
+def _heatmap_job(part: tuple[pd.DataFrame, dict], lang: str) -> str:
+    frame, job = part
+    return score_heatmap_uri(frame, lang=lang, **job)
 
 
 def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:

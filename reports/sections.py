@@ -160,13 +160,13 @@ def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
     """(score info, heatmap data URI, threshold sentence) for each score present in `heads`
     (explain.SCORES order); the sentence is "" for scores without a labelling threshold."""
     thresholds = explain.score_thresholds(heads.attrs)
-    for info in explain.SCORES:
-        if info.column not in heads or heads[info.column].isna().all():
-            continue
-        threshold = thresholds.get(info.column)
-        uri = figures.score_heatmap_uri(
-            heads, info.column, vmin=info.vmin, vmax=info.vmax, threshold=threshold, lang=lang
-        )
+    shown = [info for info in explain.SCORES if info.column in heads and not heads[info.column].isna().all()]
+    jobs = [
+        {"column": info.column, "vmin": info.vmin, "vmax": info.vmax, "threshold": thresholds.get(info.column)}
+        for info in shown
+    ]
+    for info, job, uri in zip(shown, jobs, figures.score_heatmap_uris(heads, jobs, lang), strict=True):
+        threshold = job["threshold"]
         cut = "" if threshold is None else " " + t("scores.threshold", lang, threshold=short_number(threshold, lang))
         yield info, uri, cut
 

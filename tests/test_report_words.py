@@ -90,3 +90,37 @@ def test_the_training_note_says_the_last_icl_scores_sign_in_words():
         assert words in html, html
     spanish = sections.training_section((log.assign(icl_score=[*log["icl_score"][:-1], 0.136]), heads), lang="es")
     assert "+0,136" in spanish
+
+
+def test_score_heatmaps_drawn_in_worker_processes_are_the_ones_drawn_here(monkeypatch):
+    """score_heatmap_uris forks workers for several heatmaps; each PNG is byte for byte the one
+    score_heatmap_uri draws in this process, in the jobs' order."""
+    import multiprocessing
+    import os
+
+    import numpy as np
+
+    from headlens.reports import figures
+
+    if len(os.sched_getaffinity(0)) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        import pytest
+
+        pytest.skip("one CPU or no fork: score_heatmap_uris draws here, one after another")
+    rng = np.random.default_rng(0)
+    heads = pd.DataFrame([{"layer": layer, "head": head} for layer in range(3) for head in range(4)])
+    jobs = []
+    for n, (vmin, vmax, threshold) in enumerate([(0, 1, 0.4), (-2, 2, None), (0, 1, None)]):
+        heads[f"score_{n}"] = rng.uniform(vmin, vmax, len(heads))
+        jobs.append({"column": f"score_{n}", "vmin": vmin, "vmax": vmax, "threshold": threshold})
+    pools = []
+    real = multiprocessing.get_context
+
+    def counting(method=None):
+        pools.append(method)
+        return real(method)
+
+    monkeypatch.setattr(figures.multiprocessing, "get_context", counting)
+    drawn = figures.score_heatmap_uris(heads, jobs, lang="es")
+    assert pools == ["fork"]  # drawn by workers
+    here = [figures.score_heatmap_uri(heads, lang="es", **job) for job in jobs]
+    assert drawn == here and len(set(drawn)) == 3
