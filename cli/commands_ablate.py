@@ -66,7 +66,7 @@ def _print_frame(frame, fmt: str, to_objects, head: dict, tail: dict | None = No
 
 def _batched(run, batch_size, default: int | None = None):
     """`run(size)` at `batch_size` (None: `default`; a None default lets the library size each batch
-    to its sequences, headlens.ablation.evalset.EvalSet.default_batch_size), or under auto at the
+    to its sequences, headlens.ablation.evalset.EvalSet.row_batches), or under auto at the
     largest size that fits, the choice reported on stderr by rank 0."""
     from headlens import distributed
     from headlens.devices import with_largest_batch

@@ -102,11 +102,10 @@ def test_short_sequences_share_a_pass_by_default_and_give_the_same_result(strong
     from headlens.ablation.evalset import BATCH_SIZE, BATCH_TOKENS
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=16, seq_len=12)
-    longest = int(evalset.mask.sum(1).max())
-    assert longest == 25
-    assert evalset.default_batch_size() == max(BATCH_SIZE, BATCH_TOKENS // longest) >= 16
+    assert int(evalset.mask.sum(1).max()) == 25
+    assert evalset.row_batches(None) == [slice(0, 16)]  # 16 x 25 = 400 tokens: one pass
     windows = text_evalset(strong_model, sample_text(600), window=BATCH_TOKENS)
-    assert windows.default_batch_size() == BATCH_SIZE  # long windows keep the fixed size
+    assert windows.row_batches(None) == windows.row_batches(BATCH_SIZE)  # long windows keep the fixed size
     model = strong_model.model
     passes = []
     handle = model.get_input_embeddings().register_forward_hook(lambda m, args, out: passes.append(out.shape[0]))
@@ -119,3 +118,47 @@ def test_short_sequences_share_a_pass_by_default_and_give_the_same_result(strong
     for key in ("clean", "ablated", "delta"):
         assert default[key] == pytest.approx(one[key], abs=1e-5)
     assert default["control"]["deltas"] == pytest.approx(one["control"]["deltas"], abs=1e-5)
+
+
+def _cost(cut: list[slice], lengths: list[int], pass_tokens: int) -> int:
+    return sum((c.stop - c.start) * max(lengths[c]) + pass_tokens for c in cut)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_batches_cost_the_least_of_every_allowed_cut(seed):
+    """packed_batches against every way of cutting the sequences into consecutive slices (2^(n-1) of them):
+    each slice allowed (at most `least` sequences, or at most `budget` tokens at its longest), and none
+    allowed costs less (padded tokens plus one pass's cost per slice)."""
+    import itertools
+
+    from headlens.ablation.evalset import packed_batches
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (9,), generator=gen).mul(8).tolist()  # 9 sequences of 8-64 tokens
+    budget, least, pass_tokens = 96, 2, 12
+
+    def allowed(c: slice) -> bool:
+        return c.stop - c.start <= least or (c.stop - c.start) * max(lengths[c]) <= budget
+
+    got = packed_batches(lengths, budget=budget, least=least, pass_tokens=pass_tokens)
+    assert [c.start for c in got][0] == 0 and got[-1].stop == len(lengths)
+    assert all(a.stop == b.start for a, b in itertools.pairwise(got)) and all(map(allowed, got))
+    best = None
+    for bits in itertools.product([0, 1], repeat=len(lengths) - 1):
+        edges = [0] + [i + 1 for i, b in enumerate(bits) if b] + [len(lengths)]
+        cut = [slice(a, b) for a, b in itertools.pairwise(edges)]
+        if all(map(allowed, cut)):
+            cost = _cost(cut, lengths, pass_tokens)
+            best = cost if best is None else min(best, cost)
+    assert _cost(got, lengths, pass_tokens) == best
+
+
+def test_needle_tests_of_three_lengths_go_one_length_per_pass():
+    """The report's 15 needle tests (5 each of 64, 128 and 256 tokens, in that order) at BATCH_TOKENS 1,024:
+    5, 5, 4 and 1 per pass, 2,240 tokens, where 4 at a time run 2,560."""
+    from headlens.ablation.evalset import BATCH_SIZE, batches, packed_batches
+
+    lengths = [64] * 5 + [128] * 5 + [256] * 5
+    got = packed_batches(lengths)
+    assert got == [slice(0, 5), slice(5, 10), slice(10, 14), slice(14, 15)]
+    assert _cost(got, lengths, 0) == 2240 and _cost(batches(15, BATCH_SIZE), lengths, 0) == 2560

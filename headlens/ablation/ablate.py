@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.evalset import batches, build_evalset
+from headlens.ablation.evalset import build_evalset
 from headlens.ablation.metrics import UNIT, check_choice, is_loss
 from headlens.ablation.replace import replacements
 from headlens.ablation.roles import model_labels, resolve_heads
@@ -75,13 +75,12 @@ def ablate_heads(
     for heads a caller resolved from one), and with `control` = K > 0 the random same-layer-count
     sets (headlens.ablation.stats: `k`, `n_possible`, `exact`, `rank`, `p_value`, `p_min`, ...).
     `progress` shows a bar over the forward passes; `batch_size` sequences go through each forward pass
-    (None: the evaluation set's default, headlens.ablation.evalset.EvalSet.default_batch_size).
+    (None: packed by their lengths, headlens.ablation.evalset.EvalSet.row_batches).
     """
     metric = check_choice(method, metric)
     heads, resolved_by = resolve_heads(loaded, heads, labels)
     chosen_by = resolved_by or chosen_by
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos, context)
-    batch_size = batch_size or evalset.default_batch_size()
     model = loaded.model
     design = control_design(heads, loaded.spec.n_heads, control, seed) if control else None
     sets = design["sets"] if design else []
@@ -112,11 +111,11 @@ def ablate_heads(
     return result
 
 
-def _sums(model, evalset, head_sets, reps, batch_size: int, bar, stacked: bool) -> list[torch.Tensor]:
+def _sums(model, evalset, head_sets, reps, batch_size: int | None, bar, stacked: bool) -> list[torch.Tensor]:
     """Per-unit sums [n_units] with each set ablated: by hooks on full forward passes, or (`stacked`:
     a set and its controls) all from one cached clean residual (headlens.ablation.stacked)."""
     if stacked:
-        n_batches = len(batches(evalset.input_ids.shape[0], batch_size))
+        n_batches = len(evalset.row_batches(batch_size))
         tick = None if bar is None else (lambda: bar.update(1 / n_batches))
         return list(set_sums(model, evalset, head_sets, reps, batch_size, on_pass=tick))  # [n_units] each
     out = []
@@ -143,7 +142,7 @@ def sweep_heads(
     batch_size: int | None = None,
 ):
     """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep
-    (`batch_size` evaluation sequences per forward pass; None: the evaluation set's default).
+    (`batch_size` evaluation sequences per forward pass; None: packed by their lengths, EvalSet.row_batches).
 
     Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
     `ablated`, `delta`, `ci95_low`, `ci95_high` (NaN below 2 bootstrap units), and for loss
@@ -156,7 +155,6 @@ def sweep_heads(
     spec = loaded.spec
     heads = sorted(Head(*h) for h in heads) if heads is not None else all_heads(spec.n_layers, spec.n_heads)
     evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
-    batch_size = batch_size or evalset.default_batch_size()
     store = None
     if out is not None:
         manifest = {
@@ -224,7 +222,7 @@ SWEEP_COLUMNS = ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", 
 LOSS_COLUMNS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 
 
-def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int) -> None:
+def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int | None) -> None:
     """Fill `rows` (head -> row dict) for the heads not in `skip` (done, or another rank's),
     appending each to `store`."""
     reps = replacements(model, evalset, method, seed, batch_size=batch_size)

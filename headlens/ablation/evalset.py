@@ -25,14 +25,17 @@ every real position; or the windows of a separate reference text (`reference`), 
 evaluation as Wang et al. 2022 do for mean ablation.
 
 Every pass over a set's sequences goes `batch_size` sequences at a time (`batches`); an ablation
-given no size takes `EvalSet.default_batch_size()`: BATCH_SIZE, or as many more short sequences
-as fill BATCH_TOKENS.
+given no size (None) takes `EvalSet.row_batches(None)`: consecutive slices that hold BATCH_SIZE
+sequences, or as many more short ones as fill BATCH_TOKENS, cut where that runs the fewest tokens
+(`packed_batches`): the report's 15 needle tests of 64, 128 and 256 tokens go 5, 5, 4 and 1 per pass
+(2,240 tokens) instead of 4 at a time padded to each group's longest (2,560).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +60,10 @@ BATCH_SIZE = 4  # evaluation sequences per forward (and backward) pass, every ab
 # per pass (the 16 repeated-token sequences of 51 tokens go in one): on 2 CPU cores a matrix product of ~200
 # rows runs at 2/3 the rate of one of ~800 (BENCHMARKS.md, "less work per classify and per ablated run").
 BATCH_TOKENS = 1024
+# What one more forward pass costs beyond its tokens, in tokens: its fixed per-pass work (hooks, launches,
+# a matrix product of fewer rows running below the rate of a full one). packed_batches adds it per slice, so
+# that a few padded tokens are not traded for an extra pass.
+PASS_TOKENS = 128
 MAX_TEXT_WINDOWS = 32  # windows evaluated at most; `description` states the cap when it applies
 REPEAT_N_SEQ = 16  # repeated-random-token sequences in the evaluation set
 REPEAT_SEQ_LEN = 25  # tokens per copy (Olsson et al.: 25 random tokens)
@@ -74,6 +81,43 @@ def eval_context(loaded) -> int:
 def batches(n_seq: int, batch_size: int = BATCH_SIZE) -> list[slice]:
     """The consecutive slices of `batch_size` sequences (the last one shorter) covering `n_seq`."""
     return [slice(start, min(start + batch_size, n_seq)) for start in range(0, n_seq, batch_size)]
+
+
+def packed_batches(
+    lengths: Sequence[int], budget: int = BATCH_TOKENS, least: int = BATCH_SIZE, pass_tokens: int = PASS_TOKENS
+) -> list[slice]:
+    """Consecutive slices covering sequences of these lengths, each holding at most `least` sequences or at
+    most `budget` tokens at its longest sequence's length, that cost the least: a slice costs its size
+    times its longest length (the padded tokens it runs) plus `pass_tokens`; among equal costs the first
+    slices are the largest. Sequences of one length go max(least, budget // length) per slice."""
+    n = len(lengths)
+    best: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # [i]: (cost, -first slice size) of sequences i.. on
+    stop = [n] * (n + 1)  # [i]: where the first slice of that best cut ends
+    for start in range(n - 1, -1, -1):
+        width, choice = 0, None
+        for end in range(start + 1, n + 1):
+            width = max(width, int(lengths[end - 1]))
+            size = end - start
+            if size > least and size * width > budget:
+                break  # longer slices only grow
+            cost = (best[end][0] + size * width + pass_tokens, -size)
+            if choice is None or cost < choice:
+                choice, stop[start] = cost, end
+        best[start] = choice if choice is not None else (0, 0)
+    cuts, start = [], 0
+    while start < n:
+        cuts.append(slice(start, stop[start]))
+        start = stop[start]
+    return cuts
+
+
+def row_batches(mask: torch.Tensor, batch_size: int | None) -> list[slice]:
+    """The slices of a right-padded set's sequences (mask [n_seq, pos]) each pass takes: `batch_size` at a
+    time, or with None packed by their lengths (packed_batches)."""
+    if batch_size is not None:
+        return batches(mask.shape[0], batch_size)
+    reach = mask.shape[1] - torch.flip(mask, dims=[1]).int().argmax(1)  # [n_seq] last real position + 1
+    return packed_batches(reach.tolist())
 
 
 def cut_padding(input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,11 +181,10 @@ class EvalSet:
         (cut_padding): [batch, width] each. Scored positions index them as they do the whole set."""
         return cut_padding(self.input_ids[rows], self.mask[rows])
 
-    def default_batch_size(self) -> int:
-        """Sequences per pass when the caller names none: BATCH_SIZE, or as many as fill
-        BATCH_TOKENS at the longest sequence's length when that is more."""
-        longest = max(int(self.mask.sum(1).max()), 1)
-        return max(BATCH_SIZE, BATCH_TOKENS // longest)
+    def row_batches(self, batch_size: int | None = None) -> list[slice]:
+        """The slices of sequences each forward pass takes: `batch_size` at a time, or with None as many
+        as BATCH_TOKENS holds (at least BATCH_SIZE), cut where the passes run the fewest tokens (row_batches)."""
+        return row_batches(self.mask, batch_size)
 
     def unit_counts(self) -> torch.Tensor:
         """Scored positions per bootstrap unit: [n_units]."""

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE, batches
+from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.replace import Replacement, layer_replacement, z_change, z_edit_hooks
 from headlens.ablation.sweep import scored_values, unit_sums
 from headlens.arch import adapter_for
@@ -74,7 +74,7 @@ def scored_with_grad(model, evalset, rows: slice) -> tuple[torch.Tensor, torch.T
     return scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos), seq
 
 
-def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int = BATCH_SIZE) -> torch.Tensor:
+def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int | None = BATCH_SIZE) -> torch.Tensor:
     """Linear estimate of every single-head ablation delta of the metric's mean: [n_layers, n_heads].
 
     Attribution patching (Nanda 2023; Syed et al. 2023, arXiv 2310.10348): with
@@ -85,7 +85,7 @@ def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int 
     adapter = adapter_for(model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
     total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
-    for rows in batches(evalset.input_ids.shape[0], batch_size):
+    for rows in evalset.row_batches(batch_size):
         alphas = [torch.zeros(n_heads, requires_grad=True) for _ in range(n_layers)]  # [head] per layer
 
         def edit(layer: int, z: torch.Tensor, rows=rows, alphas=alphas) -> torch.Tensor:
@@ -100,7 +100,7 @@ def attribution_deltas(model, evalset, reps: list[Replacement], batch_size: int 
 
 
 def head_importance(
-    model, evalset, keep: torch.Tensor, batch_size: int = BATCH_SIZE, shard_batches: bool = False
+    model, evalset, keep: torch.Tensor, batch_size: int | None = BATCH_SIZE, shard_batches: bool = False
 ) -> torch.Tensor:
     """Michel et al. 2019 (arXiv 1905.10650) head importance I_h = E_x |dL(x)/d xi_h|: [n_layers, n_heads].
 
@@ -114,7 +114,7 @@ def head_importance(
     n_seq = evalset.input_ids.shape[0]
     counts = evalset.counted.sum(1).clamp(min=1)  # [n_seq]
     total = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
-    indexed = enumerate(batches(n_seq, batch_size))
+    indexed = enumerate(evalset.row_batches(batch_size))
     parts = {}  # batch index -> (0, its summed |gradients| [layer, head]) when sharded
     for index, rows in distributed.shard(indexed) if shard_batches else indexed:
         n_rows = rows.stop - rows.start
@@ -148,11 +148,11 @@ def normalize_by_layer(importance: torch.Tensor, keep: torch.Tensor) -> torch.Te
     return torch.where(norm > 0, kept / norm.clamp(min=1e-30), kept)
 
 
-def atp_star_deltas(model, evalset, reps: list[Replacement], batch_size: int = BATCH_SIZE) -> torch.Tensor:
+def atp_star_deltas(model, evalset, reps: list[Replacement], batch_size: int | None = BATCH_SIZE) -> torch.Tensor:
     """AtP* estimate of every single-head ablation delta of the metric's mean: [n_layers, n_heads]."""
     adapter = adapter_for(model)
     total = torch.zeros(adapter.n_layers, adapter.n_heads, dtype=torch.float64)  # [layer, head]
-    for rows in batches(evalset.input_ids.shape[0], batch_size):
+    for rows in evalset.row_batches(batch_size):
         clean = _clean_pass(model, evalset, rows, reps)
         total += clean["atp"]
         total += _qk_correction(model, evalset, rows, clean)
@@ -281,12 +281,12 @@ def _later_layer_fix(adapter, clean: dict, fixed: dict, layer: int, change: torc
     return (fixed["grad"] * dz).double().sum((1, 2, 3, 4))  # [copies]
 
 
-def graddrop_scores(model, evalset, reps: list[Replacement], batch_size: int = BATCH_SIZE) -> torch.Tensor:
+def graddrop_scores(model, evalset, reps: list[Replacement], batch_size: int | None = BATCH_SIZE) -> torch.Tensor:
     """GradDrop score of every head (see the module docstring): [n_layers, n_heads], >= 0."""
     adapter = adapter_for(model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
     sums = torch.zeros(n_layers + 1, n_layers, n_heads, dtype=torch.float64)  # [drop (n_layers: none), layer, head]
-    for rows in batches(evalset.input_ids.shape[0], batch_size):
+    for rows in evalset.row_batches(batch_size):
         for drop in [*range(1, n_layers), n_layers]:
             sums[drop] += _attribution(model, evalset, rows, reps, drop)
     estimates = (sums / evalset.n_tokens).abs()  # [drop, layer, head]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from headlens.ablation.evalset import batches, cut_padding
+from headlens.ablation.evalset import cut_padding, row_batches
 from headlens.arch import adapter_for
 from headlens.errors import ConfigError
 from headlens.heads import Head
@@ -29,14 +29,14 @@ def capture_z(
     model,
     input_ids: torch.Tensor,
     mask: torch.Tensor,
-    batch_size: int,
+    batch_size: int | None,
     on_z: Callable[[int, slice, torch.Tensor], None],
 ) -> None:
     """Run a set of sequences layer by layer; call on_z(layer, rows, z [batch, width, head, d_head]),
     width the batch's own (cut_padding)."""
     adapter = adapter_for(model)
     with torch.no_grad():
-        for rows in batches(input_ids.shape[0], batch_size):
+        for rows in row_batches(mask, batch_size):
             ctx = adapter.context(*cut_padding(input_ids[rows], mask[rows]))
             resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
             for layer in range(adapter.n_layers):
@@ -52,7 +52,7 @@ def _reference(evalset) -> tuple[torch.Tensor, torch.Tensor, bool]:
     return evalset.reference_ids, evalset.reference_mask, False
 
 
-def replacements(model, evalset, method: str, seed: int, batch_size: int) -> list[Replacement]:
+def replacements(model, evalset, method: str, seed: int, batch_size: int | None) -> list[Replacement]:
     """What z_h becomes under `method`, per layer, for the evaluation sequences.
 
     zero -> None. mean -> the mean of z over every real position of the reference set,

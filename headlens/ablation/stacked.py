@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from headlens.ablation.evalset import BATCH_SIZE, batches
+from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.replace import Replacement, heads_by_layer, layer_replacement
 from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for
@@ -38,7 +38,7 @@ def set_sums(
     evalset,
     head_sets: Sequence[Sequence[Head]],
     reps: Sequence[Replacement],
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = BATCH_SIZE,
     sets_per_pass: int = SETS_PER_PASS,
     on_pass=None,
 ) -> torch.Tensor:
@@ -49,7 +49,7 @@ def set_sums(
     first = first_layer(head_sets, adapter.n_layers)
     total = torch.zeros(len(head_sets), evalset.n_units, dtype=torch.float64)  # [n_sets, n_units]
     with torch.no_grad():
-        for rows in batches(evalset.input_ids.shape[0], batch_size):
+        for rows in evalset.row_batches(batch_size):
             ctx = adapter.context(*evalset.batch(rows))
             clean = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
             for layer in range(first):

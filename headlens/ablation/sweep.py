@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE, batches
+from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.metrics import position_values
 from headlens.ablation.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.arch import adapter_for
@@ -62,12 +62,12 @@ def unit_sums(adapter, resid: torch.Tensor, evalset, rows: slice, copies: int = 
     return sums.index_add_(1, units, values)
 
 
-def base_sums(model, evalset, batch_size: int = BATCH_SIZE) -> torch.Tensor:
+def base_sums(model, evalset, batch_size: int | None = BATCH_SIZE) -> torch.Tensor:
     """Per-unit sums of the metric's values for the unablated model, run block by block: [n_units]."""
     adapter = adapter_for(model)
     total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
     with torch.no_grad():
-        for rows in batches(evalset.input_ids.shape[0], batch_size):
+        for rows in evalset.row_batches(batch_size):
             ctx = adapter.context(*evalset.batch(rows))
             resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
             for layer in range(adapter.n_layers):
@@ -83,7 +83,7 @@ def sweep_sums(
     reps: Sequence[Replacement],
     on_head: Callable[[Head, torch.Tensor], None],
     skip: set[Head] | frozenset = frozenset(),
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = BATCH_SIZE,
     heads_per_pass: int = HEADS_PER_PASS,
     bar=None,
 ) -> None:
@@ -97,7 +97,7 @@ def sweep_sums(
     if not pending:
         return
     adapter = adapter_for(model)
-    rows_list = batches(evalset.input_ids.shape[0], batch_size)
+    rows_list = evalset.row_batches(batch_size)
     with torch.no_grad():
         ctxs = [adapter.context(*evalset.batch(rows)) for rows in rows_list]
         states = [adapter.embed_tokens(ctx) for ctx in ctxs]  # residual entering the current layer
@@ -144,7 +144,7 @@ def _group_sums(adapter, evalset, ctxs, rows_list, states, attn, rep, group) -> 
 
 
 def ablated_sums(
-    model, evalset, heads: Sequence[Head], reps, batch_size: int = BATCH_SIZE, shard_batches: bool = False
+    model, evalset, heads: Sequence[Head], reps, batch_size: int | None = BATCH_SIZE, shard_batches: bool = False
 ) -> torch.Tensor:
     """Per-unit sums of the metric [n_units] with `heads` ablated together, by hooks on the
     full forward pass of the base model.
@@ -155,7 +155,7 @@ def ablated_sums(
     adapter = adapter_for(model)
     device = next(model.parameters()).device
     total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
-    indexed = enumerate(batches(evalset.input_ids.shape[0], batch_size))
+    indexed = enumerate(evalset.row_batches(batch_size))
     parts = {}  # batch index -> (first unit, its sums over its units) when sharded
     with torch.no_grad():
         for index, rows in distributed.shard(indexed) if shard_batches else indexed:
