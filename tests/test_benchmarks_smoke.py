@@ -59,6 +59,11 @@ CASES = [
         ["{small}", "--sweep", "1"],
         rf"^  ablated delta [-+]?{NUMBER}  1\.\d: direct [-+]?{NUMBER}",
     ),
+    (
+        "ioi_mean_ablation.py",
+        ["{small}", "--controls", "3", "--heads", "1.0,1.2"],
+        rf"^    3 same-size sets: min [-+]?{NUMBER} .* p\(lowered at least as much\) = {NUMBER}, p\(raised",
+    ),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
 ]
 # Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured in
