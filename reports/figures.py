@@ -120,16 +120,15 @@ def score_heatmap_uris(frame: pd.DataFrame, jobs: list[dict], lang: str = DEFAUL
     order, the same PNG bytes as one at a time. Several go to worker processes forked from this one (fork:
     the workers start without importing anything again); where fork is not available, or with one CPU,
     they are drawn here one after another. The workers draw only: they never touch the model or torch."""
-    parts = [(frame[["layer", "head", job["column"]]], job) for job in jobs]  # each worker gets its column only
-    workers = min(len(parts), MAX_FIGURE_WORKERS, len(os.sched_getaffinity(0)))
+    workers = min(len(jobs), MAX_FIGURE_WORKERS, len(os.sched_getaffinity(0)))
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [_heatmap_job(part, lang) for part in parts]
+        return [_heatmap_job(frame, job, lang) for job in jobs]
+    tasks = [(frame[["layer", "head", job["column"]]], job, lang) for job in jobs]  # a worker gets its column only
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return pool.starmap(_heatmap_job, [(part, lang) for part in parts], chunksize=1)
+        return pool.starmap(_heatmap_job, tasks, chunksize=1)
 
 
-def _heatmap_job(part: tuple[pd.DataFrame, dict], lang: str) -> str:
-    frame, job = part
+def _heatmap_job(frame: pd.DataFrame, job: dict, lang: str) -> str:
     return score_heatmap_uri(frame, lang=lang, **job)
 
 

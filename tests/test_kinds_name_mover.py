@@ -231,7 +231,8 @@ def end_contributions(loaded, prompts: list[dict]) -> torch.Tensor:
     ]
     hooks.append(inner.norm.register_forward_pre_hook(lambda _m, args: seen.__setitem__("resid", args[0][0, -1])))
     out = torch.zeros(len(prompts), n_layers, n_heads, dtype=torch.float64)  # [prompt, layer, head]
-    unembed = loaded.model.lm_head.weight.double()  # [d_vocab, d_model]
+    unembed = loaded.model.lm_head.weight.detach().double()  # [d_vocab, d_model]
+    w_o = [layer.self_attn.o_proj.weight.detach().double().view(-1, n_heads, d_head) for layer in inner.layers]
     try:
         with torch.no_grad():
             for n, p in enumerate(prompts):
@@ -241,8 +242,7 @@ def end_contributions(loaded, prompts: list[dict]) -> torch.Tensor:
                 direction = (unembed[p["io"]] - unembed[p["s"]]) * scale  # [d_model]
                 for layer in range(n_layers):
                     z = seen[layer].double().view(n_heads, d_head)  # [head, d_head]
-                    w_o = inner.layers[layer].self_attn.o_proj.weight.double().view(-1, n_heads, d_head)
-                    out[n, layer] = torch.einsum("hd,mhd,m->h", z, w_o, direction)  # [head]
+                    out[n, layer] = torch.einsum("hd,mhd,m->h", z, w_o[layer], direction)  # [head]
     finally:
         for hook in hooks:
             hook.remove()

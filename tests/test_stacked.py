@@ -141,7 +141,7 @@ def test_packed_batches_cost_the_least_of_every_allowed_cut(seed):
         return c.stop - c.start <= least or (c.stop - c.start) * max(lengths[c]) <= budget
 
     got = packed_batches(lengths, budget=budget, least=least, pass_tokens=pass_tokens)
-    assert [c.start for c in got][0] == 0 and got[-1].stop == len(lengths)
+    assert got[0].start == 0 and got[-1].stop == len(lengths)
     assert all(a.stop == b.start for a, b in itertools.pairwise(got)) and all(map(allowed, got))
     best = None
     for bits in itertools.product([0, 1], repeat=len(lengths) - 1):

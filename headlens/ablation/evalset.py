@@ -91,19 +91,19 @@ def packed_batches(
     times its longest length (the padded tokens it runs) plus `pass_tokens`; among equal costs the first
     slices are the largest. Sequences of one length go max(least, budget // length) per slice."""
     n = len(lengths)
-    best: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # [i]: (cost, -first slice size) of sequences i.. on
+    best: list = [(0, 0)] * (n + 1)  # [i]: (cost, -first slice size) of sequences i.. on
     stop = [n] * (n + 1)  # [i]: where the first slice of that best cut ends
     for start in range(n - 1, -1, -1):
         width, choice = 0, None
         for end in range(start + 1, n + 1):
             width = max(width, int(lengths[end - 1]))
             size = end - start
-            if size > least and size * width > budget:
-                break  # longer slices only grow
+            if size > max(least, 1) and size * width > budget:
+                break  # longer slices only grow; one sequence alone is always allowed
             cost = (best[end][0] + size * width + pass_tokens, -size)
             if choice is None or cost < choice:
                 choice, stop[start] = cost, end
-        best[start] = choice if choice is not None else (0, 0)
+        best[start] = choice
     cuts, start = [], 0
     while start < n:
         cuts.append(slice(start, stop[start]))
@@ -183,7 +183,7 @@ class EvalSet:
 
     def row_batches(self, batch_size: int | None = None) -> list[slice]:
         """The slices of sequences each forward pass takes: `batch_size` at a time, or with None as many
-        as BATCH_TOKENS holds (at least BATCH_SIZE), cut where the passes run the fewest tokens (row_batches)."""
+        as BATCH_TOKENS holds (at least BATCH_SIZE), cut where the passes run the fewest tokens (packed_batches)."""
         return row_batches(self.mask, batch_size)
 
     def unit_counts(self) -> torch.Tensor:
