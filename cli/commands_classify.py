@@ -251,26 +251,33 @@ def _notes(frame, text) -> None:
     _kind_notes(frame)
 
 
-def _kind_notes(frame) -> None:
-    """Why a rare-word or syntactic head is absent: the probe had nothing to score, or no head reached
-    its cut-off (the best one is named)."""
-    from headlens import kinds
+# What a probe with nothing to score found none of (its facts key in frame.attrs["probes"][label], the unit)
+EMPTY_PROBE = {"rare_word": ("n_sentences", "sentences"), "syntactic": ("relations", "relations")}
 
-    info, config = frame.attrs["probes"], frame.attrs["config"]
-    for label, key, unit in (("rare_word", "n_sentences", "sentences"), ("syntactic", "relations", "relations")):
-        kind, facts = kinds.BY_LABEL[label], info.get(label, {})
-        if not facts.get(key):
-            click.echo(f"headlens: note: no {label} heads: the probe found no {unit} to score", err=True)
+
+def _kind_notes(frame) -> None:
+    """Why each role no head earned is absent (headlens.labels.absent_roles): the head highest on the
+    kind's ranking score, its evidence beside the cut-offs; or that the probe had nothing to score."""
+    from headlens import kinds
+    from headlens.labels import absent_roles
+
+    info = frame.attrs["probes"]
+    for absence in absent_roles(frame):
+        label = absence.label
+        if absence.head is None:
+            probe = kinds.BY_COLUMN[kinds.BY_LABEL[label].score].probe
+            if f"{probe}_missing" in info:
+                continue  # the reason has its own note above
+            key, unit = EMPTY_PROBE.get(label, (None, "inputs"))
+            if key is None or not (info.get(label) or {}).get(key):
+                click.echo(f"headlens: note: no {label} heads: the probe found no {unit} to score", err=True)
             continue
-        if frame["labels"].map(lambda names, label=label: label in names).any():
-            continue
-        best = frame.loc[frame[kind.score].idxmax()]
-        cut = config[kind.thresholds[0].field]
-        click.echo(
-            f"headlens: note: no {label} heads: the best, {int(best['layer'])}.{int(best['head'])}, scores "
-            f"{best[kind.score]:.2f} against the cut-off {cut:g}",
-            err=True,
+        parts = ", ".join(
+            f"{column} {value:.2f}" + (f" (cut-off {cut:g})" if cut is not None else "")
+            for column, value, cut in absence.values
         )
+        score = kinds.BY_LABEL[label].score
+        click.echo(f"headlens: note: no {label} heads: highest {score} at {absence.head}: {parts}", err=True)
 
 
 def _with_thresholds(config, pairs):

@@ -42,6 +42,8 @@ DEFAULT_TOKEN_BUDGET = 256
 # 16 windows of 256 tokens gave SmolLM2 the labels 32 give, and Gemma 3 270M all of them but one sink
 # label (head 8.2's first_token, at its threshold); BENCHMARKS.md.
 DEFAULT_MAX_WINDOWS = 16
+# A probe's source (its frame column, Probe.source_column) when it did not run: switched off or not asked for.
+SOURCE_NOT_RUN = "not_run"
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Threshold:
     default: float
     column: str  # the score it cuts (drawn on that score's heatmap)
     note: str  # where the value comes from
+    also: tuple[str, ...] = ()  # further score columns another kind's rule cuts at the same value
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,7 @@ KINDS: tuple[Kind, ...] = (
                 0.5,
                 "name_copy_score",
                 "no published cut-off: Wang et al.'s movers copy > 90% of names, most heads < 20%",
+                also=("name_negative_copy_score",),  # the negative name movers' cut-off
             ),
         ),
     ),
@@ -403,7 +407,8 @@ SCORE_COLUMNS: list[str] = [score.column for score in SCORES]
 STD_COLUMNS: list[str] = [score.std for score in SCORES if score.std]
 TABLE_COLUMNS: list[str] = [score.column for score in SCORES if score.table]
 THRESHOLDS: tuple[Threshold, ...] = tuple(th for kind in KINDS for th in kind.thresholds)
-THRESHOLD_OF: dict[str, Threshold] = {th.column: th for th in THRESHOLDS}  # score column -> its cut-off
+# score column -> the cut-off labelling cuts it at
+THRESHOLD_OF: dict[str, Threshold] = {column: th for th in THRESHOLDS for column in (th.column, *th.also)}
 SOURCE_COLUMNS: dict[str, str] = {p.name: p.source_column for p in PROBES.values() if p.source_column}
 
 
@@ -413,6 +418,10 @@ def _check_registry() -> None:
         missing = [column for column in kind.evidence if column not in BY_COLUMN]
         if missing:
             raise ValueError(f"head kind {kind.label!r} reads unknown score columns {missing}")
+    for th in THRESHOLDS:
+        unknown = [column for column in (th.column, *th.also) if column not in BY_COLUMN]
+        if unknown:
+            raise ValueError(f"threshold {th.name!r} cuts unknown score columns {unknown}")
     for score in SCORES:
         if score.probe not in PROBES:
             raise ValueError(f"score {score.column!r} names unknown probe {score.probe!r}")

@@ -15,7 +15,8 @@ all. The rules, by the published definitions:
   of the current one, as Olsson et al.'s prefix-matching heads do, without writing it to the logits;
 - retrieval: copy-paste score > retrieval_min (0.1) on needle tests (Wu et al. 2024).
 Every threshold is a ClassifyConfig field; `--threshold NAME=VALUE` sets one. `rank_heads` is the
-one ordering of heads the CLI table and the report share (`rank_key`).
+one ordering of heads the CLI table and the report share (`rank_key`); `absent_roles` names, for each
+role no head earned, the head highest on its ranking score (the CLI's notes, the report's findings).
 """
 
 from __future__ import annotations
@@ -151,6 +152,59 @@ def rank_key(labels, row: dict) -> tuple:
     if labels:
         return 1, LABELS.index(labels[0]), -head_strength(row, labels[0])
     return 2, 0, 0.0
+
+
+@dataclass(frozen=True)
+class Absence:
+    """A role no head of a frame earned, and the head highest on the kind's ranking score."""
+
+    label: str
+    head: str | None  # "L.H" with the highest ranking score; None: no head has one (the probe gave no scores)
+    values: tuple[tuple[str, float, float | None], ...]  # (evidence column, that head's value, its cut-off)
+
+
+def cut_offs(frame: pd.DataFrame) -> dict[str, float]:
+    """Score column -> the cut-off its labels were given under: the frame's config (`attrs["config"]`,
+    a dict of ClassifyConfig fields) where it holds the field, else the registry's default."""
+    config = frame.attrs.get("config")
+    config = config if isinstance(config, dict) else {}
+    found = {}
+    for column, th in kinds.THRESHOLD_OF.items():
+        value = config.get(th.field, th.default)
+        found[column] = float(value if isinstance(value, (int, float)) else th.default)
+    return found
+
+
+def absent_roles(frame: pd.DataFrame) -> list[Absence]:
+    """Every role of the registry (ROLES order) that no head of `frame` carries and whose ranking score
+    the frame has, with the head that scores highest on it and that head's evidence values beside their
+    cut-offs: why the kind is absent. Roles whose probe did not run (its source column SOURCE_NOT_RUN)
+    are left out; a frame without labels names none."""
+    if "labels" not in frame or frame.empty:
+        return []
+    carried = {label for value in frame["labels"] for label in label_list(value)}
+    cuts = cut_offs(frame)
+    frame = frame.sort_values(["layer", "head"]).reset_index(drop=True)  # ties go to the first head
+    absent = []
+    for label in ROLES:
+        kind = kinds.BY_LABEL[label]
+        if label in carried or kind.score not in frame:
+            continue
+        source = kinds.SOURCE_COLUMNS.get(kinds.BY_COLUMN[kind.score].probe)
+        if source in frame and (frame[source] == kinds.SOURCE_NOT_RUN).all():
+            continue  # its probe was switched off or not asked for: nothing to say of the heads
+        ranking = pd.to_numeric(frame[kind.score], errors="coerce")  # [heads]
+        if ranking.isna().all():
+            absent.append(Absence(label, None, ()))
+            continue
+        row = frame.loc[ranking.idxmax()]
+        values = tuple(
+            (column, float(row[column]), cuts.get(column))
+            for column in kind.evidence
+            if column in frame and isinstance(row[column], (int, float, np.number)) and not math.isnan(row[column])
+        )
+        absent.append(Absence(label, f"{int(row['layer'])}.{int(row['head'])}", values))
+    return absent
 
 
 def label_list(value) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headlens import distributed, probes
+from headlens import distributed, kinds, probes
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
 from headlens.corpus import chunks, document_windows
 from headlens.errors import InputTextError
@@ -39,7 +39,7 @@ SOURCE_GIVEN = "given_text"  # the text passed to classify_heads (--text)
 SOURCE_DEFAULT = "default_text"  # the held-out text shipped with headlens (headlens.probes.default_text)
 SOURCE_RANDOM = "random_tokens"  # seeded random token ids (probes.repeated_random_tokens)
 SOURCE_WEIGHTS = "weights"  # read from the weights, no input
-SOURCE_OFF = "not_run"  # the probe was switched off (needles=False)
+SOURCE_OFF = kinds.SOURCE_NOT_RUN  # the probe was switched off (needles=False)
 
 
 @dataclass

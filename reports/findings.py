@@ -5,7 +5,8 @@ Findings open with a layers x heads map coloured by role, then list, for every r
 the kind's first evidence score), with the scores that earned the label and, where the report
 ablated that head alone (a sweep or a single-head ablation), the change of its metric without
 it, in the metric's unit; where the page ablated a role's heads together (against random head
-sets), the role's block cites that result and its control.
+sets), the role's block cites that result and its control. The roles no head earned follow, each
+with the head that scored highest on the kind's ranking score and its scores beside the cut-offs.
 First-token sinks are a property, not a role (headlens.labels): they are summarised in one
 paragraph and never counted as heads with a role. Then the probe sizes under the token budget
 and where each probe's input came from. Grouped-query models (a `kv_group` column: the key/value
@@ -20,7 +21,7 @@ import math
 import pandas as pd
 
 from headlens import kinds
-from headlens.labels import ROLES, head_strength, label_list, roles_of
+from headlens.labels import ROLES, absent_roles, head_strength, label_list, roles_of
 from headlens.probe_runs import SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, has, number, short_number, t
@@ -157,6 +158,7 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
         if rows:
             parts.append(role_block(role, rows, ablations, lang, ablation))
+    parts.append(absent_block(heads, lang))
     parts.append(sinks_block(records, labels, heads.attrs, lang))
     parts.append(sizes_text(heads.attrs, lang))
     parts.append(ioi_text(heads, lang))
@@ -196,6 +198,35 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
         f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p><ul>{items}</ul>{more}'
         f"{evidence}</div>"
+    )
+
+
+def absent_block(heads: pd.DataFrame, lang: str, anchor: str | None = "roles-absent") -> str:
+    """The roles no head earned (headlens.labels.absent_roles), each with the head highest on the kind's
+    ranking score and its scores beside their cut-offs, in a div with id `anchor` (None: no id, for
+    inline views that may repeat); "" when every role was found."""
+    absent = absent_roles(heads)
+    if not absent:
+        return ""
+    items = []
+    for absence in absent:
+        role = t(kinds.BY_LABEL[absence.label].name_key, lang)
+        if absence.head is None:
+            items.append(f"<li>{esc(t('findings.absent_unscored', lang, role=role))}</li>")
+            continue
+        pieces = []
+        for column, value, cut in absence.values:
+            shown = score_text({column: value}, column, lang) or ""
+            if cut is not None:
+                shown = t("findings.cut_off", lang, score=shown, cut=short_number(cut, lang))
+            pieces.append(shown)
+        line = t("findings.absent_line", lang, role=role, head="\0", scores=", ".join(pieces))
+        before, _, after = esc(line).partition("\0")
+        items.append(f"<li>{before}<strong>{esc(absence.head)}</strong>{after}</li>")  # no data-head: no role
+    ident = f' id="{esc(anchor)}"' if anchor else ""
+    return (
+        f'<div class="role absent"{ident}><h3>{esc(t("findings.absent_title", lang))}</h3>'
+        f"<p>{esc(t('findings.absent_intro', lang))}</p><ul>{''.join(items)}</ul></div>"
     )
 
 

@@ -176,9 +176,13 @@ def esc(text: str) -> str:
 
 
 def heads_html(frame: pd.DataFrame, lang: str) -> str:
-    """The role map (findings.head_map), one heatmap per score present (explain.SCORES) with its
-    threshold, then the label table."""
-    parts = [findings.head_map(frame, lang, anchor=None), f'<p class="explain">{esc(t("scores.intro", lang))}</p>']
+    """The role map (findings.head_map), the roles no head earned (findings.absent_block), one heatmap
+    per score present (explain.SCORES) with its threshold, then the label table."""
+    parts = [
+        findings.head_map(frame, lang, anchor=None),
+        findings.absent_block(frame, lang, anchor=None),
+        f'<p class="explain">{esc(t("scores.intro", lang))}</p>',
+    ]
     for info, uri, cut in sections.score_heatmaps(frame, lang):
         parts.append(
             f'<div class="score"><strong>{esc(info.title(lang))}</strong>'

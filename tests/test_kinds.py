@@ -11,10 +11,10 @@ import pytest
 
 from headlens import kinds
 from headlens.cli.commands_classify import TABLE_COLUMNS
-from headlens.labels import THRESHOLDS, ClassifyConfig, label_head, rank_heads
+from headlens.labels import THRESHOLDS, ClassifyConfig, absent_roles, label_head, rank_heads
 from headlens.probe_runs import probe_sizes
 from headlens.reports import explain
-from headlens.reports.findings import ioi_text
+from headlens.reports.findings import absent_block, ioi_text
 
 CATALOGUES = {
     lang: json.loads((Path(explain.__file__).parent / f"messages_{lang}.json").read_text(encoding="utf-8"))
@@ -50,7 +50,7 @@ def test_every_stage_reads_the_registry():
     assert TABLE_COLUMNS == kinds.TABLE_COLUMNS
     assert [info.column for info in explain.SCORES] == [s.column for s in kinds.SCORES if s.heatmap]
     assert explain.ROLE_EVIDENCE == {kind.label: kind.evidence for kind in kinds.KINDS}
-    assert explain.CONFIG_FIELDS == {th.column: th.field for th in kinds.THRESHOLDS}
+    assert explain.CONFIG_FIELDS == {c: th.field for th in kinds.THRESHOLDS for c in (th.column, *th.also)}
     assert set(kinds.ROLES) | set(kinds.PROPERTIES) == set(kinds.LABELS)
     assert kinds.PROPERTIES == ("first_token",)
 
@@ -110,3 +110,64 @@ def test_the_findings_say_the_models_own_ioi_logit_difference(lang):
     text = ioi_text(frame, lang)
     assert " 1 " in text and "40" in text and "English reason" not in text  # the reason in the page's language
     assert ("tokenizer" if lang == "en" else "tokenizador") in text
+
+
+def _absent_frame():
+    """Four heads: one induction head, the rest unlabelled; successor scores tie at the top, the
+    name-mover scores are given, the syntactic probe scored nothing and no other score column exists."""
+    frame = pd.DataFrame(
+        {
+            "layer": [1, 0, 0, 1],
+            "head": [1, 0, 1, 0],
+            "labels": [[], ["induction"], [], []],
+            "prefix_matching_score": [0.1, 0.8, 0.2, 0.0],
+            "copying_score": [0.0, 0.9, 0.1, 0.0],
+            "successor_score": [0.3, 0.1, 0.3, 0.2],
+            "io_attention": [0.1, 0.0, 0.6, 0.3],
+            "name_copy_score": [0.0, 0.2, 0.1, 0.0],
+            "name_negative_copy_score": [0.0, 0.0, 0.9, 0.0],
+            "ioi_direct_effect": [0.0, 0.1, -0.5, 0.2],
+            "syntactic_score": [float("nan")] * 4,
+            "syntactic_accuracy": [float("nan")] * 4,
+        }
+    )
+    frame.attrs["config"] = {"successor_min": 0.4}  # one cut-off given, the rest the registry's defaults
+    return frame
+
+
+def test_absent_roles_name_the_highest_head_and_its_cut_offs():
+    found = {a.label: a for a in absent_roles(_absent_frame())}
+    # induction is carried; anti-induction and prefix-matching read its columns and no head earned them
+    assert "induction" not in found and {"anti_induction", "prefix_matching"} <= set(found)
+    assert "retrieval" not in found and "copy_suppression" not in found  # their scores are not in the frame
+    assert found["successor"].head == "0.1"  # 0.3 ties between 0.1 and 1.1: the first by (layer, head)
+    assert found["successor"].values == (("successor_score", 0.3, 0.4),)  # the frame's own cut-off
+    mover = found["name_mover"]
+    assert mover.head == "0.1"  # highest END -> IO attention
+    assert mover.values == (
+        ("io_attention", 0.6, ClassifyConfig().io_attention_min),
+        ("name_copy_score", 0.1, ClassifyConfig().name_copy_min),
+        ("ioi_direct_effect", -0.5, None),
+    )
+    negative = dict((c, cut) for c, _, cut in found["negative_name_mover"].values)
+    assert negative["name_negative_copy_score"] == ClassifyConfig().name_copy_min  # the negative movers' rule
+    assert found["syntactic"].head is None and found["syntactic"].values == ()
+    not_run = _absent_frame().assign(syntax_source=kinds.SOURCE_NOT_RUN)  # a probe not asked for says nothing
+    assert "syntactic" not in {a.label for a in absent_roles(not_run)}
+    assert list(found) == [label for label in kinds.ROLES if label in found]  # registry order
+    assert absent_roles(_absent_frame().drop(columns="labels")) == []
+
+
+@pytest.mark.parametrize("lang", sorted(CATALOGUES))
+def test_the_findings_say_why_each_absent_role_is_absent(lang):
+    html = absent_block(_absent_frame(), lang)
+    successor = html[html.index(CATALOGUES[lang]["role.successor"]) :].split("</li>")[0]
+    assert "<strong>0.1</strong>" in successor and ("0.30" if lang == "en" else "0,30") in successor
+    assert ("0.4" if lang == "en" else "0,4") in successor  # the cut-off the frame was labelled with
+    assert CATALOGUES[lang]["role.induction"] not in html
+    syntactic = html[html.index(CATALOGUES[lang]["role.syntactic"]) :].split("</li>")[0]
+    assert "<strong>" not in syntactic  # no head scored
+    carried = ("successor", "name_mover", "negative_name_mover", "syntactic")
+    every = _absent_frame().assign(labels=[[label] for label in carried])
+    every = every.drop(columns=["prefix_matching_score"])
+    assert absent_block(every, lang) == ""

@@ -153,17 +153,25 @@ def test_classify_says_why_a_rare_word_or_syntactic_head_is_absent(capsys):
             "labels": [["rare_word"], []],
             "rare_word_score": [0.7, 0.1],
             "syntactic_score": [0.02, 0.08],
+            "syntactic_accuracy": [0.3, 0.5],
         }
     )
     frame.attrs["config"] = {"rare_word_min": ClassifyConfig().rare_word_min, "syntactic_min": 0.1}
     frame.attrs["probes"] = {"rare_word": {"n_sentences": 12}, "syntactic": {"relations": [{"relation": "det"}]}}
     _kind_notes(frame)
     assert capsys.readouterr().err.splitlines() == [
-        "headlens: note: no syntactic heads: the best, 1.1, scores 0.08 against the cut-off 0.1"
+        "headlens: note: no syntactic heads: highest syntactic_score at 1.1: syntactic_score 0.08 (cut-off 0.1), "
+        "syntactic_accuracy 0.50"
     ]
-    frame.attrs["probes"] = {"rare_word": {"n_sentences": 0}, "syntactic": {"relations": []}}
-    _kind_notes(frame)
+    nothing = frame.assign(labels=[[], []], rare_word_score=float("nan"), syntactic_score=float("nan"))
+    nothing.attrs = {**frame.attrs, "probes": {"rare_word": {"n_sentences": 0}, "syntactic": {"relations": []}}}
+    _kind_notes(nothing)
     assert capsys.readouterr().err.splitlines() == [
         "headlens: note: no rare_word heads: the probe found no sentences to score",
         "headlens: note: no syntactic heads: the probe found no relations to score",
+    ]
+    nothing.attrs["probes"] = {"syntactic_missing": "not asked for", "rare_word": {"n_sentences": 0}}
+    _kind_notes(nothing)  # the probe that did not run has its own note (commands_classify._notes)
+    assert capsys.readouterr().err.splitlines() == [
+        "headlens: note: no rare_word heads: the probe found no sentences to score"
     ]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from headlens import kinds
 from headlens.probe_runs import ProbeResult
 from headlens.scores.rare_word import stream_sentences
 from headlens.treebank import TreeSentence, read_conllu, relation_of, sample_path
@@ -258,7 +259,7 @@ def probe_syntactic(run) -> ProbeResult:
 
 
 SOURCE_SAMPLE = "shipped_treebank"  # the CoNLL-U sample shipped with headlens
-SOURCE_NOT_RUN = "not_run"  # no treebank was asked for
+SOURCE_NOT_RUN = kinds.SOURCE_NOT_RUN  # no treebank was asked for
 SAMPLE_NAME = "sample"  # `--syntax sample`: the shipped sample
 NOT_RUN = (
     "the syntactic probe runs only when asked (--syntax sample, or --syntax FILE.conllu): it is the costliest probe"
