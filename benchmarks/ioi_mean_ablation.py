@@ -11,7 +11,12 @@ and (b) every set of the same per-layer counts from the other heads of their lay
 share of control sets that lower it at least as much (p for name movers, which should lower it) and that
 raise it at least as much (p for negative name movers).
 
-Run: .venv/bin/python -u benchmarks/ioi_mean_ablation.py smollm2 [--controls 100] [--heads 23.3]
+`--freeze 24.4` holds the given heads at their clean z in every run, the controls' included (and draws no
+control set from them): with a self-repairing head frozen, what the tested heads' ablation costs when that
+head cannot respond (McDougall et al. 2023, arXiv 2310.04625: copy suppression explains part of the IOI
+self-repair).
+
+Run: .venv/bin/python -u benchmarks/ioi_mean_ablation.py smollm2 [--controls 100] [--heads 23.3] [--freeze 24.4]
 """
 
 from __future__ import annotations
@@ -77,16 +82,33 @@ def _mean_z(model, adapter, ids: torch.Tensor) -> dict[int, torch.Tensor]:
     return store
 
 
-def logit_diff(loaded, groups, means, heads: list[Head], method: str) -> float:
-    """Mean logit(IO) - logit(S) at END with `heads` ablated by `method` (zero | abc-mean)."""
+def clean_z(loaded, groups, heads: list[Head]) -> dict[tuple, dict[Head, torch.Tensor]]:
+    """Per template, each head's z on the clean prompts: [batch, pos, d_head]."""
+    adapter = adapter_for(loaded.model)
+    found: dict = {}
+    for key, group in groups.items():
+        store: dict[int, torch.Tensor] = {}
+        with torch.no_grad(), adapter.hooks() as hooks:
+            for layer in {h.layer for h in heads}:
+                hooks.z(layer, lambda z, layer=layer, store=store: store.__setitem__(layer, z.clone()))
+            loaded.model(input_ids=torch.tensor([p["ids"] for p in group]))
+        found[key] = {h: store[h.layer][:, :, h.head] for h in heads}
+    return found
+
+
+def logit_diff(loaded, groups, means, heads: list[Head], method: str, frozen=None) -> float:
+    """Mean logit(IO) - logit(S) at END with `heads` ablated by `method` (zero | abc-mean) and the heads of
+    `frozen` ({template: {head: clean z}}, clean_z) held at their clean z."""
     total, n = 0.0, 0
     with torch.no_grad():
         for key, group in groups.items():
             ids = torch.tensor([p["ids"] for p in group])  # [batch, pos], one template: no padding
-            rep = None
+            rep = {}
             if method == "abc-mean":
                 rep = {h: means[key][h.layer][None, :, h.head] for h in heads}  # [1, pos, d_head]
-            with ablation_hooks(loaded.model, heads, rep):
+            held = (frozen or {}).get(key, {})
+            rep.update(held)  # [batch, pos, d_head] each
+            with ablation_hooks(loaded.model, [*heads, *held], rep or None):
                 logits = loaded.model(input_ids=ids, logits_to_keep=1).logits[:, -1].double()  # [batch, d_vocab]
             rows = torch.arange(len(group))
             io, s = torch.tensor([p["io"] for p in group]), torch.tensor([p["s"] for p in group])
@@ -100,6 +122,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--controls", type=int, default=100, help="random same-size sets")
     parser.add_argument("--heads", default=None, help='heads to test instead of the labelled ones ("23.0,23.3")')
+    parser.add_argument("--freeze", default=None, help='heads held at their clean z in every run ("24.4")')
     args = parser.parse_args()
     loaded = load_model(args.model)
     scores = name_mover_scores(loaded)
@@ -116,28 +139,33 @@ def main() -> None:
     }
     if args.heads:
         labelled = {"given heads": parse_heads(args.heads, spec.n_layers, spec.n_heads)}
-    print("heads:", {kind: [str(h) for h in heads] for kind, heads in labelled.items()})
+    held = parse_heads(args.freeze, spec.n_layers, spec.n_heads) if args.freeze else []
+    frozen = clean_z(loaded, groups, held) if held else None
+    labelled = {kind: [h for h in heads if h not in held] for kind, heads in labelled.items()}
+    print("heads:", {kind: [str(h) for h in heads] for kind, heads in labelled.items()}, "frozen:", held)
     for method in ("zero", "abc-mean"):
         start = time.time()
-        clean = logit_diff(loaded, groups, means, [], method)
+        clean = logit_diff(loaded, groups, means, [], method, frozen)  # frozen at their clean z: the clean run
         print(f"{method}: clean logit diff {clean:.3f}", flush=True)
         for kind, heads in labelled.items():
             if not heads:
-                print(f"  no {kind} labelled")
+                print(f"  no {kind} labelled (or every one frozen)")
                 continue
-            delta = logit_diff(loaded, groups, means, heads, method) - clean
+            delta = logit_diff(loaded, groups, means, heads, method, frozen) - clean
             gen = torch.Generator().manual_seed(0)
-            others = [h for h in everyone if h not in heads]
+            others = [h for h in everyone if h not in heads and h not in held]
             same_size = [
                 [others[int(i)] for i in torch.randperm(len(others), generator=gen)[: len(heads)]]
                 for _ in range(args.controls)
             ]
-            same_layer = disjoint_sets(heads, spec.n_heads, k=sys.maxsize)[:MAX_SAME_LAYER]
+            same_layer = [s for s in disjoint_sets(heads, spec.n_heads, k=sys.maxsize) if not set(s) & set(held)][
+                :MAX_SAME_LAYER
+            ]
             print(f"  {kind} {', '.join(map(str, heads))} ablated: delta {delta:+.3f} logits", flush=True)
             for design, sets in (("same-size", same_size), ("same-layer", same_layer)):
                 if not sets:
                     continue
-                deltas = sorted(logit_diff(loaded, groups, means, s, method) - clean for s in sets)
+                deltas = sorted(logit_diff(loaded, groups, means, s, method, frozen) - clean for s in sets)
                 lowered = (1 + sum(d <= delta for d in deltas)) / (1 + len(deltas))
                 raised = (1 + sum(d >= delta for d in deltas)) / (1 + len(deltas))
                 print(

@@ -61,7 +61,7 @@ CASES = [
     ),
     (
         "ioi_mean_ablation.py",
-        ["{small}", "--controls", "3", "--heads", "1.0,1.2"],
+        ["{small}", "--controls", "3", "--heads", "1.0,1.2", "--freeze", "1.1"],
         rf"^    3 same-size sets: min [-+]?{NUMBER} .* p\(lowered at least as much\) = {NUMBER}, p\(raised",
     ),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),

@@ -342,7 +342,9 @@ def test_disjoint_sets_keep_the_layer_counts_and_share_no_head():
         "label (BENCHMARKS.md, benchmarks/ioi_direct_effects.py). Neither other design passes (2026-12-02, "
         "benchmarks/ioi_mean_ablation.py smollm2): against 100 random same-size sets p = 0.58, and under Wang et "
         "al.'s mean ablation over ABC prompts the movers raise the logit diff (+0.217; p = 0.95 and 1.00). Removing "
-        "only their direct path passes (test_smollm2_removing_the_movers_direct_path_...)"
+        "only their direct path passes (test_smollm2_removing_the_movers_direct_path_...); holding the negative mover "
+        "24.4 at its clean z brings the zero ablation to -1.295 (p = 0.079; ABC mean -1.340, p = 0.040, the fifth "
+        "design tried: reported in BENCHMARKS.md, not tested)"
     ),
 )
 def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores, figures):
