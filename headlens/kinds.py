@@ -315,7 +315,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         "name_mover",
         lambda s, c: _ioi_attends(s, c) and s["name_copy_score"] >= c.name_copy_min,
-        ("io_attention", "name_copy_score", "ioi_direct_effect"),
+        ("io_attention", "s_attention", "name_copy_score", "ioi_direct_effect"),
         IOI,
         "#17becf",
         scores=(
@@ -346,7 +346,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         "negative_name_mover",
         lambda s, c: _ioi_attends(s, c) and s["name_negative_copy_score"] >= c.name_copy_min,
-        ("io_attention", "name_negative_copy_score", "ioi_direct_effect"),
+        ("io_attention", "s_attention", "name_negative_copy_score", "ioi_direct_effect"),
         IOI,
         "#ff9896",
         scores=(Score("name_negative_copy_score", "ioi"),),

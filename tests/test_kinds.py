@@ -124,6 +124,7 @@ def _absent_frame():
             "copying_score": [0.0, 0.9, 0.1, 0.0],
             "successor_score": [0.3, 0.1, 0.3, 0.2],
             "io_attention": [0.1, 0.0, 0.6, 0.3],
+            "s_attention": [0.1, 0.0, 0.2, 0.1],
             "name_copy_score": [0.0, 0.2, 0.1, 0.0],
             "name_negative_copy_score": [0.0, 0.0, 0.9, 0.0],
             "ioi_direct_effect": [0.0, 0.1, -0.5, 0.2],
@@ -144,8 +145,9 @@ def test_absent_roles_name_the_highest_head_and_its_cut_offs():
     assert found["successor"].values == (("successor_score", 0.3, 0.4),)  # the frame's own cut-off
     mover = found["name_mover"]
     assert mover.head == "0.1"  # highest END -> IO attention
-    assert mover.values == (
+    assert mover.values == (  # s_attention has no cut-off of its own: the rule asks END -> IO above it
         ("io_attention", 0.6, ClassifyConfig().io_attention_min),
+        ("s_attention", 0.2, None),
         ("name_copy_score", 0.1, ClassifyConfig().name_copy_min),
         ("ioi_direct_effect", -0.5, None),
     )
