@@ -273,7 +273,8 @@ def _kind_notes(frame) -> None:
                 click.echo(f"headlens: note: no {label} heads: the probe found no {unit} to score", err=True)
             continue
         parts = ", ".join(
-            f"{column} {value:.2f}" + (f" (cut-off {cut:g})" if cut is not None else "")
+            f"{column} {int(value) if kinds.BY_COLUMN[column].integer else f'{value:.2f}'}"
+            + (f" (cut-off {cut:g})" if cut is not None else "")
             for column, value, cut in absence.values
         )
         score = kinds.BY_LABEL[label].score

@@ -173,3 +173,27 @@ def test_the_findings_say_why_each_absent_role_is_absent(lang):
     every = _absent_frame().assign(labels=[[label] for label in carried])
     every = every.drop(columns=["prefix_matching_score"])
     assert absent_block(every, lang) == ""
+
+
+def test_classify_notes_name_the_highest_head_of_each_absent_role(capsys):
+    from headlens.cli.commands_classify import _kind_notes
+
+    frame = pd.DataFrame(
+        {
+            "layer": [0, 0],
+            "head": [0, 1],
+            "labels": [[], []],
+            "positional_share": [0.5, 0.7],
+            "positional_offset": [-1, -3],
+            "prev_token_score": [0.2, 0.1],
+        }
+    )
+    frame.attrs.update(probes={}, config={"positional_min": 0.8})
+    _kind_notes(frame)
+    assert capsys.readouterr().err.splitlines() == [
+        "headlens: note: no previous_token heads: highest positional_share at 0.1: positional_share 0.70 "
+        "(cut-off 0.8), prev_token_score 0.10",
+        "headlens: note: no current_token heads: highest positional_share at 0.1: positional_share 0.70 (cut-off 0.8)",
+        "headlens: note: no positional heads: highest positional_share at 0.1: positional_share 0.70 (cut-off 0.8), "
+        "positional_offset -3",  # an offset, printed as the integer it is
+    ]
