@@ -272,13 +272,7 @@ def _kind_notes(frame) -> None:
             if key is None or not (info.get(label) or {}).get(key):
                 click.echo(f"headlens: note: no {label} heads: the probe found no {unit} to score", err=True)
             continue
-        parts = ", ".join(
-            f"{column} {int(value) if kinds.BY_COLUMN[column].integer else f'{value:.2f}'}"
-            + (f" (cut-off {cut:g})" if cut is not None else "")
-            for column, value, cut in absence.values
-        )
-        score = kinds.BY_LABEL[label].score
-        click.echo(f"headlens: note: no {label} heads: highest {score} at {absence.head}: {parts}", err=True)
+        click.echo(f"headlens: note: no {label} heads: {absence.describe()}", err=True)
 
 
 def _with_thresholds(config, pairs):

@@ -162,6 +162,18 @@ class Absence:
     head: str | None  # "L.H" with the highest ranking score; None: no head has one (the probe gave no scores)
     values: tuple[tuple[str, float, float | None], ...]  # (evidence column, that head's value, its cut-off)
 
+    def describe(self) -> str:
+        """In English, for the command line: "highest successor_score at 23.3: successor_score 0.21
+        (cut-off 0.5)" (an integer score such as an offset as the integer it is)."""
+        if self.head is None:
+            return "the probe gave no scores"
+        parts = ", ".join(
+            f"{column} {int(value) if kinds.BY_COLUMN[column].integer else f'{value:.2f}'}"
+            + (f" (cut-off {cut:g})" if cut is not None else "")
+            for column, value, cut in self.values
+        )
+        return f"highest {kinds.BY_LABEL[self.label].score} at {self.head}: {parts}"
+
 
 def cut_offs(frame: pd.DataFrame) -> dict[str, float]:
     """Score column -> the cut-off its labels were given under: the frame's config (`attrs["config"]`,

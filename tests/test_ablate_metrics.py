@@ -280,3 +280,21 @@ def test_role_experiments_and_their_report_block(strong_model, tmp_path):
     render_report(path, model_info={"name": "strong"}, ablation=results)
     page = path.read_text(encoding="utf-8")
     assert "Roles against random heads" in page and "heads labelled retrieval by the labels given" in page
+
+
+def test_a_role_no_head_has_names_the_head_that_scored_highest(strong_model):
+    """Resolved by classifying the model, an absent role's error says which head came highest on the kind's
+    ranking score, as classify's note does (read here from the same default classification)."""
+    from headlens.classify import classify_heads
+    from headlens.kinds import BY_LABEL
+
+    frame = classify_heads(strong_model).sort_values(["layer", "head"]).reset_index(drop=True)
+    carried = {label for labels in frame["labels"] for label in labels}
+    role = next(label for label in ("successor", "rare_word", "name_mover", "copy_suppression") if label not in carried)
+    score = BY_LABEL[role].score
+    best = frame.loc[frame[score].idxmax()]
+    with pytest.raises(ConfigError) as caught:
+        resolve_heads(strong_model, role)
+    message = str(caught.value)
+    assert message.startswith(f"no head of this model is labelled {role} by classifying the model")
+    assert f"highest {score} at {int(best['layer'])}.{int(best['head'])}: {score} {best[score]:.2f}" in message

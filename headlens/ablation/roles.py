@@ -16,6 +16,7 @@ from pathlib import Path
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
 from headlens.kinds import LABELS
+from headlens.labels import absent_roles
 
 ROLES = LABELS  # every kind of the registry (headlens.kinds) is a role spec: `--heads successor`
 EACH = "each"  # every head alone: the sweep's spec, not a set
@@ -47,14 +48,18 @@ def read_labels(path) -> dict[Head, list[str]]:
         ) from None
 
 
+def frame_labels(frame) -> dict[Head, list[str]]:
+    """Head -> labels of a classify frame."""
+    return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
+
+
 def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[Head, list[str]]:
     """`labels` checked against the model's shape, or the labels of classifying the model."""
     spec = loaded.spec
     if labels is None:
         from headlens.classify import classify_heads  # the whole probe stack, needed only here
 
-        frame = classify_heads(loaded)
-        return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
+        return frame_labels(classify_heads(loaded))
     outside = [h for h in labels if h.layer >= spec.n_layers or h.head >= spec.n_heads]
     if outside or len(labels) != spec.n_layers * spec.n_heads:
         raise ConfigError(
@@ -66,8 +71,9 @@ def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[He
 
 def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> tuple[list[Head], str | None]:
     """Heads of a spec ("3.4,5.1", "layer:3", "all", a role, `label:NAME`, or a list of heads)
-    and, for a role, how they were chosen (in words). ConfigError when no head has the role, and
-    for `each` (one head at a time is a sweep: sweep_heads)."""
+    and, for a role, how they were chosen (in words). ConfigError when no head has the role (naming,
+    when this call classified the model, the head highest on the kind's ranking score: labels.Absence),
+    and for `each` (one head at a time is a sweep: sweep_heads)."""
     shape = loaded.spec
     if not isinstance(spec, str):
         return sorted(Head(*h) for h in spec), None
@@ -80,8 +86,14 @@ def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> 
     if role is None:
         return parse_heads(spec, shape.n_layers, shape.n_heads), None
     source = "the labels file" if labels is not None else "classifying the model (default probes)"
-    found = model_labels(loaded, labels)
+    frame = None
+    if labels is None:
+        from headlens.classify import classify_heads  # the whole probe stack, needed only here
+
+        frame = classify_heads(loaded)
+    found = model_labels(loaded, labels) if frame is None else frame_labels(frame)
     heads = sorted(h for h, names in found.items() if role in names)
     if not heads:
-        raise ConfigError(f"no head of this model is labelled {role} by {source}")
+        why = next((a.describe() for a in absent_roles(frame) if a.label == role), None) if frame is not None else None
+        raise ConfigError(f"no head of this model is labelled {role} by {source}" + (f"; {why}" if why else ""))
     return heads, f"heads labelled {role} by {source}"
