@@ -175,10 +175,10 @@ class Absence:
         return f"highest {kinds.BY_LABEL[self.label].score} at {self.head}: {parts}"
 
 
-def cut_offs(frame: pd.DataFrame) -> dict[str, float]:
-    """Score column -> the cut-off its labels were given under: the frame's config (`attrs["config"]`,
-    a dict of ClassifyConfig fields) where it holds the field, else the registry's default."""
-    config = frame.attrs.get("config")
+def cut_offs(attrs: dict | None) -> dict[str, float]:
+    """Score column -> the cut-off a classify frame's labels were given under: its config (`attrs["config"]`,
+    a dict of ClassifyConfig fields) where that holds the field, else the registry's default."""
+    config = (attrs or {}).get("config")
     config = config if isinstance(config, dict) else {}
     found = {}
     for column, th in kinds.THRESHOLD_OF.items():
@@ -195,7 +195,7 @@ def absent_roles(frame: pd.DataFrame) -> list[Absence]:
     if "labels" not in frame or frame.empty:
         return []
     carried = {label for value in frame["labels"] for label in label_list(value)}
-    cuts = cut_offs(frame)
+    cuts = cut_offs(frame.attrs)
     frame = frame.sort_values(["layer", "head"]).reset_index(drop=True)  # ties go to the first head
     absent = []
     for label in ROLES:

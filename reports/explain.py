@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headlens import kinds
-from headlens.labels import head_strength
+from headlens.labels import cut_offs, head_strength
 from headlens.reports.i18n import DEFAULT_LANG, t
 
 
@@ -56,15 +56,10 @@ CONFIG_FIELDS = {column: th.field for column, th in kinds.THRESHOLD_OF.items()}
 
 def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
     """Threshold per score column: the classifier's config in the frame's attrs (`attrs["config"]`), else
-    the registry's defaults; `attrs["thresholds"]` ({column: value}) overrides all."""
+    the registry's defaults (headlens.labels.cut_offs); `attrs["thresholds"]` ({column: value}) overrides all."""
     attrs = attrs or {}
-    found = {info.column: info.threshold for info in SCORES}
-    config = attrs.get("config")
-    if not isinstance(config, dict):
-        config = {}
-    for column, name in CONFIG_FIELDS.items():
-        if column in found and isinstance(config.get(name), (int, float)):
-            found[column] = float(config[name])
+    cuts = cut_offs(attrs)
+    found = {info.column: cuts.get(info.column) for info in SCORES}
     for column, value in (attrs.get("thresholds") or {}).items():
         if column in found and isinstance(value, (int, float)):
             found[column] = float(value)

@@ -53,13 +53,18 @@ def frame_labels(frame) -> dict[Head, list[str]]:
     return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
 
 
+def classified(loaded):
+    """The classify frame of the model under the default probes."""
+    from headlens.classify import classify_heads  # the whole probe stack, needed only here
+
+    return classify_heads(loaded)
+
+
 def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[Head, list[str]]:
     """`labels` checked against the model's shape, or the labels of classifying the model."""
     spec = loaded.spec
     if labels is None:
-        from headlens.classify import classify_heads  # the whole probe stack, needed only here
-
-        return frame_labels(classify_heads(loaded))
+        return frame_labels(classified(loaded))
     outside = [h for h in labels if h.layer >= spec.n_layers or h.head >= spec.n_heads]
     if outside or len(labels) != spec.n_layers * spec.n_heads:
         raise ConfigError(
@@ -86,11 +91,7 @@ def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> 
     if role is None:
         return parse_heads(spec, shape.n_layers, shape.n_heads), None
     source = "the labels file" if labels is not None else "classifying the model (default probes)"
-    frame = None
-    if labels is None:
-        from headlens.classify import classify_heads  # the whole probe stack, needed only here
-
-        frame = classify_heads(loaded)
+    frame = classified(loaded) if labels is None else None  # kept to say why a role is absent
     found = model_labels(loaded, labels) if frame is None else frame_labels(frame)
     heads = sorted(h for h, names in found.items() if role in names)
     if not heads:
