@@ -16,7 +16,6 @@ from pathlib import Path
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
 from headlens.kinds import LABELS
-from headlens.labels import absent_roles
 
 ROLES = LABELS  # every kind of the registry (headlens.kinds) is a role spec: `--heads successor`
 EACH = "each"  # every head alone: the sweep's spec, not a set
@@ -60,6 +59,13 @@ def classified(loaded):
     return classify_heads(loaded)
 
 
+def why_absent(frame, role: str) -> str | None:
+    """In words, the head of a classify frame highest on the ranking score of a role no head carries."""
+    from headlens.labels import absent_roles  # the labelling rules, needed only with a classify frame
+
+    return next((a.describe() for a in absent_roles(frame) if a.label == role), None)
+
+
 def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[Head, list[str]]:
     """`labels` checked against the model's shape, or the labels of classifying the model."""
     spec = loaded.spec
@@ -95,6 +101,6 @@ def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> 
     found = model_labels(loaded, labels) if frame is None else frame_labels(frame)
     heads = sorted(h for h, names in found.items() if role in names)
     if not heads:
-        why = next((a.describe() for a in absent_roles(frame) if a.label == role), None) if frame is not None else None
+        why = why_absent(frame, role) if frame is not None else None
         raise ConfigError(f"no head of this model is labelled {role} by {source}" + (f"; {why}" if why else ""))
     return heads, f"heads labelled {role} by {source}"
