@@ -76,6 +76,14 @@ def test_the_readme_library_example_runs_and_names_real_columns():
     assert {"layer", "head", "delta_loss"} <= set(scope["sweep"].columns)
 
 
+def test_the_readme_cites_every_paper_of_the_registry_of_head_kinds():
+    from headlens import kinds
+
+    sources = (ROOT / "README.md").read_text(encoding="utf-8").split("## Sources", 1)[1]
+    papers = {cite.split(",")[0].strip() for kind in kinds.KINDS for cite in kind.citation.split(";")}
+    assert sorted(paper for paper in papers if paper not in sources) == []
+
+
 def test_benchmarks_open_with_one_table_of_the_current_figures():
     """BENCHMARKS.md: the first section is one table (what, ours, the peer's figure, ratio, command, date and
     load); history and method follow by topic, with no heading named after an issue."""
