@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from headlens import kinds
+
 ROOT = Path(__file__).resolve().parents[1]
 # Where comments, docstrings and the shipped model cards live.
 SOURCE_DIRS = ("headlens", "cli", "reports", "benchmarks")
@@ -77,8 +79,6 @@ def test_the_readme_library_example_runs_and_names_real_columns():
 
 
 def test_the_readme_cites_every_paper_of_the_registry_of_head_kinds():
-    from headlens import kinds
-
     sources = (ROOT / "README.md").read_text(encoding="utf-8").split("## Sources", 1)[1]
     papers = {cite.split(",")[0].strip() for kind in kinds.KINDS for cite in kind.citation.split(";")}
     assert sorted(paper for paper in papers if paper not in sources) == []
