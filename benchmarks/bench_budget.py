@@ -37,7 +37,7 @@ def child(model: str, budget: int, out: Path, max_windows: int) -> None:
     from headlens import kinds
     from headlens.classify import classify_heads, head_records
     from headlens.labels import ClassifyConfig
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     timings = {}
 

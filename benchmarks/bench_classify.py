@@ -93,7 +93,7 @@ def _tl(loaded, sequences, texts):
     import torch
     from transformer_lens.head_detector import detect_head
 
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     bridge = boot_bridge(loaded)
     for text, seq in zip(texts, sequences, strict=True):
@@ -112,7 +112,7 @@ def _tl(loaded, sequences, texts):
 def run_side(side: str, repeats: int, batch_size: int = BATCH) -> dict:
     import torch
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     torch.set_num_threads(2)
     loaded = build_model(None, seed=0)  # GPT2Config(): 12 layers x 12 heads, d_model 768, random weights

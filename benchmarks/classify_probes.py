@@ -16,7 +16,7 @@ import torch
 
 from headlens import kinds
 from headlens.labels import ClassifyConfig
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.probe_runs import SOURCE_DEFAULT, ProbeRun, default_ids, probe_sizes, resolve_text
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 from headlens.probes import needle_prompts, repeated_random_tokens
 from headlens.scores.icl import icl_score
 from headlens.training.data import PRINTABLE

@@ -16,7 +16,7 @@ import time
 
 from headlens import kinds
 from headlens.labels import ClassifyConfig
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.probe_runs import SOURCE_DEFAULT, ProbeRun, probe_sizes, resolve_text
 from headlens.scores import syntactic
 from headlens.scores.syntactic import load_treebank, relation_accuracy, syntactic_frame, syntax_sample

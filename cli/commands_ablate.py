@@ -69,7 +69,7 @@ def _batched(run, batch_size, default: int | None = None):
     to its sequences, headlens.ablation.evalset.EvalSet.row_batches), or under auto at the
     largest size that fits, the choice reported on stderr by rank 0."""
     from headlens import distributed
-    from headlens.devices import with_largest_batch
+    from headlens.load.devices import with_largest_batch
 
     if batch_size != "auto":
         return run(batch_size or default)
@@ -259,7 +259,7 @@ def ablate_command(
     from headlens.corpus import open_text
     from headlens.errors import ConfigError
     from headlens.heads import all_heads
-    from headlens.models import load_model
+    from headlens.load.models import load_model
     from headlens.probes import read_text
 
     metric = check_choice(method, metric)
@@ -396,7 +396,7 @@ def prune_command(
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
     from headlens.corpus import open_text
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     if report_path:
         from headlens.reports.render import check_output_path

@@ -140,9 +140,9 @@ def classify_command(
     from headlens import distributed
     from headlens.classify import ClassifyConfig, classify_heads
     from headlens.corpus import open_text
-    from headlens.devices import with_largest_batch
     from headlens.labels import rank_heads
-    from headlens.models import load_model
+    from headlens.load.devices import with_largest_batch
+    from headlens.load.models import load_model
 
     flags = {
         "seed": seed,

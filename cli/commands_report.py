@@ -100,7 +100,7 @@ def report_command(
     from headlens.classify import classify_heads
     from headlens.corpus import first_document, open_text
     from headlens.heads import Head, parse_heads
-    from headlens.models import load_model
+    from headlens.load.models import load_model
     from headlens.probes import default_text
     from headlens.reports import render_report
     from headlens.reports.i18n import t

@@ -24,7 +24,7 @@ def heads_command(spec: str, model: str) -> None:
     from headlens.errors import InvalidHeadError
     from headlens.heads import format_heads, parse_heads
     from headlens.labels import LABELS
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     role = spec.strip().removeprefix("label:").strip()
     if role in LABELS:
@@ -69,7 +69,7 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     """
     from headlens.corpus import first_document, open_text
     from headlens.errors import ValidationFailed
-    from headlens.models import load_model
+    from headlens.load.models import load_model
     from headlens.validate import validate_model
 
     text = first_document(open_text(text_path)) if text_path is not None else None

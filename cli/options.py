@@ -147,7 +147,7 @@ def command_line(ctx, keep: tuple[str, ...] = ()) -> str:
 def placement_options(func):
     """`--device`, `--dtype`, `--device-map`, `--max-memory`, `--offload-folder`, the same on every
     command that loads a model; the command receives `placement`, the keyword arguments of
-    headlens.models.load_model. Under torchrun the process joins its distributed job here, each
+    headlens.load.models.load_model. Under torchrun the process joins its distributed job here, each
     rank of a multi-GPU job takes its own GPU, and only rank 0's stdout is shown (commands also
     write files from rank 0 only)."""
 

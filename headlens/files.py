@@ -1,12 +1,21 @@
-"""Writing result files so that a crash or a kill never leaves a torn one."""
+"""The files headlens reads from its own package and the result files it writes: `shipped_path` finds the
+resources that ship in headlens/data (the tiny models, the GPT-2 tokenizer, the held-out text, the treebank
+sample), so no stage reaches into the loader for a path; `write_atomic` writes so that a crash or a kill never
+leaves a torn file."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 from headlens.errors import OutputPathError
+
+
+def shipped_path(name: str) -> Path:
+    """The package-data directory of a shipped resource (e.g. "tiny", "gpt2-tokenizer")."""
+    return Path(str(resources.files("headlens") / "data" / name))
 
 
 def write_atomic(path: str | Path, text: str) -> None:

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from headlens.errors import ConfigError, InputTextError
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 
 
 def repeated_random_tokens(

@@ -28,9 +28,9 @@ import torch
 
 from headlens.arch import adapter_for, get_module
 from headlens.capture import Batch, CollectPatterns, pad_batch, run_capture
-from headlens.devices import DTYPES
 from headlens.errors import ConfigError, InputTextError, ValidationFailed
-from headlens.models import LoadedModel, boot_bridge
+from headlens.load.devices import DTYPES
+from headlens.load.models import LoadedModel, boot_bridge
 from headlens.probes import default_text, text_windows
 
 # Largest max-absolute-error accepted between our attention and a reference in float32, times the

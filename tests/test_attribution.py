@@ -14,7 +14,7 @@ from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.gradients import atp_star_deltas, attribution_deltas
 from headlens.ablation.replace import replacements
 from headlens.errors import ConfigError
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
@@ -70,7 +70,7 @@ def test_atp_star_ranks_the_planted_circuit_first(seed):
 @pytest.mark.parametrize("metric", ["loss", "repeat"])
 def test_agreement_on_the_shipped_model_is_reproduced(metric):
     from headlens.ablation.ablate import sweep_heads
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     tiny = load_model("tiny")
     exact = sweep_heads(tiny, metric=metric)

@@ -94,7 +94,7 @@ PARAMS = [pytest.param(*c, id=c[0]) for c in CASES] + [pytest.param(*c, id=c[0],
 def small_dir(tmp_path_factory):
     from transformers import GPT2Config
 
-    from headlens.models import build_model, save_model
+    from headlens.load.models import build_model, save_model
 
     loaded = build_model(GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128), seed=0, name="small-random")
     return save_model(loaded, tmp_path_factory.mktemp("small_gpt2"))

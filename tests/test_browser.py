@@ -271,7 +271,7 @@ def check_viewer_shows_induction(html: str, model) -> dict:
 def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
     from transformers import AutoModelForCausalLM
 
-    from headlens.models import shipped_path
+    from headlens.files import shipped_path
 
     model = AutoModelForCausalLM.from_pretrained(
         str(shipped_path("tiny")), attn_implementation="eager", dtype=torch.float32

@@ -312,7 +312,7 @@ def test_short_text_and_missing_weights(small_model_dir, tmp_path, monkeypatch):
 def test_resume_from_other_settings(small_model_dir, tmp_path):
     from headlens.ablation.ablate import sweep_heads
     from headlens.heads import Head
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     out = str(tmp_path / "sweep")  # a started zero-ablation sweep of the same model (one head done)
     sweep_heads(load_model(str(small_model_dir)), metric="repeat", heads=[Head(0, 0)], out=out)

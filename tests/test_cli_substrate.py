@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from headlens import __version__
 from headlens.cli.main import cli
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.validate import BUILTIN_TEXT
 
 

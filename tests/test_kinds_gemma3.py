@@ -30,7 +30,7 @@ N_CHECK = 8  # tokens whose full-vocabulary ranks are recomputed by hand (each a
 
 @pytest.fixture(scope="module")
 def gemma(pulled):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("gemma3-270m")
     return load_model("gemma3-270m")

@@ -13,7 +13,7 @@ from headlens.capture import Batch, pad_batch
 from headlens.classify import classify_heads
 from headlens.errors import InputTextError
 from headlens.labels import ClassifyConfig
-from headlens.models import gpt2_tokenizer, load_model
+from headlens.load.models import gpt2_tokenizer, load_model
 from headlens.scores import syntactic
 from headlens.scores.syntactic import (
     DEP_TO_HEAD,

@@ -116,7 +116,7 @@ def test_inverse_layer_scaling_is_honoured():
     """scale_attn_by_inverse_layer_idx divides layer L's scores by L + 1: every reference agrees."""
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, scale_attn_by_inverse_layer_idx=True)
     frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT)
@@ -131,7 +131,7 @@ def test_unscaled_attention_is_honoured_but_transformer_lens_ignores_it():
     """
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, scale_attn_weights=False)
     frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT, raise_on_failure=False)
@@ -145,7 +145,7 @@ def test_unscaled_attention_is_honoured_but_transformer_lens_ignores_it():
 
 def test_non_float32_model_is_refused(small_config):
     from headlens.errors import ConfigError
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     loaded = build_model(small_config, seed=0)
     loaded.model.to(torch.float64)

@@ -100,7 +100,8 @@ def test_the_viewer_caption_says_what_the_heads_do_on_the_sample_shown():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from headlens.models import load_model, shipped_path
+    from headlens.files import shipped_path
+    from headlens.load.models import load_model
     from headlens.reports.inline import attention_sample
     from headlens.samples import SAMPLE_RANDOM
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headlens.errors import ConfigError, InputTextError
-from headlens.models import gpt2_tokenizer
+from headlens.load.models import gpt2_tokenizer
 from headlens.probes import (
     fit_repeats,
     needle_prompts,

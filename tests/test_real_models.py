@@ -3,7 +3,7 @@
 Every label tested is whatever `classify_heads` gives on this model (never a list written here), and each
 is checked against a peer or a causal experiment:
 1. previous-token, duplicate-token and induction scores equal TransformerLens `detect_head` on the same
-   prompts, through the bridge (headlens.models.boot_bridge);
+   prompts, through the bridge (headlens.load.models.boot_bridge);
 2. zero-ablating the induction heads raises the second-copy loss on repeated random tokens more than every
    one of N_CONTROLS random head sets with the same count per layer (empirical p <= P_MAX), and the same
    for the retrieval heads on the needle tokens' loss (Wu et al. 2024's knockout against random heads);
@@ -72,7 +72,7 @@ PARITY_PROMPTS = [
 def smollm2(pulled):
     """SmolLM2-135M-Instruct (`headlens pull smollm2`, dequantized from Q4_1), its probes sized by a
     CONTEXT-token context."""
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("smollm2")  # skips (fails under CI=true) when it is not pulled
     loaded = load_model("smollm2")
@@ -190,7 +190,7 @@ def causal_check(loaded, heads: list[Head], metric: str, seed: int, context: int
 
 @pytest.fixture(scope="module")
 def bridge(smollm2):
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     try:
         return boot_bridge(smollm2)

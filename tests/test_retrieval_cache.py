@@ -96,7 +96,7 @@ def test_cached_decoding_equals_uncached_on_a_small_random_gpt2(small_model, one
 
 @pytest.mark.slow
 def test_cached_decoding_equals_uncached_on_the_tiny_model():
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     loaded = load_model("tiny")
     prompts = _prompts(loaded, probes.default_text())

@@ -102,7 +102,7 @@ def test_empty_folder_is_one_line(runner, small_model_dir, tmp_path):
 
 
 def test_largest_batch_halves_on_out_of_memory():
-    from headlens.devices import with_largest_batch
+    from headlens.load.devices import with_largest_batch
 
     tried = []
 

@@ -20,7 +20,7 @@ import re
 import pytest
 import torch
 
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 from headlens.probes import needle_prompts
 
 pytestmark = pytest.mark.slow

@@ -26,8 +26,8 @@ from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.metrics import position_values
 from headlens.ablation.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.arch import adapter_for
-from headlens.devices import is_offloaded, onloaded
 from headlens.heads import Head
+from headlens.load.devices import is_offloaded, onloaded
 
 # Ablations stacked into one forward pass: on CPU stacking did not pay (benchmarks/bench_ablate.py,
 # BENCHMARKS.md).

@@ -16,7 +16,7 @@ import gzip
 
 import torch
 
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 from headlens.training.config import TrainConfig
 
 CORPUS_FILE = "kjv_train.txt.gz"  # training text, held out books removed (data/tiny/CORPUS.md)

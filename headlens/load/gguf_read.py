@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from headlens.dequant import GGML_TYPES, row_bytes, type_name
 from headlens.errors import ModelLoadError
+from headlens.load.dequant import GGML_TYPES, row_bytes, type_name
 
 # metadata value types (gguf.GGUFValueType) -> struct format of the fixed-size ones
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

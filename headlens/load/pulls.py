@@ -14,8 +14,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from headlens.cache import cache_root, file_sha256, locked
 from headlens.errors import ModelLoadError, NotPulledError, PullError
+from headlens.load.cache import cache_root, file_sha256, locked
 
 FIND_LINKS_ENV = "HEADLENS_FIND_LINKS"  # a local folder of wheels: pip reads only it (--no-index)
 
