@@ -45,7 +45,7 @@ CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
 
 
 def prompts() -> list[str]:
-    from headlens.probes import default_text
+    from headlens.probes.inputs import default_text
 
     text = default_text()
     return [text[i * PASSAGE_CHARS : (i + 1) * PASSAGE_CHARS] * 2 for i in range(N_PROMPTS)]

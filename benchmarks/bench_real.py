@@ -72,7 +72,7 @@ def _load_average() -> str:
 def evalsets(loaded, args) -> dict:
     """The two evaluation sets: natural text (loss) and repeated random tokens (repeat)."""
     from headlens.ablation.evalset import repeat_evalset, text_evalset
-    from headlens.probes import default_text
+    from headlens.probes.inputs import default_text
 
     return {
         "loss": text_evalset(loaded, default_text(), window=args.text_tokens, max_windows=args.text_windows),
@@ -146,7 +146,7 @@ def run_attribution(args) -> dict:
 
 
 def prompts(args) -> list[str]:
-    from headlens.probes import default_text
+    from headlens.probes.inputs import default_text
 
     text, n = default_text(), args.passage_chars
     return [text[i * n : (i + 1) * n] * 2 for i in range(args.prompts)]

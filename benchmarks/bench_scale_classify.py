@@ -48,9 +48,9 @@ def _cli_seconds(model_dir: Path, *extra: str) -> tuple[float, float]:
 
 
 def _needle_seconds(loaded, max_length: int | None = None) -> dict:
-    from headlens import probes
     from headlens.classify import ClassifyConfig
-    from headlens.probes import random_token_range
+    from headlens.probes import inputs as probes
+    from headlens.probes.inputs import random_token_range
     from headlens.scores.retrieval import retrieval_scores
 
     config, spec = ClassifyConfig(), loaded.spec

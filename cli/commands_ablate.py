@@ -256,11 +256,11 @@ def ablate_command(
     from headlens.ablation.metrics import check_choice
     from headlens.ablation.roles import EACH, read_labels, resolve_heads
     from headlens.ablation.stats import parse_control
-    from headlens.corpus import open_text
     from headlens.errors import ConfigError
     from headlens.heads import all_heads
     from headlens.load.models import load_model
-    from headlens.probes import read_text
+    from headlens.probes.corpus import open_text
+    from headlens.probes.inputs import read_text
 
     metric = check_choice(method, metric)
     k = parse_control(control)
@@ -395,8 +395,8 @@ def prune_command(
     from headlens.ablation.evalset import BATCH_SIZE
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
-    from headlens.corpus import open_text
     from headlens.load.models import load_model
+    from headlens.probes.corpus import open_text
 
     if report_path:
         from headlens.reports.render import check_output_path

@@ -139,10 +139,10 @@ def classify_command(
 
     from headlens import distributed
     from headlens.classify import ClassifyConfig, classify_heads
-    from headlens.corpus import open_text
     from headlens.labels import rank_heads
     from headlens.load.devices import with_largest_batch
     from headlens.load.models import load_model
+    from headlens.probes.corpus import open_text
 
     flags = {
         "seed": seed,
@@ -162,7 +162,7 @@ def classify_command(
     _check_work_size(config)
     text = open_text(text_path) if text_path is not None else None
     if syntax_file not in (None, "sample"):
-        from headlens.treebank import read_conllu
+        from headlens.probes.treebank import read_conllu
 
         read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
     out = _check_out_dir(out_dir) if out_dir is not None else None

@@ -98,10 +98,10 @@ def report_command(
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens import distributed
     from headlens.classify import classify_heads
-    from headlens.corpus import first_document, open_text
     from headlens.heads import Head, parse_heads
     from headlens.load.models import load_model
-    from headlens.probes import default_text
+    from headlens.probes.corpus import first_document, open_text
+    from headlens.probes.inputs import default_text
     from headlens.reports import render_report
     from headlens.reports.i18n import t
     from headlens.reports.render import check_output_path

@@ -67,9 +67,9 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     Prints the max absolute error per layer, quantity and reference; exits 0 only if every
     error is within tolerance, 1 if any is not, 2 on bad input.
     """
-    from headlens.corpus import first_document, open_text
     from headlens.errors import ValidationFailed
     from headlens.load.models import load_model
+    from headlens.probes.corpus import first_document, open_text
     from headlens.validate import validate_model
 
     text = first_document(open_text(text_path)) if text_path is not None else None

@@ -56,7 +56,7 @@ def classify_heads(
 ) -> pd.DataFrame:
     """Score and label every head of `loaded` (a headlens LoadedModel).
 
-    `text`: one text, or documents (any iterable of str, e.g. a headlens.corpus.Corpus), read
+    `text`: one text, or documents (any iterable of str, e.g. a headlens.probes.corpus.Corpus), read
     one at a time: text windows never span two documents, and the needle haystacks come from
     the first documents (whole, until the needle context is reached). Several probes read the
     documents, so a one-shot iterator is read into a list first (a Corpus streams each time).

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headlens import distributed, kinds, probes
+from headlens import distributed, kinds
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
-from headlens.corpus import chunks, document_windows
 from headlens.errors import InputTextError
-from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens
+from headlens.probes import inputs as probes
+from headlens.probes.corpus import chunks, document_windows
+from headlens.probes.inputs import fit_repeats, random_token_range, repeated_random_tokens
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -36,7 +37,7 @@ from headlens.scores.retrieval import retrieval_scores
 
 # Where a probe's input came from (values of attrs["sources"] and of the `*_source` columns).
 SOURCE_GIVEN = "given_text"  # the text passed to classify_heads (--text)
-SOURCE_DEFAULT = "default_text"  # the held-out text shipped with headlens (headlens.probes.default_text)
+SOURCE_DEFAULT = "default_text"  # the held-out text shipped with headlens (headlens.probes.inputs.default_text)
 SOURCE_RANDOM = "random_tokens"  # seeded random token ids (probes.repeated_random_tokens)
 SOURCE_WEIGHTS = "weights"  # read from the weights, no input
 SOURCE_OFF = kinds.SOURCE_NOT_RUN  # the probe was switched off (needles=False)

@@ -16,7 +16,7 @@ from headlens.ablation.roles import read_labels, resolve_heads
 from headlens.ablation.stats import control_design
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
-from headlens.probes import needle_prompts, random_token_range
+from headlens.probes.inputs import needle_prompts, random_token_range
 
 # Same model, same data, another implementation of the forward pass: float32 rounding only.
 SAME_ATOL = 1e-5

@@ -201,7 +201,7 @@ def test_command_line_records_every_option_given_and_nothing_else():
 
 def test_a_whitespace_only_file_is_called_white_space_and_one_token_is_singular(tmp_path):
     from headlens.errors import InputTextError
-    from headlens.probes import check_text, n_tokens
+    from headlens.probes.inputs import check_text, n_tokens
 
     with pytest.raises(InputTextError, match="only white space"):
         check_text(b" \n\t ", "blank.txt")

@@ -23,9 +23,9 @@ STAGES = [
     ("load", ["headlens", "headlens.errors", "headlens.heads", "headlens.files", "headlens.load.devices",
               "headlens.distributed", "headlens.languages", "headlens.load.cache", "headlens.load.dequant",
               "headlens.load.gguf_read", "headlens.load.gguf_load", "headlens.load.pulls", "headlens.load.ollama",
-              "headlens.load.hub", "headlens.load.locate", "headlens.arch", "headlens.load.models", "headlens.mha",
+              "headlens.load.hub", "headlens.load.locate", "headlens.arch", "headlens.load.models", "headlens.arch.mha",
               "headlens.load"]),
-    ("capture", ["headlens.capture", "headlens.probes", "headlens.corpus", "headlens.validate"]),
+    ("capture", ["headlens.capture", "headlens.probes", "headlens.validate"]),
     # samples: the viewer's sample, chosen by the labelled heads' prefix-matching scores on it
     ("score", ["headlens.scores", "headlens.kinds", "headlens.labels", "headlens.probe_runs", "headlens.classify",
                "headlens.samples"]),

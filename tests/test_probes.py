@@ -7,7 +7,7 @@ import torch
 
 from headlens.errors import ConfigError, InputTextError
 from headlens.load.models import gpt2_tokenizer
-from headlens.probes import (
+from headlens.probes.inputs import (
     fit_repeats,
     needle_prompts,
     needle_size,

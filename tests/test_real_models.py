@@ -36,7 +36,7 @@ from headlens.arch.base import get_module
 from headlens.capture import iter_batches, run_capture
 from headlens.heads import Head
 from headlens.labels import ClassifyConfig
-from headlens.probes import default_text, random_token_range, repeated_random_tokens
+from headlens.probes.inputs import default_text, random_token_range, repeated_random_tokens
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
 from headlens.scores.positional import prev_token_reducer

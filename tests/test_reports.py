@@ -567,7 +567,7 @@ def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(
     of random tokens twice, and the losses that decided it are recorded (measured here independently)."""
     import torch
 
-    from headlens.probes import random_token_range
+    from headlens.probes.inputs import random_token_range
     from headlens.samples import SAMPLE_RANDOM, sample_patterns
 
     text = "one two three four five six seven eight nine ten"
@@ -609,7 +609,7 @@ def test_sample_patterns_errors(small_model):
 @pytest.mark.slow
 def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
     """Worst case for size: all 144 heads labelled (144 thumbnails), every score, a sweep, 64 viewer tokens."""
-    from headlens.probes import default_text
+    from headlens.probes.inputs import default_text
     from headlens.samples import sample_patterns
 
     spec = gpt2_shaped_model.spec

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from headlens.files import shipped_path
-from headlens.probes import needle_prompts
+from headlens.probes.inputs import needle_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ ABLATION_RISE = 1.0  # nats on the second copy when the induction head alone is 
 BOOTSTRAP_SAMPLES, CI = 2000, 0.95  # paired bootstrap over sequences
 RETRIEVAL_MIN = 0.1  # Wu et al. 2024: a retrieval head scores > 0.1
 NEEDLE_LEN, NEEDLE_RESTATE = 16, 4  # `headlens classify` defaults (needle_len <= n_ctx // 8 = 32 here)
-PRINTABLE = (32, 127)  # random probe bytes: printable ASCII, as headlens.probes.random_token_range for bytes
+PRINTABLE = (32, 127)  # random probe bytes: printable ASCII, as headlens.probes.inputs.random_token_range for bytes
 HELDOUT_WINDOWS = 128  # held-out windows of n_ctx bytes for the argmax test (32,512 queries)
 SHIPPED_MAX_BYTES = 10 * 1024 * 1024  # all files of one shipped model together
 

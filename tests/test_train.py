@@ -206,7 +206,7 @@ def test_micro_run_is_deterministic_under_seed(micro_runs):
 def test_logged_scores_match_a_fresh_measurement(micro_runs):
     """The final log row's head scores equal scores measured again on the saved model."""
     from headlens.load.models import load_model
-    from headlens.probes import repeated_random_tokens
+    from headlens.probes.inputs import repeated_random_tokens
 
     loaded = load_model(str(micro_runs["a"]))
     _, heads = load_training_log(micro_runs["a"])

@@ -29,7 +29,7 @@ import torch
 
 from headlens.errors import InputTextError
 from headlens.probe_runs import ProbeResult
-from headlens.probes import text_windows
+from headlens.probes.inputs import text_windows
 from headlens.scores.ov_circuit import own_ranks
 
 BOTTOM_K = 10  # "among the lowest logits": the token's own logit ranks in the bottom 10 of d_vocab

@@ -36,8 +36,8 @@ from wordfreq import word_frequency
 
 from headlens import distributed
 from headlens.capture import Batch, pad_batch, run_capture
-from headlens.corpus import chunks
 from headlens.probe_runs import ProbeResult
+from headlens.probes.corpus import chunks
 
 RARE_WORD_MIN = 0.5  # share of sentences (ours; Voita et al.'s head: 0.66)
 MAX_SENTENCES = 64  # sentences scored at most (the rest is counted in the facts)

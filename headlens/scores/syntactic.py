@@ -3,7 +3,7 @@ the relation more often than any fixed offset predicts.
 
 Clark et al. 2019 ("What Does BERT Look At?", arXiv 1906.04341) and Voita et al. 2019 (arXiv
 1905.09418), for a causal model:
-- Parses come from CoNLL-U (headlens.treebank): `--syntax sample` (the sample shipped with headlens)
+- Parses come from CoNLL-U (headlens.probes.treebank): `--syntax sample` (the sample shipped with headlens)
   or `--syntax FILE`. Without either the probe does not run (NOT_RUN says why): it is the costliest
   probe (a whole pattern per layer over TOKEN_SHARE of the text probe's tokens; ~175 CPU s on
   SmolLM2-135M, BENCHMARKS.md).
@@ -35,8 +35,8 @@ import torch
 
 from headlens import kinds
 from headlens.probe_runs import ProbeResult
+from headlens.probes.treebank import TreeSentence, read_conllu, relation_of, sample_path
 from headlens.scores.rare_word import stream_sentences
-from headlens.treebank import TreeSentence, read_conllu, relation_of, sample_path
 
 SYNTACTIC_MIN = 0.10  # accuracy over the best fixed-offset baseline (Voita et al. 2019)
 MIN_CASES = 50  # a relation is scored on at least this many instances: an accuracy's standard error is then <= 0.07

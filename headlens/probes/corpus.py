@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from headlens.errors import InputTextError
-from headlens.probes import MIN_TEXT_TOKENS, check_text, read_text, text_windows
+from headlens.probes.inputs import MIN_TEXT_TOKENS, check_text, read_text, text_windows
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TEXT_FIELD = "text"  # the field of each JSON line that holds the document
