@@ -55,7 +55,7 @@ def _ours(loaded, sequences, batch_size: int):
     import torch
 
     from headlens.capture import iter_batches
-    from headlens.probe_runs import stream_heads
+    from headlens.classify.runs import stream_heads
     from headlens.scores.copying import CopyingReducer
     from headlens.scores.duplicate import duplicate_token_reducer
     from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets

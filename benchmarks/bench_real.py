@@ -154,7 +154,7 @@ def prompts(args) -> list[str]:
 
 def _ours_step(loaded, sequences):
     from headlens.capture import iter_batches
-    from headlens.probe_runs import stream_heads
+    from headlens.classify.runs import stream_heads
     from headlens.scores.duplicate import duplicate_token_reducer
     from headlens.scores.induction import prefix_matching_reducer
     from headlens.scores.positional import prev_token_reducer

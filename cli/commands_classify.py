@@ -6,6 +6,7 @@ import json
 
 import click
 
+from headlens.classify.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 from headlens.cli.options import (
     batch_size_option,
     command_line,
@@ -17,7 +18,6 @@ from headlens.cli.options import (
     progress_option,
     text_option,
 )
-from headlens.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 
 FORMATS = ("table", "csv", "json")
 # The shortest period --seq-len accepts. With period T the induction target of a token sits T - 1 tokens back
@@ -30,7 +30,7 @@ MIN_SEQ_LEN = 10
 # Share of the memory free now that the repeat probe's random tokens may take; past it the run is refused
 # before it starts, instead of ending in an out-of-memory error after minutes of work.
 MAX_MEMORY_SHARE = 0.5
-# TABLE_COLUMNS (headlens.kinds): the columns of the table view (every column goes to csv / json).
+# TABLE_COLUMNS (headlens.classify.kinds): the columns of the table view (every column goes to csv / json).
 __all__ = ["COMMANDS", "TABLE_COLUMNS", "classify_command"]
 
 
@@ -139,7 +139,7 @@ def classify_command(
 
     from headlens import distributed
     from headlens.classify import ClassifyConfig, classify_heads
-    from headlens.labels import rank_heads
+    from headlens.classify.labels import rank_heads
     from headlens.load.devices import with_largest_batch
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
@@ -256,10 +256,10 @@ EMPTY_PROBE = {"rare_word": ("n_sentences", "sentences"), "syntactic": ("relatio
 
 
 def _kind_notes(frame) -> None:
-    """Why each role no head earned is absent (headlens.labels.absent_roles): the head highest on the
+    """Why each role no head earned is absent (headlens.classify.labels.absent_roles): the head highest on the
     kind's ranking score, its evidence beside the cut-offs; or that the probe had nothing to score."""
-    from headlens import kinds
-    from headlens.labels import absent_roles
+    from headlens.classify import kinds
+    from headlens.classify.labels import absent_roles
 
     info = frame.attrs["probes"]
     for absence in absent_roles(frame):
@@ -277,8 +277,8 @@ def _kind_notes(frame) -> None:
 
 def _with_thresholds(config, pairs):
     """labels.config_with_thresholds, its range errors naming the option the user wrote, not the field."""
+    from headlens.classify.labels import THRESHOLDS, config_with_thresholds
     from headlens.errors import ConfigError
-    from headlens.labels import THRESHOLDS, config_with_thresholds
 
     try:
         return config_with_thresholds(config, pairs)

@@ -98,6 +98,7 @@ def report_command(
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens import distributed
     from headlens.classify import classify_heads
+    from headlens.classify.samples import sample_patterns
     from headlens.heads import Head, parse_heads
     from headlens.load.models import load_model
     from headlens.probes.corpus import first_document, open_text
@@ -106,7 +107,6 @@ def report_command(
     from headlens.reports.i18n import t
     from headlens.reports.render import check_output_path
     from headlens.reports.viewer import default_viewer_tokens
-    from headlens.samples import sample_patterns
     from headlens.validate import validate_model
 
     check_output_path(out, lang)  # fail before minutes of work, not after

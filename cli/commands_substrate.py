@@ -21,9 +21,9 @@ def heads_command(spec: str, model: str) -> None:
     On a model whose query heads share key/value heads (grouped- or multi-query attention), one
     more line per key/value head names the query heads of the SPEC that read it.
     """
+    from headlens.classify.labels import LABELS
     from headlens.errors import InvalidHeadError
     from headlens.heads import format_heads, parse_heads
-    from headlens.labels import LABELS
     from headlens.load.models import load_model
 
     role = spec.strip().removeprefix("label:").strip()

@@ -57,7 +57,7 @@ def show_attention(
     """Display the interactive attention viewer of `text` for a loaded model (click a token, see every head).
 
     `max_tokens` defaults to the report viewer's length for this model's size; `repeat=True` shows the text's
-    start twice, where induction heads show their stripe (headlens.samples.sample_patterns). headlens.reports
+    start twice, where induction heads show their stripe (headlens.classify.samples.sample_patterns). headlens.reports
     is imported here for the reason given in `show`.
     """
     from headlens.reports import inline

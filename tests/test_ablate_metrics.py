@@ -286,7 +286,7 @@ def test_a_role_no_head_has_names_the_head_that_scored_highest(strong_model):
     """Resolved by classifying the model, an absent role's error says which head came highest on the kind's
     ranking score, as classify's note does (read here from the same default classification)."""
     from headlens.classify import classify_heads
-    from headlens.kinds import BY_LABEL
+    from headlens.classify.kinds import BY_LABEL
 
     frame = classify_heads(strong_model).sort_values(["layer", "head"]).reset_index(drop=True)
     carried = {label for labels in frame["labels"] for label in labels}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headlens import kinds
+from headlens.classify import kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where comments, docstrings and the shipped model cards live.

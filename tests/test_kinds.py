@@ -1,4 +1,4 @@
-"""The registry of head kinds (headlens.kinds): complete entries, and every stage reading from it."""
+"""The registry of head kinds (headlens.classify.kinds): complete entries, and every stage reading from it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headlens import kinds
+from headlens.classify import kinds
+from headlens.classify.labels import THRESHOLDS, ClassifyConfig, absent_roles, label_head, rank_heads
+from headlens.classify.runs import probe_sizes
 from headlens.cli.commands_classify import TABLE_COLUMNS
-from headlens.labels import THRESHOLDS, ClassifyConfig, absent_roles, label_head, rank_heads
-from headlens.probe_runs import probe_sizes
 from headlens.reports import explain
 from headlens.reports.findings import absent_block, ioi_text
 

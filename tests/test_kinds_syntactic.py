@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from headlens.capture import Batch, pad_batch
 from headlens.classify import classify_heads
+from headlens.classify.labels import ClassifyConfig
 from headlens.errors import InputTextError
-from headlens.labels import ClassifyConfig
 from headlens.load.models import gpt2_tokenizer, load_model
 from headlens.probes.treebank import read_conllu, relation_of
 from headlens.scores import syntactic

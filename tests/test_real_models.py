@@ -34,8 +34,8 @@ from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for
 from headlens.arch.base import get_module
 from headlens.capture import iter_batches, run_capture
+from headlens.classify.labels import ClassifyConfig
 from headlens.heads import Head
-from headlens.labels import ClassifyConfig
 from headlens.probes.inputs import default_text, random_token_range, repeated_random_tokens
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -334,10 +334,10 @@ def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, labels
 @pytest.fixture(scope="module")
 def smollm2_report(smollm2, labels, tmp_path_factory):
     """SmolLM2's report from its labels, role experiments and viewer sample, as `headlens report` draws it."""
+    from headlens.classify.samples import sample_patterns
     from headlens.cli.options import model_info
     from headlens.reports import render_report
     from headlens.reports.viewer import default_viewer_tokens
-    from headlens.samples import sample_patterns
 
     spec = smollm2.spec
     n_tokens = default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)

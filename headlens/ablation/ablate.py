@@ -24,9 +24,9 @@ from headlens.ablation.stacked import set_sums
 from headlens.ablation.stats import control_design, control_summary, head_seed, summarize
 from headlens.ablation.store import SweepInterrupted, SweepStore
 from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
+from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
 from headlens.errors import HeadlensError
 from headlens.heads import Head, all_heads
-from headlens.kinds import DEFAULT_TOKEN_BUDGET
 
 
 def model_label(loaded) -> str:
@@ -246,7 +246,7 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip
 
 
 ROLE_EXPERIMENTS = (("induction", "repeat"), ("retrieval", "needle"))  # role -> the task it should carry
-# Longest needle test of a role experiment: the token budget the labelling probes use (headlens.kinds), so the
+# Longest needle test of a role experiment: the token budget the labelling probes use (headlens.classify.kinds), so the
 # retrieval heads are tested on needles as long as those they were found on. On SmolLM2 that is 15 tests of 64,
 # 128 and 256 tokens (2,240 tokens per ablated run) instead of 256, 512 and 1,024 (8,960) at EVAL_CONTEXT.
 ROLE_CONTEXT = DEFAULT_TOKEN_BUDGET

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from headlens.capture import Batch, Reducer, run_capture
+from headlens.classify.labels import ClassifyConfig
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
-from headlens.labels import ClassifyConfig
 from headlens.probes.inputs import check_text, random_token_range, repeated_random_tokens
 from headlens.scores.induction import prefix_matching_targets
 

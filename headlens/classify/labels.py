@@ -1,6 +1,6 @@
 """The labelling rules of classify: which labels each head's scores earn, under which thresholds.
 
-Each kind's rule, thresholds and citation live in its headlens.kinds entry; `label_head` applies them
+Each kind's rule, thresholds and citation live in its headlens.classify.kinds entry; `label_head` applies them
 all. The rules, by the published definitions:
 - positional: one relative offset holds the head's maximum weight for >= positional_min (0.9) of
   tokens (Voita et al. 2019); previous-token at offset -1, current-token at offset 0;
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from headlens import kinds
+from headlens.classify import kinds
 from headlens.errors import ConfigError
 
 LABELS = kinds.LABELS  # every label classify can give, in the order a head's list is written
@@ -51,7 +51,7 @@ class ProbeConfig:
     repeats: int = 4  # copies of the segment (Olsson et al.: 4); fewer if the budget is short (>= 2)
     token_low: int | None = None  # random ids from [token_low, token_high); None: probes.random_token_range
     token_high: int | None = None
-    max_windows: int = DEFAULT_MAX_WINDOWS  # natural-text windows scored at most (headlens.kinds)
+    max_windows: int = DEFAULT_MAX_WINDOWS  # natural-text windows scored at most (headlens.classify.kinds)
     token_budget: int = DEFAULT_TOKEN_BUDGET  # longest text window / repeated sequence: min(budget, n_ctx)
     needle_budget: int | None = None  # longest needle test, min(budget, n_ctx); None: token_budget
     batch_size: int = 8  # sequences per forward pass
@@ -87,11 +87,11 @@ class ProbeConfig:
             need(isinstance(value, (int, float)) and 0.0 <= value <= 1.0, th.field, "a number in [0, 1]")
 
 
-# The probe settings plus one float field per threshold of the registry (headlens.kinds.THRESHOLDS:
+# The probe settings plus one float field per threshold of the registry (headlens.classify.kinds.THRESHOLDS:
 # `positional_min`, `retrieval_min`, ...), defaults and citations declared there.
 if TYPE_CHECKING:
     # A type checker cannot see fields made at run time: to it, ClassifyConfig is ProbeConfig. The threshold
-    # fields are read by name (`getattr(config, th.field)`) or by headlens.kinds' rules, which take it untyped.
+    # fields are read by name (`getattr(config, th.field)`) or by headlens.classify.kinds' rules, which take it untyped.
     ClassifyConfig = ProbeConfig
 else:
     ClassifyConfig = make_dataclass(
@@ -102,7 +102,7 @@ else:
         namespace={
             "__module__": __name__,
             "__doc__": "Probe settings and label thresholds of classify_heads "
-            "(ProbeConfig's fields, then one per headlens.kinds threshold). CLI flags map 1:1 to fields.",
+            "(ProbeConfig's fields, then one per headlens.classify.kinds threshold). CLI flags map 1:1 to fields.",
         },
     )
 

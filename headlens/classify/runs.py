@@ -3,7 +3,7 @@
 A probe takes the shared ProbeRun (the model, the config, the documents, the probe sizes) and returns
 its score tensors ({column: [n_layers, n_heads]}, the `<score>_std` spreads included), the counts it
 scored (the same on every row of the frame), facts for `attrs["probes"]` and where its input came
-from. The registry of head kinds (headlens.kinds) names the probe each score comes from.
+from. The registry of head kinds (headlens.classify.kinds) names the probe each score comes from.
 
 Probe sizes come from a token budget, not the model's context (`probe_sizes`): text windows and the
 repeated random tokens fit in min(token_budget, n_ctx) tokens, needle tests in min(needle_budget,
@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headlens import distributed, kinds
+from headlens import distributed
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
+from headlens.classify import kinds
 from headlens.errors import InputTextError
 from headlens.probes import inputs as probes
 from headlens.probes.corpus import chunks, document_windows
@@ -48,7 +49,7 @@ class ProbeRun:
     """What every probe of one classify run shares."""
 
     loaded: object  # a headlens LoadedModel
-    config: object  # headlens.labels.ClassifyConfig
+    config: object  # headlens.classify.labels.ClassifyConfig
     documents: Iterable[str]  # the natural text, one document at a time
     text_source: str  # SOURCE_GIVEN or SOURCE_DEFAULT
     sizes: dict  # probe_sizes(): window, repeat_context, needle_context, n_ctx
