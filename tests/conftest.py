@@ -16,6 +16,20 @@ torch.set_num_threads(2)
 TEST_SEED = 0
 
 
+def pytest_addoption(parser):
+    parser.addoption("--bench-heavy", action="store_true", help="run the minutes-long benchmark smoke cases")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `bench_heavy` benchmark smoke cases leave the suite unless --bench-heavy (make bench-smoke-all)."""
+    if config.getoption("--bench-heavy"):
+        return
+    heavy = [item for item in items if item.get_closest_marker("bench_heavy")]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if not item.get_closest_marker("bench_heavy")]
+
+
 @pytest.fixture(autouse=True)
 def _seed_random_inputs():
     random.seed(TEST_SEED)
