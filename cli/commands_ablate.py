@@ -273,6 +273,10 @@ def ablate_command(
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
+    if out is not None:
+        from headlens.ablation.store import check_sweep_dir
+
+        check_sweep_dir(out)  # fail before the work, not after
     if approx and batch_size is not None:
         raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
     options = {

@@ -20,6 +20,7 @@ from headlens.cli.options import (
 from headlens.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 
 FORMATS = ("table", "csv", "json")
+OUT_FILES = ("heads.csv", "heads.json")  # what --out DIR receives
 # The shortest period --seq-len accepts. With period T the induction target of a token sits T - 1 tokens back
 # and its earlier copy T back: at T = 1 the previous token, the earlier copy and the induction target are one
 # position, so previous-token, duplicate-token and induction heads cannot be told apart, and any head at the
@@ -319,6 +320,7 @@ def _check_out_dir(out_dir: str):
     from pathlib import Path
 
     from headlens.errors import OutputPathError
+    from headlens.files import check_target
 
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
@@ -329,14 +331,17 @@ def _check_out_dir(out_dir: str):
         raise OutputPathError(f"cannot create --out folder {path}: {exc.strerror or exc}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise OutputPathError(f"cannot write into --out folder {path}: permission denied")
+    for name in OUT_FILES:
+        check_target(path / name)
     return path
 
 
 def _write_outputs(out, frame) -> None:
     from headlens.files import write_atomic
 
-    write_atomic(out / "heads.csv", _csv(frame))
-    write_atomic(out / "heads.json", _json(frame) + "\n")
+    csv_name, json_name = OUT_FILES
+    write_atomic(out / csv_name, _csv(frame))
+    write_atomic(out / json_name, _json(frame) + "\n")
 
 
 def _csv(frame) -> str:
