@@ -7,6 +7,7 @@ import json
 import click
 
 from headlens.cli.options import (
+    SEED,
     batch_size_option,
     command_line,
     format_option,
@@ -49,7 +50,7 @@ def _check_seq_len(ctx, param, value):
 @click.command("classify")
 @model_argument("tiny")
 @text_option("the natural-text and needle probes' text, windows per document")
-@click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
+@click.option("--seed", type=SEED, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
 @click.option(
     "--seq-len",

@@ -29,7 +29,7 @@ def special_kind(path: str | Path) -> str | None:
     looked at, not what it points to."""
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (a file in the way of a folder is reported later)
         return None
     except OSError as exc:
         raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -61,6 +61,7 @@ def gguf_folder(gguf_path: Path, sha256: str | None) -> tuple[Path, ModelSource]
                 f"damaged; fetch it again (headlens pull / ollama pull)"
             )
         parsed = ggufread.read_gguf(gguf_path)
+        ggufread.check_model_header(parsed)  # its shape, before anything is allocated
         ggufload.convert_gguf(parsed, folder)
         return {
             "format": "gguf",
