@@ -109,13 +109,13 @@ def test_array_longer_than_the_file(tmp_path, sentinel):
     [
         ({"general__architecture": None}, "no general.architecture"),
         ({"general__architecture": (UINT32, 7)}, "no general.architecture"),
-        ({"llama__attention__head_count": (UINT32, 0)}, "attention heads"),
+        ({"llama__attention__head_count": (UINT32, 0)}, "attention heads: expected"),
         ({"llama__attention__head_count": (UINT32, 6)}, "do not divide the width"),
         ({"llama__attention__head_count_kv": (UINT32, 3)}, "do not divide"),
-        ({"llama__block_count": (UINT32, 100_000)}, "layers"),
-        ({"llama__block_count": (INT32, -2)}, "layers"),
-        ({"llama__embedding_length": (UINT64, 2**40)}, "width"),
-        ({"llama__block_count": (STRING, "2")}, "layers"),
+        ({"llama__block_count": (UINT32, 100_000)}, "layers: expected"),
+        ({"llama__block_count": (INT32, -2)}, "layers: expected"),
+        ({"llama__embedding_length": (UINT64, 2**40)}, "width: expected"),
+        ({"llama__block_count": (STRING, "2")}, "layers: expected"),
     ],
     ids=[
         "no-arch",
