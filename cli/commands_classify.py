@@ -162,7 +162,7 @@ def classify_command(
     )
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
-    text = open_text(text_path) if text_path is not None else None
+    text = open_text(text_path, stream=True) if text_path is not None else None
     if syntax_file not in (None, "sample"):
         from headlens.treebank import read_conllu
 
@@ -218,7 +218,13 @@ def _notes(frame, text) -> None:
             f"{sizes['needle_context']} (raise --token-budget / --needle-budget to go longer)",
             err=True,
         )
-    if info["windows_capped"]:
+    if info.get("text_partly_read"):
+        click.echo(
+            f"headlens: note: scored {info['n_windows']} text windows from the start of the text; the rest "
+            "was not read (raise --max-windows to score more)",
+            err=True,
+        )
+    elif info["windows_capped"]:
         click.echo(
             f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
             "(raise --max-windows to score more)",
