@@ -13,6 +13,7 @@ import json
 import click
 
 from headlens.cli.options import (
+    SEED,
     batch_size_option,
     command_line,
     format_option,
@@ -197,7 +198,7 @@ def _print_ablation(ablation: dict) -> None:
     help="heads.json from `headlens classify --out` for role heads [default: classify the model]",
 )
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of bootstrap, probes, resampling, control")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of bootstrap, probes, resampling, control")
 @format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
 @click.option(
     "--out",
@@ -273,6 +274,10 @@ def ablate_command(
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
+    if out is not None:
+        from headlens.ablation.store import check_sweep_dir
+
+        check_sweep_dir(out)  # fail before the work, not after
     if approx and batch_size is not None:
         raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
     options = {
@@ -378,7 +383,7 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
     show_default=True,
     help="mark labelled heads and test whether they are removed later (Voita et al. 2019)",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the removal-order permutation test")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the removal-order permutation test")
 @format_option(*FORMATS)  # json: one document, the steps under "curve"
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from headlens.cli.options import (
+    SEED,
     command_line,
     lang_option,
     model_argument,
@@ -79,7 +80,7 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
     help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
     "smaller models, so the file stays small]",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the ablation bootstrap")
 @click.option(
     "--controls",
     default=20,

@@ -19,6 +19,9 @@ import click
 from headlens.errors import ConfigError
 from headlens.languages import check_lang
 
+# --seed: what torch's generators take (torch.manual_seed: at most 2**64 - 1); beyond it, one usage line
+SEED = click.IntRange(0, 2**64 - 1)
+
 
 def model_argument(default: str | None):
     """`[MODEL]` positional plus its `--model` alias; the command receives `model`. With

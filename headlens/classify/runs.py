@@ -132,7 +132,10 @@ def score_text(run: ProbeRun) -> ProbeResult:
         "positional_share": share,
     }
     n_positions = int(argmax.n_scored[0])
-    facts.update(n_positions=n_positions, windows_capped=facts["n_windows"] < facts["n_windows_available"])
+    facts.update(
+        n_positions=n_positions,
+        windows_capped=facts["n_windows"] < facts["n_windows_available"] or facts.get("text_partly_read", False),
+    )
     return ProbeResult(scores, {"n_positions": n_positions}, facts, run.text_source)
 
 

@@ -61,6 +61,7 @@ def gguf_folder(gguf_path: Path, sha256: str | None) -> tuple[Path, ModelSource]
                 f"damaged; fetch it again (headlens pull / ollama pull)"
             )
         parsed = gguf_read.read_gguf(gguf_path)
+        gguf_read.check_model_header(parsed)  # its shape, before anything is allocated
         gguf_load.convert_gguf(parsed, folder)
         return {
             "format": "gguf",

@@ -117,15 +117,18 @@ def gpt2_tokenizer():
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """Silence transformers' own progress bars ("Loading weights", "Writing model shards"):
-    the library never prints. Restores the previous setting on exit."""
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") and its
+    warnings (the coloured LOAD REPORT table): the library never prints, and what a load reports
+    is turned into one error line by load_model. Restores the previous settings on exit."""
     from transformers.utils import logging as hf_logging
 
-    was_enabled = hf_logging.is_progress_bar_enabled()
+    was_enabled, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     try:
         yield
     finally:
+        hf_logging.set_verbosity(level)
         if was_enabled:
             hf_logging.enable_progress_bar()
 
@@ -302,12 +305,13 @@ def load_model(
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     try:
         with _quiet_transformers():
-            model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            loaded = AutoModelForCausalLM.from_pretrained(
                 str(path),
                 attn_implementation="eager",
                 dtype=dtype,
                 trust_remote_code=False,
                 weights_only=True,  # a pytorch_model.bin is read by torch.load(weights_only=True) only
+                output_loading_info=True,
                 **placement,
             )
     except Exception as exc:  # transformers wraps I/O and format errors in many types
@@ -318,6 +322,13 @@ def load_model(
                 "torch.load(weights_only=True); convert it to model.safetensors"
             )
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
+    # output_loading_info: (model, {"missing_keys": ..., ...}), a pair transformers' stubs do not type
+    model, info = cast("tuple[PreTrainedModel, dict]", loaded)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would fill them with random values
+        raise ModelLoadError(
+            f"{path} lacks {len(missing)} weights of its model (e.g. {missing[0]}): incomplete checkpoint"
+        )
     model = _to_eager(model).eval()
     if target is not None:
         # Module.to moves in place. PreTrainedModel.to is wrapped by functools.wraps, whose typeshed type
