@@ -253,7 +253,7 @@ def _print_ablation(ablation: dict) -> None:
 @lang_option
 @progress_option
 @placement_options
-@tokens_option("4096; with --heads each 1024")  # evalspec.DEFAULT_TOKENS, SWEEP_TOKENS
+@tokens_option("4096; with --heads each 512")  # evalspec.DEFAULT_TOKENS, SWEEP_TOKENS
 @batch_size_option("4, or up to 1024 tokens of shorter sequences")  # evalset.BATCH_SIZE, BATCH_TOKENS
 def ablate_command(
     model,
@@ -450,15 +450,29 @@ def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt
 @lang_option
 @progress_option
 @placement_options
+@tokens_option("4096")  # headlens.ablation.evalspec.DEFAULT_TOKENS
 @batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
 def prune_command(
-    model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang, progress, placement, batch_size
+    model,
+    text_path,
+    step_fraction,
+    labels_path,
+    roles,
+    seed,
+    fmt,
+    report_path,
+    lang,
+    progress,
+    placement,
+    tokens,
+    batch_size,
 ) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step.
 
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
     from headlens.ablation.evalset import BATCH_SIZE
+    from headlens.ablation.evalspec import DEFAULT_TOKENS, EvalSpec, parse_tokens
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
     from headlens.corpus import open_text
@@ -469,12 +483,18 @@ def prune_command(
 
         check_output_path(report_path, lang)  # fail before the work, not after
     text = open_text(text_path) if text_path else None
+    evaluation = EvalSpec(text=text, tokens=parse_tokens(tokens) if tokens is not None else DEFAULT_TOKENS)
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     labels = model_labels(loaded, labels) if roles else None
     curve = _batched(
         lambda size: prune_curve(
-            loaded, text=text, step_fraction=step_fraction, progress=progress, labels=labels, batch_size=size
+            loaded,
+            step_fraction=step_fraction,
+            progress=progress,
+            labels=labels,
+            batch_size=size,
+            evaluation=evaluation,
         ),
         batch_size,
         default=BATCH_SIZE,
@@ -502,6 +522,7 @@ def prune_command(
             f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
             f"(unpruned loss {curve['loss'].iloc[0]:.4f})"
         )
+        click.echo(f"text: {curve.attrs['data']}; importance on the odd windows, loss on the even ones")
         if order is not None:
             click.echo(_order_line(order))
     if report_path:

@@ -33,8 +33,10 @@ from headlens.errors import ConfigError
 # natural text is ~2.6x wider at 4,096 tokens than at all 28,141 (BENCHMARKS.md, "token budget"):
 # enough to tell an effect from none at a sixth of the cost.
 DEFAULT_TOKENS = 4096
-# Tokens the single-head sweep reads by default: it runs every head (270 on SmolLM2) from its layer on.
-SWEEP_TOKENS = 1024
+# Tokens the single-head sweep reads by default: it runs every head (270 on SmolLM2) from its layer on, so
+# its cost is ~270 / 2 ablated runs; at 512 tokens its matmul floor on SmolLM2 is 26 TFLOP, 4-6 min at
+# 70-100 GFLOP/s (headlens.ablation.estimate; BENCHMARKS.md, "token budget").
+SWEEP_TOKENS = 512
 ALL = "all"  # `--tokens all`: every token of the set
 
 # role -> (its metric, why, in words)

@@ -114,7 +114,9 @@ def prune_curve(
             bar.update(1)
     if bar is not None:
         bar.close()
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(data=windows.description, tokens=evaluation.tokens or "all")
+    return frame
 
 
 def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int, batch_size: int = BATCH_SIZE) -> list[Head]:
