@@ -21,7 +21,7 @@ def heads_command(spec: str, model: str) -> None:
     On a model whose query heads share key/value heads (grouped- or multi-query attention), one
     more line per key/value head names the query heads of the SPEC that read it.
     """
-    from headlens.classify.labels import LABELS
+    from headlens.classify.kinds import LABELS  # the registry alone: the labelling rules import pandas
     from headlens.errors import InvalidHeadError
     from headlens.heads import format_heads, parse_heads
     from headlens.load.models import load_model
@@ -32,6 +32,7 @@ def heads_command(spec: str, model: str) -> None:
             f"{spec!r} is a role, not a list of heads: `headlens heads` takes L.H,L.H, layer:L or "
             f"all; roles are taken by ablate (headlens ablate {model} --heads {spec.strip()})"
         )
+    parse_heads(spec, 1 << 30, 1 << 30)  # a malformed spec fails before the model loads; ranges after
     loaded = load_model(model)
     model_spec = loaded.spec
     heads = parse_heads(spec, model_spec.n_layers, model_spec.n_heads)

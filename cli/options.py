@@ -210,6 +210,19 @@ def placement_options(func):
     return wrapper
 
 
+def tokens_option(default: str):
+    """`--tokens N|all`: the token budget of an ablation (headlens.ablation.evalspec); the command
+    receives `tokens` (a string, or None for its default, `default`, named in the help)."""
+    return click.option(
+        "--tokens",
+        "tokens",
+        default=None,
+        metavar="N|all",
+        help="tokens of the evaluation set to read (whole sequences, evenly spaced); all: every one "
+        f"[default: {default}]",
+    )
+
+
 def batch_size_option(default: int | str):
     """`--batch-size N|auto` for commands that batch their work; the command receives `batch_size`
     (int, "auto", or None for its default, `default`, named in the help: a number or words)."""

@@ -384,10 +384,11 @@ def build_evalset(
     reference: str | None = None,
     bos: bool = True,
     context: int | None = None,
+    window: int | None = None,
 ) -> EvalSet:
     """The evaluation set of `metric` (see the module docstring); `prompts` from `read_prompts`;
-    `reference` a text for mean / resample ablation; `context` caps the needle tests' length
-    (default: eval_context)."""
+    `reference` a text for mean / resample ablation; `context` caps the needle tests' length and
+    `window` the text windows' (default: eval_context each)."""
     metric = canonical_metric(metric)
     if text is not None and not isinstance(text, str) and metric in NEEDLE_METRICS:
         raise ConfigError(
@@ -406,7 +407,7 @@ def build_evalset(
             '(lines of {"prompt": ..., "target": ..., "foil": ...})'
         )
     elif metric == "loss":
-        evalset = text_evalset(loaded, text, bos=bos)
+        evalset = text_evalset(loaded, text, window=window, bos=bos)
     elif metric == "repeat":
         evalset = repeat_evalset(loaded, seed=seed)
     else:
