@@ -127,3 +127,12 @@ def test_regular_files_are_still_replaced(tmp_path):
     path.write_text("old")
     files.write_atomic(path, "new")
     assert path.read_text() == "new"
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "socket", "symlink"])
+def test_train_tiny_out_folder_holding_special_files(tmp_path, sentinel, kind):
+    out = tmp_path / "run"
+    out.mkdir()
+    path, still = special_target(out / "config.json", kind)
+    assert "not a regular file" in refused("train-tiny", "--out", out, "--steps", "2", sentinel=sentinel)
+    assert still(os.lstat(path).st_mode)

