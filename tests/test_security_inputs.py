@@ -110,3 +110,20 @@ def test_interrupted_sweep_counts_the_rows_on_disk(small_model, tmp_path, monkey
         sweep_heads(small_model, metric="repeat", heads=heads, out=tmp_path / "sweep")
     on_disk = (tmp_path / "sweep" / "rows.jsonl").read_text().splitlines()
     assert stop.value.n_done == len(on_disk) == 3
+
+
+def test_incomplete_checkpoint_is_one_line_without_the_load_report(small_model_dir, tmp_path, sentinel, capfd):
+    """Weights missing from model.safetensors: one line, and transformers' coloured LOAD REPORT table
+    never reaches the terminal (the real stderr, read at the file descriptor)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "incomplete"
+    shutil.copytree(small_model_dir, folder)
+    tensors = load_file(folder / "model.safetensors")
+    dropped = sorted(name for name in tensors if name.endswith("mlp.c_fc.weight"))
+    save_file({k: v for k, v in tensors.items() if k not in dropped}, folder / "model.safetensors", {"format": "pt"})
+    line = refused("heads", "0.0", folder, sentinel=sentinel)
+    assert f"lacks {len(dropped)} weights" in line
+    assert "LOAD REPORT" not in capfd.readouterr().err
