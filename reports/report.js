@@ -86,7 +86,7 @@ function attentionViewer(suffix) {
     return weights[((layer * H + head) * P + q) * P + k] / 255;
   }
   // Head (layer, head)'s weights from the query to keys 0..query.
-  function row(layer, head) {
+  function keyWeights(layer, head) {
     var out = [];
     for (var k = 0; k <= state.query; k++) { out.push(weight(layer, head, state.query, k)); }
     return out;
@@ -148,10 +148,10 @@ function attentionViewer(suffix) {
   }
 
   function draw() {
-    var found = paintTokenWeights(tokenEls, row(state.layer, state.head), state.query);
+    var found = paintTokenWeights(tokenEls, keyWeights(state.layer, state.head), state.query);
     for (var a = 0; a < L; a++) {
       for (var b = 0; b < H; b++) {
-        drawStrip(canvases[a][b], row(a, b), cellWidth);
+        drawStrip(canvases[a][b], keyWeights(a, b), cellWidth);
         canvases[a][b].className = a === state.layer && b === state.head ? "chosen" : "";
       }
     }

@@ -31,6 +31,7 @@ def page_html(model: dict, lang: str = "en") -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="/static/report.css">
 <link rel="stylesheet" href="/static/explore.css">
 </head>

@@ -12,6 +12,7 @@ import time
 import uvicorn
 
 LOOPBACK_NAMES = ("localhost",)
+BACKLOG = 128  # connections waiting to be accepted
 STARTUP_S = 30.0  # seconds a background server may take to start (or stop)
 
 
@@ -26,12 +27,13 @@ def is_loopback(host: str) -> bool:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to (host, port), port 0 meaning a free one; OSError when it cannot be."""
+    """A TCP socket bound to (host, port) and listening, port 0 meaning a free one; OSError when it cannot be."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(BACKLOG)  # from here connections wait in the queue until the server accepts them
     except OSError:
         sock.close()
         raise
