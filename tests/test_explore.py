@@ -66,6 +66,17 @@ def test_page_forbids_external_requests_and_inline_script(client):
         assert client.get(f"/static/{name}").status_code == 200
 
 
+def test_page_scripts_have_no_prose_of_their_own():
+    """Every word the scripts show comes from the catalogue (as test_report_i18n checks report.js)."""
+    from importlib import resources
+
+    for package, name in (("headlens.reports", "viewer_core.js"), ("headlens.reports.explore", "explore.js")):
+        code = re.sub(r"^\s*//.*$", "", (resources.files(package) / name).read_text(encoding="utf-8"), flags=re.M)
+        literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', code)) - {"use strict"}
+        prose = [text for text in literals if re.search(r"[A-Za-z]{2,} [A-Za-z]{2,}", text)]
+        assert prose == [], name
+
+
 def test_thumbnails_head_and_token_row_are_the_models_attention(client, setup):
     loaded = setup[0]
     run = _run(client, REPEATED)
@@ -204,7 +215,7 @@ def test_text_over_the_cap_is_refused_with_the_cap(setup):
     response = small.post("/api/run", json={"text": "a" * 21})
     assert response.status_code == 413 and "21 tokens" in response.json()["error"] and "20" in response.json()["error"]
     assert small.post("/api/run", json={"text": "a" * 20}).status_code == 200
-    assert Explorer(loaded, frame).max_tokens == loaded.spec.n_ctx - 1  # tiny's context (256) caps the default 512
+    assert Explorer(loaded, frame).max_tokens == 255  # tiny's context (256, BOS included) caps the default 512
 
 
 def test_two_clients_at_once_get_their_own_answers(setup):

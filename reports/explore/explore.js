@@ -183,7 +183,7 @@
     figure.appendChild(title);
     var box = document.createElement("div");
     box.className = "head-box";
-    var size = Math.max(4, Math.min(24, Math.floor(560 / n)));
+    var size = Math.max(3, Math.min(20, Math.floor(420 / n)));
     box.style.setProperty("--cell", size + "px");
     box.style.setProperty("--n", String(n));
     var xticks = document.createElement("div"), yticks = document.createElement("div");

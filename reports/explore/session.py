@@ -3,9 +3,9 @@
 Every number is a library call: patterns from headlens.samples.capture_patterns, per-token losses and
 top predictions from headlens.ablation.tokens.token_ablation (ablate_heads's own evaluation set,
 replacements and forward passes), direct effects from headlens.scores.prediction. A typed text becomes a
-`run` with its own random id, kept among the last MAX_RUNS; every request names its run, so two clients
-never read each other's text. One lock serialises the model's forward passes: ablation installs hooks on
-the shared model, and hooks are global state.
+`run` with its own random id (the least recently used dropped past RUNS_BYTES of patterns); every request
+names its run, so two clients never read each other's text. One lock serialises the model's forward
+passes: ablation installs hooks on the shared model, and hooks are global state.
 
 Patterns go out per layer on demand, quantised to one byte per weight (0..255 of 0..1): the grid's
 thumbnails max-pooled to at most THUMB_SIZE x THUMB_SIZE, one head's full pattern when opened, and one
@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from headlens.ablation.evalset import eval_context
 from headlens.ablation.tokens import token_ablation
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
@@ -34,7 +35,7 @@ from headlens.samples import capture_patterns
 from headlens.scores.prediction import prediction_direct_effects
 
 MAX_TOKENS = 512  # default cap on a text's tokens (BOS not counted)
-MAX_RUNS = 4  # typed texts kept (their patterns: n_layers x n_heads x pos^2 floats each)
+RUNS_BYTES = 1 << 30  # patterns of the typed texts kept, at most (the newest text is always kept)
 THUMB_SIZE = 48  # a thumbnail's side at most, in pooled cells
 ROW_DIGITS = 4  # decimals of the attention weights a clicked token's row sends
 METHODS = ("zero", "mean", "resample")
@@ -71,8 +72,10 @@ class Explorer:
                 f"({spec.n_layers} layers x {spec.n_heads} heads)"
             )
         self.loaded, self.frame, self.seed = loaded, frame.set_index(["layer", "head"]), seed
-        self.max_tokens = min(max_tokens, spec.n_ctx - 1)  # BOS takes one position of the context
-        self.lock = threading.Lock()
+        # one ablation window (eval_context) holds BOS + the text, as `headlens ablate` cuts it
+        self.max_tokens = min(max_tokens, eval_context(loaded) - 1)
+        self.lock = threading.Lock()  # the model's forward passes, one at a time
+        self.runs_lock = threading.Lock()  # the table of runs
         self.runs: OrderedDict[str, Run] = OrderedDict()
 
     # -- the model and its heads ------------------------------------------------------------------
@@ -116,16 +119,18 @@ class Explorer:
             patterns = capture_patterns(self.loaded, ids)  # [layer, head, pos, pos]
         run = Run(text, ids, [tokenizer.decode([token]) for token in ids], patterns)
         run_id = secrets.token_urlsafe(12)
-        self.runs[run_id] = run
-        while len(self.runs) > MAX_RUNS:
-            self.runs.popitem(last=False)
+        with self.runs_lock:
+            self.runs[run_id] = run
+            while len(self.runs) > 1 and sum(r.patterns.nbytes for r in self.runs.values()) > RUNS_BYTES:
+                self.runs.popitem(last=False)  # the least recently used text
         return {"run": run_id, "tokens": run.tokens, "ids": ids}
 
     def run(self, run_id: str) -> Run:
-        run = self.runs.get(run_id)
-        if run is None:
-            raise InputTextError("unknown or expired run: submit the text again")
-        self.runs.move_to_end(run_id)
+        with self.runs_lock:
+            run = self.runs.get(run_id)
+            if run is None:
+                raise InputTextError("unknown or expired run: submit the text again")
+            self.runs.move_to_end(run_id)
         return run
 
     def _check(self, layer: int, head: int | None = None) -> None:
