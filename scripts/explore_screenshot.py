@@ -3,8 +3,9 @@
     python scripts/explore_screenshot.py smollm2 --out docs/explore.png
 
 Serves the explorer on 127.0.0.1 (a free port, a worker thread), types a sentence with a repeated phrase,
-opens the strongest induction head, clicks a token of the second copy, removes the induction heads, and
-saves the page as a PNG quantised to 256 colours (small enough for the repository). Needs chromium,
+opens the strongest induction head, clicks a token of the second copy, removes the induction heads, asks
+who wrote the prediction there, and saves the page from the opened head down as a PNG quantised to 256
+colours (small enough for the repository). Needs chromium,
 chromium-driver and selenium (`make browser`).
 """
 
@@ -25,8 +26,21 @@ from headlens.models import load_model
 from headlens.reports.explore import Explorer, create_app
 from headlens.reports.explore.serve import BackgroundServer
 
-TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog."
+# Made-up names can only be predicted on their second copy by copying the first: what induction heads do.
+TEXT = (
+    "Zorblax Quintavius met Merriweather Fenwick at the Pemberton gallery. "
+    "Zorblax Quintavius met Merriweather Fenwick at the Pemberton gallery."
+)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,1000"]
+
+
+# The part of the page shown: the opened head, where the clicked token attends, the removal panel and the
+# direct effects (the grid above them runs to one row per layer).
+CROP = (
+    "var a = document.getElementById('head-section').getBoundingClientRect();"
+    "var b = document.getElementById('direct-section').getBoundingClientRect();"
+    "return [a.top + window.scrollY - 8, b.bottom + window.scrollY + 8];"
+)
 
 
 def wait_for(driver, script: str, timeout: float = 120.0):
@@ -57,7 +71,7 @@ def strongest_induction_head(frame) -> tuple[int, int] | None:
 
 
 def drive(driver, url: str, text: str, head: tuple[int, int] | None, query: int) -> None:
-    """Type, submit, open `head`, click token `query`, remove the induction heads."""
+    """Type, submit, open `head`, click token `query`, remove the induction heads, show the direct effects."""
     driver.get(url)
     driver.find_element(By.ID, "text").send_keys(text)
     driver.find_element(By.ID, "submit").click()
@@ -76,6 +90,9 @@ def drive(driver, url: str, text: str, head: tuple[int, int] | None, query: int)
     driver.find_element(By.ID, "ablate-go").click()
     wait_for(driver, "return document.getElementById('ablate-summary').textContent")
     wait_for(driver, "return document.body.className === ''")
+    driver.find_element(By.ID, "direct-go").click()
+    wait_for(driver, "return document.querySelector('#direct-map td') && document.body.className === ''")
+    driver.execute_script("window.scrollTo(0, 0);")
 
 
 def main() -> None:
@@ -95,11 +112,14 @@ def main() -> None:
         with BackgroundServer(create_app(explorer, args.lang)) as url:
             drive(driver, url, args.text, strongest_induction_head(frame), query)
             height = driver.execute_script("return document.body.scrollHeight")
-            driver.set_window_size(1200, min(int(height) + 40, 4000))
+            driver.set_window_size(1200, min(int(height) + 40, 8000))
             png = driver.get_screenshot_as_png()
+            top, bottom = driver.execute_script(CROP)
     finally:
         driver.quit()
-    image = Image.open(io.BytesIO(png)).convert("RGB").quantize(colors=256)
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    scale = image.width / 1200  # device pixels per CSS pixel
+    image = image.crop((0, int(top * scale), image.width, int(bottom * scale))).quantize(colors=256)
     image.save(args.out, optimize=True)
     print(f"wrote {args.out}")
 

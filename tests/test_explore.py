@@ -120,6 +120,11 @@ def test_ablation_equals_ablate_heads_and_top5_the_models_softmax(client, setup,
     np.testing.assert_allclose([row["prob"] for row in shown["top_clean"]], best.values.numpy(), atol=1e-5)
     losses = -torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(run["ids"][1:])[:, None])[:, 0]
     np.testing.assert_allclose(shown["clean"], losses.numpy(), atol=1e-4)
+    again = client.post("/api/ablate", json={**body, "heads": ["0.0"]}).json()  # the clean part reused
+    truth = ablate_heads(loaded, "0.0", method=method, metric="loss", text=REPEATED, seed=0)
+    assert (again["loss"], again["loss_ablated"]) == pytest.approx(
+        (truth["loss"], truth["loss_ablated"]), rel=LOSS_RTOL
+    )
 
 
 def test_a_role_is_ablated_as_its_heads(client, setup):
@@ -161,12 +166,12 @@ def test_direct_effects_are_the_direct_path_written_out(client, setup):
     assert shown["logit"] == pytest.approx(float(logits[target]), abs=1e-4)
     ln = model.transformer.ln_f
     scale = (final_in[0].var(unbiased=False) + ln.eps).sqrt()
-    direction = ln.weight.double() * model.lm_head.weight[target].double() / scale  # [d_model]
+    direction = (ln.weight.double() * model.lm_head.weight[target].double() / scale).detach()  # [d_model]
     n_heads = model.config.n_head
     for layer, block in enumerate(blocks):
         w_o = block.attn.c_proj.weight.double().view(n_heads, -1, block.attn.c_proj.weight.shape[1])  # Conv1D [in, out]
         for head in range(n_heads):
-            written = (z[layer].view(n_heads, -1)[head] @ w_o[head]).detach()  # [d_model]
+            written = z[layer].view(n_heads, -1)[head] @ w_o[head].detach()  # [d_model]
             expected = float((written - written.mean()) @ direction)
             assert shown["direct"][layer][head] == pytest.approx(expected, abs=1e-5)
     foil = client.post("/api/direct", json={"run": run["run"], "position": at, "target": "x", "foil": "k"}).json()
@@ -285,3 +290,25 @@ def test_cli_refuses_a_missing_labels_file_and_a_taken_port(tmp_path):
         assert result.exit_code == 2
         result = CliRunner().invoke(cli, ["explore", "tiny", "--port", str(port)])
     assert result.exit_code == 2 and "in use" in result.output.lower() and result.output.count("\n") == 1
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_the_page_speaks_one_language_from_the_catalogue(lang):
+    from headlens.reports.explore.page import page_html
+    from headlens.reports.i18n import catalogue, js_messages
+
+    model = {"name": "m", "n_layers": 1, "n_heads": 1, "max_tokens": 9, "labels": {}, "roles": [], "methods": []}
+    html = page_html(model, lang)
+    other = "es" if lang == "en" else "en"
+    keys = [
+        key for key in catalogue(lang) if key.startswith("explore.") and catalogue(lang)[key] != catalogue(other)[key]
+    ]
+    assert keys
+    import html as html_lib
+
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", html.split('<script type="application/json"')[0]))
+    for key in keys:
+        assert catalogue(lang)[key].split("{")[0][:40] in html_lib.unescape(html), key
+        assert catalogue(other)[key].split("{")[0][:40] not in text, key
+    assert f'<html lang="{lang}">' in html
+    assert json.dumps(js_messages(lang)["x_working"], ensure_ascii=False) in html

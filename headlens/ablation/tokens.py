@@ -33,12 +33,15 @@ def token_ablation(
     position: int | None = None,
     top_k: int = TOP_K,
     labels: dict | None = None,
+    clean: dict | None = None,
 ) -> dict:
     """Each next-token prediction's loss (nats) with `heads` kept and ablated, on `text` cut as `ablate_heads`
     cuts it (windows of the model's context, BOS first).
 
     heads: as ablate_heads takes them (a list of Head, "3.4,5.1", "layer:3", `all`, a role with `labels`).
     position: a position of the first window (0 = BOS) whose next-token predictions are listed (None: the last).
+    clean: a result of this function on the same text, position and top_k, whose unablated `clean` and
+    `top_clean` are reused instead of recomputed (they depend on neither the heads nor the method).
     Returns `heads` (["L.H"]), `method`, `ids` (the first window's token ids), `clean` and `ablated` ([n] losses:
     value i predicts the window's token i + 1, windows in order), `loss` and `loss_ablated` (their means),
     `position`, and `top_clean` / `top_ablated`: [(token id, probability)] * top_k at that position.
@@ -51,15 +54,19 @@ def token_ablation(
     if not 0 <= position < width:
         raise ConfigError(f"position {position} is outside the text's {width} positions (0-{width - 1})")
     reps = replacements(loaded.model, evalset, method, seed, batch_size=None)
-    clean, top_clean = _losses_and_top(loaded.model, evalset, [], reps, position, top_k)
+    ids = evalset.input_ids[0, :width].tolist()
+    if clean is not None and (clean["ids"], clean["position"], len(clean["top_clean"])) == (ids, position, top_k):
+        base, top_clean = torch.tensor(clean["clean"], dtype=torch.float64), list(clean["top_clean"])  # [n]
+    else:
+        base, top_clean = _losses_and_top(loaded.model, evalset, [], reps, position, top_k)
     ablated, top_ablated = _losses_and_top(loaded.model, evalset, heads, reps, position, top_k)
     return {
         "heads": [str(h) for h in heads],
         "method": method,
-        "ids": evalset.input_ids[0, :width].tolist(),
-        "clean": clean.tolist(),
+        "ids": ids,
+        "clean": base.tolist(),
         "ablated": ablated.tolist(),
-        "loss": float(clean.sum() / len(clean)),
+        "loss": float(base.sum() / len(base)),
         "loss_ablated": float(ablated.sum() / len(ablated)),
         "position": position,
         "top_clean": top_clean,

@@ -59,6 +59,7 @@ class Run:
     ids: list[int]
     tokens: list[str]
     patterns: torch.Tensor  # [layer, head, pos, pos] float32
+    clean: dict | None = None  # the last token_ablation result on this text (its unablated part is reused)
 
 
 class Explorer:
@@ -180,13 +181,17 @@ class Explorer:
         if not spec:
             raise ConfigError("tick at least one head, or pick a role")
         with self.lock:
-            result = token_ablation(self.loaded, run.text, spec, method, self.seed, position, labels=labels)
+            result = token_ablation(
+                self.loaded, run.text, spec, method, self.seed, position, labels=labels, clean=run.clean
+            )
+        run.clean = dict(result)  # the unablated losses and top-5 at this position, reused next time
         if result["ids"] != run.ids:
             raise InputTextError("the text does not fit one window of the model's context")
         decode = self.loaded.tokenizer.decode
+        shown = dict(result)
         for key in ("top_clean", "top_ablated"):
-            result[key] = [{"token": decode([i]), "id": i, "prob": p} for i, p in result[key]]
-        return result
+            shown[key] = [{"token": decode([i]), "id": i, "prob": p} for i, p in result[key]]
+        return shown
 
     def direct(self, run_id: str, position: int, target: str | None, foil: str | None) -> dict:
         """Every head's direct effect on the prediction after `position` (or target vs foil), [layer][head]."""
