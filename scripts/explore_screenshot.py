@@ -112,7 +112,7 @@ def main() -> None:
         with BackgroundServer(create_app(explorer, args.lang)) as url:
             drive(driver, url, args.text, strongest_induction_head(frame), query)
             height = driver.execute_script("return document.body.scrollHeight")
-            driver.set_window_size(1200, min(int(height) + 40, 8000))
+            driver.set_window_size(1200, min(int(height) + 400, 8000))  # the window outgrows its viewport
             png = driver.get_screenshot_as_png()
             top, bottom = driver.execute_script(CROP)
     finally:
