@@ -23,9 +23,9 @@ import statistics
 import time
 import urllib.request
 
-from headlens.classify_cache import cached_classification
-from headlens.models import load_model
-from headlens.probes import default_text
+from headlens.classify.cache import cached_classification
+from headlens.load.models import load_model
+from headlens.probes.inputs import default_text
 from headlens.reports.explore import Explorer, create_app
 from headlens.reports.explore.serve import BackgroundServer
 

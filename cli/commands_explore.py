@@ -1,7 +1,7 @@
 """`headlens explore`: a live local page where one types a text and watches every head of the model.
 
 A thin shell: load the model, read its classification (`--labels`, or computed once per model and
-cached: headlens.classify_cache), then serve headlens.reports.explore on 127.0.0.1 until Ctrl-C. It
+cached: headlens.classify.cache), then serve headlens.reports.explore on 127.0.0.1 until Ctrl-C. It
 prints the address and opens nothing by itself.
 """
 
@@ -45,8 +45,8 @@ from headlens.cli.options import lang_option, model_argument, placement_options,
 @placement_options
 def explore_cmd(model, port, host, labels_path, lang, max_tokens, progress, placement):
     """Serve a live page: type a text, watch every head, remove heads and see what changes."""
-    from headlens.classify_cache import cached_classification, read_classification
-    from headlens.models import load_model
+    from headlens.classify.cache import cached_classification, read_classification
+    from headlens.load.models import load_model
     from headlens.reports.explore import Explorer, create_app
     from headlens.reports.explore.serve import address, bind, is_loopback, serve
 

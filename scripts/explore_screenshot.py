@@ -21,8 +21,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from headlens.classify_cache import cached_classification
-from headlens.models import load_model
+from headlens.classify.cache import cached_classification
+from headlens.load.models import load_model
 from headlens.reports.explore import Explorer, create_app
 from headlens.reports.explore.serve import BackgroundServer
 

@@ -18,8 +18,8 @@ OTHER = "Sentences differ: this one is another client's text."
 @functools.lru_cache(maxsize=1)
 def tiny_setup():
     """(loaded tiny, its classify frame, the cache folder the classification went to)."""
-    from headlens.classify_cache import cached_classification
-    from headlens.models import load_model
+    from headlens.classify.cache import cached_classification
+    from headlens.load.models import load_model
 
     cache = tempfile.mkdtemp(prefix="headlens-explore-cache-")
     saved = os.environ.get("HEADLENS_CACHE")

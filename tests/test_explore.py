@@ -257,7 +257,7 @@ def test_two_clients_at_once_get_their_own_answers(setup):
 
 
 def test_classification_is_cached_and_read_back(setup, monkeypatch, tmp_path):
-    from headlens import classify_cache
+    from headlens.classify import cache as classify_cache
 
     loaded, frame, cache = setup
     assert len(list(Path(cache, "classify").glob("*.json"))) == 1

@@ -18,8 +18,8 @@ from headlens.ablation.replace import replacements
 from headlens.ablation.roles import resolve_heads
 from headlens.ablation.sweep import ablated_hidden, scored_values
 from headlens.arch import adapter_for
-from headlens.devices import onloaded
 from headlens.errors import ConfigError
+from headlens.load.devices import onloaded
 
 TOP_K = 5  # next-token predictions listed at the chosen position
 

@@ -1,6 +1,6 @@
 """What the explorer computes, as JSON-ready dicts: one loaded model, its classification, and the texts typed.
 
-Every number is a library call: patterns from headlens.samples.capture_patterns, per-token losses and
+Every number is a library call: patterns from headlens.classify.samples.capture_patterns, per-token losses and
 top predictions from headlens.ablation.tokens.token_ablation (ablate_heads's own evaluation set,
 replacements and forward passes), direct effects from headlens.scores.prediction. A typed text becomes a
 `run` with its own random id (the least recently used dropped past RUNS_BYTES of patterns); every request
@@ -26,12 +26,12 @@ import torch
 
 from headlens.ablation.evalset import eval_context
 from headlens.ablation.tokens import token_ablation
+from headlens.classify.kinds import LABELS, SCORES
+from headlens.classify.labels import roles_of
+from headlens.classify.samples import capture_patterns
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
-from headlens.kinds import LABELS, SCORES
-from headlens.labels import roles_of
-from headlens.probes import check_text
-from headlens.samples import capture_patterns
+from headlens.probes.inputs import check_text
 from headlens.scores.prediction import prediction_direct_effects
 
 MAX_TOKENS = 512  # default cap on a text's tokens (BOS not counted)

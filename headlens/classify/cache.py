@@ -1,7 +1,7 @@
 """A model's classification under the default probes, computed once and kept in headlens's cache; or
 read back from what `headlens classify` wrote (heads.json / heads.csv, or its `--format json|csv` output).
 
-The cache entry is `<cache root>/classify/<key>.json` (headlens.cache.cache_root), the classify frame's
+The cache entry is `<cache root>/classify/<key>.json` (headlens.load.cache.cache_root), the classify frame's
 records (headlens.classify.head_records). The key is the sha256 of the model's weights (a GGUF's own
 sha256, else every parameter's name, shape, dtype and bytes), the default ClassifyConfig and headlens's
 version: new weights, other defaults or another release classify again. Written atomically
@@ -19,11 +19,11 @@ import pandas as pd
 import torch
 
 from headlens import __version__
-from headlens.cache import cache_root
-from headlens.classify import ClassifyConfig, classify_heads, head_records
+from headlens.classify.frame import classify_heads, head_records
+from headlens.classify.labels import ClassifyConfig, label_list
 from headlens.errors import InputTextError
 from headlens.files import write_atomic
-from headlens.labels import label_list
+from headlens.load.cache import cache_root
 
 
 def weights_digest(loaded) -> str:
