@@ -35,6 +35,7 @@ LAZY_COMMANDS = {
     "prune": "commands_ablate",
     "report": "commands_report",
     "pull": "commands_pull",
+    "explore": "commands_explore",
 }
 
 

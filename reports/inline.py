@@ -19,14 +19,13 @@ hides it once the interactive viewer is drawn.
 from __future__ import annotations
 
 import secrets
-from importlib import resources
 
 import numpy as np
 import pandas as pd
 
 from headlens.reports import explain, figures, findings, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
-from headlens.reports.viewer import default_viewer_tokens, safe_json, viewer_payload
+from headlens.reports.viewer import default_viewer_tokens, report_script, safe_json, viewer_payload
 
 # The inline views' own sentences (the rest is the reports' message catalogue, headlens.reports.i18n).
 PROSE = {
@@ -282,7 +281,7 @@ style="width: {STATIC_PIXELS}px; height: {STATIC_PIXELS}px"><figcaption>{esc(cap
 def viewer_script(suffix: str, lang: str) -> str:
     """report.js inside a function scope with its messages in `lang`, then the viewer of `suffix`; drawn once
     even if run twice."""
-    script = (resources.files("headlens.reports") / "report.js").read_text(encoding="utf-8")
+    script = report_script()
     return (
         f"(function () {{\n{script}\nMESSAGES = {safe_json(js_messages(lang))};\n"
         f"var app = document.getElementById({safe_json('viewer-app' + suffix)});\n"

@@ -201,7 +201,7 @@ def once(text, repeated: bool):
 
 def page_html(*, title: str, nav: list[tuple[str, str]], body: list[str], lang: str) -> str:
     """The document around the sections: CSP pinned to the one inline script, style, messages for the script."""
-    script = _asset("report.js")
+    script = viewer_mod.report_script()
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     csp = (
         f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{digest}'; "

@@ -1,20 +1,8 @@
 // headlens report: sortable tables, the label table's switch and the attention viewer. Plain
 // JavaScript, no network. User text only ever reaches the page through textContent, never innerHTML.
-// Messages come in the report's language from the JSON block #report-messages (the message catalogue).
 "use strict";
-
-var MESSAGES = (function () {
-  var el = document.getElementById("report-messages");
-  return el ? JSON.parse(el.textContent) : {};
-})();
-
-// Message `key` with {name} placeholders filled from `values`.
-function msg(key, values) {
-  var text = MESSAGES[key] !== undefined ? MESSAGES[key] : key;
-  return text.replace(/\{(\w+)\}/g, function (all, name) {
-    return values && values[name] !== undefined ? String(values[name]) : all;
-  });
-}
+// Runs after viewer_core.js (msg, shownToken, tokenSpan, paintTokenWeights, drawStrip), which the report
+// and the notebook views put first.
 
 (function labelSwitch() {
   // "with a role / all heads": hides the rows of heads without a role (first-token sinks only, or
@@ -97,16 +85,15 @@ function attentionViewer(suffix) {
   function weight(layer, head, q, k) {
     return weights[((layer * H + head) * P + q) * P + k] / 255;
   }
-  function shown(token) { return token.replace(/\n/g, "\u21b5").replace(/\t/g, "\u2192"); }
+  // Head (layer, head)'s weights from the query to keys 0..query.
+  function keyWeights(layer, head) {
+    var out = [];
+    for (var k = 0; k <= state.query; k++) { out.push(weight(layer, head, state.query, k)); }
+    return out;
+  }
 
   var tokenEls = data.tokens.map(function (token, pos) {
-    var span = document.createElement("span");
-    span.className = "tok";
-    span.textContent = shown(token);
-    span.setAttribute("data-pos", String(pos));
-    span.tabIndex = 0;
-    span.addEventListener("click", function () { state.query = pos; draw(); });
-    span.addEventListener("keydown", function (e) { if (e.key === "Enter") { state.query = pos; draw(); } });
+    var span = tokenSpan(token, pos, function (chosen) { state.query = chosen; draw(); });
     tokensEl.appendChild(span);
     return span;
   });
@@ -160,35 +147,18 @@ function attentionViewer(suffix) {
     gridEl.appendChild(grid);
   }
 
-  function drawStrip(canvas, layer, head) {
-    var ctx = canvas.getContext("2d");
-    ctx.fillStyle = "#000"; ctx.fillRect(0, 0, canvas.width, canvas.height);
-    var top = 0;
-    for (var j = 0; j <= state.query; j++) { top = Math.max(top, weight(layer, head, state.query, j)); }
-    for (var k = 0; k <= state.query; k++) {
-      var w = top > 0 ? weight(layer, head, state.query, k) / top : 0;  // each strip scaled to its maximum
-      ctx.fillStyle = "rgba(255, 200, 40, " + w.toFixed(3) + ")";
-      ctx.fillRect(k * cellWidth, 0, cellWidth, canvas.height);
-    }
-    var chosen = layer === state.layer && head === state.head;
-    canvas.className = chosen ? "chosen" : "";
-  }
-
   function draw() {
-    var best = 0, bestW = -1;
-    tokenEls.forEach(function (span, k) {
-      var w = k <= state.query ? weight(state.layer, state.head, state.query, k) : 0;
-      if (w > bestW) { bestW = w; best = k; }
-      span.style.backgroundColor = "rgba(40, 110, 255, " + w.toFixed(3) + ")";
-      span.style.color = w > 0.55 ? "#fff" : "";
-      span.title = msg("weight", { weight: w.toFixed(3) });
-      span.classList.toggle("query", k === state.query);
-    });
-    for (var a = 0; a < L; a++) { for (var b = 0; b < H; b++) { drawStrip(canvases[a][b], a, b); } }
+    var found = paintTokenWeights(tokenEls, keyWeights(state.layer, state.head), state.query);
+    for (var a = 0; a < L; a++) {
+      for (var b = 0; b < H; b++) {
+        drawStrip(canvases[a][b], keyWeights(a, b), cellWidth);
+        canvases[a][b].className = a === state.layer && b === state.head ? "chosen" : "";
+      }
+    }
     headSelect.value = state.layer + "." + state.head;
     statusEl.textContent = msg("status", {
-      query: state.query, query_token: shown(data.tokens[state.query]), head: state.layer + "." + state.head,
-      best: best, best_token: shown(data.tokens[best]), weight: bestW.toFixed(2) });
+      query: state.query, query_token: shownToken(data.tokens[state.query]), head: state.layer + "." + state.head,
+      best: found.best, best_token: shownToken(data.tokens[found.best]), weight: found.weight.toFixed(2) });
   }
 
   app.hidden = false;

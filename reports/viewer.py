@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from importlib import resources
 
 import numpy as np
 
@@ -57,6 +58,12 @@ def viewer_payload(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> dict:
         "labels": labels,
         "default_head": first,
     }
+
+
+def report_script() -> str:
+    """The report's one script: the attention views shared with the explorer (viewer_core.js), then report.js."""
+    folder = resources.files("headlens.reports")
+    return "\n".join((folder / name).read_text(encoding="utf-8") for name in ("viewer_core.js", "report.js"))
 
 
 def messages_block(lang: str = DEFAULT_LANG) -> str:

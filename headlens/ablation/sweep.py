@@ -149,6 +149,21 @@ def _group_sums(adapter, evalset, ctxs, rows_list, states, attn, rep, group) -> 
     return list(total)
 
 
+def ablated_hidden(model, evalset, rows: slice, heads: Sequence[Head], reps) -> torch.Tensor:
+    """The final hidden states (final norm applied) of the sequences `rows` of `evalset` with `heads`
+    ablated by hooks on the full forward pass: [batch, width, d_model] (width: EvalSet.batch)."""
+    adapter = adapter_for(model)
+    device = next(model.parameters()).device
+    ids, mask = (t.to(device) for t in evalset.batch(rows))  # [batch, width]
+    replacement = {}
+    for head in heads:
+        rep = layer_replacement(reps[head.layer], rows, ids.shape[1])
+        if rep is not None:
+            replacement[head] = rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
+    with ablation_hooks(model, heads, replacement):
+        return adapter.run_trunk(ids, mask)  # [batch, width, d_model], final norm applied
+
+
 def ablated_sums(
     model, evalset, heads: Sequence[Head], reps, batch_size: int | None = BATCH_SIZE, shard_batches: bool = False
 ) -> torch.Tensor:
@@ -165,14 +180,7 @@ def ablated_sums(
     parts = {}  # batch index -> (first unit, its sums over its units) when sharded
     with torch.no_grad():
         for index, rows in distributed.shard(indexed) if shard_batches else indexed:
-            ids, mask = (t.to(device) for t in evalset.batch(rows))  # [batch, width]
-            replacement = {}
-            for head in heads:
-                rep = layer_replacement(reps[head.layer], rows, ids.shape[1])
-                if rep is not None:
-                    replacement[head] = rep[:, :, head.head]  # [batch | 1, pos | 1, d_head]
-            with ablation_hooks(model, heads, replacement):
-                hidden = adapter.run_trunk(ids, mask)  # [batch, pos, d_model], final norm applied
+            hidden = ablated_hidden(model, evalset, rows, heads, reps)  # [batch, width, d_model]
             seq, pos = torch.nonzero(evalset.counted[rows].to(device), as_tuple=True)  # scored pairs
             values = scored_values(hidden[seq, pos], adapter.unembed(), evalset, rows, seq, pos)  # [n_scored]
             units = evalset.units[rows].to(device)[seq, pos].cpu()  # [n_scored]

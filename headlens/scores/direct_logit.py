@@ -45,9 +45,10 @@ def head_direct_effects(
     attn_out: list[torch.Tensor] | None,
     final_in: torch.Tensor,
     target: torch.Tensor,
-    foil: torch.Tensor,
+    foil: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Each head's direct effect on logit(target) - logit(foil): [n_layers, n, n_heads] (float64).
+    """Each head's direct effect on logit(target) - logit(foil), or on logit(target) alone when `foil`
+    is None: [n_layers, n, n_heads] (float64).
 
     z: per layer z at the scored positions [n, head, d_head]; attn_out: per layer the attention
     output there [n, d_model] (the input of a norm on it; None when the family has none);
@@ -55,7 +56,9 @@ def head_direct_effects(
     final, unembed = adapter.final_norm(), adapter.unembed()
     with onloaded(unembed), onloaded(final):  # only the two unembedding rows per position are read
         w_u = unembed.weight.detach()  # [d_vocab, d_model]
-        direction = w_u[target.to(w_u.device)].double() - w_u[foil.to(w_u.device)].double()  # [n, d_model]
+        direction = w_u[target.to(w_u.device)].double()  # [n, d_model]
+        if foil is not None:
+            direction = direction - w_u[foil.to(w_u.device)].double()  # [n, d_model]
         gain = adapter.final_norm_gain()
         gain = None if gain is None else gain.detach().double().to(w_u.device)  # [d_model]
     if gain is not None:

@@ -1,0 +1,218 @@
+"""What the explorer computes, as JSON-ready dicts: one loaded model, its classification, and the texts typed.
+
+Every number is a library call: patterns from headlens.classify.samples.capture_patterns, per-token losses and
+top predictions from headlens.ablation.tokens.token_ablation (ablate_heads's own evaluation set,
+replacements and forward passes), direct effects from headlens.scores.prediction. A typed text becomes a
+`run` with its own random id (the least recently used dropped past RUNS_BYTES of patterns); every request
+names its run, so two clients never read each other's text. One lock serialises the model's forward
+passes: ablation installs hooks on the shared model, and hooks are global state.
+
+Patterns go out per layer on demand, quantised to one byte per weight (0..255 of 0..1): the grid's
+thumbnails max-pooled to at most THUMB_SIZE x THUMB_SIZE, one head's full pattern when opened, and one
+query's row for every head of a layer (4 decimals) when a token is clicked.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headlens.ablation.evalset import eval_context
+from headlens.ablation.tokens import token_ablation
+from headlens.classify.kinds import LABELS, SCORES
+from headlens.classify.labels import roles_of
+from headlens.classify.samples import capture_patterns
+from headlens.errors import ConfigError, InputTextError
+from headlens.heads import Head
+from headlens.probes.inputs import check_text
+from headlens.scores.prediction import prediction_direct_effects
+
+MAX_TOKENS = 512  # default cap on a text's tokens (BOS not counted)
+RUNS_BYTES = 1 << 30  # patterns of the typed texts kept, at most (the newest text is always kept)
+THUMB_SIZE = 48  # a thumbnail's side at most, in pooled cells
+ROW_DIGITS = 4  # decimals of the attention weights a clicked token's row sends
+METHODS = ("zero", "mean", "resample")
+
+
+class TooLong(InputTextError):
+    """A text over the token cap."""
+
+
+def quantised_b64(weights: torch.Tensor) -> str:
+    """Weights in 0..1 as base64 of uint8 (0..255), row-major."""
+    data = np.rint(np.clip(weights.float().numpy(), 0.0, 1.0) * 255).astype(np.uint8)
+    return base64.b64encode(data.tobytes()).decode("ascii")
+
+
+@dataclass
+class Run:
+    """One typed text: its token ids (BOS first), tokens as shown, and every head's pattern."""
+
+    text: str
+    ids: list[int]
+    tokens: list[str]
+    patterns: torch.Tensor  # [layer, head, pos, pos] float32
+    clean: dict | None = None  # the last token_ablation result on this text (its unablated part is reused)
+
+
+class Explorer:
+    """The model, its classification frame and the typed texts; every method returns a JSON-ready dict."""
+
+    def __init__(self, loaded, frame: pd.DataFrame, max_tokens: int = MAX_TOKENS, seed: int = 0):
+        spec = loaded.spec
+        if len(frame) != spec.n_layers * spec.n_heads:
+            raise ConfigError(
+                f"the labels describe another model ({len(frame)} heads) than this one "
+                f"({spec.n_layers} layers x {spec.n_heads} heads)"
+            )
+        self.loaded, self.frame, self.seed = loaded, frame.set_index(["layer", "head"]), seed
+        # one ablation window (eval_context) holds BOS + the text, as `headlens ablate` cuts it
+        self.max_tokens = min(max_tokens, eval_context(loaded) - 1)
+        self.lock = threading.Lock()  # the model's forward passes, one at a time
+        self.runs_lock = threading.Lock()  # the table of runs
+        self.runs: OrderedDict[str, Run] = OrderedDict()
+
+    # -- the model and its heads ------------------------------------------------------------------
+    def labels(self) -> dict[str, list[str]]:
+        return {f"{layer}.{head}": list(row.labels) for (layer, head), row in self.frame.iterrows()}
+
+    def model_info(self) -> dict:
+        spec = self.loaded.spec
+        labels = self.labels()
+        present = {role for names in labels.values() for role in roles_of(names)}
+        return {
+            "name": self.loaded.display_name,
+            "n_layers": spec.n_layers,
+            "n_heads": spec.n_heads,
+            "max_tokens": self.max_tokens,
+            "labels": labels,
+            "roles": [role for role in LABELS if role in present],
+            "methods": list(METHODS),
+        }
+
+    def head_scores(self, layer: int, head: int) -> dict[str, float]:
+        row = self.frame.loc[(layer, head)]
+        out = {}
+        for score in SCORES:
+            value = row.get(score.column)
+            if isinstance(value, (int, float, np.number)) and np.isfinite(value):
+                out[score.column] = float(value)
+        return out
+
+    # -- a typed text -----------------------------------------------------------------------------
+    def start_run(self, text: str) -> dict:
+        text = check_text(text, "the text")
+        tokenizer = self.loaded.tokenizer
+        body = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(body) > self.max_tokens:
+            raise TooLong(f"the text is {len(body)} tokens long; this page takes at most {self.max_tokens}")
+        if len(body) < 1:
+            raise InputTextError("the text has no tokens")
+        ids = [self.loaded.bos_token_id] + body
+        with self.lock:
+            patterns = capture_patterns(self.loaded, ids)  # [layer, head, pos, pos]
+        run = Run(text, ids, [tokenizer.decode([token]) for token in ids], patterns)
+        run_id = secrets.token_urlsafe(12)
+        with self.runs_lock:
+            self.runs[run_id] = run
+            while len(self.runs) > 1 and sum(r.patterns.nbytes for r in self.runs.values()) > RUNS_BYTES:
+                self.runs.popitem(last=False)  # the least recently used text
+        return {"run": run_id, "tokens": run.tokens, "ids": ids}
+
+    def run(self, run_id: str) -> Run:
+        with self.runs_lock:
+            run = self.runs.get(run_id)
+            if run is None:
+                raise InputTextError("unknown or expired run: submit the text again")
+            self.runs.move_to_end(run_id)
+        return run
+
+    def _check(self, layer: int, head: int | None = None) -> None:
+        spec = self.loaded.spec
+        if not 0 <= layer < spec.n_layers or (head is not None and not 0 <= head < spec.n_heads):
+            raise ConfigError(f"no head {layer}.{head}: {spec.n_layers} layers x {spec.n_heads} heads")
+
+    def layer_thumbs(self, run_id: str, layer: int) -> dict:
+        """Every head of `layer` max-pooled to at most THUMB_SIZE cells a side: uint8 [head, size, size]."""
+        self._check(layer)
+        patterns = self.run(run_id).patterns[layer]  # [head, pos, pos]
+        pos = patterns.shape[-1]
+        size = min(pos, THUMB_SIZE)
+        pooled = patterns if size == pos else torch.nn.functional.adaptive_max_pool2d(patterns, size)
+        return {"layer": layer, "size": size, "thumbs_b64": quantised_b64(pooled)}  # [head, size, size]
+
+    def head_pattern(self, run_id: str, layer: int, head: int) -> dict:
+        """One head's full pattern (uint8 [q_pos, k_pos]), its labels and scores."""
+        self._check(layer, head)
+        pattern = self.run(run_id).patterns[layer, head]  # [q_pos, k_pos]
+        return {
+            "layer": layer,
+            "head": head,
+            "pos": int(pattern.shape[-1]),
+            "pattern_b64": quantised_b64(pattern),
+            "labels": list(self.frame.loc[(layer, head)].labels),
+            "scores": self.head_scores(layer, head),
+        }
+
+    def query_row(self, run_id: str, layer: int, query: int) -> dict:
+        """Where every head of `layer` sends token `query`'s attention: [head][k_pos], 4 decimals."""
+        self._check(layer)
+        patterns = self.run(run_id).patterns[layer]  # [head, pos, pos]
+        if not 0 <= query < patterns.shape[-1]:
+            raise ConfigError(f"token {query} is outside the text's {patterns.shape[-1]} positions")
+        rows = patterns[:, query, : query + 1]  # [head, query + 1]
+        return {"layer": layer, "query": query, "weights": [[round(float(w), ROW_DIGITS) for w in r] for r in rows]}
+
+    # -- what removing heads changes --------------------------------------------------------------
+    def ablate(self, run_id: str, heads, method: str, position: int) -> dict:
+        """Per-token loss and top-5 at `position` with `heads` ("L.H" list or a role) kept and ablated."""
+        run = self.run(run_id)
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        labels = {Head(*key): list(row.labels) for key, row in self.frame.iterrows()}
+        spec = heads if isinstance(heads, str) else ",".join(heads)
+        if not spec:
+            raise ConfigError("tick at least one head, or pick a role")
+        with self.lock:
+            result = token_ablation(
+                self.loaded, run.text, spec, method, self.seed, position, labels=labels, clean=run.clean
+            )
+        run.clean = dict(result)  # the unablated losses and top-5 at this position, reused next time
+        if result["ids"] != run.ids:
+            raise InputTextError("the text does not fit one window of the model's context")
+        decode = self.loaded.tokenizer.decode
+        shown = dict(result)
+        for key in ("top_clean", "top_ablated"):
+            shown[key] = [{"token": decode([i]), "id": i, "prob": p} for i, p in result[key]]
+        return shown
+
+    def direct(self, run_id: str, position: int, target: str | None, foil: str | None) -> dict:
+        """Every head's direct effect on the prediction after `position` (or target vs foil), [layer][head]."""
+        run = self.run(run_id)
+        if not 0 <= position < len(run.ids):
+            raise ConfigError(f"position {position} is outside the text's {len(run.ids)} positions")
+        target_id = None if not target else self.one_token(target, "target")
+        foil_id = None if not foil else self.one_token(foil, "foil")
+        with self.lock:
+            result = prediction_direct_effects(self.loaded, run.ids, position, target_id, foil_id)
+        decode = self.loaded.tokenizer.decode
+        return {
+            "position": position,
+            "target": decode([result["target"]]),
+            "foil": None if foil_id is None else decode([foil_id]),
+            "logit": result["logit"],
+            "direct": result["direct"].tolist(),  # [layer][head]
+        }
+
+    def one_token(self, text: str, what: str) -> int:
+        ids = self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise InputTextError(f"the {what} {text!r} is {len(ids)} tokens: type one token (e.g. ' Paris')")
+        return int(ids[0])
