@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from headlens.ablation.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, prompt_evalset
+from headlens.ablation.metrics import position_values
 from headlens.errors import ConfigError
 from headlens.probes import random_token_range, repeated_random_tokens
 from headlens.scores.name_mover import N_PROMPTS, TEMPLATES, ioi_prompts, name_tokens
@@ -81,6 +82,14 @@ class Task:
         if self.foil is None:
             return (own - read.mean(-1)).mean()
         return (own - read[rows, self.foil[self.where].to(read.device)]).mean()
+
+    def hidden_values(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
+        """The metric's value at each read position from the final norm's output there, hidden [..., n_read,
+        d_model], by `ablate`'s own arithmetic (headlens.ablation.metrics.position_values): [..., n_read].
+        Their mean is `metric`; the unembedding is applied in chunks (no [n_read, d_vocab] logits)."""
+        target = self.target[self.where].to(hidden.device)  # [n_read]
+        foil = None if self.foil is None else self.foil[self.where].to(hidden.device)  # [n_read]
+        return position_values(hidden, lm_head, target, foil, "loss" if self.metric_name == "loss" else "logit_diff")
 
     def direction(self, w_u: torch.Tensor) -> torch.Tensor:
         """Per read position, the unembedding direction whose dot product with the final norm's output
