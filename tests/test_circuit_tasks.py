@@ -73,3 +73,17 @@ def test_unknown_task_and_prompts_with_induction_are_config_errors(small_model):
         make_task(small_model, "copying")
     with pytest.raises(ConfigError, match="--task ioi"):
         make_task(small_model, "induction", prompts=[])
+
+
+def test_a_tasks_evalset_scores_its_targets_as_ablate_does(small_model):
+    from headlens.ablation.sweep import ablated_sums
+
+    for task in (induction_task(small_model, n=3, seq_len=6), ioi_task(small_model, n=5)):
+        evalset = task.evalset()
+        rows, cols = task.where.nonzero(as_tuple=True)
+        assert torch.equal(evalset.input_ids[rows, cols + 1], task.target[rows, cols])
+        assert evalset.n_tokens == task.n_read
+        with torch.no_grad():
+            logits = small_model.model(input_ids=task.tokens, attention_mask=task.mask.long()).logits
+        total = ablated_sums(small_model.model, evalset, [], [None] * small_model.spec.n_layers).sum()
+        assert float(total) / evalset.n_tokens == pytest.approx(float(task.metric(logits)), rel=1e-4, abs=1e-5)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from headlens.ablation.evalset import EvalSet
 from headlens.ablation.replace import capture_z, replacements
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.errors import ConfigError
@@ -106,21 +105,6 @@ class SelfRepair:
         )
 
 
-def task_evalset(task, reference: torch.Tensor | None = None) -> EvalSet:
-    """The task's sequences as an ablation evaluation set (headlens.ablation.evalset.EvalSet), so replace.py's
-    mean and resample read them; `reference` [n_ref, pos] (with the task's mask) becomes its reference set.
-    One padding column is appended so every read position has a prediction slot."""
-    pad = torch.zeros(task.tokens.shape[0], 1, dtype=torch.long)  # [n_seq, 1]
-    ids = torch.cat([task.tokens, pad], 1)  # [n_seq, pos + 1]
-    mask = torch.cat([task.mask, pad.bool()], 1)  # [n_seq, pos + 1]
-    metric = "repeat" if task.metric_name == "loss" else "logit-diff"
-    evalset = EvalSet(ids, mask, task.where.clone(), metric, "", task.description)
-    if reference is not None:
-        evalset.reference_ids, evalset.reference_mask = reference, task.mask
-        evalset.reference_label = "the task's corrupted run"
-    return evalset
-
-
 def replacement_for(loaded, task, heads: list[Head], method: str, seed: int = 0) -> dict[Head, torch.Tensor | None]:
     """What each ablated head's z becomes under `method` (see the module docstring): head -> None (zero) or a
     tensor broadcastable to [n_seq, pos, d_head] over the task's sequences."""
@@ -140,7 +124,7 @@ def replacement_for(loaded, task, heads: list[Head], method: str, seed: int = 0)
 
         capture_z(loaded.model, task.corrupted, task.mask, None, keep)
         return {h: seen[h.layer][:, :, h.head] for h in heads}  # [n_seq, pos, d_head]
-    reps = replacements(loaded.model, task_evalset(task, task.corrupted), method, seed, None)
+    reps = replacements(loaded.model, task.evalset(), method, seed, None)
     out = {}
     for h in heads:
         rep = reps[h.layer][..., h.head, :]  # [1 | n_seq, 1 | pos + 1, d_head]

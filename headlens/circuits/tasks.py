@@ -23,11 +23,12 @@ component writes linearly; the log-sum-exp is shared by all of them). For IOI bo
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
 
-from headlens.ablation.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, prompt_evalset
+from headlens.ablation.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, EvalSet, prompt_evalset
 from headlens.ablation.metrics import position_values
 from headlens.errors import ConfigError
 from headlens.probes import random_token_range, repeated_random_tokens
@@ -90,6 +91,32 @@ class Task:
         target = self.target[self.where].to(hidden.device)  # [n_read]
         foil = None if self.foil is None else self.foil[self.where].to(hidden.device)  # [n_read]
         return position_values(hidden, lm_head, target, foil, "loss" if self.metric_name == "loss" else "logit_diff")
+
+    def evalset(self, loaded=None) -> EvalSet:
+        """The task as an ablation evaluation set (headlens.ablation.evalset.EvalSet: the next-token layout
+        `ablate` measures, read by replace.py and path patching): each read position's target written as
+        the next token (one column appended), `counted` = `where`, the foils where there are; the corrupted
+        run, when there is one, is the reference set mean and resample ablation draw z from. `loaded` is
+        unused (the task holds its tokens)."""
+        n, pos = self.tokens.shape
+        ids = torch.cat([self.tokens, torch.zeros(n, 1, dtype=torch.long)], 1)  # [n, pos + 1]
+        mask = torch.cat([self.mask, torch.zeros(n, 1, dtype=torch.bool)], 1)  # [n, pos + 1]
+        rows, cols = self.where.nonzero(as_tuple=True)  # [n_read] each
+        ids[rows, cols + 1], mask[rows, cols + 1] = self.target[rows, cols], True
+        digest = hashlib.sha256(self.name.encode() + self.tokens.numpy().tobytes() + self.where.numpy().tobytes())
+        evalset = EvalSet(
+            ids,
+            mask,
+            self.where.clone(),
+            "repeat" if self.metric_name == "loss" else "logit-diff",
+            digest.hexdigest(),
+            self.description,
+            foils=None if self.foil is None else self.foil.clone(),
+        )
+        if self.corrupted is not None:
+            evalset.reference_ids, evalset.reference_mask = self.corrupted, self.mask
+            evalset.reference_label = "the task's corrupted run"
+        return evalset
 
     def direction(self, w_u: torch.Tensor) -> torch.Tensor:
         """Per read position, the unembedding direction whose dot product with the final norm's output
