@@ -31,13 +31,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlens.ablation.metrics import DIFFERENTIABLE, check_choice
-from headlens.ablation.replace import frozen_weights, layer_replacement, replacements, z_change
+from headlens.ablation.metrics import DIFFERENTIABLE
+from headlens.ablation.replace import frozen_weights, layer_replacement, z_change
 from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for, get_module
 from headlens.arch.sites import row_part
 from headlens.circuits.edges import DIRECT, LOGITS, VIAS, edge_frame
-from headlens.circuits.paths import clean_run, sender_deltas, task_evalset
+from headlens.circuits.paths import clean_run, sender_deltas, task_replacements
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
 
@@ -174,10 +174,9 @@ def edge_attribution(
         raise ConfigError(f"unknown edge attribution {method!r}: choose one of {', '.join(EAP_METHODS)}")
     if steps < 1:
         raise ConfigError(f"EAP-IG steps must be >= 1, got {steps}")
-    evalset = task_evalset(loaded, task)
+    evalset, reps = task_replacements(loaded, task, ablation, seed)
     if evalset.metric not in DIFFERENTIABLE:
         raise ConfigError(f"metric {evalset.metric} has no gradient: edge attribution needs one of {DIFFERENTIABLE}")
-    reps = replacements(loaded.model, evalset, check_choice(ablation, evalset.metric), seed, batch_size=None)
     got = attribution_tensors(loaded.model, evalset, reps, method, steps)
     n_layers, n_heads = got["direct"].shape
     heads = all_heads(n_layers, n_heads)
