@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--receivers", type=int, default=2)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--composition-only", action="store_true")
     args = parser.parse_args()
     figures: dict = {"model": args.model, "gflops_before": matmul_gflops()}
     loaded = load_model(args.model)
@@ -73,6 +74,8 @@ def main() -> None:
         values = dict(zip(zip(part["sender"], part["receiver"], strict=True), part["composition"], strict=True))
         figures[f"{via}_composition_prev_to_induction"] = permutation_p(values, prev, induction, spec.n_heads)
     print(json.dumps(figures, indent=1), flush=True)
+    if args.composition_only:
+        return
     task = induction_task(loaded, n=2, seq_len=12, seed=5)
     eap, figures["eap_s"] = timed(lambda: edge_attribution(loaded, task, "eap"))
     ig, figures["eap_ig5_s"] = timed(lambda: edge_attribution(loaded, task, "eap-ig", steps=5))

@@ -21,7 +21,6 @@ from headlens.heads import Head
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 P_MAX = 0.01
-PATCH_RECEIVERS = 3  # the earliest induction heads whose key paths are patched exactly (the cost is per receiver)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +56,7 @@ def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, roles)
 
 def test_previous_token_heads_feed_the_induction_keys_by_path_patching(smollm2, roles):
     prev, induction = roles
-    receivers = sorted(induction)[:PATCH_RECEIVERS]
+    receivers = sorted(induction)
     layers = sorted({p.layer for p in prev if p.layer < receivers[-1].layer})
     senders = [Head(layer, h) for layer in layers for h in range(smollm2.spec.n_heads)]  # every control's heads
     chosen = [p for p in prev if p.layer in layers]
