@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck venv browser models bench-smoke
+.PHONY: demo test test-fast lint typecheck venv browser models bench-smoke bench-smoke-all
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,9 +41,13 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "not slow and not browser and not notebook"
 
 # Smoke runs of the benchmark scripts (tests/test_benchmarks_smoke.py, marked `slow`): each at its smallest
-# sizes on the tiny model or random weights. HEADLENS_BENCH_SMOKE_ALL=1 adds the minutes-long ones.
+# sizes on the tiny model or random weights. `bench-smoke-all` adds the minutes-long ones, which are not part of
+# the suite.
 bench-smoke: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_benchmarks_smoke.py
+
+bench-smoke-all: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_benchmarks_smoke.py --bench-heavy
 
 # Debian's chromium + chromium-driver for the browser tests (tests/test_browser.py, marked `browser`);
 # needs root (CI runs as root). Skipped when both are already installed.

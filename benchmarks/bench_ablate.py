@@ -50,7 +50,7 @@ def _rss_mb() -> float:
 
 def _setup():
     from headlens.ablation.evalset import EvalSet
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     loaded = build_model(None, seed=0, name="gpt2-shaped-random")
     gen = torch.Generator().manual_seed(0)
@@ -122,7 +122,7 @@ def section_exact(heads_per_pass: int | None = None, layer: int | None = None) -
 
 
 def section_tl_loop() -> dict:
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     loaded, evalset = _setup()
     bridge = boot_bridge(loaded)
@@ -158,7 +158,8 @@ def section_attribution() -> dict:
 def section_tiny() -> dict:
     from headlens.ablation.ablate import sweep_heads
     from headlens.ablation.approx import agreement, approx_sweep
-    from headlens.models import load_model, shipped_path
+    from headlens.files import shipped_path
+    from headlens.load.models import load_model
 
     if not (shipped_path("tiny") / "config.json").is_file():
         return {"missing": True}

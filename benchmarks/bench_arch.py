@@ -45,7 +45,7 @@ def smollm_shaped():
     """A LoadedModel: Llama with SmolLM-135M's shape, random weights (seed 0)."""
     from transformers import LlamaConfig
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = LlamaConfig(
         vocab_size=49152,
@@ -71,7 +71,7 @@ def _ids(batch: int, pos: int, bos: int) -> torch.Tensor:
 def _capture_step(variant: str):
     """Build the model (and bridge) for `variant`; return a no-arg function running one pass."""
     from headlens.capture import Batch, run_capture
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
     from headlens.scores.positional import prev_token_reducer
 
     loaded = smollm_shaped()
@@ -148,7 +148,7 @@ def run_exact(layers: list[int]) -> dict:
 
 
 def run_tl_loop(layers: list[int]) -> dict:
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     loaded, evalset = _sweep_setup()
     bridge = boot_bridge(loaded)

@@ -89,7 +89,7 @@ def main() -> None:
     from planted import build_planted
 
     from headlens.ablation.evalset import build_evalset
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     torch.set_num_threads(THREADS)
     rows = []

@@ -3,7 +3,7 @@ With `--vary windows`, the budget stays and the natural-text windows go from W t
 
 Each budget runs in a fresh subprocess (model load included, as `headlens classify` pays it): wall
 seconds and CPU seconds (user + system of the process, all threads) for the load, each probe
-(headlens.kinds.PROBES) and the labelling; then the labels of every head at the two budgets are
+(headlens.classify.kinds.PROBES) and the labelling; then the labels of every head at the two budgets are
 compared and the heads that differ listed. The machine is shared: CPU seconds are the figure that
 does not depend on the load; `uptime` is printed before and after.
 
@@ -34,10 +34,9 @@ def key(budget: int, max_windows: int) -> str:
 def child(model: str, budget: int, out: Path, max_windows: int) -> None:
     """One classify run at `budget` and `max_windows`, every probe timed; the frame goes to
     out/heads_<key>.json."""
-    from headlens import kinds
-    from headlens.classify import classify_heads, head_records
-    from headlens.labels import ClassifyConfig
-    from headlens.models import load_model
+    from headlens.classify import classify_heads, head_records, kinds
+    from headlens.classify.labels import ClassifyConfig
+    from headlens.load.models import load_model
 
     timings = {}
 
@@ -102,8 +101,8 @@ def compare(out: Path, low: str, high: str) -> dict:
 
 
 def main() -> None:
-    from headlens.kinds import DEFAULT_TOKEN_BUDGET
-    from headlens.labels import ClassifyConfig
+    from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
+    from headlens.classify.labels import ClassifyConfig
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")

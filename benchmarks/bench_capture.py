@@ -51,7 +51,7 @@ def _make_step(variant: str):
     import torch
 
     from headlens.capture import Batch, run_capture
-    from headlens.models import boot_bridge, build_model
+    from headlens.load.models import boot_bridge, build_model
     from headlens.scores.positional import prev_token_reducer
 
     loaded = build_model(None, seed=0)  # GPT2Config(): 12 layers x 12 heads, d_model 768

@@ -32,7 +32,7 @@ from headlens.circuits.attribution import edge_agreement, edge_attribution  # no
 from headlens.circuits.composition import composition_scores  # noqa: E402
 from headlens.circuits.paths import path_patch  # noqa: E402
 from headlens.circuits.tasks import induction_task  # noqa: E402
-from headlens.models import load_model  # noqa: E402
+from headlens.load.models import load_model  # noqa: E402
 
 
 def matmul_gflops(n: int = 1024, reps: int = 5) -> float:

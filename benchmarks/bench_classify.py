@@ -45,7 +45,7 @@ CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
 
 
 def prompts() -> list[str]:
-    from headlens.probes import default_text
+    from headlens.probes.inputs import default_text
 
     text = default_text()
     return [text[i * PASSAGE_CHARS : (i + 1) * PASSAGE_CHARS] * 2 for i in range(N_PROMPTS)]
@@ -55,7 +55,7 @@ def _ours(loaded, sequences, batch_size: int):
     import torch
 
     from headlens.capture import iter_batches
-    from headlens.probe_runs import stream_heads
+    from headlens.classify.runs import stream_heads
     from headlens.scores.copying import CopyingReducer
     from headlens.scores.duplicate import duplicate_token_reducer
     from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -93,7 +93,7 @@ def _tl(loaded, sequences, texts):
     import torch
     from transformer_lens.head_detector import detect_head
 
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     bridge = boot_bridge(loaded)
     for text, seq in zip(texts, sequences, strict=True):
@@ -112,7 +112,7 @@ def _tl(loaded, sequences, texts):
 def run_side(side: str, repeats: int, batch_size: int = BATCH) -> dict:
     import torch
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     torch.set_num_threads(2)
     loaded = build_model(None, seed=0)  # GPT2Config(): 12 layers x 12 heads, d_model 768, random weights

@@ -1,5 +1,5 @@
 """Loading a named GGUF model (`headlens pull NAME` first): decoding every tensor with gguf's numpy
-`dequantize` vs headlens.dequant's torch decoder, side by side; then headlens's first load (convert
+`dequantize` vs headlens.load.dequant's torch decoder, side by side; then headlens's first load (convert
 into an empty cache) and second load (from the cache); with --peer, transformers' own
 `from_pretrained(gguf_file=...)` (numpy decoding, gguf.GGUFReader) as well.
 
@@ -20,11 +20,11 @@ import gguf
 import numpy as np
 import torch
 
-from headlens.dequant import dequantize
 from headlens.errors import UnsupportedModelError
-from headlens.ggufread import read_gguf
-from headlens.models import load_model, resolve_model
-from headlens.named import NAMED_MODELS, named_gguf
+from headlens.load.dequant import dequantize
+from headlens.load.gguf_read import read_gguf
+from headlens.load.models import load_model, resolve_model
+from headlens.load.pulls import NAMED_MODELS, named_gguf
 
 
 def timed(fn) -> tuple[float, object]:
@@ -37,7 +37,7 @@ def decode_all(path, numpy_reference: bool) -> float:
     """Seconds to decode every tensor of the file (header parse excluded)."""
     tensors = read_gguf(path).tensors
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as headlens.ggufload runs the decoder
+    torch.set_num_threads(1)  # as headlens.load.gguf_load runs the decoder
     start = time.perf_counter()
     for tensor in tensors:
         if numpy_reference:
@@ -68,7 +68,7 @@ def headlens_loads(name: str, path) -> tuple[float, float]:
 
 
 def load(name: str):
-    """headlens.models.load_model; for a family without a headlens adapter yet (gemma3_text), the same
+    """headlens.load.models.load_model; for a family without a headlens adapter yet (gemma3_text), the same
     steps without the adapter: resolve (convert on first use), from_pretrained, tokenizer."""
     try:
         return load_model(name)

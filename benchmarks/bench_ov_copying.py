@@ -15,7 +15,7 @@ from unittest import mock
 import torch
 
 from headlens.arch import adapter_for
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.scores import ov_copying
 
 

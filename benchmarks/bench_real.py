@@ -14,7 +14,7 @@ attribution  exact zero-ablation sweep of all heads vs `atp` and `atp*`
              `--repeat-len` random tokens repeated twice). Targets: Spearman >= 0.8, top-10
              recall >= 0.8, AtP* >= 20x faster than the exact sweep.
 classify     headlens's streamed previous-token / duplicate-token / induction ("mul" form) scores
-             vs TransformerLens `detect_head` through the bridge (headlens.models.boot_bridge), on
+             vs TransformerLens `detect_head` through the bridge (headlens.load.models.boot_bridge), on
              the same token ids (`--prompts` passages of `--passage-chars` characters, each
              repeated twice). Targets: >= 3x faster, <= half the added peak, max |diff| <= 1e-4.
              `--whole` also runs `headlens classify MODEL` under /usr/bin/time (peak RSS) and
@@ -53,7 +53,7 @@ CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576"}  # as in bench_capture.py: RSS
 
 
 def _load(args):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     torch.set_num_threads(THREADS)
     return load_model(args.model)
@@ -72,7 +72,7 @@ def _load_average() -> str:
 def evalsets(loaded, args) -> dict:
     """The two evaluation sets: natural text (loss) and repeated random tokens (repeat)."""
     from headlens.ablation.evalset import repeat_evalset, text_evalset
-    from headlens.probes import default_text
+    from headlens.probes.inputs import default_text
 
     return {
         "loss": text_evalset(loaded, default_text(), window=args.text_tokens, max_windows=args.text_windows),
@@ -146,7 +146,7 @@ def run_attribution(args) -> dict:
 
 
 def prompts(args) -> list[str]:
-    from headlens.probes import default_text
+    from headlens.probes.inputs import default_text
 
     text, n = default_text(), args.passage_chars
     return [text[i * n : (i + 1) * n] * 2 for i in range(args.prompts)]
@@ -154,7 +154,7 @@ def prompts(args) -> list[str]:
 
 def _ours_step(loaded, sequences):
     from headlens.capture import iter_batches
-    from headlens.probe_runs import stream_heads
+    from headlens.classify.runs import stream_heads
     from headlens.scores.duplicate import duplicate_token_reducer
     from headlens.scores.induction import prefix_matching_reducer
     from headlens.scores.positional import prev_token_reducer
@@ -172,7 +172,7 @@ def _ours_step(loaded, sequences):
 def run_classify_side(side: str, args) -> dict:
     from transformer_lens.head_detector import detect_head
 
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     loaded, texts = _load(args), prompts(args)
     if side == "ours":
@@ -251,7 +251,7 @@ def llama_sweep_flops(config, n_seq: int, pos: int, n_counted: int) -> float:
 
 
 def run_sweep(args) -> dict:
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     before = matmul_rate()
     loaded = model = _load(args)

@@ -53,11 +53,11 @@ def synthetic_frames(n_layers: int, n_heads: int, seed: int = 0):
 
 
 def main() -> None:
-    from headlens.models import build_model
-    from headlens.probes import default_text
+    from headlens.classify.samples import sample_patterns
+    from headlens.load.models import build_model
+    from headlens.probes.inputs import default_text
     from headlens.reports import render_report
     from headlens.reports.viewer import default_viewer_tokens
-    from headlens.samples import sample_patterns
 
     start = time.perf_counter()
     loaded = build_model(None, seed=0, name="gpt2-shaped-random")

@@ -48,9 +48,9 @@ def _cli_seconds(model_dir: Path, *extra: str) -> tuple[float, float]:
 
 
 def _needle_seconds(loaded, max_length: int | None = None) -> dict:
-    from headlens import probes
     from headlens.classify import ClassifyConfig
-    from headlens.probes import random_token_range
+    from headlens.probes import inputs as probes
+    from headlens.probes.inputs import random_token_range
     from headlens.scores.retrieval import retrieval_scores
 
     config, spec = ClassifyConfig(), loaded.spec
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=None, help="only needle tests of at most this context")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from headlens.models import build_model, load_model, save_model
+    from headlens.load.models import build_model, load_model, save_model
 
     if args.needles_only:
         needles = _needle_seconds(build_model(None, seed=0, name="gpt2-shaped-random"), args.max_length)

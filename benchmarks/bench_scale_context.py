@@ -27,7 +27,7 @@ from peak_memory import reset_peak, status_kb  # benchmarks/ is on sys.path when
 
 
 def _model(family: str, n_ctx: int):
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     if family == "gpt2":
         from transformers import GPT2Config
@@ -63,7 +63,7 @@ def _child(family: str, side: str, size: int, n_ctx: int) -> None:
     n, h = loaded.spec.n_layers, loaded.spec.n_heads
     bridge = None
     if side == "tl":
-        from headlens.models import boot_bridge
+        from headlens.load.models import boot_bridge
 
         bridge = boot_bridge(loaded)
 

@@ -29,7 +29,7 @@ import torch
 def _worker(out: Path) -> None:
     from headlens import distributed
     from headlens.ablation import sweep_heads
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     distributed.init()
     torch.set_num_threads(int(os.environ["BENCH_THREADS"]))

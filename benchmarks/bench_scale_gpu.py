@@ -45,7 +45,7 @@ def _timed(fn, device: str) -> float:
 def _model(args, dtype: str):
     from transformers import LlamaConfig
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = LlamaConfig(
         vocab_size=50257,

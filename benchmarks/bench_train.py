@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 from headlens.reports.figures import phase_change_step
 from headlens.training import byte_tokenizer, load_corpus, load_training_log, recipe, sample_batch
 from headlens.training.loop import build_model

@@ -1,4 +1,4 @@
-"""CPU and wall time of each classify probe (headlens.kinds.PROBES) in one process, so every probe
+"""CPU and wall time of each classify probe (headlens.classify.kinds.PROBES) in one process, so every probe
 is timed under the same machine load.
 
 `--only copy_suppression,ioi` runs just those probes, with the haystack the text probe would leave
@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from headlens import kinds
-from headlens.labels import ClassifyConfig
-from headlens.models import load_model
-from headlens.probe_runs import SOURCE_DEFAULT, ProbeRun, default_ids, probe_sizes, resolve_text
+from headlens.classify import kinds
+from headlens.classify.labels import ClassifyConfig
+from headlens.classify.runs import SOURCE_DEFAULT, ProbeRun, default_ids, probe_sizes, resolve_text
+from headlens.load.models import load_model
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import torch
 from headlens.ablation.ablate import ablate_heads
 from headlens.errors import InputTextError
 from headlens.heads import Head
-from headlens.models import load_model
-from headlens.probes import default_text
+from headlens.load.models import load_model
+from headlens.probes.inputs import default_text
 from headlens.scores.copy_suppression import copy_suppression_scores
 from headlens.scores.name_mover import ablation_prompts, name_mover_scores
 from headlens.scores.successor import successor_heads, successor_scores, successor_tasks

@@ -31,7 +31,7 @@ from name_mover_ablation import disjoint_sets  # benchmarks/ is on sys.path when
 from headlens.ablation.replace import ablation_hooks
 from headlens.arch import adapter_for
 from headlens.heads import Head, parse_heads
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.scores.name_mover import ioi_prompts, name_mover_scores, name_tokens
 
 THIRD_NAMES = 4  # ABC versions per IOI prompt

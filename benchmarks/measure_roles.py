@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from headlens.models import shipped_path
-from headlens.probes import needle_prompts, repeated_random_tokens
+from headlens.files import shipped_path
+from headlens.probes.inputs import needle_prompts, repeated_random_tokens
 from headlens.scores.icl import icl_score
 from headlens.training.data import PRINTABLE
 from headlens.training.evaluate import EVAL_BATCH

@@ -21,7 +21,7 @@ import torch
 
 from headlens.ablation.ablate import ablate_heads
 from headlens.heads import Head
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.scores.name_mover import ablation_prompts, name_mover_scores, name_tokens
 
 N_CONTROL = 20

@@ -14,10 +14,10 @@ from __future__ import annotations
 import sys
 import time
 
-from headlens import kinds
-from headlens.labels import ClassifyConfig
-from headlens.models import load_model
-from headlens.probe_runs import SOURCE_DEFAULT, ProbeRun, probe_sizes, resolve_text
+from headlens.classify import kinds
+from headlens.classify.labels import ClassifyConfig
+from headlens.classify.runs import SOURCE_DEFAULT, ProbeRun, probe_sizes, resolve_text
+from headlens.load.models import load_model
 from headlens.scores import syntactic
 from headlens.scores.syntactic import load_treebank, relation_accuracy, syntactic_frame, syntax_sample
 

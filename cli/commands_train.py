@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from headlens.cli.options import progress_option
+from headlens.cli.options import SEED, progress_option
 
 
 @click.command("train-tiny")
@@ -25,7 +25,7 @@ from headlens.cli.options import progress_option
     show_default=True,
     help="run folder: model, checkpoints/, training_log.csv, training_heads.csv",
 )
-@click.option("--seed", type=int, default=None, help="seed of weights, data order and probes (default: 0)")
+@click.option("--seed", type=SEED, default=None, help="seed of weights, data order and probes (default: 0)")
 @progress_option
 def train_tiny_command(arch: str, steps: int | None, out_dir: str, seed: int | None, progress: bool) -> None:
     """Train a small byte-level model (KJV text + synthetic copying episodes) on CPU.

@@ -15,6 +15,7 @@ import sys
 import click
 
 from headlens import __version__
+from headlens.bounds import printable
 from headlens.errors import HeadlensError
 
 EXIT_BAD_INPUT = 2
@@ -69,7 +70,7 @@ class HeadlensGroup(click.Group):
 
 def _fail(message: str) -> None:
     """One line on stderr, exit status 2."""
-    click.echo(f"headlens: error: {' '.join(message.split())}", err=True)
+    click.echo(f"headlens: error: {printable(' '.join(message.split()))}", err=True)
     sys.exit(EXIT_BAD_INPUT)
 
 

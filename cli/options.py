@@ -19,6 +19,9 @@ import click
 from headlens.errors import ConfigError
 from headlens.languages import check_lang
 
+# --seed: what torch's generators take (torch.manual_seed: at most 2**64 - 1); beyond it, one usage line
+SEED = click.IntRange(0, 2**64 - 1)
+
 
 def model_argument(default: str | None):
     """`[MODEL]` positional plus its `--model` alias; the command receives `model`. With
@@ -89,7 +92,7 @@ def lang_option(func):
 
 def text_option(use: str, default: str = "the held-out text shipped with the tiny model"):
     """`--text PATH`, the same on every command: a UTF-8 text file, a folder of .txt files or a
-    .jsonl with a text field, read by headlens.corpus.open_text; the command receives `text_path`."""
+    .jsonl with a text field, read by headlens.probes.corpus.open_text; the command receives `text_path`."""
     return click.option(
         "--text",
         "text_path",
@@ -147,7 +150,7 @@ def command_line(ctx, keep: tuple[str, ...] = ()) -> str:
 def placement_options(func):
     """`--device`, `--dtype`, `--device-map`, `--max-memory`, `--offload-folder`, the same on every
     command that loads a model; the command receives `placement`, the keyword arguments of
-    headlens.models.load_model. Under torchrun the process joins its distributed job here, each
+    headlens.load.models.load_model. Under torchrun the process joins its distributed job here, each
     rank of a multi-GPU job takes its own GPU, and only rank 0's stdout is shown (commands also
     write files from rank 0 only)."""
 
@@ -205,6 +208,19 @@ def placement_options(func):
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def tokens_option(default: str):
+    """`--tokens N|all`: the token budget of an ablation (headlens.ablation.evalspec); the command
+    receives `tokens` (a string, or None for its default, `default`, named in the help)."""
+    return click.option(
+        "--tokens",
+        "tokens",
+        default=None,
+        metavar="N|all",
+        help="tokens of the evaluation set to read (whole sequences, evenly spaced); all: every one "
+        f"[default: {default}]",
+    )
 
 
 def batch_size_option(default: int | str):

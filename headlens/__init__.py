@@ -1,6 +1,17 @@
 """headlens: what does each attention head of a transformer language model do?
 
-Library first: load -> capture -> score/classify -> ablate -> report, each a module.
+Library first: load -> capture -> probes -> scores -> classify -> ablation -> reports, a folder each (README).
+The stages' entry points are the package's public names, imported when first used (PEP 562), so `import
+headlens` stays light:
+
+    import headlens
+    loaded = headlens.load_model("tiny")
+    heads = headlens.classify_heads(loaded)           # DataFrame: one row per head, its scores and labels
+    result = headlens.ablate_heads(loaded, "1.0")     # the loss with and without head 1.0
+    sweep = headlens.sweep_heads(loaded)              # every head alone, exact
+    curve = headlens.prune_curve(loaded)              # loss as heads are removed
+    checks = headlens.validate_model(loaded)          # the from-scratch attention against the library
+
 In a notebook, `headlens.show(result)` draws any result inline (headlens.reports.inline).
 """
 
@@ -9,12 +20,38 @@ __version__ = "0.1.0"
 import importlib  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable, Mapping  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from headlens.errors import HeadlensError  # noqa: E402
 from headlens.heads import Head, all_heads, parse_heads  # noqa: E402
 
-__all__ = ["Head", "HeadlensError", "__version__", "all_heads", "parse_heads", "show", "show_attention"]
+# Public name -> the module (below headlens) that defines it, imported on first access.
+LAZY = {
+    "load_model": "load.models",
+    "ClassifyConfig": "classify.labels",
+    "classify_heads": "classify.frame",
+    "ablate_heads": "ablation.ablate",
+    "sweep_heads": "ablation.ablate",
+    "prune_curve": "ablation.prune",
+    "validate_model": "validate.check",
+}
+
+__all__ = [
+    "ClassifyConfig",
+    "Head",
+    "HeadlensError",
+    "__version__",
+    "ablate_heads",
+    "all_heads",
+    "classify_heads",
+    "load_model",
+    "parse_heads",
+    "prune_curve",
+    "show",
+    "show_attention",
+    "sweep_heads",
+    "validate_model",
+]
 
 
 def lazy_getattr(package: str, table: Mapping[str, str]) -> Callable[[str], Any]:
@@ -57,9 +94,20 @@ def show_attention(
     """Display the interactive attention viewer of `text` for a loaded model (click a token, see every head).
 
     `max_tokens` defaults to the report viewer's length for this model's size; `repeat=True` shows the text's
-    start twice, where induction heads show their stripe (headlens.samples.sample_patterns). headlens.reports
+    start twice, where induction heads show their stripe (headlens.classify.samples.sample_patterns). headlens.reports
     is imported here for the reason given in `show`.
     """
     from headlens.reports import inline
 
     inline.show(inline.attention_sample(loaded, text, max_tokens=max_tokens, repeat=repeat), heads=heads, lang=lang)
+
+
+if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+    from headlens.ablation.ablate import ablate_heads, sweep_heads
+    from headlens.ablation.prune import prune_curve
+    from headlens.classify.frame import classify_heads
+    from headlens.classify.labels import ClassifyConfig
+    from headlens.load.models import load_model
+    from headlens.validate.check import validate_model
+else:  # type checkers read the imports above, and flag a name that is neither
+    __getattr__ = lazy_getattr(__name__, LAZY)

@@ -61,7 +61,7 @@ class UnsupportedQuantError(ModelLoadError):
 
 
 class NotPulledError(ModelLoadError):
-    """A named model (headlens.named) whose GGUF has not been fetched with `headlens pull` yet."""
+    """A named model (headlens.load.pulls) whose GGUF has not been fetched with `headlens pull` yet."""
 
 
 class PullError(ModelLoadError):

@@ -2,7 +2,7 @@
 
 Plain-language text shown next to every heatmap (from the message catalogue, headlens.reports.i18n).
 Columns, colour scales, thresholds and evidence come from the registry of head kinds
-(headlens.kinds); a report draws the thresholds its classifier used (`heads.attrs["config"]`),
+(headlens.classify.kinds); a report draws the thresholds its classifier used (`heads.attrs["config"]`),
 else the registry's defaults.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headlens import kinds
-from headlens.labels import cut_offs, head_strength
+from headlens.classify import kinds
+from headlens.classify.labels import cut_offs, head_strength
 from headlens.reports.i18n import DEFAULT_LANG, t
 
 
@@ -38,7 +38,7 @@ class ScoreInfo:
         return t(f"score.{self.column}.source", lang)
 
 
-# One per heatmap score of the registry (headlens.kinds.SCORES), its default threshold from there.
+# One per heatmap score of the registry (headlens.classify.kinds.SCORES), its default threshold from there.
 SCORES: tuple[ScoreInfo, ...] = tuple(
     ScoreInfo(
         score.column,
@@ -50,13 +50,14 @@ SCORES: tuple[ScoreInfo, ...] = tuple(
     if score.heatmap
 )
 
-# ClassifyConfig field holding each score's labelling threshold (headlens.kinds.THRESHOLDS).
+# ClassifyConfig field holding each score's labelling threshold (headlens.classify.kinds.THRESHOLDS).
 CONFIG_FIELDS = {column: th.field for column, th in kinds.THRESHOLD_OF.items()}
 
 
 def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
     """Threshold per score column: the classifier's config in the frame's attrs (`attrs["config"]`), else
-    the registry's defaults (headlens.labels.cut_offs); `attrs["thresholds"]` ({column: value}) overrides all."""
+    the registry's defaults (headlens.classify.labels.cut_offs); `attrs["thresholds"]` ({column: value})
+    overrides all."""
     attrs = attrs or {}
     cuts = cut_offs(attrs)
     found = {info.column: cuts.get(info.column) for info in SCORES}
@@ -66,7 +67,7 @@ def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
     return found
 
 
-# The scores that back each label, the first one ranking heads within the kind (headlens.kinds).
+# The scores that back each label, the first one ranking heads within the kind (headlens.classify.kinds).
 ROLE_EVIDENCE: dict[str, tuple[str, ...]] = {kind.label: kind.evidence for kind in kinds.KINDS}
 
 

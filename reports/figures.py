@@ -20,8 +20,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from headlens import kinds
-from headlens.labels import label_list
+from headlens.classify import kinds
+from headlens.classify.labels import label_list
 from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 
 # Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap. Figures are built at
@@ -134,7 +134,7 @@ def _heatmap_job(frame: pd.DataFrame, job: dict, lang: str) -> str:
 
 def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     """Layers x heads map of roles: each cell one head, filled with its first role's colour (the
-    registry's, headlens.kinds), white without a role; a dot marks a first-token sink (a property),
+    registry's, headlens.classify.kinds), white without a role; a dot marks a first-token sink (a property),
     a "+" a head with more than one role. The legend counts the heads of each role."""
     grid = role_grid(frame)  # [layer][head] -> (roles, properties)
     n_layers, n_heads = len(grid), len(grid[0]) if grid else 0

@@ -1,13 +1,13 @@
 """The top of the report: what the heads do, per role, with the evidence; and key/value groups.
 
 Findings open with a layers x heads map coloured by role, then list, for every role of the registry
-(headlens.kinds.ROLES) that some head earned, how many heads and the strongest TOP_HEADS (ranked by
+(headlens.classify.kinds.ROLES) that some head earned, how many heads and the strongest TOP_HEADS (ranked by
 the kind's first evidence score), with the scores that earned the label and, where the report
 ablated that head alone (a sweep or a single-head ablation), the change of its metric without
 it, in the metric's unit; where the page ablated a role's heads together (against random head
 sets), the role's block cites that result and its control. The roles no head earned follow, each
 with the head that scored highest on the kind's ranking score and its scores beside the cut-offs.
-First-token sinks are a property, not a role (headlens.labels): they are summarised in one
+First-token sinks are a property, not a role (headlens.classify.labels): they are summarised in one
 paragraph and never counted as heads with a role. Then the probe sizes under the token budget
 and where each probe's input came from. Grouped-query models (a `kv_group` column: the key/value
 head each query head reads) also get their groups: which query heads share K and V, and whether
@@ -20,9 +20,9 @@ import math
 
 import pandas as pd
 
-from headlens import kinds
-from headlens.labels import ROLES, absent_roles, head_strength, label_list, roles_of
-from headlens.probe_runs import SOURCE_DEFAULT, SOURCE_GIVEN
+from headlens.classify import kinds
+from headlens.classify.labels import ROLES, absent_roles, head_strength, label_list, roles_of
+from headlens.classify.runs import SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, has, number, short_number, t
 from headlens.reports.sections import esc, figure, metric_words, result_delta, results_list, section, table
@@ -202,7 +202,7 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
 
 
 def absent_block(heads: pd.DataFrame, lang: str, anchor: str | None = "roles-absent") -> str:
-    """The roles no head earned (headlens.labels.absent_roles), each with the head highest on the kind's
+    """The roles no head earned (headlens.classify.labels.absent_roles), each with the head highest on the kind's
     ranking score and its scores beside their cut-offs, in a div with id `anchor` (None: no id, for
     inline views that may repeat); "" when every role was found."""
     absent = absent_roles(heads)

@@ -112,7 +112,7 @@ def show(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) ->
 
 def attention_sample(loaded, text: str, max_tokens: int | None = None, repeat: bool = False) -> dict:
     """sample_patterns on `text`, `max_tokens` defaulting to the report's viewer length for this model."""
-    from headlens.samples import sample_patterns
+    from headlens.classify.samples import sample_patterns
 
     spec = loaded.spec
     n = max_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)

@@ -49,11 +49,14 @@ def _is_empty(value) -> bool:
 
 
 def check_output_path(path, lang: str = DEFAULT_LANG) -> Path:
-    """Resolve the output path; OutputPathError (in `lang`) if it is a directory or its folder cannot be
-    made/written."""
+    """Resolve the output path; OutputPathError (in `lang`) if it is a directory, a link, a device, FIFO or
+    socket (headlens.files.special_kind), or its folder cannot be made/written."""
     path = Path(path)
-    if path.is_dir():
+    kind = files.special_kind(path)
+    if kind == "directory":
         raise OutputPathError(t("error.is_directory", lang, path=path, example=path / "report.html"))
+    if kind is not None:
+        raise OutputPathError(t("error.not_regular_file", lang, path=path, kind=t(f"file_kind.{kind}", lang)))
     parent = path.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,9 @@ from pathlib import PurePath
 import numpy as np
 import pandas as pd
 
-from headlens import kinds
 from headlens.ablation.metrics import ALIASES, KIND, UNIT
-from headlens.labels import PROPERTIES, ROLES, label_list, rank_heads
+from headlens.classify import kinds
+from headlens.classify.labels import PROPERTIES, ROLES, label_list, rank_heads
 from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, t
 
@@ -213,8 +213,8 @@ def label_switch(n_labelled: int, n_all: int, lang: str) -> str:
 
 
 def label_frame(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> pd.DataFrame:
-    """The label table: head, labels, then the table's score columns present (headlens.kinds
-    TABLE_COLUMNS, the CLI table's), in headlens.labels.rank_heads order: heads with a role first,
+    """The label table: head, labels, then the table's score columns present (headlens.classify.kinds
+    TABLE_COLUMNS, the CLI table's), in headlens.classify.labels.rank_heads order: heads with a role first,
     by role, strongest first; then heads with only a property (first-token sinks); then the rest."""
     frame = rank_heads(heads)
     labels = [label_list(v) for v in frame["labels"]] if "labels" in frame else [[] for _ in range(len(frame))]

@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
+from headlens.classify.samples import PREFIX_MATCHING_MIN
 from headlens.reports.i18n import DEFAULT_LANG, js_messages, number, t
 from headlens.reports.sections import esc, labelled_heads, section
-from headlens.samples import PREFIX_MATCHING_MIN
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 64 tokens (~0.8 MB of base64),
 # which keeps its whole report under the 5 MB size cap; smaller models get longer samples for the same bytes.
@@ -66,7 +66,7 @@ def messages_block(lang: str = DEFAULT_LANG) -> str:
 
 def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
     """What a repeated sample is, and why: the text's start twice, or random tokens twice when the model
-    does not copy the text or its induction heads do not prefix-match on it (headlens.samples measured it)."""
+    does not copy the text or its induction heads do not prefix-match on it (headlens.classify.samples measured it)."""
     if viewer.get("sample") != "random_tokens":
         return t("viewer.repeated", lang, shown=shown)
     on_text = viewer.get("text_prefix_matching")

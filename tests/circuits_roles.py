@@ -15,7 +15,7 @@ import torch
 
 from headlens.ablation.stats import control_design
 from headlens.heads import Head
-from headlens.probes import random_token_range, repeated_random_tokens
+from headlens.probes.inputs import random_token_range, repeated_random_tokens
 
 MIN_SCORE = 0.4  # the classifier's prefix_matching_min (Olsson et al.'s induction criterion), for both roles
 SEQ_LEN = 25

@@ -16,6 +16,20 @@ torch.set_num_threads(2)
 TEST_SEED = 0
 
 
+def pytest_addoption(parser):
+    parser.addoption("--bench-heavy", action="store_true", help="run the minutes-long benchmark smoke cases")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `bench_heavy` benchmark smoke cases leave the suite unless --bench-heavy (make bench-smoke-all)."""
+    if config.getoption("--bench-heavy"):
+        return
+    heavy = [item for item in items if item.get_closest_marker("bench_heavy")]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if not item.get_closest_marker("bench_heavy")]
+
+
 @pytest.fixture(autouse=True)
 def _seed_random_inputs():
     random.seed(TEST_SEED)
@@ -34,7 +48,7 @@ def small_config():
 @pytest.fixture(scope="session")
 def small_model(small_config):
     """LoadedModel with random weights (seed 0) on the small config."""
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     return build_model(small_config, seed=0, name="small-random")
 
@@ -42,7 +56,7 @@ def small_model(small_config):
 @pytest.fixture(scope="session")
 def small_model_dir(small_model, tmp_path_factory):
     """The small model saved in Hugging Face format (config + safetensors + tokenizer)."""
-    from headlens.models import save_model
+    from headlens.load.models import save_model
 
     return save_model(small_model, tmp_path_factory.mktemp("small_model"))
 
@@ -50,7 +64,7 @@ def small_model_dir(small_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def gpt2_shaped_model():
     """GPT-2-small-shaped model from GPT2Config() with random weights, seed 0 (slow to build)."""
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     return build_model(None, seed=0, name="gpt2-shaped-random")
 
@@ -75,10 +89,10 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def pulled():
-    """`pulled(name)` -> the GGUF path of a named real model (headlens.named) pulled into headlens's
+    """`pulled(name)` -> the GGUF path of a named real model (headlens.load.pulls) pulled into headlens's
     cache. Skips the test when it is not pulled (`make models`), except under CI=true, where it fails."""
     from headlens.errors import NotPulledError
-    from headlens.named import named_gguf
+    from headlens.load.pulls import named_gguf
 
     def find(name: str):
         try:

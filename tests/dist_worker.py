@@ -31,7 +31,7 @@ def classify_frame():
     from transformers import GPT2Config
 
     from headlens.classify import ClassifyConfig, classify_heads
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     loaded = build_model(GPT2Config(**SMALL), seed=0, name="small-random")
     return classify_heads(loaded, iter(DOCS), ClassifyConfig(n_seq=6, batch_size=2, max_windows=64))

@@ -100,7 +100,7 @@ FAMILY_NAMES = list(family_configs())
 
 def build_family(name: str, seed: int = 0):
     """LoadedModel of the named family config, random weights (seed), noisy biases and gains."""
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     loaded = build_model(family_configs()[name], seed=seed, name=name)
     gen = torch.Generator().manual_seed(seed + 1)

@@ -17,7 +17,7 @@ def load_smollm2():
     """The pulled SmolLM2 (`make models`) as a LoadedModel; a skip where it is not pulled, a failure
     under CI=true (as tests/conftest.py's `pulled`)."""
     from headlens.errors import NotPulledError
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     try:
         return load_model("smollm2")

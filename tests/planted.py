@@ -125,7 +125,7 @@ def build_planted(seed: int, copy_sign: float = 1.0) -> Planted:
     """
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=N_LAYERS, n_head=N_HEADS, n_embd=D_MODEL, n_positions=N_CTX, tie_word_embeddings=False)
     loaded = build_model(config, seed=seed, name=f"planted-{seed}")

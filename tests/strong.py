@@ -15,7 +15,7 @@ def build_strong_model(n_positions: int):
     nats and agreement checks are not trivially met (GPT-2's std 0.02 gives deltas ~1e-4)."""
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=n_positions, initializer_range=0.2)
     return build_model(config, seed=1, name="strong-random")

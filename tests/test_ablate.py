@@ -47,7 +47,7 @@ def _bridge_sums(bridge, evalset: EvalSet, heads: list[Head]) -> torch.Tensor:
 
 def _deltas_vs_bridge(loaded, evalset, heads):
     from headlens.ablation.sweep import base_sums, sweep_sums
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     bridge = boot_bridge(loaded)
     tl_base = _bridge_sums(bridge, evalset, [])
@@ -174,7 +174,7 @@ def test_ablated_sums_restores_the_model(strong_model):
 
 
 def _tiny():
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     return load_model("tiny")
 

@@ -16,7 +16,7 @@ from headlens.ablation.roles import read_labels, resolve_heads
 from headlens.ablation.stats import control_design
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
-from headlens.probes import needle_prompts, random_token_range
+from headlens.probes.inputs import needle_prompts, random_token_range
 
 # Same model, same data, another implementation of the forward pass: float32 rounding only.
 SAME_ATOL = 1e-5
@@ -286,7 +286,7 @@ def test_a_role_no_head_has_names_the_head_that_scored_highest(strong_model):
     """Resolved by classifying the model, an absent role's error says which head came highest on the kind's
     ranking score, as classify's note does (read here from the same default classification)."""
     from headlens.classify import classify_heads
-    from headlens.kinds import BY_LABEL
+    from headlens.classify.kinds import BY_LABEL
 
     frame = classify_heads(strong_model).sort_values(["layer", "head"]).reset_index(drop=True)
     carried = {label for labels in frame["labels"] for label in labels}

@@ -233,7 +233,7 @@ def test_an_unsupported_model_type_is_one_line_naming_the_supported_families(tmp
     from headlens.arch import SUPPORTED_TYPES
     from headlens.cli.main import cli
     from headlens.errors import UnsupportedModelError
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     with pytest.raises(UnsupportedModelError) as info:
         build_model(BertConfig(num_hidden_layers=1))

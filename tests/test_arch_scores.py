@@ -17,7 +17,7 @@ from headlens.ablation.gradients import attribution_deltas
 from headlens.ablation.metrics import token_losses
 from headlens.ablation.prune import prune_curve
 from headlens.capture import CollectPatterns, iter_batches, run_capture
-from headlens.models import boot_bridge
+from headlens.load.models import boot_bridge
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -187,7 +187,7 @@ def test_heads_command_lists_key_value_groups(tmp_path):
     from click.testing import CliRunner
 
     from headlens.cli.main import cli
-    from headlens.models import save_model
+    from headlens.load.models import save_model
 
     directory = save_model(build_family("llama-mqa"), tmp_path / "mqa")
     result = CliRunner().invoke(cli, ["heads", "layer:1,0.2", "--model", str(directory)])

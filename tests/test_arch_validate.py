@@ -62,7 +62,7 @@ def test_validate_command_on_a_grouped_query_model(tmp_path):
     from click.testing import CliRunner
 
     from headlens.cli.main import cli
-    from headlens.models import save_model
+    from headlens.load.models import save_model
 
     directory = save_model(build_family("qwen3-mqa"), tmp_path / "qwen3")
     text = tmp_path / "text.txt"

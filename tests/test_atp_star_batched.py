@@ -19,7 +19,7 @@ from headlens.ablation.gradients import _clean_pass, _qk_correction
 from headlens.ablation.replace import ablation_hooks, layer_replacement, replacements
 from headlens.arch import adapter_for
 from headlens.heads import Head
-from headlens.models import build_model
+from headlens.load.models import build_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 from families import build_family  # noqa: E402

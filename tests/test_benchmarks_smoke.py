@@ -2,7 +2,8 @@
 shipped tiny model or random weights (never the pulled real models), checked for exit status 0 and for a
 result line it prints (a table row or a figure), not only for the absence of a crash.
 
-The scripts in HEAVY take minutes even at their smallest sizes and run only with HEADLENS_BENCH_SMOKE_ALL=1.
+The scripts in HEAVY take minutes even at their smallest sizes: they are not part of the suite (conftest.py
+deselects the `bench_heavy` mark) and run with `make bench-smoke-all` (pytest's --bench-heavy).
 Not run at all, each for a stated reason:
   peak_memory.py, tl_loop.py   helper modules imported by the other scripts, not runnable on their own
   bench_load.py                its names are restricted to the pulled real GGUF models (smollm2, gemma3-270m)
@@ -24,8 +25,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-RUN_HEAVY = os.environ.get("HEADLENS_BENCH_SMOKE_ALL") == "1"
-TIMEOUT_S = 600 if RUN_HEAVY else 180  # per script, on 2 loaded cores
+TIMEOUT_S = 600  # per script, on 2 loaded cores
 NUMBER = r"-?[\d.]+(?:e[-+]?\d+)?"
 
 
@@ -65,10 +65,15 @@ CASES = [
         rf"^    3 same-size sets: min [-+]?{NUMBER} .* p\(lowered at least as much\) = {NUMBER}, p\(raised",
     ),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
+    (
+        "bench_text_memory.py",
+        ["--sizes", "0.2", "--dir", "{tmp}"],
+        rf"^\| 0\.2 MB \| {NUMBER} MB \| {NUMBER} s \| 0 \|$",
+    ),
 ]
 # Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured in
 # several fresh subprocesses, or a whole classify per child: 50 s to several minutes each on 2 loaded cores, too
-# long for this module's few-minute budget. HEADLENS_BENCH_SMOKE_ALL=1 runs them too.
+# long for the suite's budget. `make bench-smoke-all` runs them.
 HEAVY = [
     ("measure_roles.py", ["headlens/data/tiny"], r"^\| 1\.0 \| -?\d+ \| [\d.]+ \|"),
     ("bench_budget.py", ["tiny", "--budget", "64", "--factor", "2", "--out", "{tmp}"], r'^ "n_heads": 8,$'),
@@ -84,17 +89,16 @@ HEAVY = [
     ("bench_arch.py", ["--rounds", "1", "--repeats", "1", "--layers", "0"], r"^\| exact"),
     ("bench_scale_dist.py", [], r"2 ranks equal 1 thread exactly"),
 ]
-HEAVY_SKIP = pytest.mark.skipif(
-    not RUN_HEAVY, reason="50 s to minutes at its smallest sizes; HEADLENS_BENCH_SMOKE_ALL=1 runs it"
-)
-PARAMS = [pytest.param(*c, id=c[0]) for c in CASES] + [pytest.param(*c, id=c[0], marks=HEAVY_SKIP) for c in HEAVY]
+PARAMS = [pytest.param(*c, id=c[0]) for c in CASES] + [
+    pytest.param(*c, id=c[0], marks=pytest.mark.bench_heavy) for c in HEAVY
+]
 
 
 @pytest.fixture(scope="module")
 def small_dir(tmp_path_factory):
     from transformers import GPT2Config
 
-    from headlens.models import build_model, save_model
+    from headlens.load.models import build_model, save_model
 
     loaded = build_model(GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128), seed=0, name="small-random")
     return save_model(loaded, tmp_path_factory.mktemp("small_gpt2"))

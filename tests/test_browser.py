@@ -21,8 +21,8 @@ import pandas as pd
 import pytest
 import torch
 
+from headlens.classify.labels import LABELS, roles_of
 from headlens.heads import Head
-from headlens.labels import LABELS, roles_of
 from headlens.reports.i18n import t
 
 pytestmark = pytest.mark.browser
@@ -271,7 +271,7 @@ def check_viewer_shows_induction(html: str, model) -> dict:
 def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
     from transformers import AutoModelForCausalLM
 
-    from headlens.models import shipped_path
+    from headlens.files import shipped_path
 
     model = AutoModelForCausalLM.from_pretrained(
         str(shipped_path("tiny")), attn_implementation="eager", dtype=torch.float32
@@ -480,8 +480,8 @@ def planted_report(tmp_path_factory):
     from planted import PLANTED_TEXT, build_planted
 
     from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.classify.samples import sample_patterns
     from headlens.reports import render_report
-    from headlens.samples import sample_patterns
 
     planted = build_planted(0)
     heads = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
@@ -520,8 +520,8 @@ def test_summary_lists_every_planted_role_head_and_no_other(driver, planted_repo
 
 @pytest.fixture(scope="module")
 def nasty_report(small_model, tmp_path_factory):
+    from headlens.classify.samples import sample_patterns
     from headlens.reports import render_report
-    from headlens.samples import sample_patterns
 
     spec = small_model.spec
     heads = pd.DataFrame(

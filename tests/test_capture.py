@@ -37,7 +37,7 @@ def sequences(small_model):
 
 @pytest.fixture(scope="module")
 def bridge(small_model):
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     return boot_bridge(small_model)
 
@@ -253,7 +253,7 @@ def test_check_pattern_on_synthetic_patterns():
 
 
 def test_sdpa_model_gives_a_clear_error(small_config):
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     loaded = build_model(small_config, seed=0)
     loaded.model.config._attn_implementation = "sdpa"

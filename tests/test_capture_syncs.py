@@ -22,9 +22,9 @@ from transformers import LlamaConfig
 import headlens
 import headlens.capture.reducers as reducers
 import headlens.capture.run as capture_run
-import headlens.probe_runs as probe_runs
+import headlens.classify.runs as probe_runs
 from headlens.classify import ClassifyConfig, classify_heads
-from headlens.models import build_model
+from headlens.load.models import build_model
 from headlens.validate import BUILTIN_TEXT
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py

@@ -15,7 +15,7 @@ from headlens.circuits.selfrepair import replacement_for, self_repair
 from headlens.circuits.tasks import induction_task, ioi_task
 from headlens.errors import ConfigError
 from headlens.heads import Head
-from headlens.models import gpt2_tokenizer
+from headlens.load.models import gpt2_tokenizer
 from headlens.scores.name_mover import ioi_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from headlens.ablation.evalset import read_prompts
 from headlens.circuits.tasks import induction_task, ioi_task, make_task
 from headlens.errors import ConfigError
-from headlens.models import gpt2_tokenizer
+from headlens.load.models import gpt2_tokenizer
 
 
 def test_induction_task_reads_the_second_copy_after_its_first_token(small_model):

@@ -37,7 +37,7 @@ FD_RTOL = 1e-2
 def _model(name: str):
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     if name == "gpt2":
         config = GPT2Config(n_layer=3, n_head=4, n_embd=64, n_positions=64, vocab_size=VOCAB)

@@ -101,7 +101,7 @@ def _expected(model) -> dict[tuple[str, str, str], float]:
 def _gpt2():
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     loaded = build_model(GPT2Config(n_layer=3, n_head=4, n_embd=64, n_positions=64), seed=0, name="gpt2-small")
     gen = torch.Generator().manual_seed(1)

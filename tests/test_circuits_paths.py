@@ -31,7 +31,7 @@ DECOY_SHARE = 0.01  # the decoy's key path moves the loss by under 1% of the sou
 def small():
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64, vocab_size=VOCAB, initializer_range=0.2)
     loaded = build_model(config, seed=0, name="small-gpt2")

@@ -25,7 +25,7 @@ P_MAX = 0.01
 
 @pytest.fixture(scope="module")
 def smollm2(pulled):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("smollm2")
     return load_model("smollm2")

@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from headlens.cli.main import cli
+from headlens.files import shipped_path
 from headlens.heads import parse_heads
-from headlens.models import SHIPPED_MODELS, load_model, shipped_path
+from headlens.load.models import SHIPPED_MODELS, load_model
 
 pytestmark = pytest.mark.slow
 

@@ -18,6 +18,7 @@ from headlens.cli.main import cli
 KEYS = ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]  # every metric
 LOSS_KEYS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]  # loss metrics, besides
 ABOUT = ["data", "reference", "resampled"]  # what was measured, in words
+BUDGET = ["tokens", "tokens_read"]  # the token budget and the tokens read (a set ablation's result)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
@@ -47,7 +48,7 @@ def test_set_json(small_model_dir):
     )
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
-    assert list(obj) == KEYS + LOSS_KEYS + ABOUT and obj["heads"] == ["0.1", "1.2"] and obj["method"] == "zero"
+    assert list(obj) == KEYS + LOSS_KEYS + BUDGET + ABOUT and obj["heads"] == ["0.1", "1.2"] and obj["method"] == "zero"
     assert obj["ci95"][0] <= obj["delta_loss"] <= obj["ci95"][1]
 
 
@@ -55,7 +56,7 @@ def test_needle_loss_json_states_its_unit_and_scores_the_needle_positions(small_
     """--metric needle-loss: a loss metric (nats/token, the loss keys) on the same needle tokens as --metric needle."""
     args = ["ablate", "--model", str(small_model_dir), "--heads", "1.2", "--format", "json", "--metric"]
     loss, top1 = (json.loads(run(*args, metric).stdout) for metric in ("needle-loss", "needle"))
-    assert list(loss) == KEYS + LOSS_KEYS + ABOUT and list(top1) == KEYS + ABOUT
+    assert list(loss) == KEYS + LOSS_KEYS + BUDGET + ABOUT and list(top1) == KEYS + BUDGET + ABOUT
     assert (loss["metric"], loss["unit"]) == ("needle-loss", "nats/token")
     assert top1["unit"] == "share of needle tokens retrieved"
     assert loss["n"] == top1["n"] > 0 and loss["data"] == top1["data"]
@@ -67,9 +68,12 @@ def test_layer_set_and_table(small_model_dir, text_file):
         "ablate", "--model", str(small_model_dir), "--heads", "layer:1", "--method", "mean", "--text", text_file
     )
     assert result.exit_code == 0, result.output
-    rows = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
-    assert rows["heads"] == "['1.0', '1.1', '1.2', '1.3']" and rows["metric"] == "loss"
-    assert float(rows["delta"]) == pytest.approx(float(rows["ablated"]) - float(rows["clean"]), abs=1e-9)
+    summary, *details = result.stdout.splitlines()
+    rows = dict(line.split(None, 1) for line in details if line.strip())
+    assert rows["heads"] == "1.0, 1.1, 1.2, 1.3" and rows["metric"] == "loss"
+    # printed to 6 significant digits: the change agrees with the difference to that rounding
+    assert float(rows["delta"]) == pytest.approx(float(rows["ablated"]) - float(rows["clean"]), abs=2e-5)
+    assert "1.0, 1.1, 1.2, 1.3 mean-ablated: loss" in summary and "tokens read" in summary
 
 
 def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
@@ -171,7 +175,7 @@ def test_prompts_metric_role_and_control(small_model_dir, tmp_path):
     )
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
-    assert list(obj) == KEYS + ABOUT and obj["metric"] == "logit-diff" and obj["n"] == 2
+    assert list(obj) == KEYS + BUDGET + ABOUT and obj["metric"] == "logit-diff" and obj["n"] == 2
     labels = tmp_path / "heads.json"
     labels.write_text(
         json.dumps(
@@ -312,7 +316,7 @@ def test_short_text_and_missing_weights(small_model_dir, tmp_path, monkeypatch):
 def test_resume_from_other_settings(small_model_dir, tmp_path):
     from headlens.ablation.ablate import sweep_heads
     from headlens.heads import Head
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     out = str(tmp_path / "sweep")  # a started zero-ablation sweep of the same model (one head done)
     sweep_heads(load_model(str(small_model_dir)), metric="repeat", heads=[Head(0, 0)], out=out)

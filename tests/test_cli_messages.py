@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from headlens.cli import commands_classify
 from headlens.cli.main import cli
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 
 
 def _one_line_error(result, fragment: str) -> str:
@@ -106,7 +106,7 @@ def test_heads_given_a_role_points_to_ablate(spec):
 
 
 def test_validate_defaults_to_tiny(monkeypatch):
-    import headlens.models
+    import headlens.load.models
     from headlens.errors import ModelLoadError
 
     asked = []
@@ -115,7 +115,7 @@ def test_validate_defaults_to_tiny(monkeypatch):
         asked.append(name)
         raise ModelLoadError("stop here")
 
-    monkeypatch.setattr(headlens.models, "load_model", load)
+    monkeypatch.setattr(headlens.load.models, "load_model", load)
     _one_line_error(CliRunner().invoke(cli, ["validate"]), "stop here")
     assert asked == ["tiny"]
 
@@ -201,7 +201,7 @@ def test_command_line_records_every_option_given_and_nothing_else():
 
 def test_a_whitespace_only_file_is_called_white_space_and_one_token_is_singular(tmp_path):
     from headlens.errors import InputTextError
-    from headlens.probes import check_text, n_tokens
+    from headlens.probes.inputs import check_text, n_tokens
 
     with pytest.raises(InputTextError, match="only white space"):
         check_text(b" \n\t ", "blank.txt")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from headlens import __version__
 from headlens.cli.main import cli
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.validate import BUILTIN_TEXT
 
 
@@ -73,7 +73,7 @@ def test_validate_json(runner, small_model_dir, short_text):
 
 def test_validate_exits_1_when_a_weight_is_perturbed(runner, small_model_dir, short_text, monkeypatch):
     """Proof the check can fail: mha.py gets a wrong W_QKV for layer 0 -> exit 1, table still printed."""
-    from headlens.mha import CausalSelfAttention
+    from headlens.arch.mha import CausalSelfAttention
 
     original = CausalSelfAttention.from_gpt2.__func__
 

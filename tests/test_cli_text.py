@@ -1,5 +1,5 @@
 """`--text PATH` means the same on every command that takes it: a text file, a folder of .txt files or
-a JSON Lines file with a text field (headlens.corpus.open_text), with the same one-line refusals."""
+a JSON Lines file with a text field (headlens.probes.corpus.open_text), with the same one-line refusals."""
 
 from __future__ import annotations
 

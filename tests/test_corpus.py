@@ -10,9 +10,9 @@ import pytest
 from strong import sample_text
 
 from headlens.classify import ClassifyConfig, classify_heads
-from headlens.corpus import Corpus
 from headlens.errors import InputTextError
-from headlens.probes import MIN_TEXT_TOKENS
+from headlens.probes.corpus import Corpus
+from headlens.probes.inputs import MIN_TEXT_TOKENS
 
 DOCS = [sample_text(150, seed=1), sample_text(700, seed=2), "a", sample_text(400, seed=3)]
 CONFIG = ClassifyConfig(n_seq=2, max_windows=32)

@@ -16,7 +16,7 @@ import torch
 from families import build_family, decoder_layers, o_proj
 from strong import build_strong_model
 
-from headlens.models import gpt2_tokenizer
+from headlens.load.models import gpt2_tokenizer
 from headlens.scores.name_mover import ioi_prompts, ioi_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headlens import kinds
+from headlens.classify import kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where comments, docstrings and the shipped model cards live.
@@ -69,13 +69,16 @@ def _library_example() -> str:
 def test_the_readme_library_example_runs_and_names_real_columns():
     """Run the README's library example as written; every column its comment promises is in the frame."""
     example = _library_example()
-    promised = re.search(r"heads = classify_heads\(loaded\) +# DataFrame: (.+)", example).group(1)
+    assert example.startswith("import headlens\n")  # the front door, not the stages' module paths
+    promised = re.search(r"heads = headlens.classify_heads\(loaded\) +# DataFrame: (.+)", example).group(1)
     scope: dict = {}
     exec(compile(example, "README.md", "exec"), scope)
     columns = list(scope["heads"].columns)
     for pattern in (name.strip() for name in promised.split(",")):
         assert fnmatch.filter(columns, pattern), (pattern, columns)
     assert {"layer", "head", "delta_loss"} <= set(scope["sweep"].columns)
+    assert {"delta", "ci95", "clean", "ablated"} <= set(scope["result"])
+    assert {"layer", "quantity", "reference", "max_abs_error", "passed"} <= set(scope["checks"].columns)
 
 
 def test_the_readme_cites_every_paper_of_the_registry_of_head_kinds():

@@ -27,7 +27,7 @@ from headlens.arch.gemma3 import Gemma3Adapter
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.errors import UnsupportedModelError, ValidationFailed
 from headlens.heads import Head
-from headlens.models import boot_bridge, build_model
+from headlens.load.models import boot_bridge, build_model
 from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
 
 # float32 recomputed in another order (our layer split vs the bridge's, hooks vs the model's own
@@ -253,7 +253,7 @@ def test_configs_headlens_cannot_read_are_refused_in_one_line(option, value, wor
 @pytest.fixture(scope="module")
 def gemma_270m(pulled):
     """Gemma 3 270M pulled into headlens's cache (`make models`), dequantized from its GGUF."""
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("gemma3-270m")
     return load_model("gemma3-270m")

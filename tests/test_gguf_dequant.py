@@ -1,4 +1,4 @@
-"""The torch dequantizer (headlens.dequant) against the gguf package's numpy reference, type by type."""
+"""The torch dequantizer (headlens.load.dequant) against the gguf package's numpy reference, type by type."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import gguf
 import numpy as np
 import pytest
 
-from headlens.dequant import GGML_TYPES, dequantize, row_bytes
 from headlens.errors import UnsupportedQuantError
+from headlens.load.dequant import GGML_TYPES, dequantize, row_bytes
 
 # Byte offsets of each block's fp16 scale/min fields (ggml's block_* structs): random bytes there
 # would give inf/nan scales, so they are overwritten with sane fp16 values.

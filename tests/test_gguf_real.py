@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from headlens.cache import file_sha256
-from headlens.dequant import dequantize
-from headlens.ggufread import read_gguf
-from headlens.named import NAMED_MODELS
+from headlens.load.cache import file_sha256
+from headlens.load.dequant import dequantize
+from headlens.load.gguf_read import read_gguf
+from headlens.load.pulls import NAMED_MODELS
 
 pytestmark = pytest.mark.real
 PROMPT = "The capital of Italy is"
@@ -46,7 +46,7 @@ def complete(model, tokenizer, prompt: str = PROMPT, n: int = 2) -> str:
 
 @pytest.mark.slow
 def test_smollm2_loads_and_knows_rome(pulled):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("smollm2")
     loaded = load_model("smollm2")
@@ -72,7 +72,7 @@ def test_gemma3_converts_into_the_cache(pulled):
     what gguf's numpy reference decodes from the file (Q5_0, Q8_0, Q4_K, Q6_K and an F32 norm)."""
     from safetensors import safe_open
 
-    from headlens.sources import gguf_folder
+    from headlens.load.locate import gguf_folder
 
     path = pulled("gemma3-270m")
     folder, source = gguf_folder(path, NAMED_MODELS["gemma3-270m"].sha256)
@@ -92,7 +92,7 @@ def test_gemma3_converts_into_the_cache(pulled):
 
 @pytest.mark.slow
 def test_gemma3_loads_through_headlens(pulled):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("gemma3-270m")
     loaded = load_model("gemma3-270m")
@@ -115,7 +115,7 @@ def test_converted_tokenizer_gives_autotokenizers_ids(pulled, name):
     AutoTokenizer on the same folder: the same ids, BOS included, and the same special tokens."""
     from transformers import AutoTokenizer
 
-    from headlens.models import converted_tokenizer, resolve_model
+    from headlens.load.models import converted_tokenizer, resolve_model
 
     pulled(name)
     folder, source, _ = resolve_model(name)

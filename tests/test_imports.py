@@ -17,38 +17,30 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"headlens": ROOT / "headlens", "headlens.cli": ROOT / "cli", "headlens.reports": ROOT / "reports"}
 
-# The stages in data-flow order (STYLE: load -> capture -> score/classify -> ablate -> report, the CLI on top);
-# a module may import its own stage and earlier ones only. Prefixes are matched longest first.
-STAGES = [
-    ("load", ["headlens", "headlens.errors", "headlens.heads", "headlens.files", "headlens.devices",
-              "headlens.distributed", "headlens.languages", "headlens.cache", "headlens.dequant",
-              "headlens.ggufread", "headlens.ggufload", "headlens.named", "headlens.ollama", "headlens.hub",
-              "headlens.sources", "headlens.arch", "headlens.models", "headlens.mha"]),
-    ("capture", ["headlens.capture", "headlens.probes", "headlens.corpus", "headlens.validate"]),
-    # samples: the viewer's sample, chosen by the labelled heads' prefix-matching scores on it
-    ("score", ["headlens.scores", "headlens.kinds", "headlens.labels", "headlens.probe_runs", "headlens.classify",
-               "headlens.samples"]),
-    ("ablate", ["headlens.ablation", "headlens.training"]),
-    ("report", ["headlens.reports"]),
-    ("cli", ["headlens.cli"]),
-]  # fmt: skip
-# `headlens ablate --model tiny --heads 1.0` loads at most this many headlens modules (35 of the 68 it loaded
-# at 68aeb1a): the CLI shell (headlens.cli, main, options with languages, commands_ablate, corpus); loading
-# (headlens, errors, heads, devices, distributed, files, mha, models, hub's local-folder check, arch with its
-# base, context, hooks, sites and the GPT-2 adapter only); the capture reducers (padding) and the probes (the
-# evaluation text); the exact ablation (ablate, evalset, metrics, replace, roles with the kinds registry's
-# labels, stats, store, sweep, and stacked: the controls' runs from one cached residual). Not on it: the GGUF
-# sources (named models, ollama, cache, reading and dequantizing), the capture run and bridge, the gradient
-# estimates and pruning.
+# The stages are the folders: every package directly under headlens/ is one (its folder name is the stage), and
+# so are cli/ and reports/ (installed as headlens.cli and headlens.reports); headlens's top-level modules (errors,
+# heads, files, distributed, languages) are the core every stage reads. Their order is the README's list of stage
+# folders (between STAGES_BEGIN and STAGES_END), which the tests below check against the folders and the imports.
+README = ROOT / "README.md"
+STAGES_BEGIN, STAGES_END = "<!-- stages -->", "<!-- stages end -->"
+CORE = "core"
+# `headlens ablate --model tiny --heads 1.0` loads at most this many headlens code modules (a stage folder's
+# docstring-only __init__ runs no code and is not counted): the CLI shell (headlens.cli, main, options with
+# languages, commands_ablate, the corpus reader); loading (headlens, errors, heads, devices, distributed, files,
+# mha, models, hub's local-folder check, arch with its base, context, hooks, sites and the GPT-2 adapter only);
+# the capture reducers (padding) and the probes' inputs (the evaluation text); the exact ablation (ablate,
+# evalset, metrics, replace, roles with the kinds registry's labels, stats, store, sweep, and stacked: the
+# controls' runs from one cached residual). Not on it: the GGUF sources (named models, ollama, cache, reading and
+# dequantizing), the capture run and bridge, the gradient estimates and pruning.
 MAX_ABLATE_MODULES = 35
-# Stages the ablate data path never needs.
-NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify", "headlens.labels",
-                      "headlens.probe_runs", "headlens.training", "headlens.cli.commands_classify",
-                      "headlens.cli.commands_report", "headlens.arch.llama", "headlens.sources",
-                      "headlens.named", "headlens.ollama", "headlens.cache", "headlens.ggufread",
-                      "headlens.ggufload", "headlens.dequant", "headlens.capture.run", "headlens.capture.bridge",
-                      "headlens.ablation.approx", "headlens.ablation.gradients",
-                      "headlens.ablation.prune")  # fmt: skip
+# Modules the ablate data path never needs.
+NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify.frame", "headlens.classify.labels",
+                      "headlens.classify.runs", "headlens.classify.kind_runs", "headlens.training",
+                      "headlens.cli.commands_classify", "headlens.cli.commands_report", "headlens.arch.llama",
+                      "headlens.load.locate", "headlens.load.pulls", "headlens.load.ollama", "headlens.load.cache",
+                      "headlens.load.gguf_read", "headlens.load.gguf_load", "headlens.load.dequant",
+                      "headlens.capture.run", "headlens.capture.bridge", "headlens.ablation.approx",
+                      "headlens.ablation.gradients", "headlens.ablation.prune")  # fmt: skip
 
 
 def modules() -> dict[str, Path]:
@@ -102,26 +94,48 @@ def _flatten(node):
     return [node]
 
 
-def stage(name: str) -> int:
-    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(STAGES) for prefix in prefixes
-               if name == prefix or name.startswith(prefix + ".")]  # fmt: skip
-    assert matches, f"{name} belongs to no stage: add it to STAGES"
-    return max(matches)[1]
+def stage(name: str) -> str:
+    """The stage of a headlens module: its folder under headlens/ (or cli, reports), else the core."""
+    parts = name.split(".")
+    if len(parts) >= 2 and (parts[1] in ("cli", "reports") or (ROOT / "headlens" / parts[1]).is_dir()):
+        return parts[1]
+    return CORE
 
 
-# The top-level package's `show` and `show_attention` draw through headlens.reports.inline, imported when they
-# are called so that `import headlens` loads no report code (tests/test_inline.py): the one import that
-# reaches a later stage, from the package's front door.
-FRONT_DOOR = {("headlens", "headlens.reports"), ("headlens", "headlens.reports.inline")}
+def folders() -> set[str]:
+    """The stage folders on disk: packages directly under headlens/ (data is package data), cli and reports."""
+    found = {p.name for p in (ROOT / "headlens").iterdir() if (p / "__init__.py").is_file()}
+    return found | {"cli", "reports"}
 
 
-def test_every_module_imports_its_own_stage_or_an_earlier_one():
+def readme_stages() -> list[str]:
+    r"""The README's stage folders in data-flow order: the `- \`name/\`` items between the two markers."""
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index(STAGES_BEGIN) : text.index(STAGES_END)]
+    return [line.split("`")[1].rstrip("/") for line in block.splitlines() if line.startswith("- `")]
+
+
+# The top-level package is the front door: it re-exports every stage's entry point, each imported when first
+# used (its LAZY table; `show` and `show_attention` import headlens.reports.inline when called), so `import
+# headlens` loads no stage (tests/test_inline.py). It is the one module whose imports reach later stages.
+FRONT_DOOR = "headlens"
+
+
+def test_the_readme_lists_every_stage_folder_once():
+    listed = readme_stages()
+    assert len(listed) == len(set(listed)), listed
+    assert set(listed) == folders()
+
+
+def test_every_module_imports_the_core_its_own_stage_or_an_earlier_one():
+    """The order is the README's list; the core imports no stage (but for the front door's `show`)."""
+    order = {name: index for index, name in enumerate([CORE, *readme_stages()])}
     known = modules()
     later = [
-        f"{name} ({STAGES[stage(name)][0]}) imports {other} ({STAGES[stage(other)][0]})"
+        f"{name} ({stage(name)}) imports {other} ({stage(other)})"
         for name, path in known.items()
         for other in imports(name, path, known, top_only=False)
-        if stage(other) > stage(name) and (name, other) not in FRONT_DOOR
+        if order[stage(other)] > order[stage(name)] and name != FRONT_DOOR
     ]
     assert later == []
 
@@ -161,11 +175,19 @@ def test_ablate_data_path_is_light():
     loaded = out.split()
     assert "headlens.ablation.ablate" in loaded  # the run happened
     assert [m for m in loaded if m.startswith(NOT_ON_ABLATE_PATH)] == []
-    assert len(loaded) <= MAX_ABLATE_MODULES, loaded
+    code = [m for m in loaded if not is_folder_only(m)]
+    assert len(code) <= MAX_ABLATE_MODULES, code
+
+
+def is_folder_only(name: str) -> bool:
+    """A stage folder's `__init__` that holds only its docstring: it names the folder and runs no code."""
+    path = modules()[name]
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    return path.name == "__init__.py" and all(isinstance(node, ast.Expr) for node in body)
 
 
 # Packages whose __init__ re-exports some public names lazily (a `LAZY` table read by the module's __getattr__).
-LAZY_PACKAGES = ("headlens.ablation", "headlens.capture")
+LAZY_PACKAGES = ("headlens", "headlens.ablation", "headlens.capture", "headlens.classify", "headlens.validate")
 
 
 @pytest.mark.parametrize("package", LAZY_PACKAGES)

@@ -25,7 +25,7 @@ nbformat = pytest.importorskip("nbformat")
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CELLS = [
-    "import headlens\nfrom headlens.models import load_model\nloaded = load_model('tiny')",
+    "import headlens\nfrom headlens.load.models import load_model\nloaded = load_model('tiny')",
     "headlens.show_attention(loaded, 'In the beginning God created the heaven and the earth.', repeat=True)",
     "from headlens.reports.inline import attention_sample, view\nview(attention_sample(loaded, 'abcabcabc'))",
     "headlens.show_attention(loaded, 'Y la tierra estaba desordenada y vacía.', lang='es')",

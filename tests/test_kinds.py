@@ -1,4 +1,4 @@
-"""The registry of head kinds (headlens.kinds): complete entries, and every stage reading from it."""
+"""The registry of head kinds (headlens.classify.kinds): complete entries, and every stage reading from it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headlens import kinds
+from headlens.classify import kinds
+from headlens.classify.labels import THRESHOLDS, ClassifyConfig, ProbeConfig, absent_roles, label_head, rank_heads
+from headlens.classify.runs import probe_sizes
 from headlens.cli.commands_classify import TABLE_COLUMNS
-from headlens.labels import THRESHOLDS, ClassifyConfig, absent_roles, label_head, rank_heads
-from headlens.probe_runs import probe_sizes
 from headlens.reports import explain
 from headlens.reports.findings import absent_block, ioi_text
 
@@ -197,3 +197,10 @@ def test_classify_notes_name_the_highest_head_of_each_absent_role(capsys):
         "headlens: note: no positional heads: highest positional_share at 0.1: positional_share 0.70 (cut-off 0.8), "
         "positional_offset -3",  # an offset, printed as the integer it is
     ]
+
+
+def test_classify_config_writes_out_one_field_per_registry_threshold():
+    """ClassifyConfig's fields past ProbeConfig's are the registry's thresholds, in its order, with its defaults."""
+    probe_fields = {f.name for f in fields(ProbeConfig)}
+    written = [(f.name, f.default) for f in fields(ClassifyConfig) if f.name not in probe_fields]
+    assert written == [(th.field, th.default) for th in kinds.THRESHOLDS]

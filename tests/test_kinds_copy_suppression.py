@@ -14,7 +14,7 @@ from planted_kinds import build_planted_kinds, kind_seeds, labelled_heads
 from headlens.ablation.roles import resolve_heads
 from headlens.classify import ClassifyConfig, classify_heads
 from headlens.heads import Head
-from headlens.probes import default_text, text_windows
+from headlens.probes.inputs import default_text, text_windows
 from headlens.scores.copy_suppression import (
     BOTTOM_K,
     CS_ATTENTION_MIN,

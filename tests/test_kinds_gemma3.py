@@ -15,7 +15,7 @@ from test_kinds_name_mover import check_ioi_run_one_prompt_at_a_time
 from test_kinds_rare_word import SMOL_TEXT, eager_rare_scores
 from test_kinds_syntactic import eager_relation_accuracy, small_sample
 
-from headlens.probes import default_text, text_windows
+from headlens.probes.inputs import default_text, text_windows
 from headlens.scores import syntactic
 from headlens.scores.copy_suppression import BOTTOM_K
 from headlens.scores.name_mover import COPY_TOP_K, name_mover_scores, name_tokens
@@ -30,7 +30,7 @@ N_CHECK = 8  # tokens whose full-vocabulary ranks are recomputed by hand (each a
 
 @pytest.fixture(scope="module")
 def gemma(pulled):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("gemma3-270m")
     return load_model("gemma3-270m")

@@ -25,7 +25,7 @@ from headlens.ablation.sweep import ablated_sums
 from headlens.classify import ClassifyConfig, classify_heads
 from headlens.errors import ConfigError
 from headlens.heads import Head
-from headlens.models import gpt2_tokenizer
+from headlens.load.models import gpt2_tokenizer
 from headlens.scores.name_mover import (
     COPY_TOP_K,
     ablation_prompts,

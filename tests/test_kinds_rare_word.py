@@ -10,7 +10,7 @@ from planted import N_HEADS, N_LAYERS
 from planted_kinds import build_planted_rare_word, rare_text
 from wordfreq import word_frequency
 
-from headlens.models import gpt2_tokenizer
+from headlens.load.models import gpt2_tokenizer
 from headlens.scores.rare_word import (
     RARE_WORD_MIN,
     rare_hits,
@@ -129,7 +129,7 @@ SMOL_TEXT = (
 @pytest.mark.slow
 @pytest.mark.real
 def test_smollm2_scores_match_its_eager_attention(pulled):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("smollm2")
     loaded = load_model("smollm2")

@@ -11,7 +11,7 @@ from planted import N_HEADS, N_LAYERS
 from planted_kinds import build_planted_kinds, kind_seeds
 
 from headlens.errors import ConfigError
-from headlens.models import gpt2_tokenizer
+from headlens.load.models import gpt2_tokenizer
 from headlens.scores.successor import SUCCESSOR_MIN, succession_hits, successor_heads, successor_scores, successor_tasks
 
 

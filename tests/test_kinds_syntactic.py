@@ -1,4 +1,4 @@
-"""Syntactic heads (headlens.scores.syntactic, headlens.treebank): the CoNLL-U reader, Clark et al.'s
+"""Syntactic heads (headlens.scores.syntactic, headlens.probes.treebank): the CoNLL-U reader, Clark et al.'s
 word pooling against loops, patterns built from the shipped sample's parses (a head attending from
 each dependent to its head scores 1 on those relations; a fixed-offset head never beats the baseline,
 computed here from the file), the CLI's bad-treebank error, and SmolLM2 against its eager attention."""
@@ -11,9 +11,10 @@ from click.testing import CliRunner
 
 from headlens.capture import Batch, pad_batch
 from headlens.classify import classify_heads
+from headlens.classify.labels import ClassifyConfig
 from headlens.errors import InputTextError
-from headlens.labels import ClassifyConfig
-from headlens.models import gpt2_tokenizer, load_model
+from headlens.load.models import gpt2_tokenizer, load_model
+from headlens.probes.treebank import read_conllu, relation_of
 from headlens.scores import syntactic
 from headlens.scores.syntactic import (
     DEP_TO_HEAD,
@@ -27,7 +28,6 @@ from headlens.scores.syntactic import (
     syntactic_frame,
     syntax_sample,
 )
-from headlens.treebank import read_conllu, relation_of
 
 BOS = 50256
 CONLLU = """# text = I don't like cheese.
@@ -90,7 +90,7 @@ def sample():
 
 def file_relations(keep: set[int]) -> dict[str, list[tuple[bool, int]]]:
     """Per relation, (direction is dependent->head, gap in words) of every instance of the sentences
-    numbered in `keep`, read from the sample file here (not through headlens.treebank)."""
+    numbered in `keep`, read from the sample file here (not through headlens.probes.treebank)."""
     out: dict[str, list[tuple[bool, int]]] = {}
     text = (syntactic.sample_path()).read_text(encoding="utf-8")
     for number, block in enumerate(text.strip().split("\n\n")):

@@ -1,12 +1,12 @@
-"""The from-scratch attention (headlens.mha) and its validation against three references."""
+"""The from-scratch attention (headlens.arch.mha) and its validation against three references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from headlens.arch.mha import CausalSelfAttention, gpt2_attention_scale
 from headlens.errors import ValidationFailed
-from headlens.mha import CausalSelfAttention, gpt2_attention_scale
 from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
 
 # Mask invariance compares float32 results of the same ops on differently shaped batches.
@@ -116,7 +116,7 @@ def test_inverse_layer_scaling_is_honoured():
     """scale_attn_by_inverse_layer_idx divides layer L's scores by L + 1: every reference agrees."""
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, scale_attn_by_inverse_layer_idx=True)
     frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT)
@@ -131,7 +131,7 @@ def test_unscaled_attention_is_honoured_but_transformer_lens_ignores_it():
     """
     from transformers import GPT2Config
 
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, scale_attn_weights=False)
     frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT, raise_on_failure=False)
@@ -145,7 +145,7 @@ def test_unscaled_attention_is_honoured_but_transformer_lens_ignores_it():
 
 def test_non_float32_model_is_refused(small_config):
     from headlens.errors import ConfigError
-    from headlens.models import build_model
+    from headlens.load.models import build_model
 
     loaded = build_model(small_config, seed=0)
     loaded.model.to(torch.float64)
@@ -164,7 +164,7 @@ def test_indivisible_heads_are_refused():
 
 
 def _gqa_weights(n_heads=4, n_kv_heads=1, d_model=32, d_head=8, seed=0, dtype=torch.float32, **extra):
-    from headlens.mha import AttentionWeights
+    from headlens.arch.mha import AttentionWeights
 
     gen = torch.Generator().manual_seed(seed)
 
@@ -189,7 +189,7 @@ def _gqa_weights(n_heads=4, n_kv_heads=1, d_model=32, d_head=8, seed=0, dtype=to
 
 def test_plain_grouped_attention_equals_gpt2_attention(small_model):
     """One key/value head per query head, no rotary: the four moves of CausalSelfAttention."""
-    from headlens.mha import AttentionWeights, GroupedQueryAttention
+    from headlens.arch.mha import AttentionWeights, GroupedQueryAttention
 
     gpt2 = CausalSelfAttention.from_gpt2(small_model.model.transformer.h[0].attn, small_model.model.config, 0)
     gpt2 = gpt2.double()
@@ -210,7 +210,7 @@ def test_shared_key_value_heads_equal_copied_ones():
     """GQA by definition: 4 query heads over 1 key/value head == 4 heads whose K, V weights are copies."""
     from dataclasses import replace
 
-    from headlens.mha import GroupedQueryAttention
+    from headlens.arch.mha import GroupedQueryAttention
 
     mqa = _gqa_weights(n_kv_heads=1, inv_freq=1.0 / 100 ** (torch.arange(0, 8, 2) / 8), dtype=torch.float64)
     tiled = replace(
@@ -231,7 +231,7 @@ def test_shared_key_value_heads_equal_copied_ones():
 @pytest.mark.parametrize("rotary_dim", [8, 4])
 def test_rotary_scores_depend_on_relative_position_only(rotary_dim):
     """Su et al. 2021: <R(m) q, R(n) k> depends on m - n; with partial rotary the other dims pass unchanged."""
-    from headlens.mha import rotate
+    from headlens.arch.mha import rotate
 
     inv_freq = 1.0 / 10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)  # [rotary_dim / 2]
     q, k = torch.randn(8), torch.randn(8)  # [d_head]
@@ -248,7 +248,7 @@ def test_rotary_scores_depend_on_relative_position_only(rotary_dim):
 def test_sliding_window_and_qk_norm():
     from dataclasses import replace
 
-    from headlens.mha import GroupedQueryAttention
+    from headlens.arch.mha import GroupedQueryAttention
 
     weights = _gqa_weights(n_kv_heads=2, window=3, q_norm=torch.rand(8) + 0.5, k_norm=torch.rand(8) + 0.5)
     x = torch.randn(1, 10, 32)  # [batch, pos, d_model]
@@ -262,8 +262,8 @@ def test_sliding_window_and_qk_norm():
 
 
 def test_query_heads_must_be_a_multiple_of_key_value_heads():
+    from headlens.arch.mha import GroupedQueryAttention
     from headlens.errors import ConfigError
-    from headlens.mha import GroupedQueryAttention
 
     with pytest.raises(ConfigError, match="not a multiple"):
         GroupedQueryAttention(_gqa_weights(n_heads=4, n_kv_heads=3))

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from headlens.errors import ModelLoadError
-from headlens.hub import hub_cache_dir
-from headlens.models import build_model, gpt2_tokenizer, load_model, save_model
+from headlens.load.hub import hub_cache_dir
+from headlens.load.models import build_model, gpt2_tokenizer, load_model, save_model
 
 # GPT-2's own ids for this sentence (Hugging Face `gpt2` tokenizer, also tiktoken "gpt2").
 HELLO_TEXT = "Hello world, the cat sat."
@@ -168,7 +168,7 @@ def test_bin_checkpoint_with_code_is_refused(model_copy):
 
 
 def test_shipped_model_missing_is_clear(monkeypatch, tmp_path):
-    import headlens.models as models
+    import headlens.load.models as models
 
     monkeypatch.setattr(models, "shipped_path", lambda name: tmp_path / name)
     with pytest.raises(ModelLoadError, match="shipped model 'tiny' is missing"):

@@ -100,9 +100,10 @@ def test_the_viewer_caption_says_what_the_heads_do_on_the_sample_shown():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from headlens.models import load_model, shipped_path
+    from headlens.classify.samples import SAMPLE_RANDOM
+    from headlens.files import shipped_path
+    from headlens.load.models import load_model
     from headlens.reports.inline import attention_sample
-    from headlens.samples import SAMPLE_RANDOM
 
     english = read(NOTEBOOKS / "02_what_do_the_heads_do.en.ipynb")
     call = next(c.source for c in english.cells if c.cell_type == "code" and "show_attention" in c.source)

@@ -39,7 +39,7 @@ def _full_circuit_scores(model) -> torch.Tensor:
 
 
 def test_small_route_equals_the_full_circuit_on_the_shipped_model():
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     tiny = load_model("tiny")  # a 257-token vocabulary: the full circuit fits
     with torch.no_grad():
@@ -124,7 +124,7 @@ def test_a_layer_whose_norm_differs_in_form_reads_the_whole_vocabulary():
 
 
 def test_the_layernorm_model_takes_the_shared_product():
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     adapter = adapter_for(load_model("tiny").model)  # GPT-2: LayerNorm with a bias in every layer
     assert _shared_read(adapter, folded_unembed(adapter)) is not None

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from headlens.errors import ConfigError, InputTextError
-from headlens.models import gpt2_tokenizer
-from headlens.probes import (
+from headlens.load.models import gpt2_tokenizer
+from headlens.probes.inputs import (
     fit_repeats,
     needle_prompts,
     needle_size,

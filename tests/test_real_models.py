@@ -3,7 +3,7 @@
 Every label tested is whatever `classify_heads` gives on this model (never a list written here), and each
 is checked against a peer or a causal experiment:
 1. previous-token, duplicate-token and induction scores equal TransformerLens `detect_head` on the same
-   prompts, through the bridge (headlens.models.boot_bridge);
+   prompts, through the bridge (headlens.load.models.boot_bridge);
 2. zero-ablating the induction heads raises the second-copy loss on repeated random tokens more than every
    one of N_CONTROLS random head sets with the same count per layer (empirical p <= P_MAX), and the same
    for the retrieval heads on the needle tokens' loss (Wu et al. 2024's knockout against random heads);
@@ -34,9 +34,9 @@ from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for
 from headlens.arch.base import get_module
 from headlens.capture import iter_batches, run_capture
+from headlens.classify.labels import ClassifyConfig
 from headlens.heads import Head
-from headlens.labels import ClassifyConfig
-from headlens.probes import default_text, random_token_range, repeated_random_tokens
+from headlens.probes.inputs import default_text, random_token_range, repeated_random_tokens
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
 from headlens.scores.positional import prev_token_reducer
@@ -72,7 +72,7 @@ PARITY_PROMPTS = [
 def smollm2(pulled):
     """SmolLM2-135M-Instruct (`headlens pull smollm2`, dequantized from Q4_1), its probes sized by a
     CONTEXT-token context."""
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     pulled("smollm2")  # skips (fails under CI=true) when it is not pulled
     loaded = load_model("smollm2")
@@ -190,7 +190,7 @@ def causal_check(loaded, heads: list[Head], metric: str, seed: int, context: int
 
 @pytest.fixture(scope="module")
 def bridge(smollm2):
-    from headlens.models import boot_bridge
+    from headlens.load.models import boot_bridge
 
     try:
         return boot_bridge(smollm2)
@@ -334,10 +334,10 @@ def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, labels
 @pytest.fixture(scope="module")
 def smollm2_report(smollm2, labels, tmp_path_factory):
     """SmolLM2's report from its labels, role experiments and viewer sample, as `headlens report` draws it."""
+    from headlens.classify.samples import sample_patterns
     from headlens.cli.options import model_info
     from headlens.reports import render_report
     from headlens.reports.viewer import default_viewer_tokens
-    from headlens.samples import sample_patterns
 
     spec = smollm2.spec
     n_tokens = default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)

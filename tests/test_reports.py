@@ -527,7 +527,7 @@ def test_existing_report_is_replaced(tmp_path):
     assert path.read_text().startswith("<!DOCTYPE html>")
 
 
-# sample_patterns (headlens.samples): peer is Hugging Face's own eager attention output
+# sample_patterns (headlens.classify.samples): peer is Hugging Face's own eager attention output
 
 # float32 patterns from the same forward pass: hooks and output_attentions see identical tensors.
 PATTERN_ATOL = 1e-6
@@ -536,7 +536,7 @@ PATTERN_ATOL = 1e-6
 def test_sample_patterns_match_hf_eager_attention(small_model):
     import torch
 
-    from headlens.samples import sample_patterns
+    from headlens.classify.samples import sample_patterns
 
     text = "The cat sat on the mat. The cat sat on the mat."
     sample = sample_patterns(small_model, text, max_tokens=8)
@@ -551,7 +551,7 @@ def test_sample_patterns_match_hf_eager_attention(small_model):
 
 
 def test_repeated_sample_is_the_start_twice_when_the_model_copies_it(small_model, monkeypatch):
-    from headlens import samples
+    from headlens.classify import samples
 
     # A random-weights model does not copy text: with the ratio raised past any loss, the text is taken.
     monkeypatch.setattr(samples, "COPY_LOSS_RATIO", float("inf"))
@@ -567,8 +567,8 @@ def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(
     of random tokens twice, and the losses that decided it are recorded (measured here independently)."""
     import torch
 
-    from headlens.probes import random_token_range
-    from headlens.samples import SAMPLE_RANDOM, sample_patterns
+    from headlens.classify.samples import SAMPLE_RANDOM, sample_patterns
+    from headlens.probes.inputs import random_token_range
 
     text = "one two three four five six seven eight nine ten"
     sample = sample_patterns(small_model, text, 9, repeat=True)
@@ -597,8 +597,8 @@ def test_default_viewer_tokens_fit_the_budget():
 
 
 def test_sample_patterns_errors(small_model):
+    from headlens.classify.samples import sample_patterns
     from headlens.errors import ConfigError, InputTextError
-    from headlens.samples import sample_patterns
 
     with pytest.raises(ConfigError, match="max_tokens"):
         sample_patterns(small_model, "text", max_tokens=1)
@@ -609,8 +609,8 @@ def test_sample_patterns_errors(small_model):
 @pytest.mark.slow
 def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
     """Worst case for size: all 144 heads labelled (144 thumbnails), every score, a sweep, 64 viewer tokens."""
-    from headlens.probes import default_text
-    from headlens.samples import sample_patterns
+    from headlens.classify.samples import sample_patterns
+    from headlens.probes.inputs import default_text
 
     spec = gpt2_shaped_model.spec
     rng = np.random.default_rng(0)

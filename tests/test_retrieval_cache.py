@@ -13,9 +13,9 @@ from families import FAMILY_NAMES, build_family
 from planted import PLANTED_TEXT, build_planted
 from strong import sample_text
 
-from headlens import probes
 from headlens.arch import adapter_for
-from headlens.probes import random_token_range
+from headlens.probes import inputs as probes
+from headlens.probes.inputs import random_token_range
 from headlens.scores.retrieval import (
     _next_tokens,
     count_copy_paste,
@@ -96,7 +96,7 @@ def test_cached_decoding_equals_uncached_on_a_small_random_gpt2(small_model, one
 
 @pytest.mark.slow
 def test_cached_decoding_equals_uncached_on_the_tiny_model():
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     loaded = load_model("tiny")
     prompts = _prompts(loaded, probes.default_text())

@@ -102,7 +102,7 @@ def test_empty_folder_is_one_line(runner, small_model_dir, tmp_path):
 
 
 def test_largest_batch_halves_on_out_of_memory():
-    from headlens.devices import with_largest_batch
+    from headlens.load.devices import with_largest_batch
 
     tried = []
 
@@ -118,9 +118,9 @@ def test_largest_batch_halves_on_out_of_memory():
 
 def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch):
     """A forward pass of more than 4 sequences 'runs out of memory': auto settles on 4."""
-    import headlens.probe_runs
+    import headlens.classify.runs
 
-    real = headlens.probe_runs.run_capture
+    real = headlens.classify.runs.run_capture
 
     def capped(model, batches, reducers, **kwargs):
         def checked():
@@ -131,7 +131,7 @@ def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch
 
         real(model, checked(), reducers, **kwargs)
 
-    monkeypatch.setattr(headlens.probe_runs, "run_capture", capped)
+    monkeypatch.setattr(headlens.classify.runs, "run_capture", capped)
     args = ["classify", str(small_model_dir), "--n-seq", "8", "--no-needles", "--format", "json", "--no-progress"]
     auto = runner.invoke(cli, [*args, "--batch-size", "auto"])
     assert auto.exit_code == 0, auto.output

@@ -11,7 +11,7 @@ from strong import build_strong_model, sample_text
 from test_scale_precision import _tolerance
 
 from headlens.classify import SCORE_COLUMNS, ClassifyConfig, classify_heads
-from headlens.models import load_model, save_model
+from headlens.load.models import load_model, save_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -11,9 +11,9 @@ from families import FAMILY_NAMES, build_family
 from strong import sample_text
 
 from headlens.classify import SCORE_COLUMNS, ClassifyConfig, classify_heads
-from headlens.devices import resolve_device, resolve_dtype
 from headlens.errors import DeviceError
-from headlens.models import LoadedModel, load_model, spec_of
+from headlens.load.devices import resolve_device, resolve_dtype
+from headlens.load.models import LoadedModel, load_model, spec_of
 
 # Scores are attention masses and z-scores in [-1, 1]. A half-precision model rounds every
 # weight and activation to ~eps(dtype); on the strong test model the largest score difference

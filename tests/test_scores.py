@@ -167,7 +167,7 @@ COPYING_ATOL = 1e-4
 def test_copying_reducer_equals_brute_force_over_the_vocabulary(small_model):
     """The streamed, factored copying score equals its definition computed from full logits."""
     from headlens.capture import CollectPatterns, iter_batches, run_capture
-    from headlens.probes import repeated_random_tokens
+    from headlens.probes.inputs import repeated_random_tokens
     from headlens.scores.copying import CopyingReducer
 
     model, spec = small_model.model, small_model.spec

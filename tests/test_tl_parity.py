@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from headlens.capture import iter_batches, run_capture
-from headlens.models import load_model
+from headlens.load.models import load_model
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer
 from headlens.scores.positional import prev_token_reducer

@@ -168,7 +168,7 @@ def test_second_copy_induction_reducer_on_planted_patterns():
 
 @pytest.mark.slow
 def test_micro_run_writes_model_checkpoints_and_log(micro_runs):
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     folder = micro_runs["a"]
     log, heads = load_training_log(folder)
@@ -205,8 +205,8 @@ def test_micro_run_is_deterministic_under_seed(micro_runs):
 @pytest.mark.slow
 def test_logged_scores_match_a_fresh_measurement(micro_runs):
     """The final log row's head scores equal scores measured again on the saved model."""
-    from headlens.models import load_model
-    from headlens.probes import repeated_random_tokens
+    from headlens.load.models import load_model
+    from headlens.probes.inputs import repeated_random_tokens
 
     loaded = load_model(str(micro_runs["a"]))
     _, heads = load_training_log(micro_runs["a"])

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 from headlens.scores.induction import prefix_matching_targets
 from headlens.training import TrainConfig, byte_tokenizer
 from headlens.training.evaluate import arena_len, build_probes, evaluate

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_browser import induction_target_attention
 
-from headlens import samples
+from headlens.classify import samples
 from headlens.heads import Head, all_heads
 from headlens.reports.viewer import repeated_caption
 

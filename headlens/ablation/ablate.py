@@ -9,24 +9,36 @@ bootstrap `ci95` (headlens.ablation.stats); loss metrics also keep `n_tokens`, `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.evalset import build_evalset
+from headlens.ablation.clean import clean_values, lookup, pass_count, run_sets, unit_sums_of
+from headlens.ablation.estimate import sweep_estimate
+from headlens.ablation.evalspec import (
+    ALL,
+    IOI,
+    ROLE_METRICS,
+    SWEEP_TOKENS,
+    EvalSpec,
+    choose_metric,
+    parse_tokens,
+    tokens_read,
+)
 from headlens.ablation.metrics import UNIT, check_choice, is_loss
 from headlens.ablation.replace import replacements
-from headlens.ablation.roles import model_labels, resolve_heads
-from headlens.ablation.stacked import set_sums
+from headlens.ablation.roles import model_labels, resolve_heads, role_name
 from headlens.ablation.stats import control_design, control_summary, head_seed, summarize
 from headlens.ablation.store import SweepInterrupted, SweepStore
-from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
-from headlens.errors import HeadlensError
+from headlens.ablation.sweep import sweep_sums
+from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
+from headlens.errors import ConfigError, HeadlensError
 from headlens.heads import Head, all_heads
-from headlens.kinds import DEFAULT_TOKEN_BUDGET
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
+    from typing_extensions import Unpack
 
 
 def model_label(loaded) -> str:
@@ -47,114 +59,137 @@ def describe(evalset, method: str) -> dict:
     return {"data": evalset.description, "reference": reference, "resampled": evalset.unit_label}
 
 
+class EvalFields(TypedDict, total=False):
+    """EvalSpec's fields, accepted as keywords by ablate_heads and sweep_heads (they build the EvalSpec)."""
+
+    metric: str | None
+    text: Any
+    prompts: Any
+    reference: str | None
+    bos: bool
+    context: int | None
+    tokens: int | str | None
+
+
+def evaluation_of(
+    evaluation: EvalSpec | None, fields: EvalFields, role: str | None = None
+) -> tuple[EvalSpec, str | None]:
+    """The EvalSpec of a call: `evaluation`, or one built from keyword fields (not both), and a line on
+    the metric chosen (evalspec.choose_metric: a role's own metric when none is given)."""
+    if evaluation is not None:
+        if fields:
+            raise ConfigError(f"give the evaluation set as `evaluation` or as keywords, not both: {', '.join(fields)}")
+        return evaluation, None
+    given = dict(fields)
+    metric, why = choose_metric(role, given.pop("metric", None))
+    if "tokens" in given:
+        given["tokens"] = parse_tokens(given["tokens"])
+    if metric == "logit-diff" and role in ROLE_METRICS and given.get("prompts") is None:
+        given["prompts"] = IOI
+    return EvalSpec(metric=metric, **given), why
+
+
 def ablate_heads(
     loaded,
     heads,
     method: str = "zero",
-    metric: str = "loss",
-    text: str | None = None,
+    evaluation: EvalSpec | None = None,
+    *,
     seed: int = 0,
-    progress: bool = False,
-    prompts: list[dict] | None = None,
-    reference: str | None = None,
-    bos: bool = True,
     control: int = 0,
     labels: dict | None = None,
     batch_size: int | None = None,
     chosen_by: str | None = None,
-    context: int | None = None,
+    progress: bool = False,
+    **fields: Unpack[EvalFields],
 ) -> dict:
     """Ablate a set of heads together; how does the metric change?
 
     heads: list of Head, a spec string ("3.4,5.1", "layer:3", `all` = every head together) or a
     role (headlens.ablation.roles); `each` (every head alone) is `sweep_heads`.
-    metric, text, prompts, reference, bos, context: the evaluation set (headlens.ablation.evalset).
+    evaluation: the evaluation set (headlens.ablation.evalspec.EvalSpec: metric, text, prompts,
+    reference, bos, context, token budget), or its fields as keywords; with neither, a role's own
+    metric (evalspec.ROLE_METRICS) or `loss`, at the default budget of DEFAULT_TOKENS tokens.
+    Every set (the controls too) runs from the clean residual at its first ablated layer, and the
+    clean run comes from headlens's cache when it was run before (headlens.ablation.clean).
     Returns `model`, `heads` (["L.H"]), `method`, `metric`, `unit`, `n`, `clean`, `ablated`, `delta`,
-    `ci95` ([low, high] paired bootstrap, seeded; None below 2 units), the loss keys for loss
-    metrics, then `data`, `reference`, `resampled` (in words), `chosen_by` for a role (or as given,
-    for heads a caller resolved from one), and with `control` = K > 0 the random same-layer-count
-    sets (headlens.ablation.stats: `k`, `n_possible`, `exact`, `rank`, `p_value`, `p_min`, ...).
-    `progress` shows a bar over the forward passes; `batch_size` sequences go through each forward pass
-    (None: packed by their lengths, headlens.ablation.evalset.EvalSet.row_batches).
+    `ci95` ([low, high] paired bootstrap over the sequences used, seeded; None below 2 units), the
+    loss keys for loss metrics, then `tokens` (the budget: a number or "all"), `tokens_read`, `data`,
+    `reference`, `resampled` (in words), `metric_why` when the metric was chosen for a role,
+    `chosen_by` for a role (or as given, for heads a caller resolved from one), and with `control`
+    = K > 0 the random same-layer-count sets (headlens.ablation.stats: `k`, `n_possible`, `exact`,
+    `rank`, `p_value`, `p_min`, ...). `progress` shows a bar over the forward passes with the time left;
+    `batch_size` sequences go through each forward pass (None: packed by their lengths, EvalSet.row_batches).
     """
-    metric = check_choice(method, metric)
+    role = role_name(heads) if isinstance(heads, str) else None
+    evaluation, why = evaluation_of(evaluation, fields, role)
+    check_choice(method, evaluation.metric)
     heads, resolved_by = resolve_heads(loaded, heads, labels)
     chosen_by = resolved_by or chosen_by
-    evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos, context)
-    model = loaded.model
+    evalset = evaluation.build(loaded, seed)
     design = control_design(heads, loaded.spec.n_heads, control, seed) if control else None
-    sets = design["sets"] if design else []
-    bar = tqdm(total=2 + len(sets), desc="ablate", unit="pass", leave=False) if progress else None
-    reps = replacements(model, evalset, method, seed, batch_size=batch_size)
+    sets = [heads, *(design["sets"] if design else [])]
+    reps = replacements(loaded.model, evalset, method, seed, batch_size=batch_size)
     counts = evalset.unit_counts()  # [n_units]
-    try:
-        base, chosen, *controls = _sums(model, evalset, [[], heads, *sets], reps, batch_size, bar, design is not None)
-        result: dict[str, Any] = {
-            "model": model_label(loaded),
-            "heads": [str(h) for h in heads],
-            "method": method,
-            "metric": metric,
-            "unit": UNIT[metric],
-        }
-        result.update(summarize(base, chosen, counts, seed, is_loss(metric)))
-        result.update(describe(evalset, method))
-        if chosen_by:
-            result["chosen_by"] = chosen_by
-        if design is not None:
-            deltas = [float((row - base).sum() / counts.sum()) for row in controls]
-            result["control"] = control_summary(
-                result["delta"], deltas, sets, seed, design["n_possible"], design["exact"]
-            )
-    finally:
-        if bar is not None:
-            bar.close()
+    cached = lookup(loaded, evalset, batch_size)
+    total = pass_count(evalset, len(sets), batch_size, cached[1] is not None)
+    with tqdm(total=total, desc="ablate", unit="pass", leave=False, disable=not progress) as bar:
+        clean, values = run_sets(loaded, evalset, sets, reps, batch_size, cached, on_pass=lambda: bar.update(1))
+    base, chosen, *controls = unit_sums_of(evalset, torch.cat([clean[None], values]))  # [n_units] each
+    result: dict[str, Any] = {
+        "model": model_label(loaded),
+        "heads": [str(h) for h in heads],
+        "method": method,
+        "metric": evalset.metric,
+        "unit": UNIT[evalset.metric],
+    }
+    result.update(summarize(base, chosen, counts, seed, is_loss(evalset.metric)))
+    result.update(tokens=evaluation.tokens or ALL, tokens_read=tokens_read(evalset))
+    result.update(describe(evalset, method))
+    if why:
+        result["metric_why"] = why
+    if chosen_by:
+        result["chosen_by"] = chosen_by
+    if design is not None:
+        deltas = [float((row - base).sum() / counts.sum()) for row in controls]
+        result["control"] = control_summary(
+            result["delta"], deltas, design["sets"], seed, design["n_possible"], design["exact"]
+        )
     return result
-
-
-def _sums(model, evalset, head_sets, reps, batch_size: int | None, bar, stacked: bool) -> list[torch.Tensor]:
-    """Per-unit sums [n_units] with each set ablated: by hooks on full forward passes, or (`stacked`:
-    a set and its controls) all from one cached clean residual (headlens.ablation.stacked)."""
-    if stacked:
-        n_batches = len(evalset.row_batches(batch_size))
-        tick = None if bar is None else (lambda: bar.update(1 / n_batches))
-        return list(set_sums(model, evalset, head_sets, reps, batch_size, on_pass=tick))  # [n_units] each
-    out = []
-    for heads in head_sets:
-        out.append(ablated_sums(model, evalset, heads, reps, batch_size=batch_size))  # [n_units]
-        if bar is not None:
-            bar.update(1)
-    return out
 
 
 def sweep_heads(
     loaded,
     method: str = "zero",
-    metric: str = "loss",
-    text: str | None = None,
+    evaluation: EvalSpec | None = None,
+    *,
     seed: int = 0,
-    progress: bool = False,
     out=None,
     resume: bool = False,
     heads=None,
-    prompts: list[dict] | None = None,
-    reference: str | None = None,
-    bos: bool = True,
     batch_size: int | None = None,
+    progress: bool = False,
+    **fields: Unpack[EvalFields],
 ):
     """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep
     (`batch_size` evaluation sequences per forward pass; None: packed by their lengths, EvalSet.row_batches).
+    `evaluation`: the evaluation set (EvalSpec, or its fields as keywords; the default budget is
+    SWEEP_TOKENS tokens); its clean run comes from headlens's cache when it was run before.
 
     Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
     `ablated`, `delta`, `ci95_low`, `ci95_high` (NaN below 2 bootstrap units), and for loss
     metrics `n_tokens`, `loss`, `loss_ablated`, `delta_loss`. `frame.attrs` holds `metric`, `unit`,
-    `data`, `reference`, `resampled`. With `out` (a directory) each finished row is appended durably;
+    `tokens`, `data`, `reference`, `resampled`. With `out` (a directory) each finished row is appended durably;
     `resume=True` continues a sweep found there (headlens.ablation.store). An interrupt (Ctrl-C)
     raises SweepInterrupted, a KeyboardInterrupt that says how many rows were saved where.
     """
-    metric = check_choice(method, metric)
+    if evaluation is None:
+        fields.setdefault("tokens", SWEEP_TOKENS)
+    evaluation, _ = evaluation_of(evaluation, fields)
+    metric = check_choice(method, evaluation.metric)
     spec = loaded.spec
     heads = sorted(Head(*h) for h in heads) if heads is not None else all_heads(spec.n_layers, spec.n_heads)
-    evalset = build_evalset(loaded, metric, text, seed, prompts, reference, bos)
+    evalset = evaluation.build(loaded, seed)
     store = None
     if out is not None:
         manifest = {
@@ -174,27 +209,19 @@ def sweep_heads(
     skip = set(heads) - set(todo)
     if todo:
         try:
-            _sweep_rows(
-                loaded.model,
-                evalset,
-                method,
-                seed,
-                heads,
-                rows,
-                store,
-                progress and distributed.is_main(),
-                skip,
-                batch_size,
-            )
+            show = progress and distributed.is_main()
+            _sweep_rows(loaded, evalset, method, seed, heads, rows, store, show, skip, batch_size)
         except KeyboardInterrupt:
-            saved = len(rows) if store is None else sum(h in store.done for h in heads)
+            saved = len(rows) if store is None else store.saved(heads)  # the rows on disk, counted again
             raise SweepInterrupted(saved, len(heads), None if store is None else store.dir) from None
     for part in distributed.all_gather({h: rows[h] for h in todo}):
         rows.update(part)
+    import pandas as pd  # the sweep's frame; a set ablation starts ~1.5 s sooner without pandas (BENCHMARKS.md)
+
     columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
     frame = pd.DataFrame([rows[h] for h in heads], columns=columns)
     frame = frame.sort_values(["layer", "head"], ignore_index=True)
-    frame.attrs.update(metric=metric, unit=UNIT[metric], **describe(evalset, method))
+    frame.attrs.update(metric=metric, unit=UNIT[metric], tokens=evaluation.tokens or ALL, **describe(evalset, method))
     if store is not None and distributed.is_main():
         store.write_table(frame)
     return frame
@@ -222,12 +249,17 @@ SWEEP_COLUMNS = ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", 
 LOSS_COLUMNS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 
 
-def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int | None) -> None:
+def _sweep_rows(loaded, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int | None) -> None:
     """Fill `rows` (head -> row dict) for the heads not in `skip` (done, or another rank's),
-    appending each to `store`."""
+    appending each to `store`. The clean run comes from the cache (or runs first, then is cached);
+    with `progress`, an estimate of the time is printed first and a bar shows the time left."""
+    model = loaded.model
     reps = replacements(model, evalset, method, seed, batch_size=batch_size)
     counts = evalset.unit_counts()  # [n_units]
-    base = base_sums(model, evalset, batch_size)  # [n_units]
+    pending = [h for h in heads if h not in skip]
+    if progress:
+        tqdm.write(sweep_estimate(loaded, evalset, pending, lookup(loaded, evalset, batch_size)[1] is not None))
+    base = unit_sums_of(evalset, clean_values(loaded, evalset, batch_size))  # [n_units]
 
     def on_head(head: Head, sums: torch.Tensor) -> None:
         summary = summarize(base, sums, counts, head_seed(seed, *head), is_loss(evalset.metric))
@@ -237,16 +269,12 @@ def _sweep_rows(model, evalset, method, seed, heads, rows, store, progress, skip
         if store is not None:
             store.append(row)
 
-    bar = tqdm(total=len(set(heads) - skip), desc="ablate", unit="head", leave=False) if progress else None
-    try:
+    with tqdm(total=len(pending), desc="ablate", unit="head", leave=False, disable=not progress) as bar:
         sweep_sums(model, evalset, heads, reps, on_head, skip=skip, batch_size=batch_size, bar=bar)
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 ROLE_EXPERIMENTS = (("induction", "repeat"), ("retrieval", "needle"))  # role -> the task it should carry
-# Longest needle test of a role experiment: the token budget the labelling probes use (headlens.kinds), so the
+# Longest needle test of a role experiment: the token budget the labelling probes use (headlens.classify.kinds), so the
 # retrieval heads are tested on needles as long as those they were found on. On SmolLM2 that is 15 tests of 64,
 # 128 and 256 tokens (2,240 tokens per ablated run) instead of 256, 512 and 1,024 (8,960) at EVAL_CONTEXT.
 ROLE_CONTEXT = DEFAULT_TOKEN_BUDGET
@@ -277,6 +305,7 @@ def role_experiments(
                 control=control,
                 labels=labels,
                 context=context,
+                tokens=None,
             )
             results.append({**result, "chosen_by": f"heads labelled {role} by {source}", "role": role})
     return results

@@ -14,7 +14,7 @@ of each metric (`build_evalset`):
   indirect-object prompt "After John and Mary went to the store, Mary gave a bottle of milk to"
   with target " John" and foil " Mary" (Wang et al. 2022). Each prompt is scored at its last
   position; the target is appended as one more token, so the set reuses the next-token layout;
-- `needle`: the needle-in-a-haystack tests of the retrieval probe (headlens.probes.needle_prompts,
+- `needle`: the needle-in-a-haystack tests of the retrieval probe (headlens.probes.inputs.needle_prompts,
   Wu et al. 2024 adapted to small contexts), scored teacher-forced: the sequence is the prompt
   followed by the rest of the needle, and each asked-for needle token counts 1 when it is the
   model's top prediction given the true earlier ones. Free greedy decoding (the retrieval probe's)
@@ -45,7 +45,7 @@ from headlens.ablation.metrics import KIND, NEEDLE_METRICS, PROMPT_METRICS, cano
 from headlens.ablation.stats import assign_units
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
-from headlens.probes import (
+from headlens.probes.inputs import (
     check_text,
     default_text,
     needle_prompts,
@@ -202,7 +202,7 @@ def text_evalset(
     (default: the shipped held-out text), BOS first unless `bos=False`; every window is evaluated
     (at most `max_windows`, stated in `description`). InputTextError below 2 text tokens.
 
-    `text` is a string, or documents (a headlens.corpus.Corpus, any iterable of strings): then
+    `text` is a string, or documents (a headlens.probes.corpus.Corpus, any iterable of strings): then
     windows never span two documents, and documents are read one at a time until `max_windows`."""
     window = window or eval_context(loaded)
     bos_id = loaded.bos_token_id if bos else None
@@ -384,10 +384,11 @@ def build_evalset(
     reference: str | None = None,
     bos: bool = True,
     context: int | None = None,
+    window: int | None = None,
 ) -> EvalSet:
     """The evaluation set of `metric` (see the module docstring); `prompts` from `read_prompts`;
-    `reference` a text for mean / resample ablation; `context` caps the needle tests' length
-    (default: eval_context)."""
+    `reference` a text for mean / resample ablation; `context` caps the needle tests' length and
+    `window` the text windows' (default: eval_context each)."""
     metric = canonical_metric(metric)
     if text is not None and not isinstance(text, str) and metric in NEEDLE_METRICS:
         raise ConfigError(
@@ -406,7 +407,7 @@ def build_evalset(
             '(lines of {"prompt": ..., "target": ..., "foil": ...})'
         )
     elif metric == "loss":
-        evalset = text_evalset(loaded, text, bos=bos)
+        evalset = text_evalset(loaded, text, window=window, bos=bos)
     elif metric == "repeat":
         evalset = repeat_evalset(loaded, seed=seed)
     else:

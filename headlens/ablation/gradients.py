@@ -21,7 +21,7 @@ fix applies to the later heads: for each head h of layer L,
  2. that change is added to the residual entering every later layer l (the direct path: the
     intermediate layers' own responses stay linearised), l's queries and keys are recomputed
     from it through the layer's own norm and projections (the adapter's `hook_qkv`), and each
-    later head's pattern A' is rebuilt exactly (headlens.mha.pattern_rows);
+    later head's pattern A' is rebuilt exactly (headlens.arch.mha.pattern_rows);
  3. with dL/dA[t, s] = dL/dz_g[t] . v_g[s] (z_g = A v_g), the linearised pattern change
     A (ds - A.ds) that attribution patching used is swapped for the exact A' - A (the paper's QK
     fix), and the value change v' - v, which attribution patching weighs with the clean pattern
@@ -52,7 +52,7 @@ from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.replace import Replacement, layer_replacement, z_change, z_edit_hooks
 from headlens.ablation.sweep import scored_values, unit_sums
 from headlens.arch import adapter_for
-from headlens.mha import pattern_rows
+from headlens.arch.mha import pattern_rows
 
 # Elements of one stacked pattern [heads * batch, head, q_pos, k_pos] in the batched QK fix: bounds
 # how many ablated heads run through a later layer together (2^24 float32 = 64 MB per such tensor).

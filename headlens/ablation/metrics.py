@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from headlens.devices import onloaded
 from headlens.errors import ConfigError
+from headlens.load.devices import onloaded
 
 # Vocabulary rows per matmul: 4,096-row chunks ran faster than the whole matrix at once on CPU
 # (BENCHMARKS.md, Ablation).

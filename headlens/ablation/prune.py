@@ -21,7 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE, EvalSet, text_evalset
+from headlens.ablation.evalset import BATCH_SIZE, EvalSet
+from headlens.ablation.evalspec import EvalSpec
 from headlens.ablation.gradients import head_importance, normalize_by_layer
 from headlens.ablation.sweep import ablated_sums
 from headlens.errors import ConfigError, InputTextError
@@ -55,12 +56,15 @@ def prune_curve(
     progress: bool = False,
     labels: dict | None = None,
     batch_size: int = BATCH_SIZE,
+    evaluation: EvalSpec | None = None,
 ):
     """The pruning curve: columns `step`, `n_removed`, `fraction_removed`, `heads_removed`
     ("L.H,..." removed so far), `step_heads` (removed at this step, least important first),
     `loss` (exact mean next-token loss with the removed heads zero-ablated) and, with `labels`
     (Head -> list of labels), `step_labelled` ("L.H:label;..." of this step's labelled heads).
 
+    The windows are those of `evaluation` (an EvalSpec of the loss metric; default: `text` at the
+    default token budget, evalspec.DEFAULT_TOKENS), half for importance, half for the loss.
     Step 0 removes nothing; each step zero-ablates round(step_fraction * n_heads) (at least 1)
     least important remaining heads, until every head is gone. Deterministic (no sampling).
     `batch_size` windows go through each forward (and backward) pass. Under torchrun (a
@@ -71,7 +75,10 @@ def prune_curve(
     if not 0 < step_fraction <= 1:
         raise ConfigError(f"step_fraction {step_fraction} is out of range: give a value in (0, 1]")
     spec, model = loaded.spec, loaded.model
-    windows = text_evalset(loaded, text)
+    evaluation = evaluation if evaluation is not None else EvalSpec(text=text)
+    if evaluation.metric != "loss":
+        raise ConfigError(f"pruning measures the loss on text, not {evaluation.metric}")
+    windows = evaluation.build(loaded)
     if windows.input_ids.shape[0] < 2:
         raise InputTextError(
             "the text gives a single window: pruning needs a second window to measure "
@@ -107,7 +114,9 @@ def prune_curve(
             bar.update(1)
     if bar is not None:
         bar.close()
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(data=windows.description, tokens=evaluation.tokens or "all")
+    return frame
 
 
 def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int, batch_size: int = BATCH_SIZE) -> list[Head]:

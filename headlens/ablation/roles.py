@@ -1,7 +1,7 @@
 """Which heads an ablation takes: explicit heads, every head at once, or the heads of a role.
 
 A spec is "3.4,5.1", "layer:3", `all` (every head, ablated together) or a role (any label
-of the registry of head kinds, headlens.kinds: `induction`, `retrieval`, `successor`, ..., also
+of the registry of head kinds, headlens.classify.kinds: `induction`, `retrieval`, `successor`, ..., also
 written `label:NAME`); `each` (every head alone) is the single-head sweep's, `sweep_heads`.
 A role resolves to the heads carrying that label, read from a `heads.json` written by
 `headlens classify --out` or found by classifying the model (headlens.classify.classify_heads,
@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from headlens.classify.kinds import LABELS
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, parse_heads
-from headlens.kinds import LABELS
 
-ROLES = LABELS  # every kind of the registry (headlens.kinds) is a role spec: `--heads successor`
+ROLES = LABELS  # every kind of the registry (headlens.classify.kinds) is a role spec: `--heads successor`
 EACH = "each"  # every head alone: the sweep's spec, not a set
 
 
@@ -61,7 +61,7 @@ def classified(loaded):
 
 def why_absent(frame, role: str) -> str | None:
     """In words, the head of a classify frame highest on the ranking score of a role no head carries."""
-    from headlens.labels import absent_roles  # the labelling rules, needed only with a classify frame
+    from headlens.classify.labels import absent_roles  # the labelling rules, needed only with a classify frame
 
     return next((a.describe() for a in absent_roles(frame) if a.label == role), None)
 

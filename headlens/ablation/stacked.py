@@ -18,7 +18,7 @@ import torch
 
 from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.replace import Replacement, heads_by_layer, layer_replacement
-from headlens.ablation.sweep import unit_sums
+from headlens.ablation.sweep import resid_values
 from headlens.arch import adapter_for
 from headlens.heads import Head
 
@@ -43,25 +43,45 @@ def set_sums(
     on_pass=None,
 ) -> torch.Tensor:
     """Per-unit sums of the metric with each set of `head_sets` ablated together (an empty set:
-    the clean model): [n_sets, n_units] float64. `reps`: per layer what z becomes
-    (headlens.ablation.replace.replacements). `on_pass()` is called after each forward pass."""
+    the clean model): [n_sets, n_units] float64 (set_values, summed per bootstrap unit)."""
+    values = set_values(model, evalset, head_sets, reps, batch_size, sets_per_pass, on_pass)  # [n_sets, n_scored]
+    units = evalset.units[evalset.counted]  # [n_scored]
+    return torch.zeros(len(head_sets), evalset.n_units, dtype=torch.float64).index_add_(1, units, values)
+
+
+def set_values(
+    model,
+    evalset,
+    head_sets: Sequence[Sequence[Head]],
+    reps: Sequence[Replacement],
+    batch_size: int | None = BATCH_SIZE,
+    sets_per_pass: int = SETS_PER_PASS,
+    on_pass=None,
+) -> torch.Tensor:
+    """The metric's value at every scored position (row-major over `evalset.counted`) with each set of
+    `head_sets` ablated together (an empty set: the clean model): [n_sets, n_scored] float64.
+    `reps`: per layer what z becomes (headlens.ablation.replace.replacements). `on_pass()` is called
+    after each forward pass."""
     adapter = adapter_for(model)
     first = first_layer(head_sets, adapter.n_layers)
-    total = torch.zeros(len(head_sets), evalset.n_units, dtype=torch.float64)  # [n_sets, n_units]
+    out = torch.zeros(len(head_sets), evalset.n_tokens, dtype=torch.float64)  # [n_sets, n_scored]
+    at = 0
     with torch.no_grad():
         for rows in evalset.row_batches(batch_size):
             ctx = adapter.context(*evalset.batch(rows))
             clean = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
             for layer in range(first):
                 clean = adapter.block(layer, clean, ctx)  # the residual entering `first`, for every set
+            n_scored = int(evalset.counted[rows].sum())
             for start in range(0, len(head_sets), sets_per_pass):
                 group = head_sets[start : start + sets_per_pass]
                 final = _run_sets(adapter, clean, ctx, group, reps, rows, first)  # [copies * batch, pos, d_model]
-                sums = unit_sums(adapter, final, evalset, rows, copies=len(group))  # [copies, n_units]
-                total[start : start + len(group)] += sums.double().cpu()
+                values = resid_values(adapter, final, evalset, rows, copies=len(group))  # [copies, n_scored]
+                out[start : start + len(group), at : at + n_scored] = values.double().cpu()
                 if on_pass is not None:
                     on_pass()
-    return total
+            at += n_scored
+    return out
 
 
 def _run_sets(adapter, clean, ctx, group, reps, rows: slice, first: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from headlens.errors import ConfigError, OutputPathError
-from headlens.files import write_atomic
+from headlens.files import check_target, write_atomic
 from headlens.heads import Head
 
 # The evaluation rule a store's rows were made under. 1 (no `rule` key): text windows alternated
@@ -26,6 +26,27 @@ STORE_RULE = 2
 MANIFEST = "manifest.json"
 ROWS = "rows.jsonl"
 TABLE = "sweep.csv"
+
+
+def check_sweep_dir(directory, rows_file: str = ROWS) -> Path:
+    """`directory` as a Path, or OutputPathError when it is a file or a file a sweep writes there
+    (manifest, rows, table) is not a regular file (headlens.files.check_target). Creates nothing."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise OutputPathError(f"--out {directory} is a file: give a directory")
+    for name in (MANIFEST, rows_file, TABLE):
+        check_target(directory / name)
+    return directory
+
+
+def _row(line: bytes) -> dict | None:
+    """A rows-file line as the row it holds, or None when it is not JSON with integer layer and head."""
+    try:
+        row = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    ok = isinstance(row, dict) and all(type(row.get(key)) is int and row[key] >= 0 for key in ("layer", "head"))
+    return row if ok else None
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -42,10 +63,8 @@ class SweepStore:
     """Rows of one sweep in a directory; `done` holds the finished rows, keyed by head."""
 
     def __init__(self, directory, manifest: dict, resume: bool, rows_file: str = ROWS):
-        self.dir = Path(directory)
+        self.dir = check_sweep_dir(directory, rows_file)
         self.rows_path = self.dir / rows_file  # where this process appends
-        if self.dir.exists() and not self.dir.is_dir():
-            raise OutputPathError(f"--out {self.dir} is a file: give a directory")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -93,9 +112,25 @@ class SweepStore:
             if len(good) != len(raw) and path == self.rows_path:  # only our own file is cut
                 with open(path, "r+b") as handle:
                     handle.truncate(len(good))
-            for line in good.decode("utf-8").splitlines():
-                row = json.loads(line)
+            for number, line in enumerate(good.split(b"\n")[:-1], 1):
+                row = _row(line)
+                if row is None:
+                    raise ConfigError(
+                        f"--resume: line {number} of {path} is not a row headlens wrote (JSON with an integer "
+                        "layer and head): the sweep directory is damaged; remove that line or choose another --out"
+                    )
                 self.done.setdefault(Head(row["layer"], row["head"]), row)
+
+    def saved(self, heads) -> int:
+        """How many of `heads` have a row on disk now (every rows file, read again)."""
+        on_disk = set()
+        for path in self._rows_files():
+            try:
+                lines = path.read_bytes().split(b"\n")[:-1]  # a torn last line is not saved
+            except OSError:
+                continue
+            on_disk.update(Head(row["layer"], row["head"]) for row in map(_row, lines) if row is not None)
+        return len(on_disk & set(heads))
 
     def append(self, row: dict) -> None:
         """Append one finished row durably (flush + fsync)."""

@@ -26,8 +26,8 @@ from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.metrics import position_values
 from headlens.ablation.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.arch import adapter_for
-from headlens.devices import is_offloaded, onloaded
 from headlens.heads import Head
+from headlens.load.devices import is_offloaded, onloaded
 
 # Ablations stacked into one forward pass: on CPU stacking did not pay (benchmarks/bench_ablate.py,
 # BENCHMARKS.md).
@@ -45,9 +45,9 @@ def scored_values(
     return position_values(hidden, lm_head, targets, foils, evalset.kind)
 
 
-def unit_sums(adapter, resid: torch.Tensor, evalset, rows: slice, copies: int = 1) -> torch.Tensor:
-    """Sums of the metric's values over each bootstrap unit from the final residual of `copies`
-    stacked copies of the batch `rows` of `evalset`: [copies, n_units].
+def resid_values(adapter, resid: torch.Tensor, evalset, rows: slice, copies: int = 1) -> torch.Tensor:
+    """The metric's value at each scored position of the batch `rows` (row-major) from the final
+    residual of `copies` stacked copies of the batch: [copies, n_scored].
 
     Only scored positions go through the final norm and the unembedding (both act per position,
     so this is exact): the repeat metric scores under half of them.
@@ -56,8 +56,14 @@ def unit_sums(adapter, resid: torch.Tensor, evalset, rows: slice, copies: int = 
     seq, pos = torch.nonzero(keep, as_tuple=True)  # scored (sequence, position) pairs
     picked = resid.view(copies, -1, *resid.shape[1:])[:, seq, pos]  # [copies, n_scored, d_model]
     hidden = adapter.final_norm()(picked)  # [copies, n_scored, d_model]
-    values = scored_values(hidden, adapter.unembed(), evalset, rows, seq, pos)  # [copies, n_scored]
-    units = evalset.units[rows].to(resid.device)[seq, pos]  # [n_scored]
+    return scored_values(hidden, adapter.unembed(), evalset, rows, seq, pos)  # [copies, n_scored]
+
+
+def unit_sums(adapter, resid: torch.Tensor, evalset, rows: slice, copies: int = 1) -> torch.Tensor:
+    """Sums of the metric's values over each bootstrap unit from the final residual of `copies`
+    stacked copies of the batch `rows` of `evalset`: [copies, n_units] (resid_values, summed)."""
+    values = resid_values(adapter, resid, evalset, rows, copies)  # [copies, n_scored]
+    units = evalset.units[rows][evalset.counted[rows]].to(values.device)  # [n_scored]
     sums = torch.zeros(copies, evalset.n_units, dtype=values.dtype, device=values.device)  # [copies, n_units]
     return sums.index_add_(1, units, values)
 

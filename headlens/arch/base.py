@@ -14,7 +14,7 @@ everything else from it:
 - `context(ids, mask)` + `attention` + `finish_block` (`block`, `run_from`): one decoder layer,
   or the layers from one on, run on a given residual stream (the exact suffix sweep);
   `final_norm` (`final_norm_centres`: LayerNorm or RMSNorm) + `unembed` for the logits;
-- `attention_weights(L)`: the layer's attention weights for the from-scratch attention (headlens.mha);
+- `attention_weights(L)`: the layer's attention weights for the from-scratch attention (headlens.arch.mha);
 - `sliding_window(L)`: how far back a layer's queries see (None: full causal attention).
 Heads are always query heads (`L.H`, H < n_heads); `kv_group(H)` is the key/value head H reads.
 """
@@ -28,8 +28,8 @@ from torch import nn
 
 from headlens.arch.context import FULL, SLIDING, LayerContext, layer_context
 from headlens.arch.hooks import Hooks
+from headlens.arch.mha import GroupedQueryAttention
 from headlens.arch.sites import CONV1D, INPUT, NORMED, Site, Sites, get_module, row_weights, to_heads
-from headlens.mha import GroupedQueryAttention
 
 ZFn = Any  # Callable[[torch.Tensor], torch.Tensor | None]: z [batch, pos, head, d_head] -> new z or None
 
@@ -231,11 +231,11 @@ class Adapter:
         return float(getattr(self.attn(layer), "scaling", self.d_head**-0.5))
 
     def attention_weights(self, layer: int):
-        """`headlens.mha.AttentionWeights` of `layer`, for the from-scratch GroupedQueryAttention."""
+        """`headlens.arch.mha.AttentionWeights` of `layer`, for the from-scratch GroupedQueryAttention."""
         raise NotImplementedError  # families with rotary positions (headlens.arch.rotary) provide it
 
     def scratch_attention(self, layer: int) -> nn.Module:
-        """headlens.mha's from-scratch attention holding `layer`'s weights (what `validate` compares):
+        """headlens.arch.mha's from-scratch attention holding `layer`'s weights (what `validate` compares):
         the table's `scratch` where the family has its own, else GroupedQueryAttention of `attention_weights`."""
         if self.sites.scratch is not None:
             return self.sites.scratch(self.attn(layer), self.config, layer)

@@ -35,10 +35,10 @@ from transformers.models.gemma3 import modeling_gemma3
 from headlens.arch.base import FULL, SLIDING, LayerContext, get_module
 from headlens.arch.context import causal_masks
 from headlens.arch.llama import LLAMA_SITES
+from headlens.arch.mha import AttentionWeights
 from headlens.arch.rotary import RotaryAdapter
 from headlens.arch.sites import NORMED, Site, Split
 from headlens.errors import UnsupportedModelError
-from headlens.mha import AttentionWeights
 
 GEMMA_NORM_OFFSET = 1.0  # Gemma3RMSNorm: x / rms(x) * (1 + weight)
 
@@ -134,7 +134,7 @@ class Gemma3Adapter(RotaryAdapter):
             return tensor  # [batch, heads, pos, d_head]
         return super().split_heads(tensor, site)
 
-    # Weights, for the from-scratch attention (headlens.mha) ----------------------------------
+    # Weights, for the from-scratch attention (headlens.arch.mha) ----------------------------------
     def rotary_tables(self, layer: int) -> tuple[torch.Tensor, float]:
         """The rotary frequencies [d_head / 2] and scaling of `layer`'s layer type (sliding or full)."""
         rotary, kind = get_module(self.model, self.sites.rotary_emb), self.layer_types()[layer]

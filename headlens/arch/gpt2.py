@@ -11,8 +11,8 @@ sliding window; the from-scratch attention is the seeds' CausalSelfAttention.
 from __future__ import annotations
 
 from headlens.arch.base import Adapter
+from headlens.arch.mha import CausalSelfAttention, gpt2_attention_scale
 from headlens.arch.sites import CONV1D, FUSED, INPUT, Site, Sites, Split
-from headlens.mha import CausalSelfAttention, gpt2_attention_scale
 
 
 def _scratch(attn, config, layer: int) -> CausalSelfAttention:

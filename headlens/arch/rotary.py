@@ -9,7 +9,7 @@ per-head queries, keys and values, rotates q and k with the family's own `apply_
 head's dimensions) and attends with each key/value head shared by n_heads / n_kv_heads
 consecutive query heads (Ainslie et al. 2023; Hugging Face `repeat_kv`). The base adapter's
 `context` and `hook_qkv` already follow the table; this class adds the weights the from-scratch
-attention (headlens.mha.GroupedQueryAttention) needs.
+attention (headlens.arch.mha.GroupedQueryAttention) needs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from headlens.arch.base import Adapter, get_module
 from headlens.arch.context import FULL, SLIDING
-from headlens.mha import AttentionWeights
+from headlens.arch.mha import AttentionWeights
 
 __all__ = ["FULL", "SLIDING", "RotaryAdapter"]
 

@@ -80,7 +80,7 @@ class Sites:
     rotary: Callable | None = None  # the family's `apply_rotary_pos_emb(q, k, cos, sin)`, or None
     scale: Callable | None = None  # scale(config, layer) of Q K^T; None: the attention module's `scaling`
     parallel_residual: str | None = None  # config flag: attention and MLP both read the block's input
-    scratch: Callable | None = None  # scratch(attn, config, layer): the family's own headlens.mha attention
+    scratch: Callable | None = None  # scratch(attn, config, layer): the family's own headlens.arch.mha attention
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:

@@ -6,7 +6,7 @@ forward pass's added memory. Here the model runs with `sdpa`, which never builds
 the architecture adapter's `hook_qkv` hands over the layer's own Q, K and V as the attention
 uses them (after rotary positions and q/k norms; no projection is recomputed). The pattern goes
 to the reducers in blocks of query rows of at most `BLOCK_ELEMENTS` weights, each block a fresh
-[batch, head, rows, k_pos] buffer (headlens.mha.pattern_rows). Reducers that accept blocks say
+[batch, head, rows, k_pos] buffer (headlens.arch.mha.pattern_rows). Reducers that accept blocks say
 so with `row_blocks = True`; a layer that feeds any other reducer gets its whole pattern in one
 block.
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from headlens.arch.mha import pattern_rows, visible_keys
 from headlens.capture.reducers import check_atol
 from headlens.errors import LeanCheckError
-from headlens.mha import pattern_rows, visible_keys
 
 # Attention weights per block: 12 heads x 128 rows x 1024 keys (6.3 MB in float32) at GPT-2
 # small's full context, against 50 MB for a whole layer's pattern (benchmarks/bench_capture.py).

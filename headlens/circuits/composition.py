@@ -39,8 +39,8 @@ import torch
 
 from headlens.arch import adapter_for, get_module
 from headlens.circuits.edges import VIAS, edge_frame
-from headlens.devices import onloaded
 from headlens.heads import Head, all_heads
+from headlens.load.devices import onloaded
 
 BASELINE_SAMPLES = 256  # random weight sets the baseline's mean and spread are measured on
 BASELINE_CHUNK = 64  # of them per batched QR

@@ -25,8 +25,8 @@ import torch
 
 from headlens.ablation.evalset import batches
 from headlens.arch import adapter_for
-from headlens.devices import onloaded
 from headlens.heads import Head
+from headlens.load.devices import onloaded
 from headlens.scores.direct_logit import attn_out_scale, centre, heads_written, readout
 
 BATCH = 16  # sequences per forward pass

@@ -31,7 +31,7 @@ import torch
 from headlens.ablation.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, EvalSet, prompt_evalset
 from headlens.ablation.metrics import position_values
 from headlens.errors import ConfigError
-from headlens.probes import random_token_range, repeated_random_tokens
+from headlens.probes.inputs import random_token_range, repeated_random_tokens
 from headlens.scores.name_mover import N_PROMPTS, TEMPLATES, ioi_prompts, name_tokens
 
 IOI_PROMPTS = N_PROMPTS  # template prompts of the ioi task by default (name_mover's probe runs as many)

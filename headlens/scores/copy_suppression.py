@@ -17,7 +17,7 @@ themselves, as for 10.7) and CS_ATTENTION_MIN = 0.3 (a third of the head's atten
 predicted token's copies, where a head spreading attention evenly over a 64-token window puts
 about 1/64 per copy).
 
-The classify probe (`probe_copy_suppression`, headlens.kinds) is sized by the token budget: the QK
+The classify probe (`probe_copy_suppression`, headlens.classify.kind_runs) is sized by the token budget: the QK
 part reads windows of the text probe's first tokens (its haystack, already tokenized), at most
 2 x token_budget tokens; the OV part samples token_budget // 8 distinct tokens (each costs one
 full-vocabulary ranking per head, the probe's main cost).
@@ -28,8 +28,7 @@ from __future__ import annotations
 import torch
 
 from headlens.errors import InputTextError
-from headlens.probe_runs import ProbeResult
-from headlens.probes import text_windows
+from headlens.probes.inputs import text_windows
 from headlens.scores.ov_circuit import own_ranks
 
 BOTTOM_K = 10  # "among the lowest logits": the token's own logit ranks in the bottom 10 of d_vocab
@@ -126,24 +125,3 @@ def copy_suppression_scores(loaded, text: str, seed: int = 0, window: int = WIND
         "n_tokens": len(tokens),
         "copy_suppression": (ov >= CS_OV_MIN) & (attention >= CS_ATTENTION_MIN),
     }
-
-
-def probe_copy_suppression(run) -> ProbeResult:
-    """The classify probe (headlens.kinds.PROBES["copy_suppression"]): `cs_ov_score`,
-    `predicted_attention` and its `predicted_attention_std` across windows, sized by the token budget
-    (module docstring). NaN predicted_attention (no label) when no position of the text counts."""
-    loaded, budget = run.loaded, run.config.token_budget
-    window = min(WINDOW, run.sizes["window"])
-    n_windows = max(1, 2 * budget // window)
-    windows = text_windows(loaded.tokenizer, run.haystack, window, loaded.bos_token_id, max_windows=n_windows)
-    tokens = sample_tokens(windows, loaded.bos_token_id, n=max(1, budget // 8), seed=run.config.seed)  # [n]
-    _, below = own_ranks(loaded.model, tokens)  # [layer, head, n]
-    scores = {"cs_ov_score": negative_copy_share(below)}  # [layer, head]
-    try:
-        attention, std, count = window_attention(loaded, windows)  # [layer, head] x 2
-    except InputTextError:
-        attention, count = torch.full_like(scores["cs_ov_score"], float("nan")), 0
-        std = attention.clone()
-    scores.update(predicted_attention=attention, predicted_attention_std=std)
-    facts = {"cs_ov_tokens": len(tokens), "cs_windows": len(windows), "cs_window": window, "cs_positions": count}
-    return ProbeResult(scores, {"n_cs_positions": count}, facts, run.text_source)

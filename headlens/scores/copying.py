@@ -32,7 +32,7 @@ import torch
 
 from headlens.arch import adapter_for
 from headlens.capture import Batch, Reducer
-from headlens.devices import is_offloaded, onloaded
+from headlens.load.devices import is_offloaded, onloaded
 
 # Below this std(l) relative to |u| * rms(W_U) the head writes nothing the unembedding reads
 # (e.g. into a subspace orthogonal to it): its copying score is 0, not noise divided by noise.

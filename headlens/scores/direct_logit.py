@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from headlens.devices import onloaded
+from headlens.load.devices import onloaded
 
 
 def norm_factor(norm, gain: torch.Tensor | None, centres: bool, x: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ Prompts for any tokenizer: NAMES are kept when " Name" is one token; prompts are
 piece (template text tokenized, each name its single id), so the name positions are known exactly.
 The prompts are plain text after BOS, with no chat template, for base and instruct models alike.
 
-The classify probe (`probe_name_mover`, headlens.kinds) runs token_budget // 4 prompts (at most
+The classify probe (`probe_name_mover`, headlens.classify.kind_runs) runs token_budget // 4 prompts (at most
 N_PROMPTS; ~18 tokens each) and ranks the names' OV outputs over the whole vocabulary.
 """
 
@@ -38,7 +38,6 @@ import torch
 
 from headlens.arch import adapter_for
 from headlens.errors import ConfigError
-from headlens.probe_runs import ProbeResult
 from headlens.scores.direct_logit import head_direct_effects
 from headlens.scores.ov_circuit import own_ranks
 
@@ -247,35 +246,3 @@ SCORE_KEYS = (
     "ioi_direct_effect_std",
 )
 COPY_KEYS = ("name_copy_score", "name_negative_copy_score")
-
-
-def probe_name_mover(run) -> ProbeResult:
-    """The classify probe (headlens.kinds.PROBES["ioi"]): the END attention scores and their stds,
-    the two copy scores, the model's own IOI logit difference (`ioi_logit_diff`, also a frame column)
-    and the share of prompts with IO above S. NaN scores (no label) when the tokenizer spells fewer
-    than two NAMES as one token: `ioi_missing` says so in English, `ioi_names` of `ioi_names_total`
-    counts the single-token names for a page to say it in its language."""
-    loaded, spec = run.loaded, run.loaded.spec
-    n = min(N_PROMPTS, max(2, run.config.token_budget // 4))
-    try:
-        prompts = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, run.config.seed)
-    except ConfigError as exc:
-        nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
-        scores = {key: nan.clone() for key in SCORE_KEYS + COPY_KEYS}
-        counts = {"n_ioi_prompts": 0, "ioi_logit_diff": float("nan")}
-        names = {
-            "ioi_names": len(name_tokens(loaded.tokenizer)),
-            "ioi_names_total": len(NAMES),
-        }  # the reason, as counts
-        return ProbeResult(scores, counts, {"ioi_missing": str(exc), **names, **counts}, SOURCE_TEMPLATES)
-    result = ioi_run(loaded, prompts)
-    names = torch.tensor(sorted(set(name_tokens(loaded.tokenizer).values())))  # [n_names]
-    above, below = own_ranks(loaded.model, names)  # [layer, head, n_names]
-    scores = {key: result[key] for key in SCORE_KEYS}
-    scores.update(
-        name_copy_score=(above < COPY_TOP_K).double().mean(-1),
-        name_negative_copy_score=(below < COPY_TOP_K).double().mean(-1),
-    )
-    counts = {"n_ioi_prompts": len(prompts), "ioi_logit_diff": result["logit_diff"]}
-    facts = {**counts, "ioi_correct_share": float((result["logit_diffs"] > 0).double().mean()), "ioi_names": len(names)}
-    return ProbeResult(scores, counts, facts, SOURCE_TEMPLATES)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from headlens.arch import adapter_for
-from headlens.devices import onloaded
+from headlens.load.devices import onloaded
 from headlens.scores.ov_copying import folded_unembed, value_change
 
 VOCAB_CHUNK = 512  # unembedding rows per matmul when ranking over the whole vocabulary (logits kept in cache)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from headlens.arch import adapter_for, get_module
-from headlens.devices import onloaded
+from headlens.load.devices import onloaded
 
 CHUNK = 4096  # vocabulary rows per pass through a layer's attention
 # How far norm_L(x) - norm_L(0) may sit from N(x) g_0 (g_L / g_0), relative to the magnitudes it is

@@ -36,8 +36,7 @@ from wordfreq import word_frequency
 
 from headlens import distributed
 from headlens.capture import Batch, pad_batch, run_capture
-from headlens.corpus import chunks
-from headlens.probe_runs import ProbeResult
+from headlens.probes.corpus import chunks
 
 RARE_WORD_MIN = 0.5  # share of sentences (ours; Voita et al.'s head: 0.66)
 MAX_SENTENCES = 64  # sentences scored at most (the rest is counted in the facts)
@@ -163,26 +162,6 @@ def stream_sentences(loaded, sentences, reducer, batch_size: int) -> None:
     )
     run_capture(loaded.model, distributed.shard(batches), [reducer])
     distributed.all_reduce_totals([reducer])
-
-
-def probe_rare_word(run) -> ProbeResult:
-    """The classify probe (headlens.kinds.PROBES["rare_word"]): rare_word_score on the natural text's
-    sentences; NaN (no label) when no sentence of the text can be scored."""
-    loaded = run.loaded
-    spec = loaded.spec
-    window = run.sizes["window"]
-    sentences, skipped = rare_sentences(
-        loaded.tokenizer, run.documents, loaded.bos_token_id, window, int(TOKEN_SHARE * run.config.max_windows * window)
-    )
-    facts = {"n_sentences": len(sentences), "skipped": skipped}
-    if not sentences:
-        nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
-        return ProbeResult({"rare_word_score": nan}, {"n_rare_sentences": 0}, {"rare_word": facts}, run.text_source)
-    scores = rare_word_scores(loaded, sentences, run.config.batch_size)  # [layer, head]
-    facts["last_word"] = sum(s.last_word for s in sentences) / len(sentences)
-    facts["chance"] = sum(len(s.targets) / s.query for s in sentences) / len(sentences)
-    counts = {"n_rare_sentences": len(sentences)}
-    return ProbeResult({"rare_word_score": scores}, counts, {"rare_word": facts}, run.text_source)
 
 
 def rare_word_heads(scores: torch.Tensor, threshold: float = RARE_WORD_MIN) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ needle span with token[j] == w. retrieval_score(h) = copy-pasted tokens / tokens
 averaged over the tests the model gets right (Wu et al. count a test only when the answer is
 retrieved, ROUGE-1 recall > 50%; here: > 50% of the asked-for needle tokens generated in
 place). Wu et al. call a head a retrieval head above 0.1. The prompts are adapted to small
-GPT-2 contexts in `headlens.probes.needle_prompts`.
+GPT-2 contexts in `headlens.probes.inputs.needle_prompts`.
 
 Decoding, as Wu et al.'s code does it: the prompt is prefilled once into the model's key/value
 cache, then each step feeds one token and reads each head's attention row of that new token
@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from headlens import distributed
 from headlens.arch import adapter_for
+from headlens.arch.mha import pattern_rows
 from headlens.capture import (
     Batch,
     Reducer,
@@ -37,7 +38,6 @@ from headlens.capture import (
     n_layers_of,
 )
 from headlens.errors import CaptureError
-from headlens.mha import pattern_rows
 
 # Wu et al.: a test counts when the answer is retrieved (ROUGE-1 recall > 50%).
 RETRIEVED_RECALL = 0.5

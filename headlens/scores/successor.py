@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from headlens.errors import ConfigError
-from headlens.probe_runs import ProbeResult
 from headlens.scores.ov_circuit import ov_logits
 
 SUCCESSOR_MIN = 0.5  # share of pairs (ours; Gould et al. rank heads without a cut-off)
@@ -104,17 +103,6 @@ def successor_scores(model, tasks: list[SuccessorTask]) -> torch.Tensor:
         hits.append(succession_hits(logits[..., part, part], task.pairs))  # [layer, head, p]
         start = part.stop
     return torch.cat(hits, dim=-1).mean(-1)  # [layer, head]
-
-
-def probe_successor(run):
-    """The classify probe (headlens.kinds.PROBES["successor"]): successor_score from the weights;
-    NaN (no label) when the tokenizer spells no task with single tokens."""
-    tasks = successor_tasks(run.loaded.tokenizer)
-    spec = run.loaded.spec
-    if not tasks:
-        return ProbeResult({"successor_score": torch.full((spec.n_layers, spec.n_heads), float("nan"))})
-    scores = successor_scores(run.loaded.model, tasks)  # [layer, head]
-    return ProbeResult({"successor_score": scores}, facts={"successor_tasks": {t.name: len(t.tokens) for t in tasks}})
 
 
 def successor_heads(scores: torch.Tensor, threshold: float = SUCCESSOR_MIN) -> list[tuple[int, int]]:

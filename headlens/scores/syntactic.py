@@ -3,9 +3,9 @@ the relation more often than any fixed offset predicts.
 
 Clark et al. 2019 ("What Does BERT Look At?", arXiv 1906.04341) and Voita et al. 2019 (arXiv
 1905.09418), for a causal model:
-- Parses come from CoNLL-U (headlens.treebank): `--syntax sample` (the sample shipped with headlens)
-  or `--syntax FILE`. Without either the probe does not run (NOT_RUN says why): it is the costliest
-  probe (a whole pattern per layer over TOKEN_SHARE of the text probe's tokens; ~175 CPU s on
+- Parses come from CoNLL-U (headlens.probes.treebank): `--syntax sample` (the sample shipped with headlens)
+  or `--syntax FILE`. Without either the probe does not run (headlens.classify.kind_runs.NOT_RUN says why):
+  it is the costliest probe (a whole pattern per layer over TOKEN_SHARE of the text probe's tokens; ~175 CPU s on
   SmolLM2-135M, BENCHMARKS.md).
   Each sentence is scored alone, BOS + its tokens (tokenized after a space, as in running text);
   a sentence whose words do not each start a token of their own is skipped. The first sentences
@@ -33,10 +33,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from headlens import kinds
-from headlens.probe_runs import ProbeResult
+from headlens.probes.treebank import TreeSentence, read_conllu, relation_of, sample_path
 from headlens.scores.rare_word import stream_sentences
-from headlens.treebank import TreeSentence, read_conllu, relation_of, sample_path
 
 SYNTACTIC_MIN = 0.10  # accuracy over the best fixed-offset baseline (Voita et al. 2019)
 MIN_CASES = 50  # a relation is scored on at least this many instances: an accuracy's standard error is then <= 0.07
@@ -217,50 +215,3 @@ def _heads(shape) -> list[tuple[int, int]]:
 def load_treebank(path=None) -> list[TreeSentence]:
     """The CoNLL-U at `path`, or the English sample shipped with headlens."""
     return read_conllu(path or sample_path())
-
-
-def probe_syntactic(run) -> ProbeResult:
-    """The classify probe (headlens.kinds.PROBES["syntactic"]): syntactic_score (best margin over
-    the relations) and syntactic_accuracy (the accuracy on that relation) on `config.syntax` or the
-    shipped sample; NaN (no label) when no relation has MIN_CASES instances."""
-    loaded, spec, window = run.loaded, run.loaded.spec, run.sizes["window"]
-    if run.config.syntax is None:
-        nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
-        return ProbeResult(
-            {"syntactic_score": nan, "syntactic_accuracy": nan.clone()},
-            {},
-            {"syntactic_missing": NOT_RUN},
-            SOURCE_NOT_RUN,
-        )
-    treebank = load_treebank(None if run.config.syntax == SAMPLE_NAME else run.config.syntax)
-    sample = syntax_sample(
-        loaded.tokenizer, treebank, loaded.bos_token_id, window, int(TOKEN_SHARE * run.config.max_windows * window)
-    )
-    facts = {"n_sentences": len(sample.sentences), "n_skipped": sample.n_skipped, "relations": []}
-    source = SOURCE_SAMPLE if run.config.syntax == SAMPLE_NAME else str(run.config.syntax)
-    if sample.relations.empty:
-        nan = torch.full((spec.n_layers, spec.n_heads), float("nan"))
-        return ProbeResult(
-            {"syntactic_score": nan, "syntactic_accuracy": nan.clone()}, {}, {"syntactic": facts}, source
-        )
-    accuracy = relation_accuracy(loaded, sample, run.config.batch_size)  # [relation, layer, head]
-    baseline = torch.tensor(sample.relations["baseline"].tolist(), dtype=torch.float64)  # [relation]
-    margin = accuracy - baseline[:, None, None]  # [relation, layer, head]
-    best = margin.argmax(0)  # [layer, head]
-    frame = syntactic_frame(accuracy, sample.relations, run.config.syntactic_min)
-    facts["relations"] = sample.relations.to_dict("records")
-    facts["heads"] = {}  # "layer.head" -> every relation the head is syntactic for
-    for r in frame[frame["syntactic"]].itertuples():
-        facts["heads"].setdefault(f"{r.layer}.{r.head}", []).append(r.relation)
-    facts["best_relation"] = [[sample.relations["relation"][int(i)] for i in row] for row in best.tolist()]
-    scores = {"syntactic_score": margin.max(0).values, "syntactic_accuracy": accuracy.gather(0, best[None])[0]}
-    counts = {"n_syntax_sentences": len(sample.sentences)}
-    return ProbeResult(scores, counts, {"syntactic": facts}, source)
-
-
-SOURCE_SAMPLE = "shipped_treebank"  # the CoNLL-U sample shipped with headlens
-SOURCE_NOT_RUN = kinds.SOURCE_NOT_RUN  # no treebank was asked for
-SAMPLE_NAME = "sample"  # `--syntax sample`: the shipped sample
-NOT_RUN = (
-    "the syntactic probe runs only when asked (--syntax sample, or --syntax FILE.conllu): it is the costliest probe"
-)

@@ -6,7 +6,7 @@ the synthetic rows give them more to copy):
 2. repeat episode: a short text prefix, then one random segment repeated to the end (the
    [BOS, c, c] probe of TransformerLens / ARENA is this with two copies);
 3. needle episode: text, a random printable needle, more text, the needle again, then text —
-   the shape of the needle-in-a-haystack probe (`headlens.probes.needle_prompts`, after Wu et
+   the shape of the needle-in-a-haystack probe (`headlens.probes.inputs.needle_prompts`, after Wu et
    al. 2024), so that copying a needle out of text is a task the model has seen.
 """
 
@@ -16,7 +16,7 @@ import gzip
 
 import torch
 
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 from headlens.training.config import TrainConfig
 
 CORPUS_FILE = "kjv_train.txt.gz"  # training text, held out books removed (data/tiny/CORPUS.md)

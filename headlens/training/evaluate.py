@@ -8,7 +8,7 @@ alike): the head scores stream through headlens.capture's reducers, as `classify
   (headlens.scores.icl);
 - each head's induction score on the TransformerLens / ARENA probe: BOS + 50 random tokens +
   the same 50, mean of `pattern.diagonal(offset=1 - 50)`: the attention on the key 49 back;
-- needle-in-a-haystack tests retrieved by greedy decoding (`headlens.probes.needle_prompts`,
+- needle-in-a-haystack tests retrieved by greedy decoding (`headlens.probes.inputs.needle_prompts`,
   the probe `classify` runs) and each head's retrieval score (Wu et al. 2024, arXiv 2404.15574;
   headlens.scores.retrieval).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from headlens.capture import iter_batches, run_capture
-from headlens.probes import default_text, needle_prompts, needle_size, repeated_random_tokens, text_windows
+from headlens.probes.inputs import default_text, needle_prompts, needle_size, repeated_random_tokens, text_windows
 from headlens.scores.common import TargetMassReducer
 from headlens.scores.icl import copy_losses, icl_score, second_copy_induction_reducer
 from headlens.scores.positional import offset_mass, offset_targets, prev_token_reducer

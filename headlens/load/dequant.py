@@ -66,7 +66,7 @@ CHUNK_ELEMENTS = 1 << 16  # values decoded per pass: the block's intermediates s
 def dequantize(data, ggml_type: int) -> np.ndarray:
     """Raw GGUF bytes `[..., row_bytes]` (uint8, numpy or torch) -> float32 `[..., row_elements]`.
 
-    The signature of `gguf.quants.dequantize`, so it can stand in for it (headlens.ggufload).
+    The signature of `gguf.quants.dequantize`, so it can stand in for it (headlens.load.gguf_load).
     Decoded CHUNK_ELEMENTS values at a time into one output buffer.
     """
     ggml_type = int(ggml_type)

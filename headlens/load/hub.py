@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from headlens.arch import check_supported
+from headlens.bounds import check_shape
 from headlens.errors import ModelLoadError
 
 # Files a hub snapshot needs; weights are safetensors only (never pickles from the network).
@@ -34,7 +35,12 @@ def check_local_dir(path: Path) -> None:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ModelLoadError(f"{path / 'config.json'} nests too deeply to be a model config") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, not an object")
     check_supported(config.get("model_type"), str(path))
+    check_config_shape(config, str(path / "config.json"))
     weights = path / "model.safetensors"
     if weights.is_file():
         from safetensors import safe_open
@@ -54,6 +60,25 @@ def check_local_dir(path: Path) -> None:
         pass
     elif not (path / "pytorch_model.bin").is_file():
         raise ModelLoadError(f"{path} has no weights: expected model.safetensors (or pytorch_model.bin)")
+
+
+# ModelSpec fact -> the config keys the supported families spell it with (GPT-2 first, then the others)
+CONFIG_KEYS = {
+    "n_layers": ("n_layer", "num_hidden_layers"),
+    "n_heads": ("n_head", "num_attention_heads"),
+    "d_model": ("n_embd", "hidden_size"),
+    "n_kv_heads": ("num_key_value_heads",),
+    "d_head": ("head_dim",),
+}
+
+
+def check_config_shape(config: dict, where: str) -> None:
+    """headlens.bounds.check_shape on the facts a config.json declares (a nested text_config too), before
+    transformers builds anything from it."""
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict):
+            facts = {fact: next((section[k] for k in keys if k in section), None) for fact, keys in CONFIG_KEYS.items()}
+            check_shape(where, **facts)
 
 
 def hub_cache_dir() -> Path:

@@ -1,4 +1,4 @@
-"""Validate the from-scratch attention (headlens.mha) against the library, layer by layer.
+"""Validate the from-scratch attention (headlens.arch.mha) against the library, layer by layer.
 
 The shape of minGPT's one test: same weights, same input, compare outputs. For each layer the
 *true* input of its attention (the output of its input norm, GPT-2 `ln_1`, Llama
@@ -28,10 +28,10 @@ import torch
 
 from headlens.arch import adapter_for, get_module
 from headlens.capture import Batch, CollectPatterns, pad_batch, run_capture
-from headlens.devices import DTYPES
 from headlens.errors import ConfigError, InputTextError, ValidationFailed
-from headlens.models import LoadedModel, boot_bridge
-from headlens.probes import default_text, text_windows
+from headlens.load.devices import DTYPES
+from headlens.load.models import LoadedModel, boot_bridge
+from headlens.probes.inputs import default_text, text_windows
 
 # Largest max-absolute-error accepted between our attention and a reference in float32, times the
 # reference's largest magnitude when above 1. float32 has ~1.2e-7 relative precision; reordered sums
@@ -152,7 +152,7 @@ def _sdpa_reference(adapter, layer: int, qkv: tuple, mask: torch.Tensor) -> dict
 
 
 def our_attention(model, layer: int) -> torch.nn.Module:
-    """headlens.mha's attention holding `layer`'s weights."""
+    """headlens.arch.mha's attention holding `layer`'s weights."""
     return adapter_for(model).scratch_attention(layer)
 
 
@@ -212,7 +212,7 @@ def compare_attention(loaded: LoadedModel, batch: Batch) -> pd.DataFrame:
 
 
 def validate_model(loaded: LoadedModel, text: str | None = None, *, raise_on_failure: bool = True) -> pd.DataFrame:
-    """Compare headlens.mha with HF eager, sdpa and TransformerLens on every layer.
+    """Compare headlens.arch.mha with HF eager, sdpa and TransformerLens on every layer.
 
     Returns a DataFrame with columns layer, quantity (pattern / z / attn_out), reference
     (hf_eager / sdpa / transformer_lens), max_abs_error, tolerance, passed; `frame.attrs` holds

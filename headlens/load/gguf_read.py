@@ -8,6 +8,7 @@ not GGUF, or damaged is one ModelLoadError line.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from collections import Counter
@@ -16,8 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from headlens.dequant import GGML_TYPES, row_bytes, type_name
+from headlens.bounds import check_shape, printable
 from headlens.errors import ModelLoadError
+from headlens.load.dequant import GGML_TYPES, row_bytes, type_name
+
+MAX_DIMS = 4  # GGML_MAX_DIMS
+_INTEGER_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)  # the integer value types (7 is bool)
 
 # metadata value types (gguf.GGUFValueType) -> struct format of the fixed-size ones
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -45,7 +50,8 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str:
-        return str(self.metadata.get("general.architecture", "?"))
+        """`general.architecture`, control characters escaped (it is shown in messages)."""
+        return printable(str(self.metadata.get("general.architecture", "?")))
 
     @property
     def quantization(self) -> str:
@@ -94,6 +100,10 @@ class _Cursor:
             return self.string(), value_type
         if value_type == _ARRAY:
             item_type, count = self.read("<IQ")
+            if count > len(self.buffer) - self.pos:  # every item takes at least a byte
+                raise ModelLoadError(
+                    f"{self.path} is truncated or damaged (an array of {count:,} items runs past the end)"
+                )
             if item_type in _SCALAR:
                 fmt = _SCALAR[item_type]
                 values = list(self.read(f"<{count}{fmt[1]}")) if count else []
@@ -129,11 +139,15 @@ def read_gguf(path: str | Path) -> GGUFFile:
     for _ in range(n_tensors):
         name = cursor.string()
         n_dims = cursor.read("<I")
+        if n_dims > MAX_DIMS:
+            raise ModelLoadError(
+                f"{path}: tensor {printable(name)[:80]} has {n_dims:,} dimensions (GGUF allows {MAX_DIMS})"
+            )
         dims = cursor.read(f"<{n_dims}Q") if n_dims else ()
         dims = (dims,) if isinstance(dims, int) else tuple(dims)
         ggml_type, offset = cursor.read("<IQ")
         table.append((name, tuple(reversed(dims)), ggml_type, offset))
-    alignment = int(metadata.get("general.alignment", 32))
+    alignment = _alignment(path, metadata, types)
     start = (cursor.pos + alignment - 1) // alignment * alignment
     blob = np.frombuffer(buffer, dtype=np.uint8)
     tensors = tuple(_entry(blob, path, start, *row) for row in table)
@@ -145,11 +159,47 @@ def _entry(
 ) -> TensorEntry:
     if ggml_type not in GGML_TYPES:  # the size of an unknown block is unknown: keep the row empty
         return TensorEntry(name, shape, ggml_type, blob[:0])
-    n_rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    n_rows = math.prod(shape[:-1])  # Python integers: a product of hostile dimensions cannot wrap around
     width = row_bytes(ggml_type, shape[-1] if shape else 1)
     begin, end = start + offset, start + offset + n_rows * width
     if end > blob.shape[0]:
+        name = printable(name)[:80]
         raise ModelLoadError(
             f"{path} is truncated: tensor {name} needs bytes up to {end:,}, the file has {blob.shape[0]:,}"
         )
     return TensorEntry(name, shape, ggml_type, blob[begin:end].reshape(*shape[:-1], width))
+
+
+def _alignment(path: Path, metadata: dict, types: dict) -> int:
+    """`general.alignment` (default 32): an integer power of two, as llama.cpp requires."""
+    alignment = metadata.get("general.alignment", 32)
+    if "general.alignment" in types and types["general.alignment"] not in _INTEGER_TYPES:
+        alignment = None
+    if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1) or alignment > 1 << 20:
+        raise ModelLoadError(
+            f"{path}: general.alignment is {printable(repr(alignment))[:40]}, not a power of two: damaged file"
+        )
+    return alignment
+
+
+def check_model_header(parsed: GGUFFile) -> None:
+    """ModelLoadError unless the header names its architecture and declares a shape within
+    headlens.bounds (layers, heads, key/value heads, width, head width), before anything is converted."""
+    arch = parsed.metadata.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelLoadError(f"{parsed.path} declares no general.architecture: not a model GGUF headlens can read")
+
+    def fact(key: str):
+        value = parsed.metadata.get(f"{arch}.{key}")
+        if isinstance(value, list) and value and all(type(item) is int for item in value):
+            return max(value)  # a per-layer list (some architectures): its largest entry is bounded
+        return value
+
+    check_shape(
+        f"{parsed.path} ({parsed.architecture})",
+        n_layers=fact("block_count"),
+        n_heads=fact("attention.head_count"),
+        d_model=fact("embedding_length"),
+        n_kv_heads=fact("attention.head_count_kv"),
+        d_head=fact("attention.key_length"),
+    )

@@ -7,7 +7,7 @@ metadata into a config and maps its tensors onto a model's parameter names (`blk
 both looked up on the `gguf` module when it runs.
 
 `_torch_gguf` is the one place headlens changes that: for the duration of a conversion it puts
-headlens.ggufread's header reader and headlens.dequant's vectorized torch decoder in their place
+headlens.load.gguf_read's header reader and headlens.load.dequant's vectorized torch decoder in their place
 (numpy's per-type decoders and per-entry views took most of a 200 s first load of Gemma 3 270M).
 Names, permutations, config and tokenizer are transformers' code, unchanged.
 """
@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import torch
 
-from headlens import dequant
 from headlens.errors import ModelLoadError
-from headlens.ggufread import GGUFFile
+from headlens.load import dequant
+from headlens.load.gguf_read import GGUFFile
 
 
 class _Field:
@@ -59,7 +59,7 @@ class _Reader:
 @contextlib.contextmanager
 def _torch_gguf(parsed: GGUFFile):
     """Within the block, `gguf.GGUFReader(path)` returns the parsed header of `parsed` and
-    `gguf.dequantize` is headlens.dequant.dequantize (the tensor-name table is memoized,
+    `gguf.dequantize` is headlens.load.dequant.dequantize (the tensor-name table is memoized,
     transformers' tqdm bar is off, torch runs one intra-op thread). Restored on exit. Not thread-safe: the
     substitution is module-global, as the lookup inside transformers is."""
     import gguf
@@ -109,7 +109,7 @@ def _parsed_once(parse):
 def convert_gguf(parsed: GGUFFile, dest: Path) -> None:
     """Write `dest`/config.json, model.safetensors (float32) and the tokenizer files for `parsed`.
 
-    Raises UnsupportedQuantError for a tensor type headlens.dequant lacks and ModelLoadError when
+    Raises UnsupportedQuantError for a tensor type headlens.load.dequant lacks and ModelLoadError when
     transformers cannot map the architecture or leaves weights unmapped.
     """
     from safetensors.torch import save_file

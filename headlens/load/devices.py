@@ -1,5 +1,5 @@
 """Where a model runs and in what precision: device and dtype names, and accelerate's big-model
-placement (`device_map`), resolved once at load time (headlens.models.load_model)."""
+placement (`device_map`), resolved once at load time (headlens.load.models.load_model)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,15 @@ read one document at a time.
 `Corpus(path)` checks the whole corpus first, streaming (every file UTF-8 and not binary, every
 JSON line an object with a string `text`), so a bad line fails in one clear line before any
 model work, and counts the documents for a progress bar. Iterating then yields the documents
-one by one; no more than one document is held at a time. `document_windows` cuts the stream into
-the model-sized token windows classify scores, document by document.
+one by one; no more than one document is held at a time. `TextFile(path)` reads one plain text
+file the same way, in pieces of about PIECE_BYTES cut after a line end, so memory does not grow
+with the file; a reader may stop once it has what it needs (`streamed`). `document_windows` cuts
+the stream into the model-sized token windows classify scores, document by document.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -17,9 +20,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from headlens.errors import InputTextError
-from headlens.probes import MIN_TEXT_TOKENS, check_text, read_text, text_windows
+from headlens.probes.inputs import MIN_TEXT_TOKENS, check_text, read_text, text_windows
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PIECE_BYTES = 1 << 20  # a plain text file is read in pieces of about this size (a file up to it: one piece)
 TEXT_FIELD = "text"  # the field of each JSON line that holds the document
 
 
@@ -59,13 +63,74 @@ class Corpus:
                 yield text
 
 
-def open_text(path) -> str | Corpus:
+class TextFile:
+    """A plain UTF-8 text file as documents: its pieces of about PIECE_BYTES, each cut after a line end
+    that has no white space either side (_cut); windows never span two pieces, and a file up to
+    PIECE_BYTES is one document, its whole text. Checked whole first, streaming, as Corpus is (UTF-8,
+    no NUL, not binary, some text). `streamed`: a reader that has what it needs stops reading
+    (document_windows)."""
+
+    streamed = True
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise InputTextError(f"text file not found: {self.path}")
+        self.n_documents = sum(1 for _ in self._pieces(check=True))
+        if self.n_documents == 0:
+            check_text(self.path.read_bytes()[:PIECE_BYTES], str(self.path))  # empty or white space: its error
+            raise InputTextError(f"{self.path} holds only white space: give some text")
+
+    def __len__(self) -> int:
+        return self.n_documents
+
+    def __iter__(self) -> Iterator[str]:
+        return self._pieces(check=False)
+
+    def _pieces(self, check: bool) -> Iterator[str]:
+        decoder, carry, read = codecs.getincrementaldecoder("utf-8")(), "", 0
+        with self.path.open("rb") as handle:
+            while raw := handle.read(PIECE_BYTES):
+                if check and b"\x00" in raw:
+                    raise InputTextError(f"{self.path} looks binary (contains NUL bytes): give a UTF-8 text file")
+                try:
+                    text = carry + decoder.decode(raw)
+                except UnicodeDecodeError as exc:
+                    where = f"byte {read + exc.start}"
+                    raise InputTextError(f"{self.path} is not valid UTF-8 ({where}): give a UTF-8 text file") from None
+                read += len(raw)
+                cut = _cut(text)
+                if cut == 0 and len(text) < 4 * PIECE_BYTES:  # no line end yet: read on (a line of 4 pieces is cut)
+                    carry = text
+                    continue
+                piece, carry = (text[:cut], text[cut:]) if cut else (text, "")
+                yield from self._checked(piece, check)
+        yield from self._checked(carry + decoder.decode(b"", final=True), check)
+
+    def _checked(self, piece: str, check: bool) -> Iterator[str]:
+        if piece.strip():
+            yield check_text(piece, str(self.path)) if check else piece
+
+
+def _cut(text: str) -> int:
+    """Where to end a piece of `text`: after its last line end with a non-space character either side
+    (byte-level BPE tokenizers, GPT-2's and Llama 3's, then tokenize the pieces as the whole text), 0
+    when there is none."""
+    end = len(text) - 1
+    while (newline := text.rfind("\n", 1, end)) > 0:
+        if not (text[newline - 1].isspace() or text[newline + 1].isspace()):
+            return newline + 1
+        end = newline
+    return 0
+
+
+def open_text(path, stream: bool = False) -> str | Corpus | TextFile:
     """What `--text PATH` means on every command: a folder or a JSON Lines file as a Corpus
-    (documents streamed), a text file as its text."""
+    (documents streamed), a text file as its text, or with `stream` as a TextFile (read in pieces)."""
     path = Path(path)
     if path.is_dir() or path.suffix.lower() in JSONL_SUFFIXES:
         return Corpus(path)
-    return read_text(path)
+    return TextFile(path) if stream else read_text(path)
 
 
 def first_document(text: str | Corpus | None) -> str | None:
@@ -129,7 +194,11 @@ def document_windows(
     haystack_len = n_ctx if haystack_len is None else haystack_len
     total = len(documents) if hasattr(documents, "__len__") else None
     bar = tqdm(total=total, desc="text", unit="doc", leave=False) if progress else None
+    streamed = getattr(documents, "streamed", False)
     for document in documents:
+        if streamed and facts["n_windows"] >= max_windows and len(haystack) >= haystack_len:
+            facts["text_partly_read"] = True  # a TextFile: the rest is not tokenized
+            break
         ids = tokenizer(document, add_special_tokens=False)["input_ids"]
         if facts["n_documents"] == 0 or len(haystack) < haystack_len:
             haystack.extend(ids)

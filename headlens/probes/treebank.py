@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headlens.errors import InputTextError
+from headlens.files import shipped_path
 
-SAMPLE = Path(__file__).parent / "data" / "syntax" / "sample_en.conllu"
+SAMPLE = shipped_path("syntax") / "sample_en.conllu"
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 
 from headlens.capture import Batch, Reducer, run_capture
+from headlens.classify.labels import ClassifyConfig
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
-from headlens.labels import ClassifyConfig
-from headlens.probes import check_text, random_token_range, repeated_random_tokens
+from headlens.probes.inputs import check_text, random_token_range, repeated_random_tokens
 from headlens.scores.induction import prefix_matching_targets
 
 # Below two tokens there is no attention to show (a lone BOS attends to itself).
@@ -35,7 +35,7 @@ MIN_SAMPLE_TOKENS = 2
 COPY_LOSS_RATIO = 0.5
 # Values of the sample's `sample` key: what the repeated segment is.
 SAMPLE_TEXT = "text"  # the text as given (or its start twice)
-SAMPLE_RANDOM = "random_tokens"  # seeded random tokens twice (headlens.probes.repeated_random_tokens)
+SAMPLE_RANDOM = "random_tokens"  # seeded random tokens twice (headlens.probes.inputs.repeated_random_tokens)
 # A labelled induction head does induction on a sample when its prefix-matching score there reaches the
 # threshold that labelled it (Olsson et al. 2022's prefix matching; classify's default).
 PREFIX_MATCHING_MIN = ClassifyConfig().prefix_matching_min

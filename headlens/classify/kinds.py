@@ -5,7 +5,7 @@ Each Kind declares its label rule and the thresholds it reads (ClassifyConfig fi
 its std column and colour scale), its evidence columns (the first ranks heads of the kind), whether
 it is a *role* (what a head does) or a *property* (a trait many heads share, counted apart), its
 colour on the report's head map, its catalogue keys and its citation. The stages read it from here:
-labelling (headlens.labels), the classify frame (headlens.classify), the CLI table, the report's
+labelling (headlens.classify.labels), the classify frame (headlens.classify), the CLI table, the report's
 findings, head map, heatmaps and explanations, and the inline views.
 
 Roles and properties: a role is a computation a head performs on the input (copying the previous
@@ -16,9 +16,10 @@ keeps its score and label but does not count as a role and is summarised, not li
 
 How to add a kind
 1. Write its score module under headlens/scores/ (tensors in, tensors out). If no probe of PROBES
-   gives the input it needs, add a probe: a function `ProbeRun -> ProbeResult` (see
-   headlens.probe_runs) returning its score columns, each [n_layers, n_heads], and their
-   `<column>_std` where it has one; name it "module:function" in PROBES (imported when it runs).
+   gives the input it needs, add a probe: a function `ProbeRun -> ProbeResult` in
+   headlens.classify.kind_runs (the first four probes are in headlens.classify.runs) returning its
+   score columns, each [n_layers, n_heads], and their `<column>_std` where it has one; name it
+   "module:function" in PROBES (imported when it runs).
 2. Add one Kind to KINDS: its label, rule, the Score(s) and Threshold(s) it owns, its evidence,
    colour and citation. The frame, the labels, `--threshold`, the CLI table, the report and the
    inline views pick it up from here.
@@ -55,7 +56,7 @@ class Probe:
     source_column: str | None  # frame column naming its input's source (None: reads the weights)
 
     def run(self, run):
-        """Run the probe on a headlens.probe_runs.ProbeRun; returns its ProbeResult."""
+        """Run the probe on a headlens.classify.runs.ProbeRun; returns its ProbeResult."""
         module, _, name = self.function.partition(":")
         return getattr(importlib.import_module(module), name)(run)
 
@@ -116,15 +117,15 @@ class Kind:
 
 
 PROBES: dict[str, Probe] = {  # run in this order: the text probe fills the needles' haystack
-    "text": Probe("text", "headlens.probe_runs:score_text", "text_source"),
-    "repeats": Probe("repeats", "headlens.probe_runs:score_repeats", "repeats_source"),
-    "needles": Probe("needles", "headlens.probe_runs:score_needles", "needles_source"),
-    "weights": Probe("weights", "headlens.probe_runs:score_weights", None),
-    "successor": Probe("successor", "headlens.scores.successor:probe_successor", None),
+    "text": Probe("text", "headlens.classify.runs:score_text", "text_source"),
+    "repeats": Probe("repeats", "headlens.classify.runs:score_repeats", "repeats_source"),
+    "needles": Probe("needles", "headlens.classify.runs:score_needles", "needles_source"),
+    "weights": Probe("weights", "headlens.classify.runs:score_weights", None),
+    "successor": Probe("successor", "headlens.classify.kind_runs:probe_successor", None),
     "copy_suppression": Probe(
-        "copy_suppression", "headlens.scores.copy_suppression:probe_copy_suppression", "copy_suppression_source"
+        "copy_suppression", "headlens.classify.kind_runs:probe_copy_suppression", "copy_suppression_source"
     ),
-    "ioi": Probe("ioi", "headlens.scores.name_mover:probe_name_mover", "ioi_source"),
+    "ioi": Probe("ioi", "headlens.classify.kind_runs:probe_name_mover", "ioi_source"),
 }
 
 
@@ -354,8 +355,8 @@ KINDS: tuple[Kind, ...] = (
 )
 
 # Rare-word and syntactic heads (Voita et al. 2019; Clark et al. 2019): their probes and kinds.
-PROBES["rare_word"] = Probe("rare_word", "headlens.scores.rare_word:probe_rare_word", None)
-PROBES["syntactic"] = Probe("syntactic", "headlens.scores.syntactic:probe_syntactic", "syntax_source")
+PROBES["rare_word"] = Probe("rare_word", "headlens.classify.kind_runs:probe_rare_word", None)
+PROBES["syntactic"] = Probe("syntactic", "headlens.classify.kind_runs:probe_syntactic", "syntax_source")
 KINDS = KINDS + (
     Kind(
         "rare_word",

@@ -1,7 +1,7 @@
 """Loading causal language models: hub ids, local Hugging Face directories (found and checked by
-headlens.hub), the models we ship, and GGUF files (headlens.sources: named models, `ollama:`,
+headlens.load.hub), the models we ship, and GGUF files (headlens.load.locate: named models, `ollama:`,
 `.gguf` paths), read from the float folder they are dequantized into once. A shipped name is the
-shipped model: headlens.sources is imported only for the other names.
+shipped model: headlens.load.locate is imported only for the other names.
 
 Every model comes back in eager attention, because sdpa/flash never materialise the
 attention pattern (transformers 5 defaults to sdpa). Shape facts always come from the
@@ -17,21 +17,21 @@ import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
 
 from headlens.arch import adapter_for, check_supported, kv_group
-from headlens.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.errors import ModelLoadError
-from headlens.hub import check_local_dir, resolve_hub
+from headlens.files import shipped_path
+from headlens.load.devices import placement_kwargs, resolve_device, resolve_dtype
+from headlens.load.hub import check_local_dir, resolve_hub
 
 if TYPE_CHECKING:  # annotations only: transformers is imported where a model is built or read
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from headlens.sources import ModelSource
+    from headlens.load.locate import ModelSource
 
 # Short names for models that ship inside the package (headlens/data/<name>).
 SHIPPED_MODELS = {"tiny": "tiny", "tiny-gqa": "tiny-gqa"}
@@ -94,11 +94,6 @@ def spec_of(model: torch.nn.Module) -> ModelSpec:
     )
 
 
-def shipped_path(name: str) -> Path:
-    """The package-data directory of a shipped resource (e.g. "tiny", "gpt2-tokenizer")."""
-    return Path(str(resources.files("headlens") / "data" / name))
-
-
 @lru_cache(maxsize=1)
 def gpt2_tokenizer():
     """The real GPT-2 BPE tokenizer from package data: works offline, ids equal GPT-2's.
@@ -122,15 +117,18 @@ def gpt2_tokenizer():
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """Silence transformers' own progress bars ("Loading weights", "Writing model shards"):
-    the library never prints. Restores the previous setting on exit."""
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") and its
+    warnings (the coloured LOAD REPORT table): the library never prints, and what a load reports
+    is turned into one error line by load_model. Restores the previous settings on exit."""
     from transformers.utils import logging as hf_logging
 
-    was_enabled = hf_logging.is_progress_bar_enabled()
+    was_enabled, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     try:
         yield
     finally:
+        hf_logging.set_verbosity(level)
         if was_enabled:
             hf_logging.enable_progress_bar()
 
@@ -214,12 +212,12 @@ def resolve_model(name_or_path: str) -> tuple[Path, ModelSource | None, str]:
     """(local Hugging Face directory, the GGUF it was dequantized from or None, display name)."""
     if name_or_path in SHIPPED_MODELS:
         return resolve_model_path(name_or_path), None, name_or_path
-    from headlens import sources  # GGUF names (named models, ollama:, .gguf): optional for a shipped model
+    from headlens.load import locate  # GGUF names (named models, ollama:, .gguf): optional for a shipped model
 
-    gguf = sources.find_gguf(name_or_path)
+    gguf = locate.find_gguf(name_or_path)
     if gguf is not None:
         gguf_path, sha256, display = gguf
-        folder, source = sources.gguf_folder(gguf_path, sha256)
+        folder, source = locate.gguf_folder(gguf_path, sha256)
         return folder, source, display
     path = resolve_model_path(name_or_path)
     local = Path(name_or_path).expanduser().exists()
@@ -307,12 +305,13 @@ def load_model(
     placement = placement_kwargs(device_map, max_memory, offload_folder)
     try:
         with _quiet_transformers():
-            model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            loaded = AutoModelForCausalLM.from_pretrained(
                 str(path),
                 attn_implementation="eager",
                 dtype=dtype,
                 trust_remote_code=False,
                 weights_only=True,  # a pytorch_model.bin is read by torch.load(weights_only=True) only
+                output_loading_info=True,
                 **placement,
             )
     except Exception as exc:  # transformers wraps I/O and format errors in many types
@@ -323,6 +322,13 @@ def load_model(
                 "torch.load(weights_only=True); convert it to model.safetensors"
             )
         raise ModelLoadError(f"cannot load weights from {path}: {first_line}") from None
+    # output_loading_info: (model, {"missing_keys": ..., ...}), a pair transformers' stubs do not type
+    model, info = cast("tuple[PreTrainedModel, dict]", loaded)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would fill them with random values
+        raise ModelLoadError(
+            f"{path} lacks {len(missing)} weights of its model (e.g. {missing[0]}): incomplete checkpoint"
+        )
     model = _to_eager(model).eval()
     if target is not None:
         # Module.to moves in place. PreTrainedModel.to is wrapped by functools.wraps, whose typeshed type

@@ -1,0 +1,140 @@
+"""The clean run of a model on an evaluation set, computed once and kept in headlens's cache.
+
+The clean run's metric value at every scored position (`EvalSet.counted`, row-major) depends only on
+the model's weights, the set, the dtype, the device and how the set is cut into forward passes. Its
+cache key hashes all of them: the model's digest (`model_digest`: the GGUF's sha256 or the folder it
+was read from, the config, and every parameter's name, shape, dtype and float64 sum and sum of
+squares, so a model edited in memory gets its own key), the set's digest (`EvalSet.data_hash`), the
+metric, the passes' slices and CACHE_VERSION. Entries are `CACHE_DIR/<key>.pt` under
+headlens.load.cache.cache_root, written to a temporary file and renamed into place; one that does not
+read back as a float tensor of the set's scored positions is recomputed.
+
+`run_sets` evaluates head sets ablated together, every one from the clean residual at the first
+layer any of them ablates (headlens.ablation.stacked.set_values), taking the clean values from the
+cache or computing them in the same pass (as one more set, with no heads) and caching them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from headlens.ablation.stacked import set_values
+from headlens.heads import Head
+from headlens.load.cache import cache_root
+
+CACHE_DIR = "clean-runs"
+CACHE_VERSION = 1
+NO_CACHE_ENV = "HEADLENS_NO_CLEAN_CACHE"  # set (to anything): neither read nor write clean runs
+
+
+def model_digest(loaded) -> str:
+    """A digest of what the model computes: where its weights came from, its config, and a checksum
+    of every parameter and buffer as it is in memory now."""
+    model = loaded.model
+    source = loaded.source.sha256 if loaded.source is not None else str(loaded.path or loaded.name)
+    digest = hashlib.sha256(f"{source}|{model.config.to_json_string()}".encode())
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if not tensor.is_floating_point():
+                digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
+                continue
+            total = float(torch.sum(tensor, dtype=torch.float64))
+            square = float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+            digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{total!r}|{square!r}".encode())
+    return digest.hexdigest()
+
+
+def clean_key(loaded, evalset, batches: Sequence[slice]) -> str:
+    """The cache key of the clean run of `loaded` on `evalset` cut into `batches`."""
+    param = next(loaded.model.parameters())
+    cuts = [(b.start, b.stop) for b in batches]
+    text = f"{CACHE_VERSION}|{model_digest(loaded)}|{evalset.data_hash}|{evalset.metric}|{param.dtype}|"
+    text += f"{param.device.type}|{cuts}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _path(key: str) -> Path:
+    return cache_root() / CACHE_DIR / f"{key}.pt"
+
+
+def read_clean(key: str, n_scored: int) -> torch.Tensor | None:
+    """The cached clean values [n_scored] float64, or None (absent, unreadable, wrong shape, cache off)."""
+    if os.environ.get(NO_CACHE_ENV):
+        return None
+    try:
+        values = torch.load(_path(key), weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError):
+        return None
+    if not isinstance(values, torch.Tensor) or values.shape != (n_scored,) or not values.is_floating_point():
+        return None
+    return values.double()
+
+
+def write_clean(key: str, values: torch.Tensor) -> None:
+    """Keep the clean values [n_scored] (temporary file, then os.replace); a cache that cannot be
+    written is skipped (the run does not need it)."""
+    if os.environ.get(NO_CACHE_ENV):
+        return
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(values.detach().double().cpu().clone(), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def clean_values(loaded, evalset, batch_size: int | None, on_pass=None) -> torch.Tensor:
+    """The clean values [n_scored] float64: from the cache, or one clean run (then cached)."""
+    key, cached = lookup(loaded, evalset, batch_size)
+    if cached is not None:
+        return cached
+    values = set_values(loaded.model, evalset, [[]], [None] * loaded.spec.n_layers, batch_size, on_pass=on_pass)[0]
+    write_clean(key, values)
+    return values
+
+
+def run_sets(
+    loaded, evalset, head_sets: Sequence[Sequence[Head]], reps, batch_size: int | None, cached=None, on_pass=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(clean values [n_scored], each set's values [n_sets, n_scored]); every set from the clean
+    residual at its first ablated layer. `cached`: (key, the clean values or None) from `lookup`,
+    else looked up here; clean values computed here are cached."""
+    key, clean = cached if cached is not None else lookup(loaded, evalset, batch_size)
+    sets = list(head_sets) if clean is not None else [[], *head_sets]
+    values = set_values(loaded.model, evalset, sets, reps, batch_size, on_pass=on_pass)  # [n_sets(+1), n_scored]
+    if clean is not None:
+        return clean, values
+    write_clean(key, values[0])
+    return values[0], values[1:]
+
+
+def lookup(loaded, evalset, batch_size: int | None) -> tuple[str, torch.Tensor | None]:
+    """The clean run's cache key and its cached values [n_scored] (None when not cached)."""
+    key = clean_key(loaded, evalset, evalset.row_batches(batch_size))
+    return key, read_clean(key, evalset.n_tokens)
+
+
+def unit_sums_of(evalset, values: torch.Tensor) -> torch.Tensor:
+    """Per-unit sums [..., n_units] float64 of per-position values [..., n_scored]."""
+    units = evalset.units[evalset.counted]  # [n_scored]
+    shape = (*values.shape[:-1], evalset.n_units)
+    return torch.zeros(shape, dtype=torch.float64).index_add_(values.dim() - 1, units, values.double())
+
+
+def pass_count(evalset, n_sets: int, batch_size: int | None, cached: bool) -> int:
+    """Forward passes `run_sets` makes (a progress bar's total)."""
+    return len(evalset.row_batches(batch_size)) * (n_sets + (0 if cached else 1))

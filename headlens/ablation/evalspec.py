@@ -1,0 +1,160 @@
+"""The evaluation set of an ablation as one value (`EvalSpec`), its token budget, and each role's own metric.
+
+An `EvalSpec` names what an ablation is measured on: the metric, its data (a text or documents, a
+prompts list, the needle tests' text), the reference text of mean / resample ablation, BOS, the
+needle tests' length and the token budget. `ablate_heads`, `sweep_heads`, `prune_curve` and the
+command line take one, as scikit-learn groups an estimator's parameters; `EvalSpec.build` makes
+the EvalSet (headlens.ablation.evalset).
+
+Token budget (`tokens`): an ablation reads at most that many tokens of its set (None: all of it).
+Whole sequences are kept, evenly spaced over the set (text windows from the whole text, needle
+tests of every length), as many as fit; one sequence at least, and a text's windows are no longer
+than the budget. The bootstrap runs over the sequences kept (EvalSet recomputes its units).
+
+Each role has its own metric (`ROLE_METRICS`): induction heads are ablated on repeated random
+tokens (Olsson et al. 2022), retrieval heads on the needle tests' loss (Wu et al. 2024), name
+movers on the logit difference over the IOI prompts (Wang et al. 2022). `choose_metric` says
+which metric a run uses and why, and notes an explicit metric that is not the role's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from headlens.ablation.evalset import EvalSet, build_evalset, eval_context
+from headlens.ablation.metrics import canonical_metric
+from headlens.errors import ConfigError
+
+# Tokens an ablation reads by default (`--tokens`). On SmolLM2 the 95% CI of a two-head ablation on
+# natural text is ~2.6x wider at 4,096 tokens than at all 28,141 (BENCHMARKS.md, "token budget"):
+# enough to tell an effect from none at a sixth of the cost.
+DEFAULT_TOKENS = 4096
+# Tokens the single-head sweep reads by default: it runs every head (270 on SmolLM2) from its layer on, so
+# its cost is ~270 / 2 ablated runs; at 512 tokens its matmul floor on SmolLM2 is 26 TFLOP, 4-6 min at
+# 70-100 GFLOP/s (headlens.ablation.estimate; BENCHMARKS.md, "token budget").
+SWEEP_TOKENS = 512
+ALL = "all"  # `--tokens all`: every token of the set
+
+# role -> (its metric, why, in words)
+ROLE_METRICS = {
+    "induction": ("repeat", "induction heads copy the second half of repeated random tokens (Olsson et al. 2022)"),
+    "retrieval": ("needle-loss", "retrieval heads copy needles out of a haystack (Wu et al. 2024)"),
+    "name_mover": ("logit-diff", "name movers copy the indirect object's name at IOI prompts' end (Wang et al. 2022)"),
+}
+IOI = "ioi"  # `prompts` naming the built-in IOI prompts (headlens.scores.name_mover.ioi_prompts)
+IOI_PROMPTS = 48
+
+
+def parse_tokens(value: Any) -> int | None:
+    """A token budget from `--tokens`: a positive integer, or `all` (None). ConfigError otherwise."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == ALL):
+        return None
+    try:
+        tokens = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--tokens {value!r} is not understood: give a number of tokens (e.g. 4096) or all") from None
+    if tokens < 2:
+        raise ConfigError(f"--tokens {tokens} is too small: an ablation needs at least 2 tokens")
+    return tokens
+
+
+def budget_label(tokens: int | None) -> str:
+    return "all tokens" if tokens is None else f"{tokens:,} tokens"
+
+
+def choose_metric(role: str | None, metric: str | None) -> tuple[str, str | None]:
+    """The metric a run uses and a line saying why (None: nothing to say). No metric given: the
+    role's own, or `loss`. A metric given that is not the role's own is kept, with a note."""
+    own = ROLE_METRICS.get(role or "")
+    if metric is None:
+        if own is None:
+            return "loss", None
+        return own[0], f"metric {own[0]}: the {role} role's own metric; {own[1]}"
+    metric = canonical_metric(metric)
+    if own is not None and metric != own[0]:
+        return metric, f"note: metric {metric} as asked; the {role} role's own metric is {own[0]} ({own[1]})"
+    return metric, None
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What an ablation is measured on (see the module docstring)."""
+
+    metric: str = "loss"  # headlens.ablation.metrics.METRICS (or an alias)
+    text: Any = None  # a text, documents (headlens.probes.corpus.Corpus) or None: the shipped held-out text
+    prompts: Any = None  # dicts from evalset.read_prompts, IOI (the built-in IOI prompts) or None
+    reference: str | None = None  # the text mean / resample ablation draw z from; None: the set itself
+    bos: bool = True  # BOS before each text window
+    context: int | None = None  # longest needle test; None: evalset.eval_context
+    tokens: int | None = DEFAULT_TOKENS  # the token budget; None: every token
+
+    def build(self, loaded, seed: int = 0) -> EvalSet:
+        """The EvalSet: the metric's set (evalset.build_evalset), cut to the token budget."""
+        prompts = ioi_prompts(loaded, seed) if self.prompts == IOI else self.prompts
+        window = None if self.tokens is None else min(self.tokens, eval_context(loaded))
+        evalset = build_evalset(
+            loaded, self.metric, self.text, seed, prompts, self.reference, self.bos, self.context, window=window
+        )
+        return within_budget(evalset, self.tokens)
+
+    def with_budget(self, tokens: int | None) -> EvalSpec:
+        return replace(self, tokens=tokens)
+
+
+def ioi_prompts(loaded, seed: int = 0) -> list[dict]:
+    """The IOI prompts of the name-mover probe (seeded), as prompts-file dicts."""
+    from headlens.scores.name_mover import ioi_prompts as build  # the IOI templates, needed only here
+
+    found = build(loaded.tokenizer, loaded.bos_token_id, IOI_PROMPTS, seed)
+    return [
+        {"prompt": p["text"], "target": p["target"], "foil": p["foil"], "line": f"IOI prompt {i + 1}"}
+        for i, p in enumerate(found)
+    ]
+
+
+def spaced_rows(lengths: list[int], tokens: int) -> list[int]:
+    """The most sequences, evenly spaced (rows i * n // k), whose lengths sum to at most `tokens`
+    (one at least)."""
+    n = len(lengths)
+    for k in range(n, 0, -1):
+        rows = [i * n // k for i in range(k)]
+        if sum(lengths[r] for r in rows) <= tokens or k == 1:
+            return rows
+    return []
+
+
+def within_budget(evalset: EvalSet, tokens: int | None) -> EvalSet:
+    """`evalset` when it reads no more than `tokens` tokens, else its evenly spaced sequences that fit
+    (spaced_rows), with fresh bootstrap units and a description that states the budget."""
+    lengths = evalset.mask.sum(1).tolist()  # [n_seq] tokens each sequence reads
+    if tokens is None or sum(lengths) <= tokens:
+        return evalset
+    rows = spaced_rows(lengths, tokens)
+    index = torch.tensor(rows)
+    used = sum(lengths[r] for r in rows)
+    digest = hashlib.sha256(f"{evalset.data_hash}|rows|{rows}".encode()).hexdigest()
+    description = (
+        f"{len(rows)} of {len(lengths)} sequences, evenly spaced ({used:,} tokens, a {tokens:,}-token budget): "
+        f"{evalset.description}"
+    )
+    return EvalSet(
+        evalset.input_ids[index],
+        evalset.mask[index],
+        evalset.counted[index],
+        evalset.metric,
+        digest,
+        description,
+        foils=None if evalset.foils is None else evalset.foils[index],
+        reference_ids=evalset.reference_ids,
+        reference_mask=evalset.reference_mask,
+        reference_label=evalset.reference_label,
+    )
+
+
+def tokens_read(evalset: EvalSet) -> int:
+    """Tokens the model reads for one run over the set."""
+    return int(evalset.mask.sum())

@@ -1,0 +1,39 @@
+"""Classify: every head's scores -> its labels, with the evidence behind each. `kinds` is the registry of head
+kinds (one entry per kind: its probe, score columns, rule and paper); `labels` holds the rules and their cut-offs
+(ClassifyConfig); `runs` streams each probe once over its input; `frame` turns the runs into the labelled
+DataFrame (`classify_heads`); `samples` picks the attention viewer's sample by the labelled heads.
+
+The entry points are re-exported here, imported when first asked for (headlens.lazy_getattr, PEP 562): reading
+the registry (`from headlens.classify import kinds`) loads no scoring code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from headlens import lazy_getattr
+
+if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+    from headlens.classify.frame import (
+        SCORE_COLUMNS,
+        SOURCE_COLUMNS,
+        SOURCE_DEFAULT,
+        classify_heads,
+        head_records,
+    )
+    from headlens.classify.labels import ClassifyConfig
+
+# Public name -> the module of headlens.classify that defines it, imported on first access.
+LAZY = {
+    "SCORE_COLUMNS": "frame",
+    "SOURCE_COLUMNS": "frame",
+    "SOURCE_DEFAULT": "frame",
+    "classify_heads": "frame",
+    "head_records": "frame",
+    "ClassifyConfig": "labels",
+}
+
+if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
+    __getattr__ = lazy_getattr(__name__, LAZY)
+
+__all__ = ["SCORE_COLUMNS", "SOURCE_COLUMNS", "SOURCE_DEFAULT", "ClassifyConfig", "classify_heads", "head_records"]

@@ -1,0 +1,38 @@
+"""What every try of the security battery (tests/test_security_*.py) checks: the CLI refused the input with
+exit status 2, at most one line on stderr and no traceback, and a sentinel folder outside the cache and
+the store still holds its file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from headlens.cli.main import cli
+
+SENTINEL_TEXT = "headlens must never remove this\n"
+
+
+def make_sentinel(folder: Path) -> Path:
+    """A folder holding one file, outside the cache and the store, that every try must leave alone."""
+    folder.mkdir(parents=True)
+    (folder / "keep.txt").write_text(SENTINEL_TEXT)
+    return folder
+
+
+def assert_intact(sentinel: Path) -> None:
+    assert (sentinel / "keep.txt").read_text() == SENTINEL_TEXT, f"{sentinel} was damaged"
+
+
+def refused(*args: str, sentinel: Path | None = None) -> str:
+    """Run `headlens ARGS` in process; assert exit 2, one stderr line at most, no traceback, sentinel
+    intact. The stderr line."""
+    result = CliRunner().invoke(cli, [str(arg) for arg in args])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception  # not an uncaught error
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 1, result.stderr
+    assert "Traceback" not in result.output, result.output
+    if sentinel is not None:
+        assert_intact(sentinel)
+    return lines[0] if lines else ""
