@@ -51,8 +51,9 @@ def norm_gain(norm: torch.nn.Module, size: int) -> torch.Tensor:
     multiplies by: norm(x) - norm(0) at x = (1, -1, 1, -1, ...), whose mean is 0 and rms 1, times x.
     (Up to the scalar 1 / sqrt(1 + eps), which no ratio of norms sees.)"""
     weight = next(norm.parameters(), None)
-    kwargs = {} if weight is None else {"dtype": weight.dtype, "device": weight.device}
-    probe = torch.ones(1, size, **kwargs)  # [1, size]
+    probe = torch.ones(1, size)  # [1, size]
+    if weight is not None:
+        probe = probe.to(weight.device, weight.dtype)
     probe[:, 1::2] = -1.0
     with torch.no_grad(), onloaded(norm):
         change = norm(probe) - norm(torch.zeros_like(probe))  # [1, size]
@@ -115,7 +116,8 @@ def composition_tensor(model, dtype=torch.float32) -> torch.Tensor:
     adapter = adapter_for(model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
     out = torch.full((n_layers, n_heads, n_layers, n_heads, 3), float("nan"), dtype=torch.float64)
-    sends, ov_sq = [], []  # per earlier layer: [head, d_model^2], [head]
+    sends: list[torch.Tensor] = []  # per earlier layer: [head, d_model^2]
+    ov_sq: list[torch.Tensor] = []  # per earlier layer: [head]
     for layer in range(n_layers):
         grams = head_grams(head_weights(adapter, layer), dtype)
         if sends:

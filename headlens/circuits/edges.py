@@ -10,6 +10,7 @@ ACDC and edge attribution patching (Conmy et al. 2023; Syed et al. 2023). Column
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,9 +25,7 @@ MEASURES = ["composition", "effect", "attribution"]
 EDGE_COLUMNS = KEY + MEASURES
 
 
-def edge_frame(
-    senders: Sequence[Head], receivers: Sequence[str], vias: Sequence[str], **measures: np.ndarray
-) -> pd.DataFrame:
+def edge_frame(senders: Sequence[Head], receivers: Sequence[str], vias: Sequence[str], **measures: Any) -> pd.DataFrame:
     """A frame of edges (one row per position of the three sequences) with the measures given and
     NaN for the rest; extra keyword columns are kept after the edge columns."""
     frame = pd.DataFrame({"sender": [str(s) for s in senders], "receiver": list(receivers), "via": list(vias)})

@@ -114,7 +114,7 @@ def _patched_z(adapter, layer: int, state: dict, ctx, deltas: torch.Tensor, via:
     normed = get_module(block, adapter.sites.input_norm)((resid[None] + deltas).flatten(0, 1))  # [c * b, pos, d]
     row = torch.nn.functional.linear(normed, weight, bias)  # [copies * batch, pos, heads * d_head]
     n_row_heads = getattr(adapter, site.split.heads)
-    seen = []
+    seen: list[torch.Tensor] = []
     with adapter.hooks() as hooks:
         hooks.output(
             get_module(block, site.projection), lambda out: splice_row(out, row, site, n_row_heads, adapter.d_head)
