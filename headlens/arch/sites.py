@@ -117,3 +117,31 @@ def row_weights(
         weight = weight.view(n_heads, split.parts, d_head, -1)[:, split.part].reshape(n_heads * d_head, -1)
         bias = None if bias is None else bias.view(n_heads, split.parts, d_head)[:, split.part].reshape(-1)
     return weight, bias
+
+
+def splice_row(output: torch.Tensor, row: torch.Tensor, site: Site, n_heads: int, d_head: int) -> torch.Tensor:
+    """The projection module's output [..., out] with the part that is `site`'s row replaced by
+    `row` [..., heads * d_head] (heads concatenated, row_weights' layout): the inverse of reading
+    the row out of a fused projection."""
+    split = site.split
+    if split.kind == FUSED:
+        size = output.shape[-1] // split.parts
+        return torch.cat([output[..., : split.part * size], row, output[..., (split.part + 1) * size :]], dim=-1)
+    if split.kind == FUSED_HEADS:
+        out = output.reshape(*output.shape[:-1], n_heads, split.parts, d_head).clone()  # [..., head, parts, d_head]
+        out[..., split.part, :] = row.reshape(*row.shape[:-1], n_heads, d_head)
+        return out.reshape(output.shape)
+    return row  # HEADS, NORMED: the projection holds this row alone
+
+
+def row_part(output: torch.Tensor, site: Site, n_heads: int, d_head: int) -> torch.Tensor:
+    """`site`'s row read out of its projection module's output [..., out]: [..., heads * d_head]
+    (heads concatenated, as splice_row takes it)."""
+    split = site.split
+    if split.kind == FUSED:
+        size = output.shape[-1] // split.parts
+        return output[..., split.part * size : (split.part + 1) * size]
+    if split.kind == FUSED_HEADS:
+        per_head = output.reshape(*output.shape[:-1], n_heads, split.parts, d_head)  # [..., head, parts, d_head]
+        return per_head[..., split.part, :].reshape(*output.shape[:-1], n_heads * d_head)
+    return output  # HEADS, NORMED: the projection holds this row alone

@@ -1,0 +1,38 @@
+"""Circuits: how heads work together.
+
+- `tasks`: the induction and IOI tasks, where their metric reads the logits, and their corrupted runs;
+- `direct`: every head's direct effect on a task's metric through the logits, adding up with the rest
+  (embeddings, MLPs, biases) to the metric;
+- `selfrepair`: an ablated set's total effect, its own direct effect and the other heads' compensation
+  (the Hydra effect, McGrath et al. 2023);
+- `composition`: Q-, K- and V-composition scores of every (earlier sender, later receiver) pair,
+  read from the weights (Elhage et al. 2021), each against the scores random matrices of the
+  same shapes give;
+- `paths`: exact path patching, the effect of one sender on the metric through one receiver's
+  query, key or value input, or directly through the logits (Wang et al. 2022; Goldowsky-Dill
+  et al. 2023);
+- `attribution`: every edge at once from gradients, EAP (Syed et al. 2023) and EAP-IG (Hanna et
+  al. 2024), and its agreement with exact path patching.
+Every edge result is a long-form DataFrame of edges: `sender` ("L.H"), `receiver` ("L.H" or "logits"),
+`via` ("q", "k", "v", "direct"), `composition`, `effect`, `attribution` (NaN where not measured).
+
+Public names are imported when first asked for (headlens.lazy_getattr, PEP 562).
+"""
+
+from __future__ import annotations
+
+from headlens import lazy_getattr
+
+# Public name -> the module of headlens.circuits that defines it, imported on first access.
+LAZY = {
+    "Task": "tasks",
+    "induction_task": "tasks",
+    "ioi_task": "tasks",
+    "make_task": "tasks",
+    "decompose": "direct",
+    "self_repair": "selfrepair",
+}
+
+__getattr__ = lazy_getattr(__name__, LAZY)
+
+__all__ = sorted(LAZY)
