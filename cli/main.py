@@ -34,6 +34,7 @@ LAZY_COMMANDS = {
     "prune": "commands_ablate",
     "report": "commands_report",
     "pull": "commands_pull",
+    "circuit": "commands_circuit",
 }
 
 
