@@ -132,3 +132,16 @@ def splice_row(output: torch.Tensor, row: torch.Tensor, site: Site, n_heads: int
         out[..., split.part, :] = row.reshape(*row.shape[:-1], n_heads, d_head)
         return out.reshape(output.shape)
     return row  # HEADS, NORMED: the projection holds this row alone
+
+
+def row_part(output: torch.Tensor, site: Site, n_heads: int, d_head: int) -> torch.Tensor:
+    """`site`'s row read out of its projection module's output [..., out]: [..., heads * d_head]
+    (heads concatenated, as splice_row takes it)."""
+    split = site.split
+    if split.kind == FUSED:
+        size = output.shape[-1] // split.parts
+        return output[..., split.part * size : (split.part + 1) * size]
+    if split.kind == FUSED_HEADS:
+        per_head = output.reshape(*output.shape[:-1], n_heads, split.parts, d_head)  # [..., head, parts, d_head]
+        return per_head[..., split.part, :].reshape(*output.shape[:-1], n_heads * d_head)
+    return output  # HEADS, NORMED: the projection holds this row alone

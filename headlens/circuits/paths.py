@@ -50,6 +50,14 @@ def task_evalset(loaded, task) -> EvalSet:
     return evalset(loaded) if callable(evalset) else evalset
 
 
+def task_replacements(loaded, task, method: str, seed: int = 0) -> tuple[EvalSet, list]:
+    """The task's evaluation set and what each layer's z becomes under `method` (zero, mean,
+    resample: headlens.ablation.replace.replacements, as `ablate` replaces)."""
+    evalset = task_evalset(loaded, task)
+    check_choice(method, evalset.metric)
+    return evalset, replacements(loaded.model, evalset, method, seed, batch_size=BATCH_SIZE)
+
+
 def check_vias(via: Sequence[str]) -> tuple[str, ...]:
     """The inputs asked for, checked: ConfigError naming the valid ones."""
     via = (via,) if isinstance(via, str) else tuple(via)
@@ -205,8 +213,7 @@ def path_patch(
     vias = check_vias(via)
     spec = loaded.spec
     heads = all_heads(spec.n_layers, spec.n_heads)
-    evalset = task_evalset(loaded, task)
-    reps = replacements(loaded.model, evalset, check_choice(method, evalset.metric), seed, batch_size=BATCH_SIZE)
+    evalset, reps = task_replacements(loaded, task, method, seed)
     effects = patch_edges(loaded.model, evalset, reps, senders or heads, receivers or heads, vias)
     keys = list(effects)
     return edge_frame(
