@@ -67,6 +67,8 @@ def test_the_json_holds_every_head_edge_and_the_compensation_table(ioi_doc, smal
         assert (edge["receiver"] == "logits") == (edge["via"] == "direct")
         if edge["via"] != "direct":
             assert int(edge["sender"].split(".")[0]) < int(edge["receiver"].split(".")[0])
+    attributed = [e for e in ioi_doc["edges"] if e["attribution"] is not None]
+    assert attributed and ioi_doc["agreement"]["n_edges"] == sum(e["effect"] is not None for e in attributed)
     repair = ioi_doc["self_repair"]
     assert REPAIR_KEYS <= set(repair) and repair["ablated"] == ["1.0", "1.1"]
     assert len(repair["compensation"]) == n_heads - 2

@@ -25,12 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
 import pandas as pd
 import torch
 
 from headlens.circuits.direct import Decomposition, decompose
-from headlens.circuits.edges import DIRECT, VIAS, merge_edges
+from headlens.circuits.edges import DIRECT, KEY, VIAS, merge_edges
 from headlens.circuits.selfrepair import SelfRepair, replacement_for, self_repair
 from headlens.heads import Head, all_heads
 
@@ -40,6 +39,7 @@ RECEIVERS = 4  # unlabelled receivers taken by |direct effect|
 SENDERS_PER_RECEIVER = 2  # senders taken per receiver by composition z-score
 MAX_SENDERS = 10
 PATCH_SEQS = 16  # sequences path patching runs on
+TOP_ATTRIBUTED = 20  # edges kept from edge attribution beyond the measured ones
 RECEIVER_KINDS = {"induction": ("induction",), "ioi": ("name_mover", "negative_name_mover", "copy_suppression")}
 SENDER_KINDS = {"induction": ("previous_token",), "ioi": ("induction", "duplicate_token", "previous_token")}
 HEAD_COLUMNS = ["head", "layer", "head_index", "labels", "direct_effect", "total_effect", "large_unlabelled"]
@@ -192,21 +192,17 @@ def subset(task, n: int):
 
 
 def _with_attribution(loaded, task, edges: pd.DataFrame, approx: str, steps: int, method: str, seed: int):
-    """The edges with `attribution` from edge attribution (EAP / EAP-IG), and its agreement with the exact
-    effects where both were measured."""
-    from headlens.circuits.attribution import agreement, edge_attribution
+    """The edges with `attribution` from edge attribution (EAP / EAP-IG, headlens.circuits.attribution) on the
+    same sequences as path patching, plus the TOP_ATTRIBUTED edges it ranks highest; and its agreement with
+    the exact effects on the edges both measured (Spearman, top-k recall: edge_agreement)."""
+    from headlens.circuits.attribution import edge_agreement, edge_attribution
 
-    scored = edge_attribution(loaded, subset(task, PATCH_SEQS), approx, steps=steps, method=method, seed=seed)
-    merged = merge_edges(
-        edges,
-        scored[
-            scored[["sender", "receiver", "via"]]
-            .apply(tuple, axis=1)
-            .isin(set(edges[["sender", "receiver", "via"]].apply(tuple, axis=1)))
-        ],
-    )
-    both = merged.dropna(subset=["effect", "attribution"])
-    return merged, agreement(np.asarray(both["effect"]), np.asarray(both["attribution"]))
+    scored = edge_attribution(loaded, subset(task, PATCH_SEQS), approx, steps=steps, ablation=method, seed=seed)
+    keys = set(edges[KEY].itertuples(index=False, name=None))
+    measured = scored[[key in keys for key in scored[KEY].itertuples(index=False, name=None)]]
+    top = scored.reindex(scored["attribution"].abs().sort_values(ascending=False).index).head(TOP_ATTRIBUTED)
+    merged = merge_edges(edges, pd.concat([measured, top]).drop_duplicates(subset=KEY)[[*KEY, "attribution"]])
+    return merged, edge_agreement(edges.dropna(subset=["effect"]), measured)
 
 
 def _number(value) -> float | None:
