@@ -149,6 +149,8 @@ def circuit_graph(doc: dict) -> nx.DiGraph:
         graph.add_edge(h["head"], "logits", weight=h["direct_effect"], kind="direct")
     edges = [e for e in doc["edges"] if e["via"] != "direct" and e["effect"] is not None]
     for e in sorted(edges, key=lambda e: -abs(e["effect"]))[:GRAPH_EDGES]:
+        if graph.has_edge(e["sender"], e["receiver"]):
+            continue  # one arrow per pair: its strongest input
         add(e["sender"])
         add(e["receiver"])
         graph.add_edge(e["sender"], e["receiver"], weight=e["effect"], kind=e["via"])
