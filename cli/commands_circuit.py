@@ -2,7 +2,7 @@
 
 `--format json` prints one JSON document (headlens.circuits.circuit.to_document): `heads`, `edges`,
 `self_repair`. The table names the heads of largest direct effect with their labels, the unlabelled
-ones among them, the strongest edges, and with `--ablate` the self-repair sentence and table.
+ones (no role) among them, the strongest edges, and with `--ablate` the self-repair sentence and table.
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def _print_document(doc: dict) -> None:
     )
     click.echo(f"{'head':>6}  {'direct':>8}  {'total':>8}  labels")
     for row in heads[:SHOWN_HEADS]:
-        names = ", ".join(row["labels"]) or ("(no label; large)" if row["large_unlabelled"] else "-")
+        names = ", ".join(row["labels"]) or "-"
+        names += " (no role; large)" if row["large_unlabelled"] else ""
         click.echo(f"{row['head']:>6}  {_signed(row['direct_effect']):>8}  {_signed(row['total_effect']):>8}  {names}")
     rest = sum(doc["rest"].values())
     click.echo(
@@ -145,7 +146,7 @@ def _print_document(doc: dict) -> None:
     )
     large = [r["head"] for r in heads if r["large_unlabelled"]]
     share = f"{doc['large_share']:.0%} of {abs(task['logit_metric']):.2f}"
-    click.echo(f"unlabelled heads with a large direct effect (>= {share}): {', '.join(large) or 'none'}")
+    click.echo(f"heads with a large direct effect and no role (>= {share}): {', '.join(large) or 'none'}")
     _print_edges(doc)
     repair = doc["self_repair"]
     if repair is not None:

@@ -4,7 +4,8 @@
   metric through the logits (headlens.circuits.direct) and, for the TOTAL_HEADS heads of largest
   |direct effect|, its total effect (the metric's change when that head alone is ablated by `method`);
   `large_unlabelled` marks a head whose |direct effect| is at least LARGE_SHARE of the metric's linear
-  part and that carries no label (no kind is invented for it);
+  part and that carries no role (a property such as first_token is not a role; headlens.kinds.ROLES): no
+  kind is invented for it;
 - `edges`: the circuit's edges (headlens.circuits.edges): Q/K/V composition from the weights for every
   pair of the chosen heads, exact path patching (headlens.circuits.paths) of each chosen sender into each
   chosen receiver's q, k and v and of each chosen head straight to the logits, and, with `approx`, edge
@@ -32,13 +33,14 @@ from headlens.circuits.direct import Decomposition, decompose
 from headlens.circuits.edges import DIRECT, KEY, VIAS, merge_edges
 from headlens.circuits.selfrepair import SelfRepair, replacement_for, self_repair
 from headlens.heads import Head, all_heads
+from headlens.kinds import ROLES
 
 LARGE_SHARE = 0.1  # ours: a head writing >= 10% of the metric's linear part directly is large
 TOTAL_HEADS = 5  # heads whose total effect is measured (largest |direct effect|)
 RECEIVERS = 4  # unlabelled receivers taken by |direct effect|
 SENDERS_PER_RECEIVER = 2  # senders taken per receiver by composition z-score
-MAX_SENDERS = 10
-PATCH_SEQS = 16  # sequences path patching runs on
+MAX_SENDERS = 8
+PATCH_SEQS = 8  # sequences path patching runs on (its cost: BENCHMARKS.md, "headlens circuit")
 TOP_ATTRIBUTED = 20  # edges kept from edge attribution beyond the measured ones
 RECEIVER_KINDS = {"induction": ("induction",), "ioi": ("name_mover", "negative_name_mover", "copy_suppression")}
 SENDER_KINDS = {"induction": ("previous_token",), "ioi": ("induction", "duplicate_token", "previous_token")}
@@ -98,7 +100,7 @@ def head_frame(clean: Decomposition, labels: dict[Head, list[str]], totals: dict
                 names,
                 effect,
                 totals.get(head, math.nan),
-                abs(effect) >= large and not names,
+                abs(effect) >= large and not set(names) & set(ROLES),
             )
         )
     frame = pd.DataFrame(rows, columns=HEAD_COLUMNS)
