@@ -36,6 +36,7 @@ LAZY_COMMANDS = {
     "report": "commands_report",
     "pull": "commands_pull",
     "explore": "commands_explore",
+    "circuit": "commands_circuit",
 }
 
 

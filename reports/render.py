@@ -18,6 +18,7 @@ import pandas as pd
 
 from headlens import __version__, files
 from headlens.errors import HeadlensError, OutputPathError
+from headlens.reports import circuits as circuits_mod
 from headlens.reports import findings, sections, thumbnails
 from headlens.reports import viewer as viewer_mod
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
@@ -94,6 +95,7 @@ def render_report(
     validation=None,
     training=None,
     viewer=None,
+    circuits=None,
     command=None,
     text_label=None,
     lang: str = DEFAULT_LANG,
@@ -103,7 +105,8 @@ def render_report(
     Inputs are the library's results (each schema in its function's docstring): `heads` from classify_heads,
     `sweep` from sweep_heads, `ablation` an ablate_heads dict (or a list of them), `pruning` from
     prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
-    load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]).
+    load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]),
+    `circuits` a list of headlens.circuits.circuit.to_document documents (one per task).
     `lang` ("en" or "es", headlens.reports.i18n.LANGS) is the language of every piece of prose,
     error messages included. Raises ConfigError for an unknown language, OutputPathError for a
     directory or unwritable path, EmptyReportError when every result is missing or empty.
@@ -118,6 +121,7 @@ def render_report(
         "validation": validation,
         "training": training,
         "viewer": viewer,
+        "circuits": circuits,
     }
     present = {name: value for name, value in results.items() if not _is_empty(value)}
     if not present:
@@ -145,6 +149,7 @@ def build_page(
     validation,
     training,
     viewer,
+    circuits=None,
     lang: str = DEFAULT_LANG,
 ) -> str:
     """The whole HTML document as a string: what the heads do first, then the details in reading order."""
@@ -184,6 +189,8 @@ def build_page(
         add("ablation", sections.ablation_section(sweep, ablation, pruning, lang))
         if sweep is None and ablation is None:  # a pruning page: named for what it holds
             nav[-1] = ("ablation", t("nav.pruning", lang))
+    if circuits:
+        add("circuits", circuits_mod.circuit_section(circuits, lang))
     if validation is not None:
         add("validation", sections.validation_section(validation, lang))
     if training is not None:

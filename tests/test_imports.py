@@ -37,7 +37,7 @@ MAX_ABLATE_MODULES = 35
 NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify.frame", "headlens.classify.labels",
                       "headlens.classify.runs", "headlens.classify.kind_runs", "headlens.training",
                       "headlens.cli.commands_classify", "headlens.cli.commands_report", "headlens.arch.llama",
-                      "headlens.load.locate", "headlens.load.pulls", "headlens.load.ollama", "headlens.load.cache",
+                      "headlens.load.locate", "headlens.load.pulls", "headlens.load.ollama",
                       "headlens.load.gguf_read", "headlens.load.gguf_load", "headlens.load.dequant",
                       "headlens.capture.run", "headlens.capture.bridge", "headlens.ablation.approx",
                       "headlens.ablation.gradients", "headlens.ablation.prune")  # fmt: skip

@@ -1,12 +1,12 @@
 """Name movers (headlens.scores.name_mover): the IOI prompts for two tokenizers, the END attention
 on a synthetic pattern, and on SmolLM2 the scores against per-prompt forward passes and a
-hand-written OV circuit, and two causal checks: removing the labelled heads' direct path to the logits
-lowers the IOI logit difference more than random head sets of the same size (passes), and zero-ablating
-them lowers it more than random sets with the same per-layer counts (fails: the model makes up for them)."""
+hand-written OV circuit; the causal checks: removing the labelled heads' direct path to the logits
+lowers the IOI logit difference more than random head sets of the same size, and zero-ablating them
+costs little in total because other heads make up for them (self-repair): the compensation table of
+headlens.circuits against a computation from the weights written here, and which heads compensate."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from pathlib import Path
@@ -18,10 +18,9 @@ from planted import N_HEADS, N_LAYERS, PLANTED_TEXT, place_roles
 from planted_kinds import build_planted_ioi, ioi_slots, labelled_heads
 
 from headlens.ablation.ablate import ablate_heads
-from headlens.ablation.evalset import build_evalset
-from headlens.ablation.replace import replacements
 from headlens.ablation.roles import resolve_heads
-from headlens.ablation.sweep import ablated_sums
+from headlens.circuits.selfrepair import self_repair
+from headlens.circuits.tasks import ioi_task
 from headlens.classify import ClassifyConfig, classify_heads
 from headlens.errors import ConfigError
 from headlens.heads import Head
@@ -218,14 +217,28 @@ N_PATH_CONTROL = 1000  # random same-size sets for the direct-path check (cheap:
 PATH_ALPHA = 0.05  # the conventional level; the check states its p-value beside it
 
 
-def end_contributions(loaded, prompts: list[dict]) -> torch.Tensor:
+def end_contributions(loaded, prompts: list[dict], heads_off: tuple[Head, ...] = ()) -> torch.Tensor:
     """Each head's direct contribution to logit(IO) - logit(S) at END, written out here from a Llama's
-    weights: the head's z at END through its slice of o_proj, the final RMSNorm's gain over the clean
-    residual's RMS (frozen), dotted with W_U[IO] - W_U[S]. One prompt at a time: [prompt, layer, head]."""
+    weights: the head's z at END through its slice of o_proj, the final RMSNorm's gain over the run's
+    residual's RMS (frozen), dotted with W_U[IO] - W_U[S]. `heads_off` are zeroed at o_proj's input in the
+    run (zero ablation). One prompt at a time: [prompt, layer, head]."""
     inner, d_head = loaded.model.model, loaded.spec.d_head
     n_layers, n_heads = loaded.spec.n_layers, loaded.spec.n_heads
     seen: dict = {}
+
+    def zero(_module, args, heads):
+        z = args[0].clone()  # [batch, pos, head * d_head]
+        for head in heads:
+            z[..., head * d_head : (head + 1) * d_head] = 0.0
+        return (z,)
+
     hooks = [
+        inner.layers[i].self_attn.o_proj.register_forward_pre_hook(
+            lambda m, a, heads=[h.head for h in heads_off if h.layer == i]: zero(m, a, heads)
+        )
+        for i in sorted({h.layer for h in heads_off})
+    ]  # registered first: the capture below sees the zeroed z
+    hooks += [
         layer.self_attn.o_proj.register_forward_pre_hook(lambda _m, args, i=i: seen.__setitem__(i, args[0][0, -1]))
         for i, layer in enumerate(inner.layers)
     ]
@@ -302,82 +315,79 @@ def _layers_to_check(scores):
     return labelled[:3] or [int(scores["name_copy_score"].flatten().argmax()) // scores["name_copy_score"].shape[1]]
 
 
-def disjoint_same_layer_sets(heads: list[Head], n_heads: int, k: int, seed: int = 0) -> list[list[Head]]:
-    """Random head sets with the per-layer counts of `heads`, each drawn from the *other* heads of its
-    layers (no set shares a head with `heads`); every such set when there are at most k."""
-    counts: dict[int, int] = {}
-    for head in heads:
-        counts[head.layer] = counts.get(head.layer, 0) + 1
-    pools = {layer: [h for h in range(n_heads) if Head(layer, h) not in heads] for layer in counts}
-    every = [
-        sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
-        for choice in itertools.product(*(itertools.combinations(pools[layer], c) for layer, c in counts.items()))
-    ]
-    if len(every) <= k:
-        return every
-    order = torch.randperm(len(every), generator=torch.Generator().manual_seed(seed))[:k]
-    return [every[int(i)] for i in order]
+# Self-repair (headlens.circuits): the movers' total effect is made up by other heads -------------------------------
 
 
-def test_disjoint_sets_keep_the_layer_counts_and_share_no_head():
-    heads = [Head(2, 0), Head(2, 1), Head(3, 4)]
-    sets = disjoint_same_layer_sets(heads, 5, k=100)
-    assert len(sets) == 3 * 4  # C(3, 2) in layer 2 x C(4, 1) in layer 3
-    for s in sets:
-        assert [h.layer for h in s] == [2, 2, 3] and not set(s) & set(heads)
-    assert len(disjoint_same_layer_sets(heads, 5, k=5)) == 5
+@pytest.fixture(scope="module")
+def movers_repair(smollm2, scores):
+    """The labelled movers zero-ablated on the probe's own 48 prompts (ioi_task, seed 0), through headlens.circuits."""
+    task = ioi_task(smollm2, seed=0)
+    assert [p["ids"] for p in task.prompts] == [p["ids"] for p in scores["prompts"]]  # the same prompts
+    movers = [Head(int(a), int(b)) for a, b in scores["name_mover"].nonzero().tolist()]
+    assert movers, "SmolLM2 has name movers at the module's cut-offs (BENCHMARKS.md: 23.0, 23.1, 23.2)"
+    return movers, self_repair(smollm2, task, movers, "zero")
 
 
 @pytest.mark.slow
 @pytest.mark.real
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "fails as measured (2026-12-01, 46.8 min wall / 6.7 CPU min at load 15-18): zero-ablating the labelled "
-        "movers 23.0-23.2 moves the logit diff by -0.010 logits (clean 4.04, 95% CI [-0.29, 0.30]) while the 20 "
-        "disjoint layer-23 sets move it by -2.78 / -0.29 / +0.22 (min / median / max), p = 0.81: the labels do not "
-        "carry the task by this test. The movers do write IO above S (direct effects +0.73, +0.19, +0.36 logits, "
-        "test_smollm2_name_movers_write_io_above_s_directly) but are made up for when ablated; the model's largest "
-        "direct IOI head is 23.3 (+2.22), which attends to S and writes it down, a kind the registry does not "
-        "label (BENCHMARKS.md, benchmarks/ioi_direct_effects.py). Neither other design passes (2026-12-02, "
-        "benchmarks/ioi_mean_ablation.py smollm2): against 100 random same-size sets p = 0.58, and under Wang et "
-        "al.'s mean ablation over ABC prompts the movers raise the logit diff (+0.217; p = 0.95 and 1.00). Removing "
-        "only their direct path passes (test_smollm2_removing_the_movers_direct_path_...); holding the negative mover "
-        "24.4 at its clean z brings the zero ablation to -1.295 (p = 0.079; ABC mean -1.340, p = 0.040, the fifth "
-        "design tried: reported in BENCHMARKS.md, not tested)"
-    ),
-)
-def test_smollm2_ablating_name_movers_lowers_the_logit_diff_more_than_random_heads(smollm2, scores, figures):
-    assert scores["logit_diff"] > 0  # the model does the task: IO above S on average
-    heads = [Head(int(lay), int(h)) for lay, h in scores["name_mover"].nonzero().tolist()]
-    assert heads, "SmolLM2 has name movers at the module's cut-offs (BENCHMARKS.md: 23.0, 23.1, 23.2)"
-    prompts = ablation_prompts(scores["prompts"])
-    chosen = ablate_heads(smollm2, heads, metric="logit-diff", prompts=prompts, batch_size=len(prompts))
-    # Controls: the same per-layer counts from the other heads of those layers, so no control set
-    # holds a labelled mover (a same-layer draw over all heads would share ~1 of 3 with them). One
-    # evaluation set and one clean pass for all of them, every prompt in one batch.
-    evalset = build_evalset(smollm2, "logit-diff", prompts=prompts)
-    reps = replacements(smollm2.model, evalset, "zero", 0, len(prompts))
-    n = int(evalset.counted.sum())
-
-    def mean_with(heads_off: list[Head]) -> float:
-        return float(ablated_sums(smollm2.model, evalset, heads_off, reps, batch_size=len(prompts)).sum()) / n
-
-    clean = mean_with([])
-    assert mean_with(heads) - clean == pytest.approx(chosen["delta"], abs=1e-6)  # the same ablation as ablate_heads
-    sets = disjoint_same_layer_sets(heads, smollm2.spec.n_heads, N_CONTROL)
-    controls = [mean_with(s) - clean for s in sets]
-    figures["name_mover_logit_diff"] = {
-        "heads": [str(h) for h in heads],
-        "clean": chosen["clean"],
-        "delta": chosen["delta"],
-        "ci95": chosen["ci95"],
-        "unit": chosen["unit"],
-        "control_min": min(controls),
-        "control_median": sorted(controls)[len(controls) // 2],
-        "control_max": max(controls),
-        "k": len(controls),
-        "p_value": (1 + sum(c <= chosen["delta"] for c in controls)) / (1 + len(controls)),
+def test_smollm2_compensation_table_matches_a_computation_from_the_weights(smollm2, scores, movers_repair, figures):
+    """Every head's direct effect clean and with the movers zeroed, and the change, written out here from the
+    weights one prompt at a time (end_contributions: transformers and the weights only), agree with
+    headlens.circuits.selfrepair's table; the total effect is the model's own logits with the movers zeroed."""
+    movers, repair = movers_repair
+    prompts = scores["prompts"]
+    clean = end_contributions(smollm2, prompts).mean(0)  # [layer, head]
+    ablated = end_contributions(smollm2, prompts, heads_off=tuple(movers)).mean(0)  # [layer, head]
+    table = repair.compensation().set_index("head")
+    # float32 passes of 30 layers, float64 sums; one prompt alone vs 16 padded together: 1e-3 logits
+    for head in table.index:
+        layer, index = (int(x) for x in head.split("."))
+        assert table.loc[head, "clean"] == pytest.approx(float(clean[layer, index]), abs=1e-3), head
+        assert table.loc[head, "ablated"] == pytest.approx(float(ablated[layer, index]), abs=1e-3), head
+    own = float(sum(clean[h.layer, h.head] for h in movers))
+    assert repair.direct_effect == pytest.approx(own, abs=1e-3)
+    diffs = []
+    with torch.no_grad():
+        for p in prompts:  # the model's own logits, movers zeroed at o_proj's input by a hook written here
+            hooks = [
+                smollm2.model.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(
+                    lambda _m, a, heads=[h.head for h in movers if h.layer == layer]: (_zeroed(a[0], heads, smollm2),)
+                )
+                for layer in sorted({h.layer for h in movers})
+            ]
+            try:
+                logits = smollm2.model(input_ids=torch.tensor([p["ids"]])).logits[0, -1]
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            diffs.append(float(logits[p["io"]] - logits[p["s"]]))
+    assert repair.after.metric == pytest.approx(sum(diffs) / len(diffs), abs=1e-3)
+    top = table.head(5)
+    figures["name_mover_self_repair"] = {
+        "movers": [str(h) for h in movers],
+        "direct_effect": repair.direct_effect,
+        "total_effect": repair.total_effect,
+        "compensation_top5": [[h, float(r.clean), float(r.ablated), float(r.change)] for h, r in top.iterrows()],
+        "sentence": repair.sentence(),
     }
-    assert chosen["delta"] < 0
-    assert chosen["delta"] < min(controls)  # a larger drop than every control set: p = 1 / (1 + len(controls))
+
+
+def _zeroed(z: torch.Tensor, heads: list[int], loaded) -> torch.Tensor:
+    z = z.clone()  # [batch, pos, head * d_head]
+    d_head = loaded.spec.d_head
+    for head in heads:
+        z[..., head * d_head : (head + 1) * d_head] = 0.0
+    return z
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_movers_write_io_directly_but_24_4_and_23_3_make_up_for_them(movers_repair):
+    """What the report and `headlens circuit smollm2 --task ioi --ablate 23.0,23.1,23.2` state, as a test that can
+    fail: the movers write IO over S directly (> 0.5 logits), ablating them costs less than a third of that in
+    total (two thirds or more come back), and the two heads whose direct effect rises most are the negative
+    mover 24.4 and the unlabelled 23.3 (BENCHMARKS.md, "Name movers in SmolLM2: direct effects and self-repair")."""
+    movers, repair = movers_repair
+    assert repair.direct_effect > 0.5
+    assert abs(repair.total_effect) < repair.direct_effect / 3  # the self-repair: most of the direct effect comes back
+    assert list(repair.compensators()["head"]) == ["24.4", "23.3"]  # rising most, the way the movers wrote

@@ -1,0 +1,174 @@
+"""`headlens circuit`: a thin shell over headlens.circuits.circuit.
+
+`--format json` prints one JSON document (headlens.circuits.circuit.to_document): `heads`, `edges`,
+`self_repair`. The table names the heads of largest direct effect with their labels, the unlabelled
+ones (no role) among them, the strongest edges, and with `--ablate` the self-repair sentence and table.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from headlens.cli.options import (
+    command_line,
+    format_option,
+    lang_option,
+    model_argument,
+    model_info,
+    placement_options,
+    progress_option,
+)
+
+FORMATS = ("table", "json")
+SHOWN_HEADS = 12
+SHOWN_EDGES = 12
+SHOWN_COMPENSATION = 8
+
+
+@click.command("circuit")
+@model_argument(default=None)
+@click.option(
+    "--task",
+    "task_name",
+    default="induction",
+    show_default=True,
+    metavar="induction|ioi",
+    help="induction: repeated random tokens; ioi: indirect-object prompts (logit(IO) - logit(S))",
+)
+@click.option(
+    "--prompts",
+    "prompts_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help='with --task ioi: JSONL of {"prompt", "target", "foil"} [default: headlens\'s IOI templates]',
+)
+@click.option("--ablate", "spec", default=None, help="heads (23.0,23.1) or a role: the self-repair table")
+@click.option(
+    "--method",
+    default="zero",
+    show_default=True,
+    metavar="zero|mean|resample",
+    help="what an ablated or patched head's z becomes",
+)
+@click.option("--approx", default=None, metavar="eap|eap-ig", help="also score the edges by edge attribution")
+@click.option("--steps", default=5, show_default=True, type=int, help="integration steps of eap-ig")
+@click.option(
+    "--labels",
+    "labels_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="heads.json from `headlens classify --out` [default: classify the model]",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="seed of the task's inputs and resampling")
+@format_option(*FORMATS)
+@click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
+@lang_option
+@progress_option
+@placement_options
+def circuit_command(
+    model,
+    task_name,
+    prompts_path,
+    spec,
+    method,
+    approx,
+    steps,
+    labels_path,
+    seed,
+    fmt,
+    report_path,
+    lang,
+    progress,
+    placement,
+) -> None:
+    """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
+    from headlens.ablation.evalset import read_prompts
+    from headlens.ablation.roles import model_labels, read_labels, resolve_heads
+    from headlens.circuits.circuit import circuit, to_document
+    from headlens.circuits.selfrepair import METHODS
+    from headlens.circuits.tasks import make_task
+    from headlens.errors import ConfigError
+    from headlens.models import load_model
+
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    if approx is not None and approx not in ("eap", "eap-ig"):
+        raise ConfigError(f"unknown --approx {approx!r}: choose eap or eap-ig")
+    if report_path:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(report_path, lang)  # fail before the work, not after
+    prompts = read_prompts(prompts_path) if prompts_path else None
+    given = read_labels(labels_path) if labels_path else None
+    loaded = load_model(model, **placement)
+    task = make_task(loaded, task_name, prompts=prompts, seed=seed)
+    labels = model_labels(loaded, given)
+    heads = resolve_heads(loaded, spec, labels)[0] if spec else None
+    result = circuit(loaded, task, labels, heads, method, approx, steps, seed, progress)
+    document = to_document(result, model_info(loaded))
+    if fmt == "json":
+        click.echo(json.dumps(document))
+    else:
+        _print_document(document)
+    if report_path:
+        from headlens.reports import render_report
+
+        command = command_line(click.get_current_context())
+        written = render_report(
+            report_path, model_info=document["model"], circuits=[document], command=command, lang=lang
+        )
+        click.echo(f"headlens: wrote {written}", err=True)
+
+
+def _signed(value) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def _print_document(doc: dict) -> None:
+    task = doc["task"]
+    click.echo(f"task {task['name']}: {task['description']}")
+    click.echo(f"clean {task['metric']}: {task['clean']:.3f} {task['unit']}; its logit part {task['logit_metric']:.3f}")
+    heads = doc["heads"]
+    click.echo(
+        f"\ndirect effects through the logits (top {SHOWN_HEADS} of {len(heads)}; logits; "
+        f"total: {doc['method']}-ablated alone)"
+    )
+    click.echo(f"{'head':>6}  {'direct':>8}  {'total':>8}  labels")
+    for row in heads[:SHOWN_HEADS]:
+        names = ", ".join(row["labels"]) or "-"
+        names += " (no role; large)" if row["large_unlabelled"] else ""
+        click.echo(f"{row['head']:>6}  {_signed(row['direct_effect']):>8}  {_signed(row['total_effect']):>8}  {names}")
+    rest = sum(doc["rest"].values())
+    click.echo(
+        f"sum over heads {sum(r['direct_effect'] for r in heads):+.3f} + rest {rest:+.3f} (embeddings, MLPs, biases)"
+    )
+    large = [r["head"] for r in heads if r["large_unlabelled"]]
+    share = f"{doc['large_share']:.0%} of {abs(task['logit_metric']):.2f}"
+    click.echo(f"heads with a large direct effect and no role (>= {share}): {', '.join(large) or 'none'}")
+    _print_edges(doc)
+    repair = doc["self_repair"]
+    if repair is not None:
+        click.echo(f"\nself-repair: {repair['sentence']}")
+        click.echo(f"{'head':>6}  {'clean':>8}  {'ablated':>8}  {'change':>8}")
+        for row in repair["compensation"][:SHOWN_COMPENSATION]:
+            click.echo(f"{row['head']:>6}  {row['clean']:+8.3f}  {row['ablated']:+8.3f}  {row['change']:+8.3f}")
+
+
+def _print_edges(doc: dict) -> None:
+    edges = doc["edges"]
+    shown = f"top {SHOWN_EDGES} of {len(edges)} by |path-patching effect|, on {doc['patched_sequences']} sequences"
+    click.echo(f"\nedges ({shown}; {doc['task']['unit']})")
+    click.echo(f"{'sender':>6}  {'receiver':>8}  {'via':>6}  {'composition':>11}  {'effect':>8}  {'attribution':>11}")
+    for row in edges[:SHOWN_EDGES]:
+        comp = "-" if row["composition"] is None else f"{row['composition']:.3f}"
+        effect, attribution = _signed(row["effect"]), _signed(row["attribution"])
+        click.echo(
+            f"{row['sender']:>6}  {row['receiver']:>8}  {row['via']:>6}  {comp:>11}  {effect:>8}  {attribution:>11}"
+        )
+    if doc["agreement"]:
+        click.echo(f"attribution vs path patching: {json.dumps(doc['agreement'])}")
+
+
+COMMANDS = [circuit_command]

@@ -1,0 +1,210 @@
+"""The report's "How the heads work together" section, from `headlens circuit` documents
+(headlens.circuits.circuit.to_document, one per task).
+
+For each task: a graph drawn with networkx on a matplotlib Agg canvas (no pyplot) — induction: the
+strongest measured edges into the induction heads (previous-token -> induction via K, ...) and each
+chosen head's direct path to the logits; IOI (where the model does the task, a positive clean logit
+difference): the heads of largest direct effect into the logits, and dashed "backup" edges from an ablated
+set to the heads that make up for it (self-repair). Beside it: each labelled receiver's evidence ("fed by
+16.0 via K (composition 0.12, path patching +0.90 nats)"), the heads with a large direct effect and no
+label (listed as such: no kind is given to them), the direct-effect table and the self-repair sentence.
+Every piece of prose comes from the catalogue (both languages).
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from headlens.reports.figures import figure_uri, plain_text
+from headlens.reports.i18n import DEFAULT_LANG, number, t
+from headlens.reports.sections import esc, figure, section, table
+
+RECEIVER_ROLES = {"induction": ("induction",), "ioi": ("name_mover", "negative_name_mover", "copy_suppression")}
+GRAPH_HEADS = 8  # heads drawn into the logits, by |direct effect|
+GRAPH_EDGES = 8  # head -> head edges drawn, by |path-patching effect|
+CITED = 3  # incoming edges cited per receiver
+TABLE_HEADS = 12
+COLOURS = {
+    "induction": "#4c72b0",
+    "previous_token": "#55a868",
+    "name_mover": "#c44e52",
+    "negative_name_mover": "#8172b2",
+}
+OTHER, UNLABELLED, LOGITS_COLOUR = "#cccccc", "#dd8452", "#ffffff"
+
+
+def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG) -> str:
+    """The section for one or more circuit documents (one per task); "" when there is none."""
+    if not documents:
+        return ""
+    body = [f"<p>{esc(t('circuits.intro', lang))}</p>"]
+    for doc in documents:
+        body.append(task_block(doc, lang))
+    return section("circuits", t("circuits.title", lang), "".join(body))
+
+
+def task_block(doc: dict, lang: str) -> str:
+    """One task's graph, evidence, unlabelled heads, direct effects and self-repair."""
+    task = doc["task"]
+    name = task["name"]
+    parts = [f"<h3>{esc(t(f'circuits.task.{name}', lang))}</h3>"]
+    clean = t("circuits.clean", lang, metric=task["metric"], value=number(task["clean"], lang), unit=task["unit"])
+    parts.append(f"<p>{esc(clean)}</p>")
+    if name == "ioi" and task["clean"] <= 0:
+        parts.append(f"<p>{esc(t('circuits.no_ioi', lang))}</p>")
+        return "".join(parts)
+    parts.append(figure(graph_uri(doc, lang), t(f"circuits.graph_alt.{name}", lang), t("circuits.graph_caption", lang)))
+    evidence = [f"<li>{esc(line)}</li>" for line in evidence_lines(doc, lang)]
+    if evidence:
+        parts.append(f"<ul>{''.join(evidence)}</ul>")
+    large = [h["head"] for h in doc["heads"] if h["large_unlabelled"]]
+    share = number(doc["large_share"] * abs(task["logit_metric"]), lang)
+    key = "circuits.unlabelled" if large else "circuits.unlabelled_none"
+    parts.append(f"<p>{esc(t(key, lang, heads=', '.join(large), share=share))}</p>")
+    parts.append(table(direct_table(doc), lang=lang))
+    repair = doc.get("self_repair")
+    if repair:
+        parts.append(f"<p>{esc(repair_text(repair, lang))}</p>")
+    return "".join(parts)
+
+
+def direct_table(doc: dict) -> pd.DataFrame:
+    """The heads of largest |direct effect|: head, labels, direct and total effect."""
+    rows = [
+        (h["head"], ", ".join(h["labels"]), h["direct_effect"], h["total_effect"]) for h in doc["heads"][:TABLE_HEADS]
+    ]
+    return pd.DataFrame(rows, columns=["head", "labels", "direct_effect", "total_effect"])
+
+
+def evidence_lines(doc: dict, lang: str) -> list[str]:
+    """Per labelled receiver of the task's roles: the measured edges feeding it, strongest first."""
+    roles = RECEIVER_ROLES[doc["task"]["name"]]
+    edges = pd.DataFrame(doc["edges"])
+    unit = doc["task"]["unit"]
+    lines = []
+    for head in doc["heads"]:
+        role = next((r for r in head["labels"] if r in roles), None)
+        if role is None:
+            continue
+        into = edges[(edges["receiver"] == head["head"]) & edges["effect"].notna()] if len(edges) else edges
+        into = into.reindex(into["effect"].abs().sort_values(ascending=False).index).head(CITED)
+        who = t(f"role.{role}", lang)
+        direct = number(head["direct_effect"], lang)
+        if into.empty:
+            lines.append(t("circuits.fed_none", lang, head=head["head"], role=who, direct=direct))
+            continue
+        sources = "; ".join(_source(r, unit, lang) for r in into.itertuples())
+        lines.append(t("circuits.fed_by", lang, head=head["head"], role=who, sources=sources, direct=direct))
+    return lines
+
+
+def _source(edge, unit: str, lang: str) -> str:
+    composition = (
+        "-" if edge.composition is None or edge.composition != edge.composition else number(edge.composition, lang)
+    )
+    return t(
+        "circuits.source",
+        lang,
+        sender=edge.sender,
+        via=edge.via.upper(),
+        composition=composition,
+        effect=f"{'+' if edge.effect >= 0 else ''}{number(edge.effect, lang)}",
+        unit=unit,
+    )
+
+
+def repair_text(repair: dict, lang: str) -> str:
+    """The self-repair claim in words, with its figures."""
+    lost = repair["direct_effect"] - repair["direct_effect_ablated"]
+    helpers = [c for c in repair["compensation"] if c["change"] * (1 if lost >= 0 else -1) > 0][:2]
+    named = ", ".join(f"{c['head']} ({'+' if c['change'] >= 0 else ''}{number(c['change'], lang)})" for c in helpers)
+    return t(
+        "circuits.self_repair",
+        lang,
+        heads=", ".join(repair["ablated"]),
+        direct=number(repair["direct_effect"], lang),
+        method=repair["method"],
+        total=number(repair["total_effect"], lang),
+        unit=repair["unit"],
+        helpers=named or "-",
+    )
+
+
+def circuit_graph(doc: dict) -> nx.DiGraph:
+    """The graph drawn for one task: head nodes (layer, role), a `logits` node, measured edges with weights."""
+    graph = nx.DiGraph()
+    n_layers = max(int(h["head"].split(".")[0]) for h in doc["heads"]) + 1
+    info = {h["head"]: h for h in doc["heads"]}
+
+    def add(head: str) -> None:
+        h = info[head]
+        graph.add_node(head, layer=int(head.split(".")[0]), role=_role(h))
+
+    graph.add_node("logits", layer=n_layers, role="logits")
+    for h in doc["heads"][:GRAPH_HEADS]:
+        add(h["head"])
+        graph.add_edge(h["head"], "logits", weight=h["direct_effect"], kind="direct")
+    edges = [e for e in doc["edges"] if e["via"] != "direct" and e["effect"] is not None]
+    for e in sorted(edges, key=lambda e: -abs(e["effect"]))[:GRAPH_EDGES]:
+        if graph.has_edge(e["sender"], e["receiver"]):
+            continue  # one arrow per pair: its strongest input
+        add(e["sender"])
+        add(e["receiver"])
+        graph.add_edge(e["sender"], e["receiver"], weight=e["effect"], kind=e["via"])
+    repair = doc.get("self_repair")
+    if repair:
+        lost = repair["direct_effect"] - repair["direct_effect_ablated"]
+        helpers = [c for c in repair["compensation"] if c["change"] * (1 if lost >= 0 else -1) > 0][:2]
+        for source in repair["ablated"]:
+            add(source)
+            for c in helpers:
+                add(c["head"])
+                graph.add_edge(source, c["head"], weight=c["change"], kind="backup")
+    return graph
+
+
+def _role(head: dict) -> str:
+    for role in COLOURS:
+        if role in head["labels"]:
+            return role
+    return "unlabelled" if head["large_unlabelled"] else "other"
+
+
+def graph_uri(doc: dict, lang: str) -> str:
+    """The task's graph as a PNG data URI (networkx layout by layer, drawn on an Agg canvas)."""
+    graph = circuit_graph(doc)
+    fig = Figure(figsize=(8, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    pos = nx.multipartite_layout(graph, subset_key="layer")
+    colours = [
+        COLOURS.get(graph.nodes[n]["role"], UNLABELLED if graph.nodes[n]["role"] == "unlabelled" else OTHER)
+        for n in graph
+    ]
+    colours = [LOGITS_COLOUR if n == "logits" else c for n, c in zip(graph, colours, strict=True)]
+    nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=colours, edgecolors="#333333", node_size=900)
+    nx.draw_networkx_labels(graph, pos, ax=ax, labels={n: plain_text(n) for n in graph}, font_size=8)
+    for kind, style in (("direct", "solid"), ("q", "solid"), ("k", "solid"), ("v", "solid"), ("backup", "dashed")):
+        chosen = [(a, b) for a, b, d in graph.edges(data=True) if d["kind"] == kind]
+        if not chosen:
+            continue
+        widths = [0.5 + 3 * min(1.0, abs(graph.edges[e]["weight"])) for e in chosen]
+        colour = ["#2a7f2a" if graph.edges[e]["weight"] >= 0 else "#b22222" for e in chosen]
+        nx.draw_networkx_edges(
+            graph, pos, ax=ax, edgelist=chosen, width=widths, edge_color=colour, style=style, node_size=900, arrows=True
+        )
+    labels = {(a, b): f"{_edge_word(d['kind'], lang)} {d['weight']:+.2f}" for a, b, d in graph.edges(data=True)}
+    nx.draw_networkx_edge_labels(
+        graph, pos, ax=ax, edge_labels={e: plain_text(s) for e, s in labels.items()}, font_size=6
+    )
+    ax.set_axis_off()
+    fig.tight_layout()
+    return figure_uri(fig)
+
+
+def _edge_word(kind: str, lang: str) -> str:
+    """An edge's label word: its input (Q, K, V) or, for a direct or backup edge, the catalogue's word."""
+    return kind.upper() if kind in ("q", "k", "v") else t(f"circuits.edge.{kind}", lang)

@@ -1,0 +1,91 @@
+"""reports/circuits.py: the "How the heads work together" section from a circuit document written here."""
+
+from __future__ import annotations
+
+import pytest
+
+from headlens.reports.circuits import circuit_graph, circuit_section
+
+
+def _doc(clean: float = 3.0) -> dict:
+    heads = [
+        {"head": "2.0", "labels": [], "direct_effect": 1.5, "total_effect": 0.4, "large_unlabelled": True},
+        {
+            "head": "1.1",
+            "labels": ["name_mover"],
+            "direct_effect": 0.8,
+            "total_effect": None,
+            "large_unlabelled": False,
+        },
+        {
+            "head": "2.1",
+            "labels": ["negative_name_mover"],
+            "direct_effect": -0.5,
+            "total_effect": None,
+            "large_unlabelled": False,
+        },
+        {
+            "head": "0.0",
+            "labels": ["previous_token"],
+            "direct_effect": 0.01,
+            "total_effect": None,
+            "large_unlabelled": False,
+        },
+    ]
+    edges = [
+        {"sender": "0.0", "receiver": "1.1", "via": "k", "composition": 0.12, "effect": -0.9, "attribution": None},
+        {"sender": "0.0", "receiver": "1.1", "via": "q", "composition": 0.05, "effect": None, "attribution": None},
+        {
+            "sender": "1.1",
+            "receiver": "logits",
+            "via": "direct",
+            "composition": None,
+            "effect": 0.7,
+            "attribution": None,
+        },
+    ]
+    repair = {
+        "ablated": ["1.1"],
+        "method": "zero",
+        "unit": "logits",
+        "total_effect": -0.05,
+        "direct_effect": 0.8,
+        "direct_effect_ablated": 0.0,
+        "compensation": [
+            {"head": "2.1", "clean": -0.5, "ablated": 0.2, "change": 0.7},
+            {"head": "2.0", "clean": 1.5, "ablated": 1.6, "change": 0.1},
+            {"head": "0.0", "clean": 0.01, "ablated": -0.04, "change": -0.05},
+        ],
+    }
+    task = {
+        "name": "ioi",
+        "description": "",
+        "metric": "logit-diff",
+        "unit": "logits",
+        "clean": clean,
+        "logit_metric": clean,
+    }
+    return {"task": task, "heads": heads, "edges": edges, "rest": {}, "large_share": 0.1, "self_repair": repair}
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_the_section_cites_the_evidence_lists_the_unlabelled_head_and_the_backups(lang):
+    html = circuit_section([_doc()], lang)
+    assert 'id="circuits"' in html and "data:image/png;base64," in html
+    assert "2.0" in html.split("<table")[0]  # the unlabelled head is named before the table
+    assert "0.0" in html and ("via K" in html or "vía K" in html)  # 1.1's feeder, by the K edge measured
+    assert "2.1 (+0" in html and "2.0 (+0" in html  # the two heads that make up for 1.1
+    assert "0.0 (-0" not in html  # a head that fell is no backup
+
+
+def test_the_graph_draws_measured_edges_direct_paths_and_backups():
+    graph = circuit_graph(_doc())
+    assert graph.edges["0.0", "1.1"]["kind"] == "k"  # the q edge has no measured effect: not drawn
+    assert graph.edges["2.0", "logits"]["weight"] == 1.5
+    assert graph.edges["1.1", "2.1"]["kind"] == "backup" and graph.edges["1.1", "2.0"]["kind"] == "backup"
+    assert graph.nodes["2.0"]["role"] == "unlabelled" and graph.nodes["1.1"]["role"] == "name_mover"
+
+
+def test_no_ioi_circuit_is_drawn_where_the_model_does_not_do_the_task():
+    html = circuit_section([_doc(clean=-0.2)], "en")
+    assert "does not do the IOI task" in html and "data:image/png" not in html
