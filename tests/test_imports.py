@@ -30,8 +30,9 @@ CORE = "core"
 # mha, models, hub's local-folder check, arch with its base, context, hooks, sites and the GPT-2 adapter only);
 # the capture reducers (padding) and the probes' inputs (the evaluation text); the exact ablation (ablate,
 # evalset, metrics, replace, roles with the kinds registry's labels, stats, store, sweep, and stacked: the
-# controls' runs from one cached residual). Not on it: the GGUF sources (named models, ollama, cache, reading and
-# dequantizing), the capture run and bridge, the gradient estimates and pruning.
+# controls' runs from one cached residual; clean, with headlens's cache, for the clean run's losses). Not on it: the
+# GGUF sources (named models, ollama, reading and dequantizing), the capture run and bridge, the gradient
+# estimates and pruning.
 MAX_ABLATE_MODULES = 35
 # Modules the ablate data path never needs.
 NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify.frame", "headlens.classify.labels",
