@@ -295,8 +295,8 @@ def ablate_command(
     from headlens.errors import ConfigError
     from headlens.heads import all_heads, parse_heads
     from headlens.load.models import load_model
-    from headlens.probes.inputs.corpus import open_text
-    from headlens.probes.inputs.inputs import read_text
+    from headlens.probes.corpus import open_text
+    from headlens.probes.inputs import read_text
 
     each = spec.strip().lower() == EACH
     role = None if each else role_name(spec)
@@ -481,7 +481,7 @@ def prune_command(
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
     from headlens.load.models import load_model
-    from headlens.probes.inputs.corpus import open_text
+    from headlens.probes.corpus import open_text
 
     if report_path:
         from headlens.reports.render import check_output_path

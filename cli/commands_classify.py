@@ -153,7 +153,7 @@ def classify_command(
     from headlens.classify.labels import rank_heads
     from headlens.load.devices import with_largest_batch
     from headlens.load.models import load_model
-    from headlens.probes.inputs.corpus import open_text
+    from headlens.probes.corpus import open_text
 
     flags = {
         "seed": seed,
@@ -173,7 +173,7 @@ def classify_command(
     _check_work_size(config)
     text = open_text(text_path, stream=True) if text_path is not None else None
     if syntax_file not in (None, "sample"):
-        from headlens.probes.inputs.treebank import read_conllu
+        from headlens.probes.treebank import read_conllu
 
         read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
     if out_file is not None and Path(out_file).suffix not in (".csv", ".json"):

@@ -70,7 +70,7 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     """
     from headlens.errors import ValidationFailed
     from headlens.load.models import load_model
-    from headlens.probes.inputs.corpus import first_document, open_text
+    from headlens.probes.corpus import first_document, open_text
     from headlens.reports.sections import identical_note
     from headlens.validate import validate_model
 

@@ -572,7 +572,7 @@ def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(
     import torch
 
     from headlens.classify.samples import SAMPLE_RANDOM, sample_patterns
-    from headlens.probes.inputs.inputs import random_token_range
+    from headlens.probes.inputs import random_token_range
 
     text = "one two three four five six seven eight nine ten"
     sample = sample_patterns(small_model, text, 9, repeat=True)
@@ -614,7 +614,7 @@ def test_sample_patterns_errors(small_model):
 def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
     """Worst case for size: all 144 heads labelled (144 thumbnails), every score, a sweep, 64 viewer tokens."""
     from headlens.classify.samples import sample_patterns
-    from headlens.probes.inputs.inputs import default_text
+    from headlens.probes.inputs import default_text
 
     spec = gpt2_shaped_model.spec
     rng = np.random.default_rng(0)
