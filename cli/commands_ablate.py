@@ -20,6 +20,7 @@ from headlens.cli.options import (
     lang_option,
     model_argument,
     model_info,
+    out_dir_option,
     placement_options,
     progress_option,
     text_option,
@@ -227,19 +228,18 @@ def _print_ablation(ablation: dict) -> None:
     "labels_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="heads.json from `headlens classify --out` for role heads [default: classify the model]",
+    help="heads.json from `headlens classify --out-dir` for role heads [default: classify the model]",
 )
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="seed of bootstrap, probes, resampling, control")
 @format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
-@click.option(
-    "--out",
+@out_dir_option(
     "out",
     default=None,
     type=click.Path(file_okay=False),
     help="directory: a sweep appends each finished head there (rows.jsonl, then sweep.csv)",
 )
-@click.option("--resume", is_flag=True, help="continue the sweep found in --out")
+@click.option("--resume", is_flag=True, help="continue the sweep found in --out-dir")
 @click.option(
     "--approx",
     default=None,
@@ -283,7 +283,7 @@ def ablate_command(
 ) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric.
 
-    `--heads each` ablates every head alone (one row per head: `--out` keeps each row, `--resume`
+    `--heads each` ablates every head alone (one row per head: `--out-dir` keeps each row, `--resume`
     continues); any other spec ablates its heads together. `--format json` prints one JSON document."""
     from headlens import distributed
     from headlens.ablation.ablate import ablate_heads
@@ -314,7 +314,7 @@ def ablate_command(
     if (check or graddrop) and not approx:
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out is None:
-        raise ConfigError("--resume needs --out DIR (the directory of the interrupted sweep)")
+        raise ConfigError("--resume needs --out-dir DIR (the directory of the interrupted sweep)")
     if out is not None:
         from headlens.ablation.store import check_sweep_dir
 
@@ -441,7 +441,7 @@ def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt
     "labels_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="heads.json from `headlens classify --out` [default: classify the model]",
+    help="heads.json from `headlens classify --out-dir` [default: classify the model]",
 )
 @click.option(
     "--roles/--no-roles",

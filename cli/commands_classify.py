@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -20,8 +21,8 @@ from headlens.cli.options import (
     text_option,
 )
 
-FORMATS = ("table", "csv", "json")
-OUT_FILES = ("heads.csv", "heads.json")  # what --out DIR receives
+FORMATS = ("table", "full", "csv", "json")  # table: the labelled heads and their evidence; full: every head
+OUT_FILES = ("heads.csv", "heads.json")  # what --out-dir DIR receives
 # The shortest period --seq-len accepts. With period T the induction target of a token sits T - 1 tokens back
 # and its earlier copy T back: at T = 1 the previous token, the earlier copy and the induction target are one
 # position, so previous-token, duplicate-token and induction heads cannot be told apart, and any head at the
@@ -97,6 +98,13 @@ def _check_seq_len(ctx, param, value):
 )
 @click.option(
     "--out",
+    "out_file",
+    type=click.Path(path_type=str),
+    default=None,
+    help="file to write every head and score to, as its suffix says: .csv or .json (atomically)",
+)
+@click.option(
+    "--out-dir",
     "out_dir",
     type=click.Path(path_type=str),
     default=None,
@@ -128,6 +136,7 @@ def classify_command(
     no_needles,
     syntax_file,
     thresholds,
+    out_file,
     out_dir,
     fmt,
     report_path,
@@ -167,7 +176,14 @@ def classify_command(
         from headlens.probes.treebank import read_conllu
 
         read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
+    if out_file is not None and Path(out_file).suffix not in (".csv", ".json"):
+        click.echo(f"headlens: note: --out {out_file} is not a .csv or .json file: read as --out-dir", err=True)
+        out_file, out_dir = None, out_dir or out_file  # the folder meaning --out had before --out-dir
     out = _check_out_dir(out_dir) if out_dir is not None else None
+    if out_file is not None:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(out_file, lang)
     if report_path is not None:
         from headlens.reports.render import check_output_path
 
@@ -189,6 +205,11 @@ def classify_command(
     if out is not None:
         _write_outputs(out, frame)
         click.echo(f"headlens: wrote {out / 'heads.csv'} and {out / 'heads.json'}", err=True)
+    if out_file is not None:
+        from headlens.files import write_atomic
+
+        write_atomic(Path(out_file), _csv(frame) if out_file.endswith(".csv") else _json(frame) + "\n")
+        click.echo(f"headlens: wrote {out_file}", err=True)
     if report_path is not None:
         from headlens.reports import render_report
         from headlens.reports.i18n import t
@@ -322,7 +343,7 @@ def _check_work_size(config) -> None:
 
 
 def _check_out_dir(out_dir: str):
-    """Make --out (parents too) and check it is a writable folder, before any work is done."""
+    """Make --out-dir (parents too) and check it is a writable folder, before any work is done."""
     import os
     from pathlib import Path
 
@@ -331,13 +352,13 @@ def _check_out_dir(out_dir: str):
 
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
-        raise OutputPathError(f"--out {path} is a file: give a folder to write heads.csv and heads.json into")
+        raise OutputPathError(f"--out-dir {path} is a file: give a folder to write heads.csv and heads.json into")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputPathError(f"cannot create --out folder {path}: {exc.strerror or exc}") from None
+        raise OutputPathError(f"cannot create --out-dir folder {path}: {exc.strerror or exc}") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise OutputPathError(f"cannot write into --out folder {path}: permission denied")
+        raise OutputPathError(f"cannot write into --out-dir folder {path}: permission denied")
     for name in OUT_FILES:
         check_target(path / name)
     return path
@@ -367,11 +388,34 @@ def _render(frame, fmt: str) -> str:
         return _json(frame)
     if fmt == "csv":
         return _csv(frame).rstrip("\n")
+    if fmt == "table":
+        return _labelled_table(frame)
     table = frame[["layer", "head", "labels", *TABLE_COLUMNS]].copy()
     table.insert(0, "head_id", [f"{layer}.{head}" for layer, head in zip(table["layer"], table["head"], strict=True)])
     table["labels"] = [", ".join(labels) if labels else "-" for labels in table["labels"]]
     table = table.drop(columns=["layer", "head"]).rename(columns={"head_id": "head"})
     return table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="n/a")
+
+
+def _labelled_table(frame) -> str:
+    """The heads with a label, each with the scores that earned it (headlens.classify.kinds evidence), and a line
+    saying how many heads carry none; `--format full` prints every head and score column."""
+    from headlens.classify.kinds import BY_LABEL
+
+    rows = []
+    for row in frame.itertuples():
+        if not row.labels:
+            continue
+        evidence = dict.fromkeys(column for label in row.labels for column in BY_LABEL[label].evidence)
+        values = {column: getattr(row, column, None) for column in evidence}
+        shown = [f"{column} {value:.3g}" for column, value in values.items() if isinstance(value, (int, float))]
+        rows.append({"head": f"{row.layer}.{row.head}", "labels": ", ".join(row.labels), "scores": ", ".join(shown)})
+    footer = f"{len(rows)} of {len(frame)} heads carry a label; --format full shows every head and score column"
+    if not rows:
+        return footer
+    import pandas as pd
+
+    return pd.DataFrame(rows).to_string(index=False, justify="left") + "\n" + footer
 
 
 COMMANDS = [classify_command]

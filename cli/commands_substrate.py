@@ -71,6 +71,7 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     from headlens.errors import ValidationFailed
     from headlens.load.models import load_model
     from headlens.probes.corpus import first_document, open_text
+    from headlens.reports.sections import identical_note
     from headlens.validate import validate_model
 
     text = first_document(open_text(text_path)) if text_path is not None else None
@@ -96,6 +97,7 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
             f"{frame.attrs.get('tolerance_rule')}"
         )
         click.echo(_format_table(frame))
+        click.echo(identical_note(frame, "en"))  # why a reference reads exactly 0, which one is independent
     if failure is not None:
         click.echo(f"headlens: validation failed: {failure}", err=True)
         sys.exit(EXIT_VALIDATION_FAILED)

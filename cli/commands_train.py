@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from headlens.cli.options import SEED, progress_option
+from headlens.cli.options import SEED, out_dir_option, progress_option
 
 
 @click.command("train-tiny")
@@ -17,8 +17,7 @@ from headlens.cli.options import SEED, progress_option
     "8 query heads over 2 key/value heads)",
 )
 @click.option("--steps", type=int, default=None, help="optimizer steps (default: the shipped model's recipe)")
-@click.option(
-    "--out",
+@out_dir_option(
     "out_dir",
     type=click.Path(file_okay=False),
     default="tiny-run",

@@ -104,23 +104,10 @@ def text_option(use: str, default: str = "the held-out text shipped with the tin
 
 
 def model_info(loaded) -> dict:
-    """The shape facts a report and an output file describe a model by."""
-    spec = loaded.spec
-    source = getattr(loaded, "source", None)  # a GGUF: "dequantized from Q4_1" in the report
-    quantization = {"source_format": source.format, "quantization": source.quantization} if source else {}
-    return {
-        "name": str(loaded.name),
-        "display_name": getattr(loaded, "display_name", str(loaded.name)),
-        **quantization,
-        "family": spec.family,
-        "n_layers": spec.n_layers,
-        "n_heads": spec.n_heads,
-        "n_kv_heads": spec.n_kv_heads or spec.n_heads,
-        "d_head": spec.d_head,
-        "d_model": spec.d_model,
-        "n_ctx": spec.n_ctx,
-        "n_params": spec.n_params,
-    }
+    """The shape facts a report and an output file describe a model by (headlens.reports.pipeline.model_info)."""
+    from headlens.reports.pipeline import model_info as shape_facts  # report code only when a command needs it
+
+    return shape_facts(loaded)
 
 
 def command_line(ctx, keep: tuple[str, ...] = ()) -> str:
@@ -258,3 +245,27 @@ def parse_max_memory(value: str | None) -> dict | None:
             raise ConfigError(f"--max-memory {value!r} is malformed: give DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB")
         limits[int(name) if name.isdigit() else name] = size.strip()
     return limits
+
+
+def out_dir_option(name: str, help: str, **kwargs):
+    """`--out-dir DIR`, a folder the command writes into; the command receives it as `name`. `--out` is a file
+    on every command (report, classify); a folder given as `--out` here, as before `--out-dir`, still works
+    (hidden, with a note on stderr)."""
+
+    def legacy(ctx, param, value):
+        if value is not None:
+            click.echo(
+                "headlens: note: a folder is --out-dir (--out names a file); reading --out as --out-dir", err=True
+            )
+            ctx.meta["out_dir_legacy"] = value
+
+    def resolve(ctx, param, value):
+        return ctx.meta.get("out_dir_legacy", value) if value in (None, param.default) else value
+
+    def decorate(func):
+        func = click.option("--out-dir", name, callback=resolve, help=help, **kwargs)(func)
+        return click.option("--out", "legacy_out", hidden=True, expose_value=False, callback=legacy, is_eager=True)(
+            func
+        )
+
+    return decorate

@@ -58,7 +58,7 @@ def command_synopsis(name: str, command: click.Command) -> str:
     for param in command.params:
         if isinstance(param, click.Argument):
             words.append(param.metavar or param.name.upper())
-        elif param.name not in SHARED and param.name not in HIDDEN:
+        elif param.name not in SHARED and param.name not in HIDDEN and not getattr(param, "hidden", False):
             text = option_text(param)
             words.append(text if param.required else f"[{text}]")
     return wrap(words, f"headlens {name} ", " " * len(f"headlens {name} "))

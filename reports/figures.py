@@ -14,13 +14,11 @@ import os
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter
+from PIL import Image
 
-from headlens.classify import kinds
 from headlens.classify.labels import label_list
 from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 
@@ -33,11 +31,17 @@ FIGURE_DPI = 80
 MAX_FIGURE_WORKERS = 8
 # Colour map of signed scores and deltas (blue below 0, red above, white at 0)
 SIGNED_CMAP = "RdBu_r"
-# Annotating every cell stays legible up to about this many cells (GPT-2 small has 144).
-MAX_ANNOTATED_CELLS = 400
+# Every cell gets its number up to this many cells (GPT-2 small has 144); a larger grid's numbers are in the
+# label table (on SmolLM2's 270 cells they would also make each heatmap's PNG four times larger).
+MAX_ANNOTATED_CELLS = 150
 # A heatmap cell and its number: 0.75 in x 80 dpi = 60 px wide, numbers of 10 pt = 11 px (tiny's 2 x 4 map
 # comes out about 460 x 240 px, readable without zooming).
 CELL_INCHES, CELL_FONT_POINTS = 0.75, 10
+# Models deeper than DEEP_LAYERS get heatmap rows of DEEP_ROW_INCHES (a 10 pt number and its margin), so a
+# 30-layer map is ~750 px tall, not ~1,100.
+DEEP_LAYERS, DEEP_ROW_INCHES = 16, 0.3
+# Colours of a figure's palette PNG (median cut): gradients of the colour maps stay smooth at this many.
+PALETTE_COLOURS = 256
 # A rise of the best prefix-matching score (range 0..1) between two checkpoints that counts as a phase
 # change (Olsson et al. 2022 see induction heads form within a small share of training); a run with no
 # induction head drifts by ~0.001.
@@ -49,11 +53,20 @@ def png_uri(png: bytes) -> str:
 
 
 def figure_uri(fig: Figure) -> str:
-    """Render a Figure on the Agg canvas and return it as a PNG data URI."""
+    """Render a Figure on the Agg canvas and return it as a PNG data URI: a palette PNG of at most
+    PALETTE_COLOURS colours (a third of the RGBA file's bytes for a heatmap, the colours indistinguishable)."""
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=FIGURE_DPI, bbox_inches="tight")
+    image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+    buffer = io.BytesIO()
+    image.quantize(colors=PALETTE_COLOURS, method=Image.Quantize.MEDIANCUT).save(buffer, format="PNG", optimize=True)
     return png_uri(buffer.getvalue())
+
+
+def row_inches(n_layers: int) -> float:
+    """Height of a heatmap row: 0.7 of a cell's width, down to a line of its number for a deep model."""
+    return 0.7 * CELL_INCHES if n_layers <= DEEP_LAYERS else DEEP_ROW_INCHES
 
 
 def pivot_heads(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -68,7 +81,7 @@ def _heatmap(
 
     n_layers, n_heads = grid.shape
     fig = Figure(
-        figsize=(max(5.0, CELL_INCHES * n_heads + 2.0), max(3.0, 0.7 * CELL_INCHES * n_layers + 1.4)), dpi=FIGURE_DPI
+        figsize=(max(5.0, CELL_INCHES * n_heads + 2.0), max(3.0, row_inches(n_layers) * n_layers + 1.4)), dpi=FIGURE_DPI
     )
     ax = fig.add_subplot()
     values = grid.to_numpy(dtype=float)  # [layer, head]
@@ -97,13 +110,27 @@ def _heatmap(
 
 
 def score_heatmap_uri(
-    frame: pd.DataFrame, column: str, *, vmin: float, vmax: float, threshold: float | None, lang: str = DEFAULT_LANG
+    frame: pd.DataFrame,
+    column: str,
+    *,
+    vmin: float,
+    vmax: float,
+    threshold: float | None,
+    lang: str = DEFAULT_LANG,
+    label: str | None = None,
 ) -> str:
-    """Layer x head heatmap of one score; cells at or above `threshold` are outlined in black. A signed
-    score (vmin < 0 < vmax: a direct effect in logits) is drawn in a diverging map, white at 0."""
+    """Layer x head heatmap of one score; cells at or above `threshold` are outlined in black. A score whose
+    label rests on another score (`label`, with `threshold` None) outlines the heads carrying that label
+    instead (frame's `labels`). A signed score (vmin < 0 < vmax: a direct effect in logits) is drawn in a
+    diverging map, white at 0."""
     grid = pivot_heads(frame, column)
     cmap = SIGNED_CMAP if vmin < 0 < vmax else "viridis"
     fig, ax = _heatmap(grid, cmap=cmap, vmin=vmin, vmax=vmax, label=column, lang=lang)
+    if label is not None and "labels" in frame:
+        for row in frame.itertuples():
+            if label in label_list(row.labels):
+                ax.add_patch(Rectangle((int(row.head), int(row.layer)), 1, 1, fill=False, edgecolor="black", lw=2))
+        ax.set_title(t("fig.outlined_label", lang, label=label), fontsize=8)
     if threshold is not None:
         values = grid.to_numpy(dtype=float)  # [layer, head]
         for row, col in zip(*np.nonzero(np.nan_to_num(values, nan=-np.inf) >= threshold), strict=True):
@@ -123,71 +150,18 @@ def score_heatmap_uris(frame: pd.DataFrame, jobs: list[dict], lang: str = DEFAUL
     workers = min(len(jobs), MAX_FIGURE_WORKERS, len(os.sched_getaffinity(0)))
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [_heatmap_job(frame, job, lang) for job in jobs]
-    tasks = [(frame[["layer", "head", job["column"]]], job, lang) for job in jobs]  # a worker gets its column only
+    tasks = [(frame[columns(frame, job)], job, lang) for job in jobs]  # a worker gets its columns only
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         return pool.starmap(_heatmap_job, tasks, chunksize=1)
 
 
+def columns(frame: pd.DataFrame, job: dict) -> list[str]:
+    """The columns of `frame` a heatmap job reads: the head, its score, and the labels when it outlines a label."""
+    return ["layer", "head", job["column"]] + (["labels"] if job.get("label") and "labels" in frame else [])
+
+
 def _heatmap_job(frame: pd.DataFrame, job: dict, lang: str) -> str:
     return score_heatmap_uri(frame, lang=lang, **job)
-
-
-def role_map_uri(frame: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """Layers x heads map of roles: each cell one head, filled with its first role's colour (the
-    registry's, headlens.classify.kinds), white without a role; a dot marks a first-token sink (a property),
-    a "+" a head with more than one role. The legend counts the heads of each role."""
-    grid = role_grid(frame)  # [layer][head] -> (roles, properties)
-    n_layers, n_heads = len(grid), len(grid[0]) if grid else 0
-    rgb = np.ones((n_layers, n_heads, 3))  # [layer, head, rgb]: white where no role
-    fig = Figure(figsize=(max(4.5, 0.42 * n_heads + 3.2), max(2.4, 0.26 * n_layers + 1.0)), dpi=FIGURE_DPI)
-    ax = fig.add_subplot()
-    counts: dict[str, int] = {}
-    for layer, row in enumerate(grid):
-        for head, (roles, properties) in enumerate(row):
-            for role in roles:
-                counts[role] = counts.get(role, 0) + 1
-            if roles:
-                rgb[layer, head] = to_rgb(kinds.BY_LABEL[roles[0]].colour)
-            if len(roles) > 1:
-                ax.text(head, layer, "+", ha="center", va="center", fontsize=8, fontweight="bold", color="white")
-            if properties:
-                ax.plot(head + 0.3, layer - 0.25, marker="o", markersize=2.5, color="black", linestyle="none")
-    ax.imshow(rgb, aspect="auto", interpolation="nearest")
-    ax.set_xticks(np.arange(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
-    ax.set_yticks(np.arange(n_layers), [str(layer) for layer in range(n_layers)], fontsize=7)
-    ax.set_xticks(np.arange(-0.5, n_heads), minor=True)
-    ax.set_yticks(np.arange(-0.5, n_layers), minor=True)
-    ax.grid(which="minor", color="#dddddd", linewidth=0.5)
-    ax.tick_params(which="minor", length=0)
-    ax.set_xlabel(t("fig.head", lang))
-    ax.set_ylabel(t("fig.layer", lang))
-    handles = [
-        Patch(facecolor=kinds.BY_LABEL[role].colour, label=f"{t(f'role.{role}', lang)} ({counts[role]})")
-        for role in kinds.ROLES
-        if counts.get(role)
-    ]
-    handles.append(
-        Line2D([], [], marker="o", markersize=3, color="black", linestyle="none", label=t("fig.sink_marker", lang))
-    )
-    handles.append(
-        Line2D([], [], marker="$+$", markersize=6, color="black", linestyle="none", label=t("fig.several_roles", lang))
-    )
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
-    return figure_uri(fig)
-
-
-def role_grid(frame: pd.DataFrame) -> list[list[tuple[list[str], list[str]]]]:
-    """[layer][head] -> (the head's roles, its properties), in LABELS order; `positional` is left out
-    beside previous- or current-token, which are positional heads of a named offset."""
-    n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
-    grid = [[([], []) for _ in range(n_heads)] for _ in range(n_layers)]
-    for row in frame.itertuples():
-        names = label_list(getattr(row, "labels", []))
-        roles = [n for n in names if n in kinds.ROLES]
-        if {"previous_token", "current_token"} & set(roles):  # a fixed offset of -1 / 0: positional implied
-            roles = [n for n in roles if n != "positional"]
-        grid[int(row.layer)][int(row.head)] = (roles, [n for n in names if n in kinds.PROPERTIES])
-    return grid
 
 
 def plain_text(text: str) -> str:

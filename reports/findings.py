@@ -23,13 +23,16 @@ import pandas as pd
 from headlens.classify import kinds
 from headlens.classify.labels import ROLES, absent_roles, head_strength, label_list, roles_of
 from headlens.classify.runs import SOURCE_DEFAULT, SOURCE_GIVEN
-from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, has, number, short_number, t
-from headlens.reports.sections import esc, figure, metric_words, result_delta, results_list, section, table
+from headlens.reports import explain
+from headlens.reports.headmap import head_map, overlaps, role_counts
+from headlens.reports.i18n import DEFAULT_LANG, has, integer, number, percent, short_number, t
+from headlens.reports.sections import details, esc, metric_words, result_delta, results_list, section, table
 
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
 TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
+TOP_OPEN = 5  # of which shown open; the others folded
 SINK_EXAMPLES = 5  # strongest first-token sinks named in their summary
+KV_OPEN_ROWS = 12  # key/value groups with a role shown open up to this many (more are folded)
 
 
 def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dict]:
@@ -79,15 +82,6 @@ def head_line(row: dict, role: str, ablations: dict, lang: str) -> str:
     """One head's evidence for one role: "5.1 induction: prefix matching 0.87, copying 0.64, ablation ..."."""
     head = f"{int(row['layer'])}.{int(row['head'])}"
     pieces = [text for column in kinds.BY_LABEL[role].evidence if (text := score_text(row, column, lang))]
-    if role == "retrieval" and isinstance(row.get("n_needle_tests"), (int, float)) and "n_needle_retrieved" in row:
-        pieces.append(
-            t(
-                "findings.retrieved",
-                lang,
-                n_retrieved=int(row["n_needle_retrieved"]),
-                n_tests=int(row["n_needle_tests"]),
-            )
-        )
     if head in ablations:
         pieces.append(ablation_text(ablations[head], lang))
     line = t("findings.head_line", lang, head="\0", label=role, scores=", ".join(pieces))
@@ -117,7 +111,7 @@ def role_evidence(result: dict, lang: str) -> str:
             key,
             lang,
             k=control["k"],
-            n_possible=control.get("n_possible", control["k"]),
+            n_possible=integer(control.get("n_possible", control["k"]), lang),
             rank=control["rank"],
             n_sets=control["k"] + 1,
             p=number(control["p_value"], lang, 3),
@@ -148,6 +142,7 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     intro = t(
         "findings.intro", lang, n_labelled=n_roles, n_heads=len(records), n_none=len(records) - n_roles, top=TOP_HEADS
     )
+    intro += overlap_text(heads, n_roles, lang)
     if ablations:
         intro += " " + t("findings.intro_ablation", lang)
     parts = [
@@ -168,24 +163,56 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
 
 
-def head_map(heads: pd.DataFrame, lang: str, anchor: str | None = "head-map") -> str:
-    """The layers x heads map coloured by role (figures.role_map_uri) in a div with id `anchor` (None:
-    no id, for inline views that may repeat); "" without labels."""
-    if "labels" not in heads or heads.empty:
+def overlap_text(heads: pd.DataFrame, n_labelled: int, lang: str) -> str:
+    """ " 19 of these heads carry more than one role, so the role counts add up to 63 ...": how the per-role
+    counts (headmap.role_counts) relate to the heads with a role; "" when no head has two roles."""
+    combos = overlaps(heads)
+    if not combos:
         return ""
-    uri = figures.role_map_uri(heads, lang)
-    ident = f' id="{esc(anchor)}"' if anchor else ""
-    return (
-        f'<div class="head-map"{ident}>'
-        f"{figure(uri, t('findings.map_alt', lang), t('findings.map_caption', lang))}</div>"
+    joiner = " + "
+    items = "; ".join(
+        t("findings.overlap_item", lang, n=n, roles=joiner.join(roles))
+        for roles, n in sorted(combos.items(), key=lambda item: -item[1])
     )
+    return " " + t(
+        "findings.overlap",
+        lang,
+        n_multi=sum(combos.values()),
+        n_pairs=sum(role_counts(heads).values()),
+        n_labelled=n_labelled,
+        combos=items,
+    )
+
+
+def role_note(role: str, rows: list[dict], lang: str) -> str:
+    """What a role's block says once for the model: the needle count (retrieval), the overlap with
+    previous- and current-token heads (positional); "" for other roles."""
+    if role == "retrieval" and isinstance(rows[0].get("n_needle_tests"), (int, float)):
+        text = t(
+            "findings.retrieved_model",
+            lang,
+            n_retrieved=int(rows[0]["n_needle_retrieved"]),
+            n_tests=int(rows[0]["n_needle_tests"]),
+        )
+        return f'<p class="explain">{esc(text)}</p>'
+    if role == "positional" and any(
+        {"previous_token", "current_token"} & set(label_list(row.get("labels"))) for row in rows
+    ):
+        return f'<p class="explain">{esc(t("findings.positional_note", lang))}</p>'
+    return ""
 
 
 def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None) -> str:
     """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, and the
     ablation of its heads together (with its control) where the page holds one."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
-    items = "".join(head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS])
+    lines = [head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS]]
+    items = "".join(lines[:TOP_OPEN])
+    if len(lines) > TOP_OPEN:  # the rest of the strongest folded, so a long list does not push the page down
+        folded = details(
+            t("findings.more_open", lang, n=len(lines) - TOP_OPEN), f"<ul>{''.join(lines[TOP_OPEN:])}</ul>"
+        )
+        items += f'<li class="fold">{folded}</li>'
     more = (
         f'<p class="more">{esc(t("findings.more", lang, n=len(rows) - TOP_HEADS))}</p>' if len(rows) > TOP_HEADS else ""
     )
@@ -196,7 +223,8 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
     )
     return (
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
-        f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p><ul>{items}</ul>{more}'
+        f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p>{role_note(role, rows, lang)}'
+        f"<ul>{items}</ul>{more}"
         f"{evidence}</div>"
     )
 
@@ -297,7 +325,7 @@ def ioi_text(heads: pd.DataFrame, lang: str) -> str:
         lang,
         diff=number(float(heads["ioi_logit_diff"].iloc[0]), lang),
         n=int(heads["n_ioi_prompts"].iloc[0]) if "n_ioi_prompts" in heads else "?",
-        share=f"{share:.0%}" if isinstance(share, float) else "?",
+        share=percent(share, lang) if isinstance(share, float) else "?",
     )
     return f'<p id="ioi">{esc(text)}</p>'
 
@@ -328,10 +356,8 @@ def sources_table(heads: pd.DataFrame, lang: str) -> str:
                 "source": t(key, lang) if has(key, lang) else source,
             }
         )
-    return (
-        f'<div id="probe-sources"><h3>{esc(t("findings.sources_title", lang))}</h3>'
-        f"{table(pd.DataFrame(rows), sortable=False, lang=lang)}</div>"
-    )
+    sources = table(pd.DataFrame(rows), sortable=False, lang=lang)
+    return f'<div id="probe-sources">{details(t("findings.sources_title", lang), sources)}</div>'
 
 
 def kv_groups(heads: pd.DataFrame) -> list[dict]:
@@ -384,4 +410,14 @@ def kv_groups_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
         n_mixed=verdicts.count("kv.mixed"),
         n_none=verdicts.count("kv.no_roles"),
     )
-    return section("kv-groups", t("kv.title", lang), f"<p>{esc(intro)}</p>" + table(pd.DataFrame(rows), lang=lang))
+    frame = pd.DataFrame(rows)
+    with_roles = frame[[verdict != "kv.no_roles" for verdict in verdicts]]
+    body = f"<p>{esc(intro)}</p>"
+    if 0 < len(with_roles) <= KV_OPEN_ROWS:
+        body += f"<p>{esc(t('kv.with_roles', lang))}</p>" + table(with_roles.reset_index(drop=True), lang=lang)
+    elif len(with_roles):
+        body += details(
+            t("kv.with_roles_folded", lang, n=len(with_roles)), table(with_roles.reset_index(drop=True), lang=lang)
+        )
+    body += details(t("kv.all_groups", lang, n=len(frame)), table(frame, lang=lang))
+    return section("kv-groups", t("kv.title", lang), body)

@@ -12,6 +12,7 @@ Spanish: the English term follows the Spanish one ("cabezas de inducción (induc
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from importlib import resources
 
@@ -56,6 +57,39 @@ def number(value: float, lang: str = DEFAULT_LANG, digits: int = 2) -> str:
 def short_number(value: float, lang: str = DEFAULT_LANG, spec: str = "g") -> str:
     """A number in the shortest form `spec` gives ("0.4", "2.384e-07"), in `lang`'s convention."""
     return _localize(f"{value:{spec}}", lang)
+
+
+# Powers of ten as superscripts: 2.6 × 10⁻⁷ reads the same in both languages (no "e-07").
+SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+# Numbers whose magnitude is within [10^SMALL_EXPONENT, 10^LARGE_EXPONENT) are written out; others as powers of ten.
+SMALL_EXPONENT, LARGE_EXPONENT = -3, 15
+
+
+def significant(value: float, lang: str = DEFAULT_LANG, digits: int = 3) -> str:
+    """`value` to `digits` significant figures, the one style of a table's numbers: written out ("0.997",
+    "0.000432", "12.3", "1,234,567") between 0.001 and 10^15, else as a power of ten ("2.65 × 10⁻⁷")."""
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    exponent = math.floor(math.log10(abs(value)))
+    if abs(round(value, digits - 1 - exponent)) >= 10 ** (exponent + 1):  # 0.9996 -> 1.00: one more place
+        exponent += 1
+    if SMALL_EXPONENT <= exponent < LARGE_EXPONENT:
+        decimals = max(0, digits - 1 - exponent)
+        rounded = round(value, decimals)
+        if decimals == 0:
+            return integer(int(rounded), lang)
+        whole, _, fraction = f"{rounded:.{decimals}f}".partition(".")
+        return _signed(whole, lang) + DECIMAL_MARK[lang] + fraction
+    mantissa = short_number(value / 10**exponent, lang, f".{digits - 1}f")
+    return f"{mantissa} \u00d7 10{str(exponent).translate(SUPERSCRIPT)}"
+
+
+def _signed(whole: str, lang: str) -> str:
+    """The integer part of a written-out number with `lang`'s grouping ("-0" kept for a small negative)."""
+    sign = "-" if whole.startswith("-") else ""
+    return sign + integer(abs(int(whole)), lang)
 
 
 def percent(share: float, lang: str = DEFAULT_LANG) -> str:

@@ -64,6 +64,14 @@ STYLE = """
 .headlens-inline .viewer-grid th { font-weight: normal; font-size: 0.8em; border: none; }
 .headlens-inline .viewer-grid td { border: none; padding: 1px; }
 .headlens-inline .static img { image-rendering: pixelated; border: 1px solid #ccc; }
+.headlens-inline .map-row { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
+.headlens-inline .head-map-svg text { font: 11px system-ui, sans-serif; fill: #333; text-anchor: middle; }
+.headlens-inline .head-map-svg text.end { text-anchor: end; }
+.headlens-inline .head-map-svg rect.cell { fill: none; stroke: #c8c8c8; stroke-width: 1; }
+.headlens-inline .map-legend { list-style: none; padding: 0; margin: 0; }
+.headlens-inline .swatch { display: inline-block; width: 1.1em; height: 1.1em; vertical-align: -0.2em;
+  margin-right: 0.4em; border: 1px solid #999; }
+.headlens-inline .swatch.sink { border: none; width: 0.5em; height: 0.5em; border-radius: 50%; background: #000; }
 """
 
 

@@ -177,6 +177,7 @@ def build_page(
             text_excerpt=excerpt,
             lang=lang,
             repeated=excerpt != (viewer or {}).get("text"),
+            random_sample=(viewer or {}).get("sample") == "random_tokens",
         ),
     )
     if heads is not None:

@@ -19,7 +19,7 @@ from headlens.ablation.metrics import ALIASES, KIND, UNIT
 from headlens.classify import kinds
 from headlens.classify.labels import PROPERTIES, ROLES, label_list, rank_heads
 from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, t
+from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, significant, t
 
 
 def esc(value) -> str:
@@ -41,21 +41,27 @@ def figure(uri: str, alt: str, caption: str = "") -> str:
 IDENTIFIER_COLUMNS = {"setting", "method", "metric", "quantity", "reference"}
 
 
-def format_cell(value, lang: str = DEFAULT_LANG) -> tuple[str, str]:
-    """(shown text, sort key) of one table cell, numbers in `lang`'s convention."""
+# Significant figures of a table's numbers: 3, or fewer where more would claim a precision the quantity
+# has not (a p-value from 20 random sets; an error compared with its tolerance).
+# Significant figures of a cell's sort key: ties only between values that agree to 8 figures.
+SORT_DIGITS = 8
+DIGITS, COLUMN_DIGITS = 3, {"p_value": 2, "smallest_p": 2, "max_abs_error": 2, "tolerance": 2}
+
+
+def format_cell(value, lang: str = DEFAULT_LANG, digits: int = DIGITS) -> tuple[str, str]:
+    """(shown text, sort key) of one table cell, numbers in `lang`'s convention, floats to `digits`
+    significant figures (i18n.significant: one style for every table)."""
     if value is None:
         return t("cell.unset", lang), ""
     if isinstance(value, (list, tuple, np.ndarray)):
-        text = "; ".join(format_cell(v, lang)[0] for v in value)
+        text = "; ".join(format_cell(v, lang, digits)[0] for v in value)
         return text, text
     if isinstance(value, (bool, np.bool_)):
         return t("cell.yes" if value else "cell.no", lang), str(int(value))
     if isinstance(value, (float, np.floating)):
         if math.isnan(value):
             return "", "-inf"
-        return (short_number(value, lang, ".4g") if abs(value) < 1e4 else integer(round(value), lang)), repr(
-            float(value)
-        )
+        return significant(float(value), lang, digits), f"{float(value):.{SORT_DIGITS}g}"
     if isinstance(value, (int, np.integer)):
         return integer(value, lang), str(int(value))
     return str(value), str(value)
@@ -72,10 +78,11 @@ def table(
     )
     rows = []
     code = [column in IDENTIFIER_COLUMNS for column in frame.columns]
+    digits = [COLUMN_DIGITS.get(column, DIGITS) for column in frame.columns]
     for values in frame.itertuples(index=False, name=None):  # keeps each column's dtype (iterrows does not)
         cells = []
-        for value, is_code in zip(values, code, strict=True):
-            text, key = format_cell(value, lang)
+        for value, is_code, places in zip(values, code, digits, strict=True):
+            text, key = format_cell(value, lang, places)
             shown = f"<code>{esc(text)}</code>" if is_code else esc(text)
             cells.append(f'<td data-sort="{esc(key)}">{shown}</td>')
         css = row_class(dict(zip(frame.columns, values, strict=True))) if row_class else ""
@@ -102,8 +109,11 @@ def summary_section(
     text_excerpt: str | None,
     lang: str = DEFAULT_LANG,
     repeated: bool = False,
+    random_sample: bool = False,
 ) -> str:
-    """Model, shape, parameter count, text used, version, date and the command that rebuilds the page."""
+    """Model, shape, parameter count, text used, version, date and the command that rebuilds the page;
+    the sample text, and what the viewer shows of it (`repeated`: it twice; `random_sample`: random
+    tokens repeated instead)."""
     info = model_info
     unknown = "?"
     params = info.get("n_params")
@@ -132,8 +142,10 @@ def summary_section(
     body = f'<table class="summary">{rows}</table>'
     body += f'<p>{esc(t("summary.reproduce", lang))}</p><pre class="command">{esc(command or missing)}</pre>'
     if text_excerpt:
-        heading = t("summary.sample_repeated" if repeated else "summary.sample", lang)
-        body += f'<p>{esc(heading)}</p><pre class="sample-text">{esc(text_excerpt)}</pre>'
+        key = "summary.sample_random" if random_sample else "summary.sample_repeated" if repeated else "summary.sample"
+        heading = t(key, lang)
+        sample = f'<pre class="sample-text">{esc(text_excerpt)}</pre>'
+        body += f'<details class="sample"><summary>{esc(heading)}</summary>{sample}</details>'
     return section("summary", t("summary.title", lang), body)
 
 
@@ -156,36 +168,68 @@ def shape_text(info: dict, lang: str) -> str:
     return t("summary.shape_value", lang, **shape)
 
 
+# Scores drawn without a cut-off of their own: the label they show rests on another score (the positional
+# share at a fixed offset, headlens.classify.kinds), so their heatmap outlines the heads carrying the label.
+RULE_ELSEWHERE = {"prev_token_score": "previous_token", "current_token_score": "current_token"}
+
+
 def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
     """(score info, heatmap data URI, threshold sentence) for each score present in `heads`
     (explain.SCORES order); the sentence is "" for scores without a labelling threshold."""
     thresholds = explain.score_thresholds(heads.attrs)
     shown = [info for info in explain.SCORES if info.column in heads and not heads[info.column].isna().all()]
     jobs = [
-        {"column": info.column, "vmin": info.vmin, "vmax": info.vmax, "threshold": thresholds.get(info.column)}
+        {
+            "column": info.column,
+            "vmin": info.vmin,
+            "vmax": info.vmax,
+            "threshold": thresholds.get(info.column),
+            "label": RULE_ELSEWHERE.get(info.column),
+        }
         for info in shown
     ]
     for info, job, uri in zip(shown, jobs, figures.score_heatmap_uris(heads, jobs, lang), strict=True):
         threshold = job["threshold"]
         cut = "" if threshold is None else " " + t("scores.threshold", lang, threshold=short_number(threshold, lang))
+        if job["label"]:
+            positional = thresholds.get("positional_share")
+            cut = " " + t(f"scores.rule.{info.column}", lang, threshold=short_number(positional or 0.9, lang))
         yield info, uri, cut
+
+
+# A model with more heads than this gets its score heatmaps and label table folded (<details>), so that the
+# findings, the viewer and the evidence come within a few screens; a smaller model shows them open.
+FOLD_HEADS = 48
+
+
+def fold(summary: str, body: str, folded: bool) -> str:
+    """`body` in a closed <details> element when `folded`, else as it is."""
+    return details(summary, body) if folded else body
 
 
 def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     """One heatmap per score with its explanation and threshold, then the label table (labelled heads
-    first, with a "labelled only / all heads" switch the page script shows)."""
-    parts = [f"<p>{esc(t('scores.intro', lang))}</p>"]
-    for info, uri, cut in score_heatmaps(heads, lang):
-        parts.append(
-            f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
-            f"{figure(uri, t('scores.heatmap_alt', lang, column=info.column))}"
-            f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
-        )
+    first, with a "labelled only / all heads" switch the page script shows); both folded for a large model."""
+    folded = len(heads) > FOLD_HEADS
+    maps = [
+        f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
+        f"{figure(uri, t('scores.heatmap_alt', lang, column=info.column))}"
+        f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
+        for info, uri, cut in score_heatmaps(heads, lang)
+    ]
+    parts = [
+        f"<p>{esc(t('scores.intro', lang))}</p>",
+        fold(t("scores.open_heatmaps", lang, n=len(maps)), "".join(maps), folded),
+    ]
     frame = label_frame(heads)
     n_roles = sum(row_kind(labels) == "labelled" for labels in frame["labels"])
-    parts.append(f"<h3>{esc(t('scores.labels_title', lang))}</h3><p>{esc(t('scores.labels_intro', lang))}</p>")
-    parts.append(label_switch(n_roles, len(frame), lang))
-    parts.append(table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"])))
+    parts.append(f"<h3>{esc(t('scores.labels_title', lang))}</h3>")
+    labels = (
+        f"<p>{esc(t('scores.labels_intro', lang))}</p>"
+        + label_switch(n_roles, len(frame), lang)
+        + table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"]))
+    )
+    parts.append(fold(t("scores.open_labels", lang, n=len(frame)), labels, folded))
     settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
     # why a probe did not run is prose: the findings say it in the page's language
     settings = {key: value for key, value in settings.items() if not key.endswith("_missing")}
@@ -329,8 +373,12 @@ def ablation_section(
     parts = [f'<p class="explain">{esc(t("ablation.text", lang))}</p>']
     if sweep is not None:
         parts.append(f"<h3>{esc(t('ablation.sweep_title', lang))}</h3>" + sweep_block(sweep, lang))
-    if results_list(ablation):
-        parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>" + chosen_blocks(ablation, lang))
+    results = results_list(ablation)
+    if results:
+        charts = chosen_blocks(ablation, lang)
+        if all(result.get("control") for result in results):  # the table of controls below gives their numbers
+            charts = details(t("ablation.open_charts", lang, n=len(results)), charts)
+        parts.append(f"<h3>{esc(t('ablation.chosen_title', lang))}</h3>" + charts)
     parts.append(control_block(ablation, lang))
     if pruning is not None:
         parts.append(
@@ -388,7 +436,7 @@ def ablation_rows(ablation) -> list[dict]:
         metric = result.get("metric", "text")
         rows.append(
             {
-                "label": ",".join(str(h) for h in result["heads"]),
+                "label": bar_label(result),
                 "delta": result_delta(result),
                 "low": float(low),
                 "high": float(high),
@@ -399,6 +447,19 @@ def ablation_rows(ablation) -> list[dict]:
             }
         )
     return rows
+
+
+# A bar's label names its heads up to this many; a larger set is named by its role, or its first heads.
+BAR_LABEL_HEADS = 4
+
+
+def bar_label(result: dict) -> str:
+    """An ablation bar's label: "1.0,1.2"; a larger set "induction (24)" by its role, else "0.1,0.3,... (24)"."""
+    heads = [str(h) for h in result["heads"]]
+    if len(heads) <= BAR_LABEL_HEADS:
+        return ",".join(heads)
+    name = result.get("role") or ",".join(heads[:2]) + ",\u2026"
+    return f"{name} ({len(heads)})"
 
 
 def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
@@ -413,25 +474,25 @@ def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
         rows.append(
             {
                 "heads": chosen_by_text(result, lang),
-                "chosen": ",".join(map(str, result["heads"])),
                 "metric": result["metric"],
-                "method": result["method"],
                 "delta": result["delta"],
-                "random_sets": control["k"],
+                "rank": t("ablation.rank", lang, rank=control["rank"], n=control["k"] + 1),
+                "p_value": control["p_value"],
+                "smallest_p": control.get("p_min", 1 / (1 + control["k"])),
                 "random_median": deltas[len(deltas) // 2],
                 "random_min": deltas[0],
                 "random_max": deltas[-1],
-                "rank": t("ablation.rank", lang, rank=control["rank"], n=control["k"] + 1),
-                "p_value": control["p_value"],
+                "random_sets": control["k"],
                 "possible_sets": control.get("n_possible", control["k"]),
                 "exact": bool(control.get("exact")),
-                "smallest_p": control.get("p_min", 1 / (1 + control["k"])),
+                "method": result["method"],
+                "chosen": ",".join(map(str, result["heads"])),  # last: a long list wraps, the key columns stay in view
             }
         )
     if not rows:
         return ""
     return f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>" + table(
-        pd.DataFrame(rows), lang=lang
+        pd.DataFrame(rows), lang=lang, table_id="control-table"
     )
 
 
@@ -465,12 +526,52 @@ def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> st
             source=source,
             n_tokens=validation.attrs.get("n_tokens", "?"),
         )
-    body = f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong>.</p>' + table(
-        validation.reset_index(drop=True),
-        lang=lang,
-        row_class=lambda row: "" if bool(row.get("passed", True)) else "failed",
+    failed_row = lambda row: "" if bool(row.get("passed", True)) else "failed"  # noqa: E731
+    body = (
+        f'<p class="explain">{esc(t("validation.text", lang))} {esc(identical_note(validation, lang))}</p>'
+        f"<p><strong>{esc(verdict)}</strong>.</p>"
     )
+    summary = validation_summary(validation)
+    if summary is not None:
+        n_layers = validation["layer"].nunique()
+        body += f"<p>{esc(t('validation.summary', lang, n_layers=n_layers))}</p>"
+        body += table(summary, lang=lang, row_class=failed_row)
+    full = table(validation.reset_index(drop=True), lang=lang, row_class=failed_row)
+    body += details(t("validation.all_rows", lang, n=len(validation)), full) if summary is not None else full
     return section("validation", t("validation.title", lang), body)
+
+
+def identical_note(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+    """Which references agree bit for bit (max error exactly 0 on every row) and why, and which comparison
+    is independent (sdpa)."""
+    if not {"reference", "max_abs_error"} <= set(validation.columns):
+        return ""
+    zero = validation.groupby("reference", sort=True)["max_abs_error"].apply(lambda errors: bool((errors == 0).all()))
+    identical = [reference for reference, exact in zero.items() if exact]
+    if not identical:
+        return t("validation.independent", lang)
+    others = [reference for reference, exact in zero.items() if not exact]
+    return t("validation.identical", lang, refs=", ".join(identical), others=", ".join(others) or "-")
+
+
+def validation_summary(validation: pd.DataFrame) -> pd.DataFrame | None:
+    """One row per quantity and reference: the layers compared, the largest error and its tolerance, whether
+    every layer passed; None for a frame without those columns."""
+    needed = {"layer", "quantity", "reference", "max_abs_error", "tolerance", "passed"}
+    if not needed <= set(validation.columns):
+        return None
+    grouped = validation.groupby(["quantity", "reference"], sort=False)
+    worst = validation.loc[grouped["max_abs_error"].idxmax()]
+    return pd.DataFrame(
+        {
+            "quantity": worst["quantity"].to_numpy(),
+            "reference": worst["reference"].to_numpy(),
+            "layers": grouped["layer"].nunique().to_numpy(),
+            "max_abs_error": worst["max_abs_error"].to_numpy(),
+            "tolerance": worst["tolerance"].to_numpy(),
+            "passed": grouped["passed"].all().to_numpy(),
+        }
+    )
 
 
 def training_figure(training, lang: str = DEFAULT_LANG) -> str:

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from headlens.classify.labels import roles_of
 from headlens.reports import figures
 from headlens.reports.i18n import DEFAULT_LANG, number, t
-from headlens.reports.sections import esc, labelled_heads, section
+from headlens.reports.sections import details, esc, labelled_heads, section
 
 # Thumbnails show at most this many tokens of the sample (the viewer's sample is already capped).
 THUMB_MAX_TOKENS = 256
-# Samples of at most this many tokens get every token as a tick on both axes (longer ones would crowd).
+# At most this many tokens are named on each axis (every token of a short sample; every k-th of a longer one).
 TICK_MAX_TOKENS = 24
+# More thumbnails than this are folded (a <details> element the reader opens); fewer show at once.
+OPEN_MAX_THUMBS = 8
 # Characters of a token shown as a tick.
 TICK_CHARS = 8
 
@@ -29,12 +32,19 @@ def tick_text(token: str) -> str:
     return text if len(text) <= TICK_CHARS else text[: TICK_CHARS - 1] + "\u2026"
 
 
+def tick_texts(tokens: list[str]) -> list[str]:
+    """One tick per token: its text for every k-th token (k chosen so at most TICK_MAX_TOKENS are named,
+    the first and the repeat's start among them), "" for the others."""
+    step = -(-len(tokens) // TICK_MAX_TOKENS)  # ceil
+    return [tick_text(token) if index % step == 0 else "" for index, token in enumerate(tokens)]
+
+
 def thumbnail(pattern: np.ndarray, head: str, labels: list[str], tokens: list[str] | None, lang: str) -> str:
     """One head's pattern [q_pos, k_pos] as a clickable figure, with token ticks when `tokens` is given."""
     uri, vmax = figures.pattern_image_uri(pattern)
     ticks = ""
     if tokens:
-        spans = "".join(f"<span>{esc(tick_text(token))}</span>" for token in tokens)
+        spans = "".join(f"<span>{esc(text)}</span>" for text in tick_texts(tokens))
         ticks = "".join(f'<span class="{axis}" aria-hidden="true">{spans}</span>' for axis in ("xticks", "yticks"))
     caption = t("thumbs.caption", lang, head=head, labels=", ".join(labels), vmax=number(vmax, lang))
     return (
@@ -46,19 +56,25 @@ def thumbnail(pattern: np.ndarray, head: str, labels: list[str], tokens: list[st
 
 
 def thumbnails_section(heads, viewer: dict, lang: str = DEFAULT_LANG) -> str:
-    """Pattern thumbnails of every labelled head on the sample's first tokens."""
+    """Pattern thumbnails of every head with a role on the sample's first tokens, in a regular grid; heads
+    that are only first-token sinks are counted, not drawn; many thumbnails are folded."""
     patterns = np.asarray(viewer["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
     n = min(patterns.shape[-1], THUMB_MAX_TOKENS)
-    chosen = labelled_heads(heads)
+    labelled = labelled_heads(heads)
+    chosen = [(layer, head, labels) for layer, head, labels in labelled if roles_of(labels)]
     if not chosen:
         return section("thumbnails", t("thumbs.title", lang), f"<p>{esc(t('thumbs.none', lang))}</p>")
-    tokens = [str(token) for token in viewer["tokens"][:n]] if n <= TICK_MAX_TOKENS else None
+    tokens = [str(token) for token in viewer["tokens"][:n]]
     cells = [
         thumbnail(patterns[layer, head, :n, :n], f"{layer}.{head}", labels, tokens, lang)  # [q_pos, k_pos]
         for layer, head, labels in chosen
     ]
-    body = (
-        f'<p>{esc(t("thumbs.intro", lang, n=n))}</p><p class="explain">{esc(t("thumbs.scale", lang))}</p>'
-        f'<div class="thumbs">{"".join(cells)}</div>'
+    sinks = len(labelled) - len(chosen)
+    left_out = f"<p>{esc(t('thumbs.sinks_left_out', lang, n=sinks))}</p>" if sinks else ""
+    grid = f'<div class="thumbs">{"".join(cells)}</div>'
+    folded = len(cells) > OPEN_MAX_THUMBS
+    scale = f'<p class="explain">{esc(t("thumbs.scale", lang))}</p>'
+    body = f"<p>{esc(t('thumbs.intro', lang, n=n))}</p>{left_out}" + (
+        details(t("thumbs.open", lang, n=len(cells)), scale + grid) if folded else scale + grid
     )
     return section("thumbnails", t("thumbs.title", lang), body)

@@ -18,9 +18,10 @@ from headlens.classify.samples import PREFIX_MATCHING_MIN
 from headlens.reports.i18n import DEFAULT_LANG, js_messages, number, t
 from headlens.reports.sections import esc, labelled_heads, section
 
-# Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 64 tokens (~0.8 MB of base64),
-# which keeps its whole report under the 5 MB size cap; smaller models get longer samples for the same bytes.
-VIEWER_WEIGHT_BUDGET = 12 * 12 * 64 * 64
+# Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 56 tokens (~0.6 MB of base64),
+# which keeps a 270-head report such as SmolLM2's (40 tokens) under its 1.5 MB target; smaller models get longer
+# samples for the same bytes.
+VIEWER_WEIGHT_BUDGET = 12 * 12 * 56 * 56
 # Longest default sample: beyond this the token row gets hard to read.
 VIEWER_MAX_TOKENS = 256
 

@@ -21,9 +21,11 @@ import pandas as pd
 import pytest
 import torch
 
+from headlens.classify.kinds import BY_LABEL, ROLES
 from headlens.classify.labels import LABELS, roles_of
 from headlens.heads import Head
-from headlens.reports.i18n import t
+from headlens.reports.explain import score_thresholds
+from headlens.reports.i18n import short_number, t
 
 pytestmark = pytest.mark.browser
 
@@ -330,8 +332,6 @@ def test_controls_draw_only_other_sets_and_say_how_many_exist(driver, embedded_r
 def test_role_summaries_cite_their_ablation_and_control(driver, embedded_report):
     """Each role's block in "What the heads do" cites the experiment run for that role, with its control, in
     the page's language and number convention, and not the other role's."""
-    from headlens.reports.i18n import short_number
-
     open_page(driver, embedded_report)
     lang = page_lang(driver)
     deltas = {row["metric"]: abs(float(row["delta"])) for row in control_rows(driver)}
@@ -590,3 +590,224 @@ def test_report_reads_without_javascript(embedded_report):
         assert kinds == sorted(kinds)  # "labelled" rows before "unlabelled" ones
     finally:
         browser.quit()
+
+
+# The SmolLM2 page as a reader meets it (270 heads): built once by the library's report pipeline, drawn in
+# English and in Spanish from the same results, read in Chromium at 1400 x 900 px.
+
+READER_WINDOW = (1400, 900)
+# The page opens at under this many bytes, and about this many screens tall before its folded parts.
+MAX_PAGE_BYTES = 1_500_000
+MAX_SCREENS = 10.5
+# A role's stripe in a head-map cell is at least this many CSS pixels wide: visible without zooming.
+MIN_STRIPE_PX = 4.0
+# Legend text at least this many CSS pixels (the page's body text is 16 px).
+MIN_LEGEND_PX = 12.0
+
+
+@pytest.fixture(scope="module")
+def smollm2_pages(pulled, tmp_path_factory):
+    """`headlens report smollm2 --lang en,es`: one build_report run, its two pages."""
+    from headlens.load.models import load_model
+    from headlens.reports.pipeline import build_report
+
+    pulled("smollm2")  # skips (fails under CI=true) when it is not pulled
+    results = build_report(load_model("smollm2"), command="headlens report smollm2 --lang en,es")
+    folder = tmp_path_factory.mktemp("smollm2-pages")
+    return {lang: results.render(folder / f"report.{lang}.html", lang) for lang in ("en", "es")}
+
+
+@pytest.fixture(scope="module")
+def reader():
+    browser = start_chromium()
+    browser.set_window_size(*READER_WINDOW)
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture(params=["en", "es"])
+def smollm2_page(request, smollm2_pages, reader):
+    """The SmolLM2 page in one language, open in the reader's window (its folded parts closed)."""
+    path = smollm2_pages[request.param]
+    events = open_page(reader, path)
+    assert events["errors"] == [] and leaving_requests(events["urls"], path) == []
+    return path, request.param
+
+
+def label_table_roles(driver) -> dict[str, list[str]]:
+    """Head -> its roles, from the label table (every row, hidden or folded), in the registry's order."""
+    rows = driver.execute_script(
+        "return [...document.querySelectorAll('#label-table tbody tr')].map(r => [r.cells[0].textContent, "
+        "r.cells[1].textContent])"
+    )
+    found = {head: [role for role in ROLES if role in labels.split(", ")] for head, labels in rows}
+    return {head: roles for head, roles in found.items() if roles}
+
+
+@pytest.mark.real
+def test_smollm2_head_map_shows_every_role_of_every_head(reader, smollm2_page):
+    """Item 1: each role a head carries (label table) is a visible stripe of that head's cell, in the role's
+    colour; the legend names every role shown, positional heads too, with its head count, in readable text."""
+    _, lang = smollm2_page
+    roles = label_table_roles(reader)
+    assert len(roles) > 10  # SmolLM2 has dozens of heads with a role
+    stripes = reader.execute_script(
+        "const out = {}; document.querySelectorAll('#head-map g[data-head]').forEach(g => { out[g.dataset.head] ="
+        " [...g.querySelectorAll('rect[data-role]')].map(r => [r.dataset.role, r.getBoundingClientRect().width,"
+        " getComputedStyle(r).fill]); }); return out;"
+    )
+    assert len(stripes) == 270
+    for head, expected in roles.items():
+        assert [role for role, _, _ in stripes[head]] == expected, head
+        for role, width, fill in stripes[head]:
+            assert width >= MIN_STRIPE_PX, (head, role, width)
+            assert fill == "rgb({}, {}, {})".format(*(int(BY_LABEL[role].colour[i : i + 2], 16) for i in (1, 3, 5)))
+    assert not any(stripes[head] for head in set(stripes) - set(roles))  # no role drawn that the table lacks
+    legend = reader.execute_script(
+        "return [...document.querySelectorAll('#head-map .map-legend li[data-role]')].map(li => [li.dataset.role,"
+        " li.textContent, parseFloat(getComputedStyle(li).fontSize)])"
+    )
+    counts = {role: sum(role in found for found in roles.values()) for role in BY_LABEL}
+    assert [role for role, _, _ in legend] == [role for role in counts if counts[role]]
+    for role, text, size in legend:
+        assert text == f"{t(BY_LABEL[role].name_key, lang)} ({counts[role]})" and size >= MIN_LEGEND_PX
+    assert "positional" in counts and counts["positional"] > 0  # the role the old legend left out
+
+
+@pytest.mark.real
+def test_smollm2_counts_add_up(reader, smollm2_page):
+    """Item 2: the intro's count of heads with a role, each role's heading, the legend and the label table
+    agree; where heads carry several roles the intro says the role counts add up to more, and by how much."""
+    _, lang = smollm2_page
+    roles = label_table_roles(reader)
+    counts = {role: sum(role in found for found in roles.values()) for role in BY_LABEL}
+    intro = reader.find_element("css selector", "#findings p").text
+    n_heads = 270
+    assert (
+        t("findings.intro", lang, n_labelled=len(roles), n_heads=n_heads, n_none=n_heads - len(roles), top=10) in intro
+    )
+    n_multi = sum(len(found) > 1 for found in roles.values())
+    assert n_multi > 0  # SmolLM2's positional heads are its previous- and current-token heads
+    overlap = t("findings.overlap", lang).split("{combos}")[0]
+    assert overlap.format(n_multi=n_multi, n_pairs=sum(counts.values()), n_labelled=len(roles)) in intro
+    for role, n in counts.items():
+        if n:
+            heading = reader.find_element("css selector", f"#role-{role} h3").text
+            assert heading == t("findings.role_heading", lang, role=t(BY_LABEL[role].name_key, lang), n=n)
+
+
+@pytest.mark.real
+def test_smollm2_retrieval_evidence_is_per_head_or_said_once(reader, smollm2_page):
+    """Item 3: the model-wide needle count is said once in the retrieval block, never on a head's line."""
+    _, lang = smollm2_page
+    block = reader.find_element("id", "role-retrieval")
+    needle_words = t("findings.retrieved_model", lang).split("{n_retrieved}")[0]
+    assert block.get_attribute("textContent").count(needle_words) == 1
+    lines = [item.get_attribute("textContent") for item in block.find_elements("css selector", "li[data-head]")]
+    assert lines and not any(needle_words in line for line in lines)
+    scores = reader.execute_script(
+        "const t = document.getElementById('label-table'); const names = [...t.querySelectorAll('thead th')]"
+        ".map(th => th.dataset.column); const i = names.indexOf('retrieval_score'); return Object.fromEntries("
+        "[...t.tBodies[0].rows].map(r => [r.cells[0].textContent, parseFloat(r.cells[i].dataset.sort)]))"
+    )
+    for line in lines:  # each head's line gives that head's own score (the label table's), to 2 decimals
+        head, shown = re.match(r"(\d+\.\d+) .*?(\d+[.,]\d+)$", line).groups()
+        assert float(shown.replace(",", ".")) == pytest.approx(scores[head], abs=0.005), line
+
+
+def open_details(driver, selector: str = "details") -> None:
+    driver.execute_script(f"document.querySelectorAll({selector!r}).forEach(d => d.open = true)")
+
+
+@pytest.mark.real
+def test_smollm2_previous_token_rule_is_under_its_heatmap(reader, smollm2_page):
+    """Item 4: the previous-token heatmap says, under itself, that its label rests on the positional share."""
+    _, lang = smollm2_page
+    open_details(reader, "#scores details")
+    text = reader.find_element("id", "score-prev_token_score").text
+    threshold = score_thresholds({}).get("positional_share")
+    assert t("scores.rule.prev_token_score", lang, threshold=short_number(threshold, lang)) in text
+    image = reader.find_element("css selector", "#score-prev_token_score img")
+    reader.execute_script("arguments[0].scrollIntoView()", image)
+    assert pixel_std(image.screenshot_as_png) > MIN_PIXEL_STD
+
+
+@pytest.mark.real
+def test_smollm2_summary_says_what_the_viewer_shows(reader, smollm2_page):
+    """Item 5: the summary's words on the sample match the viewer: the text twice, or random tokens."""
+    path, lang = smollm2_page
+    data = viewer_data(path.read_text(encoding="utf-8"))
+    half = (data["pos"] - 1) // 2
+    assert data["ids"][1 : 1 + half] == data["ids"][1 + half : 1 + 2 * half]  # a repeated sample
+    sample = reader.find_element("css selector", "#summary pre.sample-text").get_attribute("textContent")
+    from_text = "".join(data["tokens"][1 : 1 + half]).strip()[:40] in sample
+    summary = reader.find_element("id", "summary").text
+    key = "summary.sample_repeated" if from_text else "summary.sample_random"
+    assert t(key, lang) in summary
+    assert t("summary.sample_random" if from_text else "summary.sample_repeated", lang) not in summary
+
+
+@pytest.mark.real
+def test_smollm2_key_columns_and_long_tables(reader, smollm2_page):
+    """Item 6: rank and p of the roles-against-random-heads table inside the window; thumbnails of heads with
+    a role only, in a regular grid with token labels; long tables (key/value groups, validation) folded."""
+    _, lang = smollm2_page
+    table = reader.find_element("id", "control-table")
+    reader.execute_script("arguments[0].scrollIntoView(); window.scrollTo(0, window.scrollY)", table)
+    width = reader.execute_script("return document.documentElement.clientWidth")
+    for column in ("rank", "p_value", "delta"):
+        right = reader.execute_script(
+            f"return arguments[0].querySelector('th[data-column={column}]').getBoundingClientRect().right", table
+        )
+        assert right <= width, (column, right, width)
+    open_details(reader, "#thumbnails details")
+    roles = label_table_roles(reader)
+    thumbs = reader.execute_script(
+        "return [...document.querySelectorAll('#thumbnails figure.thumb')].map(f => [f.dataset.head,"
+        " Math.round(f.getBoundingClientRect().width), f.querySelectorAll('.xticks span:not(:empty)').length])"
+    )
+    assert {head for head, _, _ in thumbs} == set(roles)  # every head with a role, no sink-only head
+    assert len({w for _, w, _ in thumbs}) == 1  # one column width
+    assert all(n >= 2 for _, _, n in thumbs)  # tokens named on the axes
+    shown_rows = reader.execute_script(
+        "return [...document.querySelectorAll('#validation table, #kv-groups table')]"
+        ".filter(t => !t.closest('details')).map(t => t.tBodies[0].rows.length)"
+    )
+    assert shown_rows and max(shown_rows) <= 30, shown_rows
+
+
+FLOAT_CELL = {
+    "en": re.compile(r"^-?\d{1,3}(,\d{3})*(\.\d+)?( × 10[⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+)?$"),
+    "es": re.compile(r"^-?\d{1,3}(\u00a0\d{3})*(,\d+)?( × 10[⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+)?$|^-?\d{1,4}(,\d+)?$"),
+}
+
+
+@pytest.mark.real
+def test_smollm2_numbers_in_one_style(reader, smollm2_page):
+    """Item 7: every decimal cell of every table in the language's one style (no e-notation; Spanish decimal
+    comma and grouping), and no long run of digits in the prose."""
+    _, lang = smollm2_page
+    cells = reader.execute_script(
+        "const skip = new Set(['head', 'heads', 'chosen', 'query_heads', 'labels', 'value']); const out = [];"
+        "document.querySelectorAll('table').forEach(t => { const names = [...t.querySelectorAll('thead th')]"
+        ".map(th => th.dataset.column); t.querySelectorAll('tbody tr').forEach(r => [...r.cells].forEach((c, i) =>"
+        " { const key = c.dataset.sort || ''; if (!skip.has(names[i]) && /^-?[0-9.]+(e[-+]?[0-9]+)?$/.test(key)"
+        " && /[.e]/.test(key)) out.push(c.textContent); })); }); return out;"
+    )
+    assert len(cells) > 100
+    wrong = [cell for cell in cells if not FLOAT_CELL[lang].match(cell)]
+    assert wrong == []
+    prose = reader.find_element("id", "findings").text
+    assert re.findall(r"\d{5,}", prose) == []
+
+
+@pytest.mark.real
+def test_smollm2_page_size(reader, smollm2_page):
+    """Item 8: under 1.5 MB, and about 10 screens of 1400 x 900 px before the folded parts are opened."""
+    path, _ = smollm2_page
+    assert path.stat().st_size < MAX_PAGE_BYTES
+    height = reader.execute_script("return document.documentElement.scrollHeight")
+    screens = height / reader.execute_script("return window.innerHeight")
+    assert screens <= MAX_SCREENS, screens
+    for anchor in ("findings", "head-map", "viewer", "ablation"):
+        assert reader.find_element("id", anchor).is_displayed(), anchor

@@ -199,7 +199,7 @@ def test_cli_json_has_every_score_and_out_writes_both_files(small_model_dir, tex
             "2",
             "--format",
             "json",
-            "--out",
+            "--out-dir",
             str(out),
             "--no-progress",
         ]
@@ -315,8 +315,8 @@ def test_cli_says_when_a_budget_cut_the_context(small_model_dir, text_file):
 def test_cli_unwritable_out_fails_before_work_and_keeps_old_files(small_model_dir, text_file, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("keep me")
-    result = _run([str(small_model_dir), "--text", str(text_file), "--out", str(blocker / "sub")])
-    assert result.exit_code == 2 and "--out" in result.stderr
+    result = _run([str(small_model_dir), "--text", str(text_file), "--out-dir", str(blocker / "sub")])
+    assert result.exit_code == 2 and "--out-dir" in result.stderr
     assert blocker.read_text() == "keep me"
     out = tmp_path / "out"
     out.mkdir()

@@ -100,7 +100,7 @@ def test_a_short_text_classifies_and_names_each_probe_input(model, n_tokens, tmp
             "2",
             "--format",
             "json",
-            "--out",
+            "--out-dir",
             str(out),
             "--no-progress",
         ],

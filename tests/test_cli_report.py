@@ -64,35 +64,48 @@ def test_report_end_to_end_on_a_small_model(small_report, small_model_dir):
     assert command.endswith("--dtype float32")  # a placement option typed is a placement option recorded
 
 
-def test_single_head_bars_come_from_the_sweep_rows():
+def test_chosen_heads_with_a_sweep_are_ablated_together_only(monkeypatch):
+    """With a sweep, each chosen head alone is the sweep's row: build_report ablates them together once, and
+    never re-encodes a sweep row as an ablation record."""
+    from headlens.heads import Head
+    from headlens.reports import pipeline
+
+    calls = []
+    monkeypatch.setattr(pipeline, "ablate_heads", lambda loaded, heads, **kw: calls.append(heads) or {"heads": heads})
+    heads = [Head(1, 2), Head(0, 1)]
+    assert pipeline.chosen_ablations(None, heads, None, 0, False, alone=False) == [{"heads": heads}]
+    assert calls == [heads]
+    calls.clear()
+    pipeline.chosen_ablations(None, heads, None, 0, False, alone=True)
+    assert calls == [[Head(1, 2)], [Head(0, 1)], heads]
+
+
+def test_two_languages_are_drawn_from_one_run(monkeypatch, tmp_path):
+    """`--lang en,es`: build_report runs once; the English page goes to --out, the Spanish one beside it."""
     import pandas as pd
 
-    from headlens.cli.commands_report import chosen_ablations
-    from headlens.heads import Head
+    from headlens.reports import pipeline
 
-    sweep = pd.DataFrame(
-        {
-            "layer": [0, 1],
-            "head": [1, 2],
-            "n_tokens": [50, 50],
-            "delta_loss": [0.2, -0.1],
-            "ci95_low": [0.1, -0.2],
-            "ci95_high": [0.3, 0.0],
-        }
-    )
-    rows = chosen_ablations(None, [Head(1, 2)], None, 0, False, sweep)  # one head: no joint ablation, no model
-    assert rows == [
-        {
-            "heads": ["1.2"],
-            "method": "zero",
-            "metric": "loss",
-            "unit": "nats/token",
-            "n_tokens": 50,
-            "delta": -0.1,
-            "delta_loss": -0.1,
-            "ci95": [-0.2, 0.0],
-        }
-    ]
+    runs = []
+    validation = pd.DataFrame(
+        {"layer": [0], "quantity": ["z"], "reference": ["sdpa"], "max_abs_error": [1e-7], "tolerance": [1e-5],
+         "passed": [True]}
+    )  # fmt: skip
+
+    def fake_build(loaded, **kwargs):
+        runs.append(kwargs)
+        return pipeline.ReportResults(model_info={"name": "fake"}, validation=validation, command=kwargs["command"])
+
+    monkeypatch.setattr(pipeline, "build_report", fake_build)
+    monkeypatch.setattr("headlens.load.models.load_model", lambda name, **placement: None)
+    out = tmp_path / "r.html"
+    result = run("tiny", "--lang", "en,es", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert len(runs) == 1
+    assert result.stdout.split() == ["wrote", str(out), "wrote", str(tmp_path / "r.es.html")]
+    assert '<html lang="en">' in out.read_text() and '<html lang="es">' in (tmp_path / "r.es.html").read_text()
+    bad = run("tiny", "--lang", "en,de", "--out", str(out))
+    assert bad.exit_code == EXIT_BAD_INPUT and "unknown report language 'de'" in bad.stderr
 
 
 # Errors: one line on stderr, exit 2, nothing half-written

@@ -389,6 +389,7 @@ def test_smollm2_report_in_the_browser(smollm2_report):
     try:
         events = open_page(driver, smollm2_report)
         assert events["errors"] == [] and leaving_requests(events["urls"], smollm2_report) == []
+        driver.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")  # folded parts
         for selector in ["#scores img", "#viewer-grid"]:
             element = driver.find_element("css selector", selector)
             driver.execute_script("arguments[0].scrollIntoView()", element)

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from headlens.errors import OutputPathError
-from headlens.reports import EmptyReportError, explain, figures, findings, render_report, sections, thumbnails
+from headlens.reports import EmptyReportError, explain, figures, findings, i18n, render_report, sections, thumbnails
 from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
 
@@ -257,11 +257,15 @@ def test_pattern_image_scales_per_head_and_draws_the_first_column_apart():
     assert np.abs(images["prev"][1, 4] - np.rint(np.array(figures.MASKED_RGB) * 255)).max() <= 1  # masked: grey
 
 
-def test_short_samples_get_token_ticks_and_long_ones_do_not():
+def test_short_samples_name_every_token_and_long_ones_every_kth():
     html = thumbnails.thumbnails_section(heads_frame(), viewer_dict())
     assert html.count('class="xticks"') == 1 and "<span> cat</span>" in html
-    long_tokens = [f"t{i}" for i in range(thumbnails.TICK_MAX_TOKENS + 1)]
-    assert 'class="xticks"' not in thumbnails.thumbnails_section(heads_frame(), viewer_dict(long_tokens))
+    long_tokens = [f"t{i}" for i in range(2 * thumbnails.TICK_MAX_TOKENS + 1)]  # 49 tokens: every 3rd named
+    long_html = thumbnails.thumbnails_section(heads_frame(), viewer_dict(long_tokens))
+    xticks = re.search(r'<span class="xticks"[^>]*>(.*?</span>)</span>', long_html).group(1)
+    named = re.findall(r"<span>([^<]+)</span>", xticks)
+    assert named == [f"t{i}" for i in range(0, len(long_tokens), 3)] and len(named) <= thumbnails.TICK_MAX_TOKENS
+    assert xticks.count("<span>") == len(long_tokens)  # one span per token, so named ones sit at their position
     assert 'class="zoom-toggle"' in html  # click to enlarge without a script
 
 
@@ -292,14 +296,14 @@ def roles_frame() -> pd.DataFrame:
 def test_findings_list_each_role_its_heads_scores_and_ablation():
     heads = roles_frame()
     html = findings.findings_section(heads, sweep=sweep_frame())
-    assert set(re.findall(r'data-head="([\d.]+)"', html)) == {"0.2", "1.1"}  # heads with a role only
-    assert "2 of 6 heads carry a role; 4 carry none" in html
+    assert set(re.findall(r'<li data-head="([\d.]+)"', html)) == {"0.2", "1.1"}  # heads with a role only
+    assert "2 of 6 heads carry at least one role; 4 carry none" in html
     assert "induction: prefix matching 0.80, copying -0.30" in html
     delta = float(sweep_frame().query("layer == 1 and head == 1")["delta_loss"].iloc[0])
     assert f"ablation raises the loss on the text by {delta:.2f} nats/token" in html
     assert html.index('id="head-map"') < html.index('id="role-previous_token"')  # the map opens the findings
     none = findings.findings_section(heads.assign(labels=[[]] * 6))
-    assert "No head of this model reached a labelling threshold" in none and "data-head" not in none
+    assert "No head of this model reached a labelling threshold" in none and "<li data-head" not in none
 
 
 def test_sinks_are_summarised_as_a_property_not_listed_as_a_role():
@@ -322,7 +326,7 @@ def test_each_role_lists_its_strongest_heads_and_counts_the_rest():
         }
     )
     html = findings.findings_section(heads)
-    listed = re.findall(r'data-head="([\d.]+)"', html)
+    listed = re.findall(r'<li data-head="([\d.]+)"', html)
     assert listed == [f"{layer}.0" for layer in range(n - 1, 2, -1)]  # the TOP_HEADS strongest, strongest first
     assert f"Retrieval heads ({n})" in html and "and 3 more" in html
 
@@ -400,7 +404,7 @@ def test_validation_section_flags_failures():
     frame.attrs.update(text_source="given", n_tokens=42)
     assert "every comparison passed (text: given, 42 tokens)" in sections.validation_section(frame)
     html = sections.validation_section(validation_frame(fail_layer=1))
-    assert "2 comparison(s) FAILED" in html and html.count('class="failed"') == 2
+    assert "2 comparison(s) FAILED" in html and html.count('class="failed"') == 2 + 2  # the summary, every layer
 
 
 def test_phase_change_step_is_the_planted_jump():
@@ -590,7 +594,7 @@ def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(
 def test_default_viewer_tokens_fit_the_budget():
     from headlens.reports.viewer import VIEWER_WEIGHT_BUDGET, default_viewer_tokens
 
-    assert default_viewer_tokens(12, 12, 1024) == 64  # GPT-2 small: the capped sample
+    assert default_viewer_tokens(12, 12, 1024) == 56  # GPT-2 small: the capped sample
     n = default_viewer_tokens(3, 4, 256)
     assert 3 * 4 * n * n <= VIEWER_WEIGHT_BUDGET < 3 * 4 * (n + 1) ** 2
     assert default_viewer_tokens(1, 1, 50) == 50  # never beyond the context
@@ -682,3 +686,81 @@ def test_the_title_names_the_model_not_a_machine_path(tmp_path):
     assert "smollm2" in title and "/home/someone" not in title
     assert "/home/someone/models/smollm2/" in page  # the summary keeps the full name
     assert sections.display_name({"name": "x", "display_name": "SmolLM2-135M (Q4_1)"}) == "SmolLM2-135M (Q4_1)"
+
+
+# Numbers: one style per language, significant figures per quantity
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "en", "es"),
+    [
+        (2.649e-07, 3, "2.65 × 10⁻⁷", "2,65 × 10⁻⁷"),
+        (0.0004323, 3, "4.32 × 10⁻⁴", "4,32 × 10⁻⁴"),
+        (0.9968, 3, "0.997", "0,997"),
+        (0.9968, 2, "1.0", "1,0"),
+        (0.0123, 2, "0.012", "0,012"),
+        (-12.345, 3, "-12.3", "-12,3"),
+        (12345678.9, 3, "12,345,679", "12\u00a0345\u00a0679"),
+        (1234.5, 3, "1,234", "1234"),  # Spanish groups only from 5 digits (RAE)
+        (0.0, 3, "0", "0"),
+    ],
+)
+def test_significant_writes_one_style_per_language(value, digits, en, es):
+    from headlens.reports.i18n import significant
+
+    assert (significant(value, "en", digits), significant(value, "es", digits)) == (en, es)
+
+
+def test_table_cells_use_significant_figures_per_column():
+    frame = pd.DataFrame({"p_value": [0.04761904], "max_abs_error": [2.649e-07], "prefix_matching_score": [0.99683]})
+    html = sections.table(frame, lang="es")
+    assert [m for m in re.findall(r'<td data-sort="[^"]*">([^<]*)</td>', html)] == ["0,048", "2,6 × 10⁻⁷", "0,997"]
+
+
+def test_bar_labels_name_a_large_set_by_its_role():
+    few = {"heads": ["1.0", "1.2"], "delta": 0.1}
+    many = {"heads": [f"{layer}.0" for layer in range(24)], "role": "induction", "delta": 0.1}
+    assert sections.bar_label(few) == "1.0,1.2" and sections.bar_label(many) == "induction (24)"
+    assert sections.bar_label({"heads": many["heads"], "delta": 0.1}) == "0.0,1.0,\u2026 (24)"
+
+
+def test_validation_summary_is_the_worst_layer_per_quantity_and_reference():
+    frame = validation_frame(fail_layer=1)
+    summary = sections.validation_summary(frame)
+    for row in summary.itertuples():
+        rows = frame[(frame["quantity"] == row.quantity) & (frame["reference"] == row.reference)]
+        assert row.max_abs_error == rows["max_abs_error"].max() and row.layers == rows["layer"].nunique()
+        assert row.passed == rows["passed"].all()
+    assert len(summary) == len(frame.groupby(["quantity", "reference"]))
+    html = sections.validation_section(frame)
+    assert html.count("<details>") == 1  # the full table folded under the summary
+
+
+def test_head_map_draws_every_role_of_a_head_and_counts_overlaps():
+    from headlens.classify.kinds import BY_LABEL
+    from headlens.reports import headmap
+
+    heads = heads_frame()
+    heads.at[0, "labels"] = ["previous_token", "positional", "first_token"]  # head 0.0: two roles and a sink
+    heads.at[3, "labels"] = ["induction"]
+    svg = headmap.head_map_svg(heads)
+    cell = re.search(r'<g data-head="0.0"[^>]*>(.*?)</g>', svg).group(1)
+    roles = re.findall(r'fill="(#[0-9a-f]{6})" data-role="(\w+)"', cell)
+    assert roles == [
+        (BY_LABEL["previous_token"].colour, "previous_token"),
+        (BY_LABEL["positional"].colour, "positional"),
+    ]
+    assert 'data-property="first_token"' in cell
+    assert headmap.role_counts(heads) == {"previous_token": 2, "positional": 1, "induction": 1}  # 0.1 too
+    assert headmap.overlaps(heads) == {("previous_token", "positional"): 1}
+    legend = headmap.legend(heads)
+    assert re.findall(r'data-role="(\w+)"', legend) == ["previous_token", "positional", "induction"]
+    assert "Positional heads (1)" in legend
+
+
+def test_validation_names_the_bit_identical_references_and_the_independent_ones():
+    eager = validation_frame().assign(max_abs_error=0.0)
+    frame = pd.concat([eager, eager.assign(reference="sdpa", max_abs_error=3e-7)], ignore_index=True)
+    note = sections.identical_note(frame)
+    assert note.startswith("Errors of exactly 0 against hf_eager on every row") and "Independent: sdpa (" in note
+    assert sections.identical_note(frame.assign(max_abs_error=3e-7)) == i18n.t("validation.independent", "en")
