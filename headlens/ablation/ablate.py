@@ -80,7 +80,7 @@ def evaluation_of(
         if fields:
             raise ConfigError(f"give the evaluation set as `evaluation` or as keywords, not both: {', '.join(fields)}")
         return evaluation, None
-    given = dict(fields)
+    given: dict[str, Any] = dict(fields)  # the keyword fields, checked by EvalSpec
     metric, why = choose_metric(role, given.pop("metric", None))
     if "tokens" in given:
         given["tokens"] = parse_tokens(given["tokens"])
