@@ -90,7 +90,7 @@ def circuit_command(
     from headlens.circuits.selfrepair import METHODS
     from headlens.circuits.tasks import make_task
     from headlens.errors import ConfigError
-    from headlens.models import load_model
+    from headlens.load.models import load_model
 
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")

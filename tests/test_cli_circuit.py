@@ -45,6 +45,8 @@ def ioi_doc(small_model_dir, labels_file):
         "1.0,1.1",
         "--labels",
         labels_file,
+        "--approx",
+        "eap",
         "--format",
         "json",
     )

@@ -4,7 +4,7 @@
   metric through the logits (headlens.circuits.direct) and, for the TOTAL_HEADS heads of largest
   |direct effect|, its total effect (the metric's change when that head alone is ablated by `method`);
   `large_unlabelled` marks a head whose |direct effect| is at least LARGE_SHARE of the metric's linear
-  part and that carries no role (a property such as first_token is not a role; headlens.kinds.ROLES): no
+  part and that carries no role (a property such as first_token is not a role; headlens.classify.kinds.ROLES): no
   kind is invented for it;
 - `edges`: the circuit's edges (headlens.circuits.edges): Q/K/V composition from the weights for every
   pair of the chosen heads, exact path patching (headlens.circuits.paths) of each chosen sender into each
@@ -32,8 +32,8 @@ import torch
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.circuits.edges import DIRECT, KEY, VIAS, merge_edges
 from headlens.circuits.selfrepair import SelfRepair, replacement_for, self_repair
+from headlens.classify.kinds import ROLES
 from headlens.heads import Head, all_heads
-from headlens.kinds import ROLES
 
 LARGE_SHARE = 0.1  # ours: a head writing >= 10% of the metric's linear part directly is large
 TOTAL_HEADS = 5  # heads whose total effect is measured (largest |direct effect|)
