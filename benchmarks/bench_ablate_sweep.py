@@ -45,8 +45,8 @@ def main() -> None:
     from headlens.heads import Head, all_heads
     from headlens.load.models import load_model
 
-    os.environ["HEADLENS_CACHE"] = tempfile.mkdtemp()
     loaded = load_model(args.model)
+    os.environ["HEADLENS_CACHE"] = tempfile.mkdtemp()  # clean runs of this benchmark only (the model is loaded)
     spec = loaded.spec
     heads = [Head(args.layer, h) for h in range(spec.n_heads)]
     print(f"load average {os.getloadavg()[0]:.1f}; {args.model}, the {len(heads)} heads of layer {args.layer}")

@@ -88,3 +88,12 @@ def _write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def cache_root() -> Path:
+    """headlens's cache folder, read from the environment now: `HEADLENS_CACHE`, else
+    `$XDG_CACHE_HOME/headlens`, else `~/.cache/headlens`."""
+    if os.environ.get("HEADLENS_CACHE"):
+        return Path(os.environ["HEADLENS_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(base).expanduser() / "headlens"

@@ -16,7 +16,6 @@ from tqdm.auto import tqdm
 
 from headlens import distributed
 from headlens.ablation.clean import clean_values, lookup, pass_count, run_sets, unit_sums_of
-from headlens.ablation.estimate import sweep_estimate
 from headlens.ablation.evalspec import (
     ALL,
     IOI,
@@ -258,6 +257,8 @@ def _sweep_rows(loaded, evalset, method, seed, heads, rows, store, progress, ski
     counts = evalset.unit_counts()  # [n_units]
     pending = [h for h in heads if h not in skip]
     if progress:
+        from headlens.ablation.estimate import sweep_estimate  # a sweep's only: off a set ablation's path
+
         tqdm.write(sweep_estimate(loaded, evalset, pending, lookup(loaded, evalset, batch_size)[1] is not None))
     base = unit_sums_of(evalset, clean_values(loaded, evalset, batch_size))  # [n_units]
 

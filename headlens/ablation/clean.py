@@ -6,7 +6,7 @@ cache key hashes all of them: the model's digest (`model_digest`: the GGUF's sha
 was read from, the config, and every parameter's name, shape, dtype and float64 sum and sum of
 squares, so a model edited in memory gets its own key), the set's digest (`EvalSet.data_hash`), the
 metric, the passes' slices and CACHE_VERSION. Entries are `CACHE_DIR/<key>.pt` under
-headlens.load.cache.cache_root, written to a temporary file and renamed into place; one that does not
+headlens.files.cache_root, written to a temporary file and renamed into place; one that does not
 read back as a float tensor of the set's scored positions is recomputed.
 
 `run_sets` evaluates head sets ablated together, every one from the clean residual at the first
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from headlens.ablation.stacked import set_values
+from headlens.files import cache_root
 from headlens.heads import Head
-from headlens.load.cache import cache_root
 
 CACHE_DIR = "clean-runs"
 CACHE_VERSION = 1

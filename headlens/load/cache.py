@@ -22,19 +22,12 @@ import tempfile
 from pathlib import Path
 
 from headlens.errors import ModelLoadError
+from headlens.files import cache_root  # noqa: F401 (re-exported: the cache's root, defined with the files)
 
 RECORD = "headlens-source.json"  # the entry's record: source facts and file sizes
 LAYOUT = 2  # what a converted folder holds; 2: config.json names the model class (`architectures`)
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a cache key
 _TMP = re.compile(r"\.([0-9a-f]{64})-[A-Za-z0-9_]+")  # a conversion's temporary folder: .KEY-RANDOM
-
-
-def cache_root() -> Path:
-    """The cache folder, read from the environment now."""
-    if os.environ.get("HEADLENS_CACHE"):
-        return Path(os.environ["HEADLENS_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(base).expanduser() / "headlens"
 
 
 def file_sha256(path: Path) -> str:
