@@ -12,6 +12,7 @@ import json
 
 import click
 
+from headlens.bounds import MAX_HEADS, MAX_LAYERS
 from headlens.cli.options import (
     SEED,
     batch_size_option,
@@ -29,7 +30,6 @@ from headlens.cli.options import (
 
 FORMATS = ("table", "json")
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's status for Ctrl-C
-SPEC_BOUND = 1 << 30  # layers and heads a spec is checked against before the model (and its shape) loads
 
 
 GENERIC_KEYS = ["n", "clean", "ablated", "delta"]
@@ -301,7 +301,7 @@ def ablate_command(
     each = spec.strip().lower() == EACH
     role = None if each else role_name(spec)
     if not each and role is None:
-        parse_heads(spec, SPEC_BOUND, SPEC_BOUND)  # a malformed spec fails before the model loads
+        parse_heads(spec, MAX_LAYERS, MAX_HEADS)  # a malformed spec fails before the model loads (bounds: any model's)
     metric, why = choose_metric(role, metric)
     check_choice(method, metric)
     k = parse_control(control)

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from headlens.bounds import MAX_HEADS, MAX_LAYERS
 from headlens.cli.options import format_option, model_argument, placement_options, text_option
 
 EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.main)
@@ -32,7 +33,7 @@ def heads_command(spec: str, model: str) -> None:
             f"{spec!r} is a role, not a list of heads: `headlens heads` takes L.H,L.H, layer:L or "
             f"all; roles are taken by ablate (headlens ablate {model} --heads {spec.strip()})"
         )
-    parse_heads(spec, 1 << 30, 1 << 30)  # a malformed spec fails before the model loads; ranges after
+    parse_heads(spec, MAX_LAYERS, MAX_HEADS)  # a malformed spec fails before the model loads; ranges after
     loaded = load_model(model)
     model_spec = loaded.spec
     heads = parse_heads(spec, model_spec.n_layers, model_spec.n_heads)
