@@ -181,14 +181,14 @@ def test_ablate_batch_size_auto_reports_its_choice(runner, small_model_dir, monk
     """A forward pass of more than 4 sequences 'runs out of memory': auto settles on 4."""
     import headlens.ablation.ablate as ablate
 
-    real = ablate.ablated_sums
+    real = ablate.run_sets  # every forward pass of a set ablation, its clean run included
 
-    def capped(model, evalset, heads, reps, batch_size=4, **kwargs):
-        if batch_size > 4:
+    def capped(loaded, evalset, sets, reps, batch_size, *args, **kwargs):
+        if batch_size is not None and batch_size > 4:
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 GB")
-        return real(model, evalset, heads, reps, batch_size, **kwargs)
+        return real(loaded, evalset, sets, reps, batch_size, *args, **kwargs)
 
-    monkeypatch.setattr(ablate, "ablated_sums", capped)
+    monkeypatch.setattr(ablate, "run_sets", capped)
     args = ["ablate", str(small_model_dir), "--heads", "0.1,1.2", "--format", "json", "--no-progress"]
     auto = runner.invoke(cli, [*args, "--batch-size", "auto"])
     assert auto.exit_code == 0, auto.output
