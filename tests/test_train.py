@@ -258,11 +258,11 @@ def test_out_dir_errors(tmp_path):
 def test_cli_bad_input_is_one_line_exit_2(tmp_path):
     from headlens.cli.main import cli
 
-    result = CliRunner().invoke(cli, ["train-tiny", "--steps", "0", "--out", str(tmp_path / "x")])
+    result = CliRunner().invoke(cli, ["train-tiny", "--steps", "0", "--out-dir", str(tmp_path / "x")])
     assert result.exit_code == 2
     assert result.stderr.strip().count("\n") == 0 and "steps=0" in result.stderr
     (tmp_path / "f").write_text("x")
-    result = CliRunner().invoke(cli, ["train-tiny", "--out", str(tmp_path / "f")])
+    result = CliRunner().invoke(cli, ["train-tiny", "--out-dir", str(tmp_path / "f")])
     assert result.exit_code == 2 and "is a file" in result.stderr
 
 
@@ -271,7 +271,7 @@ def test_cli_trains_the_default_recipe_for_two_steps(tmp_path, capfd):
     from headlens.cli.main import cli
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out", str(out), "--no-progress"])
+    result = CliRunner().invoke(cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out-dir", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "loss_type" not in result.output + capfd.readouterr().err  # transformers is told the loss, not left to warn
     assert "trained 2 steps" in result.stdout  # --steps is the total: one step in each of the two stages
@@ -356,7 +356,7 @@ def test_cli_trains_the_llama_recipe_deterministically(tmp_path):
     for name in "ab":
         out = tmp_path / name
         result = CliRunner().invoke(
-            cli, ["train-tiny", "--arch", "llama", "--steps", "3", "--out", str(out), "--no-progress"]
+            cli, ["train-tiny", "--arch", "llama", "--steps", "3", "--out-dir", str(out), "--no-progress"]
         )
         assert result.exit_code == 0, result.output
         weights.append(load_file(out / "model.safetensors"))
