@@ -271,7 +271,9 @@ def test_cli_trains_the_default_recipe_for_two_steps(tmp_path, capfd):
     from headlens.cli.main import cli
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out-dir", str(out), "--no-progress"])
+    result = CliRunner().invoke(
+        cli, ["train-tiny", "--steps", "2", "--seed", "3", "--out-dir", str(out), "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     assert "loss_type" not in result.output + capfd.readouterr().err  # transformers is told the loss, not left to warn
     assert "trained 2 steps" in result.stdout  # --steps is the total: one step in each of the two stages
