@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.clean import clean_values, lookup, pass_count, run_sets, unit_sums_of
+from headlens.ablation.clean import clean_values, lookup, pass_count, run_sets
 from headlens.ablation.evalspec import (
     ALL,
     IOI,
@@ -29,6 +29,7 @@ from headlens.ablation.evalspec import (
 from headlens.ablation.metrics import UNIT, check_choice, is_loss
 from headlens.ablation.replace import replacements
 from headlens.ablation.roles import model_labels, resolve_heads, role_name
+from headlens.ablation.stacked import unit_sums_of
 from headlens.ablation.stats import control_design, control_summary, head_seed, summarize
 from headlens.ablation.store import SweepInterrupted, SweepStore
 from headlens.ablation.sweep import sweep_sums

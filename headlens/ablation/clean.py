@@ -128,13 +128,6 @@ def lookup(loaded, evalset, batch_size: int | None) -> tuple[str, torch.Tensor |
     return key, read_clean(key, evalset.n_tokens)
 
 
-def unit_sums_of(evalset, values: torch.Tensor) -> torch.Tensor:
-    """Per-unit sums [..., n_units] float64 of per-position values [..., n_scored]."""
-    units = evalset.units[evalset.counted]  # [n_scored]
-    shape = (*values.shape[:-1], evalset.n_units)
-    return torch.zeros(shape, dtype=torch.float64).index_add_(values.dim() - 1, units, values.double())
-
-
 def pass_count(evalset, n_sets: int, batch_size: int | None, cached: bool) -> int:
     """Forward passes `run_sets` makes (a progress bar's total)."""
     return len(evalset.row_batches(batch_size)) * (n_sets + (0 if cached else 1))

@@ -45,8 +45,14 @@ def set_sums(
     """Per-unit sums of the metric with each set of `head_sets` ablated together (an empty set:
     the clean model): [n_sets, n_units] float64 (set_values, summed per bootstrap unit)."""
     values = set_values(model, evalset, head_sets, reps, batch_size, sets_per_pass, on_pass)  # [n_sets, n_scored]
+    return unit_sums_of(evalset, values)  # [n_sets, n_units]
+
+
+def unit_sums_of(evalset, values: torch.Tensor) -> torch.Tensor:
+    """Per-unit sums [..., n_units] float64 of per-position values [..., n_scored]."""
     units = evalset.units[evalset.counted]  # [n_scored]
-    return torch.zeros(len(head_sets), evalset.n_units, dtype=torch.float64).index_add_(1, units, values)
+    shape = (*values.shape[:-1], evalset.n_units)
+    return torch.zeros(shape, dtype=torch.float64).index_add_(values.dim() - 1, units, values.double())
 
 
 def set_values(
