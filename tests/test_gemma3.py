@@ -20,8 +20,8 @@ import pytest
 import torch
 from families import build_family, padded_batch
 
-from headlens.ablation.sweep import ablated_sums
 from headlens.ablation.evalset import repeat_evalset
+from headlens.ablation.sweep import ablated_sums
 from headlens.arch import adapter_for
 from headlens.arch.gemma3 import Gemma3Adapter
 from headlens.capture import Batch, CollectPatterns, run_capture
