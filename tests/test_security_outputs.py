@@ -1,5 +1,5 @@
 """Output paths: a result is written only where a regular file is or none is. A device, FIFO, socket,
-folder or symbolic link at an output path (`--report`, `--out`, the files an `--out` folder receives)
+folder or symbolic link at an output path (`--report`, `--out`, the files an `--out-dir` folder receives)
 is refused with one line and exit 2 before any work starts, and is left as it was."""
 
 from __future__ import annotations
@@ -78,12 +78,12 @@ def test_report_paths_that_are_not_regular_files(tmp_path, sentinel, kind, comma
 
 @pytest.mark.parametrize("kind", ["FIFO", "socket", "directory", "symlink"])
 def test_files_an_out_folder_receives(tmp_path, sentinel, kind):
-    """classify --out DIR writes DIR/heads.csv; ablate --heads each --out DIR appends DIR/rows.jsonl."""
+    """classify --out-dir DIR writes DIR/heads.csv; ablate --heads each --out-dir DIR appends DIR/rows.jsonl."""
     for command, name in ((["classify", "tiny"], "heads.csv"), (["ablate", "tiny", "--heads", "each"], "rows.jsonl")):
         out = tmp_path / f"out-{name}"
         out.mkdir()
         path, still = special_target(out / name, kind)
-        assert name in refused(*command, "--out", out, sentinel=sentinel)
+        assert name in refused(*command, "--out-dir", out, sentinel=sentinel)
         assert still(os.lstat(path).st_mode)
 
 
@@ -134,5 +134,5 @@ def test_train_tiny_out_folder_holding_special_files(tmp_path, sentinel, kind):
     out = tmp_path / "run"
     out.mkdir()
     path, still = special_target(out / "config.json", kind)
-    assert "not a regular file" in refused("train-tiny", "--out", out, "--steps", "2", sentinel=sentinel)
+    assert "not a regular file" in refused("train-tiny", "--out-dir", out, "--steps", "2", sentinel=sentinel)
     assert still(os.lstat(path).st_mode)

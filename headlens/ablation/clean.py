@@ -27,6 +27,7 @@ import torch
 from headlens.ablation.stacked import set_values
 from headlens.files import cache_root
 from headlens.heads import Head
+from headlens.load.devices import onloaded
 
 CACHE_DIR = "clean-runs"
 CACHE_VERSION = 1
@@ -40,13 +41,15 @@ def model_digest(loaded) -> str:
     source = loaded.source.sha256 if loaded.source is not None else str(loaded.path or loaded.name)
     digest = hashlib.sha256(f"{source}|{model.config.to_json_string()}".encode())
     with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if not tensor.is_floating_point():
-                digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
-                continue
-            total = float(torch.sum(tensor, dtype=torch.float64))
-            square = float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
-            digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|{total!r}|{square!r}".encode())
+        for prefix, module in model.named_modules():
+            with onloaded(module):  # an offloaded module's weights are read where accelerate keeps them
+                own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+                for name, tensor in own:
+                    digest.update(f"{prefix}.{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
+                    if tensor.is_floating_point():
+                        total = float(torch.sum(tensor, dtype=torch.float64))
+                        square = float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+                        digest.update(f"|{total!r}|{square!r}".encode())
     return digest.hexdigest()
 
 
