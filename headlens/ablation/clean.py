@@ -5,7 +5,7 @@ the model's weights, the set, the dtype, the device and how the set is cut into 
 cache key hashes all of them: the model's digest (`model_digest`: the GGUF's sha256 or the folder it
 was read from, the config, and every parameter's name, shape, dtype and float64 sum and sum of
 squares, so a model edited in memory gets its own key), the set's digest (`EvalSet.data_hash`), the
-metric, the passes' slices and CACHE_VERSION. Entries are `CACHE_DIR/<key>.pt` under
+metric, the attention kernel, the passes' slices and CACHE_VERSION. Entries are `CACHE_DIR/<key>.pt` under
 headlens.files.cache_root, written to a temporary file and renamed into place; one that does not
 read back as a float tensor of the set's scored positions is recomputed.
 
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from headlens.ablation.stacked import set_values
+from headlens.arch.context import NO_PATTERN
 from headlens.files import cache_root
 from headlens.heads import Head
 from headlens.load.devices import onloaded
@@ -58,7 +59,7 @@ def clean_key(loaded, evalset, batches: Sequence[slice]) -> str:
     param = next(loaded.model.parameters())
     cuts = [(b.start, b.stop) for b in batches]
     text = f"{CACHE_VERSION}|{model_digest(loaded)}|{evalset.data_hash}|{evalset.metric}|{param.dtype}|"
-    text += f"{param.device.type}|{cuts}"
+    text += f"{param.device.type}|{NO_PATTERN}|{cuts}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -10,6 +11,10 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from headlens.arch.sites import get_module
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the layer types
+# The attention kernel of runs that read no pattern (ablation, sweeps, z captures): torch's fused
+# scaled_dot_product_attention never builds the [pos, pos] softmax in memory, 5x faster than eager on
+# 4 x 1,024 SmolLM2 tokens (BENCHMARKS.md); eager stays the loaded default, for the patterns.
+NO_PATTERN = "sdpa"
 
 
 @dataclass
@@ -61,3 +66,18 @@ def layer_context(adapter, input_ids: torch.Tensor, mask: torch.Tensor) -> Layer
     if adapter.sites.rotary_emb is not None:
         extra["position_embeddings"] = get_module(adapter.model, adapter.sites.rotary_emb)(embeds, position_ids)
     return LayerContext(ids, mask, position_ids, full, extra=extra, layer_masks=layer_masks)
+
+
+@contextlib.contextmanager
+def attention_implementation(model, name: str):
+    """Temporarily run every attention module of `model` with implementation `name` (masks built inside
+    follow it: transformers' mask functions read the same config)."""
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
+    saved = {key: cfg._attn_implementation for key, cfg in configs.items()}
+    try:
+        for cfg in configs.values():
+            cfg._attn_implementation = name
+        yield
+    finally:
+        for key, cfg in configs.items():
+            cfg._attn_implementation = saved[key]

@@ -24,11 +24,10 @@ from headlens.capture.reducers import (
 
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.capture.bridge import is_bridge, n_heads_of, n_layers_of
-    from headlens.capture.run import attention_implementation, attention_pattern, capture_hooks, forward, run_capture
+    from headlens.capture.run import attention_pattern, capture_hooks, forward, run_capture
 
 # Public name -> the module of headlens.capture that defines it, imported on first access.
 LAZY = {
-    "attention_implementation": "run",
     "attention_pattern": "run",
     "capture_hooks": "run",
     "forward": "run",
@@ -46,7 +45,6 @@ __all__ = [
     "Batch",
     "CollectPatterns",
     "Reducer",
-    "attention_implementation",
     "attention_pattern",
     "capture_hooks",
     "check_atol",

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens.arch import adapter_for
+from headlens.arch.context import NO_PATTERN, attention_implementation
 from headlens.arch.hooks import Hooks
 from headlens.capture.bridge import bridge_hooks, is_bridge, n_layers_of
 from headlens.capture.lean import lean_hooks, takes_blocks
@@ -113,20 +114,6 @@ def attention_pattern(output) -> torch.Tensor:
     return pattern
 
 
-@contextlib.contextmanager
-def attention_implementation(model, name: str):
-    """Temporarily run every attention module of `model` with implementation `name`."""
-    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
-    saved = {key: cfg._attn_implementation for key, cfg in configs.items()}
-    try:
-        for cfg in configs.values():
-            cfg._attn_implementation = name
-        yield
-    finally:
-        for key, cfg in configs.items():
-            cfg._attn_implementation = saved[key]
-
-
 def run_capture(
     model,
     batches: Iterable[Batch],
@@ -155,7 +142,7 @@ def run_capture(
     recompute = recompute_patterns
     if recompute is None:
         recompute = not is_bridge(model) and any("pattern" in r.wants for r in reducers) and takes_blocks(reducers)
-    implementation = attention_implementation(model, "sdpa") if recompute else contextlib.nullcontext()
+    implementation = attention_implementation(model, NO_PATTERN) if recompute else contextlib.nullcontext()
     with torch.no_grad(), implementation, capture_hooks(model, reducers, check, recompute) as hooks:
         for batch in iterator:
             hooks.batch = batch

@@ -25,11 +25,11 @@ from tqdm.auto import tqdm
 
 from headlens import distributed
 from headlens.arch import adapter_for
+from headlens.arch.context import NO_PATTERN, attention_implementation
 from headlens.arch.mha import pattern_rows
 from headlens.capture import (
     Batch,
     Reducer,
-    attention_implementation,
     attention_pattern,
     capture_hooks,
     forward,
@@ -152,7 +152,7 @@ def decode_cached(model, ids: torch.Tensor, n_steps: int) -> Iterator[Step]:
     adapter = adapter_for(model)
     kv = DynamicCache()  # full-length layers: a sliding-window model masks, the cache keeps every key
     keys: dict[int, torch.Tensor] = {}
-    with attention_implementation(model, "sdpa"), adapter.hooks() as hooks:
+    with attention_implementation(model, NO_PATTERN), adapter.hooks() as hooks:
         for layer in range(adapter.n_layers):
             hooks.qkv(layer, _last_row(adapter, layer, keys))
         w = _next_tokens(model, input_ids=ids, cache=kv, use_cache=True)  # [test]
