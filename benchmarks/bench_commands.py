@@ -62,8 +62,10 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str], bool]] = {
 
 
 def run_once(bin_dir: Path, name: str, out: Path) -> dict:
-    """One run of command `name` from the checkout whose virtualenv bin folder is `bin_dir`."""
+    """One run of command `name` from the checkout whose virtualenv bin folder is `bin_dir`, writing
+    into a new folder under `out`."""
     argv, extra, _ = COMMANDS[name]
+    out = Path(tempfile.mkdtemp(dir=out))  # this run's own output folder
     argv = [str(bin_dir / argv[0]), *(a.replace("{out}", str(out)) for a in argv[1:])]
     env = {**os.environ, **extra}
     load = float(Path("/proc/loadavg").read_text().split()[0])
@@ -83,6 +85,7 @@ def run_once(bin_dir: Path, name: str, out: Path) -> dict:
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
         "peak_mb": round(usage.ru_maxrss / 1024),  # Linux: KiB
         "load": load,
+        "report_bytes": (out / "report.html").stat().st_size if (out / "report.html").exists() else None,
         "tail": tail,
     }
 
