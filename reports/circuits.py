@@ -37,10 +37,13 @@ OTHER, UNLABELLED, LOGITS_COLOUR = "#cccccc", "#dd8452", "#ffffff"
 
 
 def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG) -> str:
-    """The section for one or more circuit documents (one per task); "" when there is none."""
+    """The section for one or more circuit documents (one per task); "" when there is none. Documents
+    whose edges carry no measured effect (headlens.circuits.overview: composition from the weights only)
+    get the weights' introduction, and their edges are drawn and cited by composition."""
     if not documents:
         return ""
-    body = [f"<p>{esc(t('circuits.intro', lang))}</p>"]
+    weights_only = all(_weights_only(doc) for doc in documents)
+    body = [f"<p>{esc(t('circuits.intro_weights' if weights_only else 'circuits.intro', lang))}</p>"]
     for doc in documents:
         body.append(task_block(doc, lang))
     return section("circuits", t("circuits.title", lang), "".join(body))
@@ -85,12 +88,13 @@ def evidence_lines(doc: dict, lang: str) -> list[str]:
     edges = pd.DataFrame(doc["edges"])
     unit = doc["task"]["unit"]
     lines = []
+    strength = "composition_z" if _weights_only(doc) else "effect"
     for head in doc["heads"]:
         role = next((r for r in head["labels"] if r in roles), None)
         if role is None:
             continue
-        into = edges[(edges["receiver"] == head["head"]) & edges["effect"].notna()] if len(edges) else edges
-        into = into.reindex(into["effect"].abs().sort_values(ascending=False).index).head(CITED)
+        into = edges[(edges["receiver"] == head["head"]) & edges[strength].notna()] if len(edges) else edges
+        into = into.reindex(into[strength].abs().sort_values(ascending=False).index).head(CITED)
         who = t(f"role.{role}", lang)
         direct = number(head["direct_effect"], lang)
         if into.empty:
@@ -105,6 +109,11 @@ def _source(edge, unit: str, lang: str) -> str:
     composition = (
         "-" if edge.composition is None or edge.composition != edge.composition else number(edge.composition, lang)
     )
+    if edge.effect is None or edge.effect != edge.effect:  # composition only (headlens.circuits.overview)
+        z = getattr(edge, "composition_z", None)
+        z_text = "-" if z is None or z != z else number(z, lang)
+        via = edge.via.upper()
+        return t("circuits.source_weights", lang, sender=edge.sender, via=via, composition=composition, z=z_text)
     return t(
         "circuits.source",
         lang,
@@ -147,13 +156,15 @@ def circuit_graph(doc: dict) -> nx.DiGraph:
     for h in doc["heads"][:GRAPH_HEADS]:
         add(h["head"])
         graph.add_edge(h["head"], "logits", weight=h["direct_effect"], kind="direct")
-    edges = [e for e in doc["edges"] if e["via"] != "direct" and e["effect"] is not None]
-    for e in sorted(edges, key=lambda e: -abs(e["effect"]))[:GRAPH_EDGES]:
+    strength = "composition" if _weights_only(doc) else "effect"
+    edges = [e for e in doc["edges"] if e["via"] != "direct" and e[strength] is not None]
+    order = "composition_z" if strength == "composition" else "effect"
+    for e in sorted(edges, key=lambda e: -abs(e[order]))[:GRAPH_EDGES]:
         if graph.has_edge(e["sender"], e["receiver"]):
             continue  # one arrow per pair: its strongest input
         add(e["sender"])
         add(e["receiver"])
-        graph.add_edge(e["sender"], e["receiver"], weight=e["effect"], kind=e["via"])
+        graph.add_edge(e["sender"], e["receiver"], weight=e[strength], kind=e["via"])
     repair = doc.get("self_repair")
     if repair:
         lost = repair["direct_effect"] - repair["direct_effect_ablated"]
@@ -164,6 +175,11 @@ def circuit_graph(doc: dict) -> nx.DiGraph:
                 add(c["head"])
                 graph.add_edge(source, c["head"], weight=c["change"], kind="backup")
     return graph
+
+
+def _weights_only(doc: dict) -> bool:
+    """True when no edge of the document has a measured effect (composition from the weights only)."""
+    return all(e.get("effect") is None for e in doc["edges"] if e["via"] != "direct")
 
 
 def _role(head: dict) -> str:
