@@ -84,11 +84,23 @@ def direct_table(doc: dict) -> pd.DataFrame:
 
 def evidence_lines(doc: dict, lang: str) -> list[str]:
     """Per labelled receiver of the task's roles: the measured edges feeding it, strongest first."""
+    return [line for _, line in role_evidence(doc, lang)]
+
+
+def role_lines(documents: list[dict] | None, role: str, lang: str) -> list[str]:
+    """The circuit evidence ("fed by ...") of every receiver holding `role`, from all the documents: what
+    the findings cite under the role."""
+    return [line for doc in documents or [] for found, line in role_evidence(doc, lang) if found == role]
+
+
+def role_evidence(doc: dict, lang: str) -> list[tuple[str, str]]:
+    """(role, line) per labelled receiver of the task's roles: the edges feeding it, strongest first (by
+    path-patching effect, or by composition z-score when only the weights were read)."""
     roles = RECEIVER_ROLES[doc["task"]["name"]]
     edges = pd.DataFrame(doc["edges"])
     unit = doc["task"]["unit"]
-    lines = []
     strength = "composition_z" if _weights_only(doc) else "effect"
+    lines = []
     for head in doc["heads"]:
         role = next((r for r in head["labels"] if r in roles), None)
         if role is None:
@@ -98,10 +110,10 @@ def evidence_lines(doc: dict, lang: str) -> list[str]:
         who = t(f"role.{role}", lang)
         direct = number(head["direct_effect"], lang)
         if into.empty:
-            lines.append(t("circuits.fed_none", lang, head=head["head"], role=who, direct=direct))
+            lines.append((role, t("circuits.fed_none", lang, head=head["head"], role=who, direct=direct)))
             continue
         sources = "; ".join(_source(r, unit, lang) for r in into.itertuples())
-        lines.append(t("circuits.fed_by", lang, head=head["head"], role=who, sources=sources, direct=direct))
+        lines.append((role, t("circuits.fed_by", lang, head=head["head"], role=who, sources=sources, direct=direct)))
     return lines
 
 

@@ -12,7 +12,7 @@ from planted_circuits import build_planted_decoy, decoy_seeds
 
 from headlens.circuits.overview import overview_documents
 from headlens.heads import Head
-from headlens.reports.circuits import circuit_graph, circuit_section
+from headlens.reports.circuits import circuit_graph, circuit_section, role_lines
 from headlens.reports.i18n import t
 
 Z_SOURCE = 10.0  # the planted source stands this many random-baseline deviations above the mean
@@ -68,3 +68,11 @@ def test_heads_with_a_large_direct_effect_and_no_role_are_listed_without_a_kind(
         html = unescape(circuit_section([doc], "en"))
         if large:
             assert t("circuits.unlabelled", "en", heads=", ".join(h["head"] for h in large), share="")[:30] in html
+
+
+def test_the_induction_role_cites_its_feeding_heads(planted):
+    planted, docs = planted
+    lines = role_lines(docs, "induction", "en")
+    receiver, source = _name(planted, "induction"), _name(planted, "previous_token")
+    assert len(lines) == 1 and lines[0].startswith(receiver) and f"{source} via K" in lines[0]
+    assert role_lines(docs, "name_mover", "en") == []  # no head holds that role here
