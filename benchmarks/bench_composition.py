@@ -64,8 +64,11 @@ def main() -> None:
     old, new = frames["old"], frames["new"]
     figures["edges"] = len(new)
     figures["max_abs_score_diff"] = float((old["composition"] - new["composition"]).abs().max())
-    figures["baseline_old"] = [float(old["composition_baseline"].iloc[0]), float(old["composition_baseline_std"].iloc[0])]
-    figures["baseline_new"] = [float(new["composition_baseline"].iloc[0]), float(new["composition_baseline_std"].iloc[0])]
+    for name, frame in (("old", old), ("new", new)):
+        figures[f"baseline_{name}"] = [
+            float(frame["composition_baseline"].iloc[0]),
+            float(frame["composition_baseline_std"].iloc[0]),
+        ]
     print(json.dumps(figures, indent=1))
 
 
