@@ -37,10 +37,13 @@ OTHER, UNLABELLED, LOGITS_COLOUR = "#cccccc", "#dd8452", "#ffffff"
 
 
 def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG) -> str:
-    """The section for one or more circuit documents (one per task); "" when there is none."""
+    """The section for one or more circuit documents (one per task); "" when there is none. Documents
+    whose edges carry no measured effect (headlens.circuits.overview: composition from the weights only)
+    get the weights' introduction, and their edges are drawn and cited by composition."""
     if not documents:
         return ""
-    body = [f"<p>{esc(t('circuits.intro', lang))}</p>"]
+    weights_only = all(_weights_only(doc) for doc in documents)
+    body = [f"<p>{esc(t('circuits.intro_weights' if weights_only else 'circuits.intro', lang))}</p>"]
     for doc in documents:
         body.append(task_block(doc, lang))
     return section("circuits", t("circuits.title", lang), "".join(body))
@@ -81,23 +84,36 @@ def direct_table(doc: dict) -> pd.DataFrame:
 
 def evidence_lines(doc: dict, lang: str) -> list[str]:
     """Per labelled receiver of the task's roles: the measured edges feeding it, strongest first."""
+    return [line for _, line in role_evidence(doc, lang)]
+
+
+def role_lines(documents: list[dict] | None, role: str, lang: str) -> list[str]:
+    """The circuit evidence ("fed by ...") of every receiver holding `role`, from all the documents: what
+    the findings cite under the role."""
+    return [line for doc in documents or [] for found, line in role_evidence(doc, lang) if found == role]
+
+
+def role_evidence(doc: dict, lang: str) -> list[tuple[str, str]]:
+    """(role, line) per labelled receiver of the task's roles: the edges feeding it, strongest first (by
+    path-patching effect, or by composition z-score when only the weights were read)."""
     roles = RECEIVER_ROLES[doc["task"]["name"]]
     edges = pd.DataFrame(doc["edges"])
     unit = doc["task"]["unit"]
+    strength = "composition_z" if _weights_only(doc) else "effect"
     lines = []
     for head in doc["heads"]:
         role = next((r for r in head["labels"] if r in roles), None)
         if role is None:
             continue
-        into = edges[(edges["receiver"] == head["head"]) & edges["effect"].notna()] if len(edges) else edges
-        into = into.reindex(into["effect"].abs().sort_values(ascending=False).index).head(CITED)
+        into = edges[(edges["receiver"] == head["head"]) & edges[strength].notna()] if len(edges) else edges
+        into = into.reindex(into[strength].abs().sort_values(ascending=False).index).head(CITED)
         who = t(f"role.{role}", lang)
         direct = number(head["direct_effect"], lang)
         if into.empty:
-            lines.append(t("circuits.fed_none", lang, head=head["head"], role=who, direct=direct))
+            lines.append((role, t("circuits.fed_none", lang, head=head["head"], role=who, direct=direct)))
             continue
         sources = "; ".join(_source(r, unit, lang) for r in into.itertuples())
-        lines.append(t("circuits.fed_by", lang, head=head["head"], role=who, sources=sources, direct=direct))
+        lines.append((role, t("circuits.fed_by", lang, head=head["head"], role=who, sources=sources, direct=direct)))
     return lines
 
 
@@ -105,6 +121,11 @@ def _source(edge, unit: str, lang: str) -> str:
     composition = (
         "-" if edge.composition is None or edge.composition != edge.composition else number(edge.composition, lang)
     )
+    if edge.effect is None or edge.effect != edge.effect:  # composition only (headlens.circuits.overview)
+        z = getattr(edge, "composition_z", None)
+        z_text = "-" if z is None or z != z else number(z, lang)
+        via = edge.via.upper()
+        return t("circuits.source_weights", lang, sender=edge.sender, via=via, composition=composition, z=z_text)
     return t(
         "circuits.source",
         lang,
@@ -147,13 +168,15 @@ def circuit_graph(doc: dict) -> nx.DiGraph:
     for h in doc["heads"][:GRAPH_HEADS]:
         add(h["head"])
         graph.add_edge(h["head"], "logits", weight=h["direct_effect"], kind="direct")
-    edges = [e for e in doc["edges"] if e["via"] != "direct" and e["effect"] is not None]
-    for e in sorted(edges, key=lambda e: -abs(e["effect"]))[:GRAPH_EDGES]:
+    strength = "composition" if _weights_only(doc) else "effect"
+    edges = [e for e in doc["edges"] if e["via"] != "direct" and e[strength] is not None]
+    order = "composition_z" if strength == "composition" else "effect"
+    for e in sorted(edges, key=lambda e: -abs(e[order]))[:GRAPH_EDGES]:
         if graph.has_edge(e["sender"], e["receiver"]):
             continue  # one arrow per pair: its strongest input
         add(e["sender"])
         add(e["receiver"])
-        graph.add_edge(e["sender"], e["receiver"], weight=e["effect"], kind=e["via"])
+        graph.add_edge(e["sender"], e["receiver"], weight=e[strength], kind=e["via"])
     repair = doc.get("self_repair")
     if repair:
         lost = repair["direct_effect"] - repair["direct_effect_ablated"]
@@ -164,6 +187,11 @@ def circuit_graph(doc: dict) -> nx.DiGraph:
                 add(c["head"])
                 graph.add_edge(source, c["head"], weight=c["change"], kind="backup")
     return graph
+
+
+def _weights_only(doc: dict) -> bool:
+    """True when no edge of the document has a measured effect (composition from the weights only)."""
+    return all(e.get("effect") is None for e in doc["edges"] if e["via"] != "direct")
 
 
 def _role(head: dict) -> str:

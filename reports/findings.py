@@ -24,6 +24,7 @@ from headlens.classify import kinds
 from headlens.classify.labels import ROLES, absent_roles, head_strength, label_list, roles_of
 from headlens.classify.runs import SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.reports import explain
+from headlens.reports.circuits import role_lines
 from headlens.reports.headmap import head_map, overlaps, role_counts
 from headlens.reports.i18n import DEFAULT_LANG, has, integer, number, percent, short_number, t
 from headlens.reports.sections import details, esc, metric_words, result_delta, results_list, section, table
@@ -132,7 +133,9 @@ def role_results(role: str, heads: list[str], ablation) -> list[dict]:
     ]
 
 
-def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str = DEFAULT_LANG) -> str:
+def findings_section(
+    heads: pd.DataFrame, sweep=None, ablation=None, lang: str = DEFAULT_LANG, circuits: list[dict] | None = None
+) -> str:
     """The head map, then per role how many heads and the strongest (with their key scores and
     ablation evidence), then the first-token sinks summarised, the probe sizes and sources."""
     records = heads.sort_values(["layer", "head"]).to_dict("records")
@@ -152,7 +155,7 @@ def findings_section(heads: pd.DataFrame, sweep=None, ablation=None, lang: str =
     for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
         if rows:
-            parts.append(role_block(role, rows, ablations, lang, ablation))
+            parts.append(role_block(role, rows, ablations, lang, ablation, circuits))
     parts.append(absent_block(heads, lang))
     parts.append(sinks_block(records, labels, heads.attrs, lang))
     parts.append(sizes_text(heads.attrs, lang))
@@ -202,9 +205,10 @@ def role_note(role: str, rows: list[dict], lang: str) -> str:
     return ""
 
 
-def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None) -> str:
-    """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, and the
-    ablation of its heads together (with its control) where the page holds one."""
+def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None, circuits=None) -> str:
+    """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, the ablation of
+    its heads together (with its control) where the page holds one, and the circuit evidence of its heads
+    (reports/circuits.py role_lines: the heads feeding them) where the page draws circuits."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
     lines = [head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS]]
     items = "".join(lines[:TOP_OPEN])
@@ -221,6 +225,7 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
     evidence = "".join(
         f'<p class="evidence">{esc(role_evidence(result, lang))}</p>' for result in role_results(role, names, ablation)
     )
+    evidence += "".join(f'<p class="evidence">{esc(line)}</p>' for line in role_lines(circuits, role, lang))
     return (
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
         f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p>{role_note(role, rows, lang)}'

@@ -9,8 +9,10 @@
 
 `build_report` classifies every head, validates the attention maths, ablates what it is asked to (the
 chosen heads alone and together, every head alone with `sweep`, the role sets against random controls),
-computes the pruning curve with `prune`, and samples the viewer's patterns. It returns a `ReportResults`,
-the library's own results (DataFrames and ablate_heads dicts, schemas in their functions' docstrings);
+computes the pruning curve with `prune`, draws how the heads work together (composition from the weights,
+direct effects on the induction and IOI tasks: headlens.circuits.overview), and samples the viewer's
+patterns. It returns a `ReportResults`, the library's own results (DataFrames and ablate_heads dicts,
+schemas in their functions' docstrings);
 `ReportResults.render(path, lang)` writes one page from them (headlens.reports.render.render_report) and
 never runs the model. `headlens report`, the notebooks and the explorer call these two.
 """
@@ -25,6 +27,7 @@ import pandas as pd
 from headlens.ablation.ablate import ablate_heads, role_experiments, sweep_heads
 from headlens.ablation.prune import prune_curve
 from headlens.ablation.roles import frame_labels
+from headlens.circuits.overview import overview_documents
 from headlens.classify import classify_heads
 from headlens.classify.samples import sample_patterns
 from headlens.heads import parse_heads
@@ -49,6 +52,7 @@ class ReportResults:
     validation: pd.DataFrame | None = None  # validate_model
     training: tuple | None = None  # load_training_log's (log, heads) pair, for a model that ships its log
     viewer: dict | None = None  # sample_patterns
+    circuits: list[dict] | None = None  # overview_documents: how the heads work together, one per task
     command: str | None = None  # the command line that rebuilds the page
     text_label: str | None = None  # the text's name (None: the shipped default text, named in each language)
 
@@ -99,6 +103,7 @@ def build_report(
     seed: int = 0,
     progress: bool = False,
     command: str | None = None,
+    circuits: bool = True,
 ) -> ReportResults:
     """Classify, validate and ablate `loaded` on `text` (None: the shipped default text) and sample the viewer.
 
@@ -106,7 +111,8 @@ def build_report(
     sweep: every head alone (sweep_heads; then the chosen heads' single results are its rows);
     prune: the pruning curve (prune_curve); controls: the induction and retrieval heads against this many
     random head sets of the same per-layer counts (0: skip); viewer_tokens: the viewer's sample length
-    (None: default_viewer_tokens). `text_label` names the text on the page, `command` rebuilds it.
+    (None: default_viewer_tokens); circuits: the "How the heads work together" documents from composition and
+    one run per task (headlens.circuits.overview). `text_label` names the text on the page, `command` rebuilds it.
     """
     spec = loaded.spec
     chosen = parse_heads(heads_to_ablate, spec.n_layers, spec.n_heads) if isinstance(heads_to_ablate, str) else None
@@ -130,6 +136,7 @@ def build_report(
         viewer=sample_patterns(
             loaded, first_document(text) or default_text(), n_sample, repeat=True, induction_heads=induction
         ),
+        circuits=overview_documents(loaded, labels, seed) if circuits else None,
         command=command,
         text_label=text_label,
     )

@@ -165,7 +165,7 @@ def build_page(
             nav.append((anchor, t(f"nav.{anchor.replace('-', '_')}", lang)))
 
     if heads is not None:
-        add("findings", findings.findings_section(heads, sweep, ablation, lang))
+        add("findings", findings.findings_section(heads, sweep, ablation, lang, circuits))
     add(
         "summary",
         sections.summary_section(

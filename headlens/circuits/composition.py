@@ -21,7 +21,8 @@ TransformerLens's scores. Biases are left out: the scores are properties of the 
 
 Computation: ||A B||_F^2 = <A^T A, B B^T>_F, so every head gets one [d_model, d_model] Gram
 matrix per role (sender: W_OV^T W_OV; receiver: W_QK W_QK^T, W_QK^T W_QK, W_OV W_OV^T), each made
-through its [d_head, d_head] core, and all pairs are one matrix product per receiver layer.
+through its [d_head, d_head] core and kept as its upper triangle (the Grams are symmetric), and all
+pairs are one matrix product per receiver layer.
 
 What "high" means: random Gaussian matrices of the same shapes (W_V, W_Q, W_K [d_model, d_head],
 W_O [d_head, d_model]) give scores whose mean and standard deviation are stated with every score
@@ -31,6 +32,7 @@ distribution for independent Gaussian matrices, as all three are products of fou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,7 +45,7 @@ from headlens.heads import Head, all_heads
 from headlens.load.devices import onloaded
 
 BASELINE_SAMPLES = 256  # random weight sets the baseline's mean and spread are measured on
-BASELINE_CHUNK = 64  # of them per batched QR
+BASELINE_CHUNK = 64  # of them per batch
 
 
 def norm_gain(norm: torch.nn.Module, size: int) -> torch.Tensor:
@@ -87,24 +89,37 @@ def head_weights(adapter, layer: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def _sandwich(outer: torch.Tensor, core: torch.Tensor, dtype) -> torch.Tensor:
-    """outer @ core @ outer^T per head, flattened: [head, d_model * d_model]; outer [head, d_model, d_head]."""
+def _sandwich(outer: torch.Tensor, core: torch.Tensor, dtype, packed: torch.Tensor) -> torch.Tensor:
+    """outer @ core @ outer^T per head, its upper triangle (diagonal included) packed: [head,
+    n_packed]; outer [head, d_model, d_head], core [head, d_head, d_head], packed [n_packed] indexes
+    the flattened [d_model, d_model] matrix."""
     outer = outer.to(dtype)
-    return (outer @ core.to(dtype) @ outer.transpose(1, 2)).flatten(1)  # [head, d_model^2]
+    full = (outer @ core.to(dtype)) @ outer.transpose(1, 2)  # [head, d_model, d_model]
+    return full.flatten(1).index_select(1, packed)  # [head, n_packed]
+
+
+def upper_index(d_model: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flat indexes of a [d_model, d_model] matrix's upper triangle, diagonal included
+    [n_packed], and the weight each entry carries in a Frobenius product of two symmetric matrices
+    (1 on the diagonal, 2 above it) [n_packed]."""
+    rows, cols = torch.triu_indices(d_model, d_model)  # [n_packed] each
+    return rows * d_model + cols, torch.where(rows == cols, 1.0, 2.0)
 
 
 def head_grams(w: dict[str, torch.Tensor], dtype=torch.float32) -> dict[str, torch.Tensor]:
-    """The Gram matrices of one layer's heads, each [head, d_model^2]: `send` = W_OV^T W_OV, and the
-    receiver's `q` = W_QK W_QK^T, `k` = W_QK^T W_QK, `v` = W_OV W_OV^T; and the squared Frobenius
-    norms `qk_sq`, `ov_sq` [head] (float64)."""
+    """The Gram matrices of one layer's heads, each packed to its upper triangle [head, n_packed]
+    (`upper_index`): `send` = W_OV^T W_OV, and the receiver's `q` = W_QK W_QK^T, `k` = W_QK^T W_QK,
+    `v` = W_OV W_OV^T; and the squared Frobenius norms `qk_sq`, `ov_sq` [head] (float64). All are
+    symmetric, so <A, B>_F = sum over the packed entries of weight * A * B."""
     q, k, v, o = w["q"], w["k"], w["v"], w["o"]  # [head, d_model, d_head] x 3, [head, d_head, d_model]
+    packed = upper_index(q.shape[1])[0]  # [n_packed]
     gram = {name: t.transpose(1, 2) @ t for name, t in (("q", q), ("k", k), ("v", v))}  # [head, d_head, d_head]
     o_gram = o @ o.transpose(1, 2)  # [head, d_head, d_head]
     return {
-        "send": _sandwich(o.transpose(1, 2), gram["v"], dtype),  # W_O^T (W_V^T W_V) W_O
-        "q": _sandwich(q, gram["k"], dtype),  # W_Q (W_K^T W_K) W_Q^T
-        "k": _sandwich(k, gram["q"], dtype),  # W_K (W_Q^T W_Q) W_K^T
-        "v": _sandwich(v, o_gram, dtype),  # W_V (W_O W_O^T) W_V^T
+        "send": _sandwich(o.transpose(1, 2), gram["v"], dtype, packed),  # W_O^T (W_V^T W_V) W_O
+        "q": _sandwich(q, gram["k"], dtype, packed),  # W_Q (W_K^T W_K) W_Q^T
+        "k": _sandwich(k, gram["q"], dtype, packed),  # W_K (W_Q^T W_Q) W_K^T
+        "v": _sandwich(v, o_gram, dtype, packed),  # W_V (W_O W_O^T) W_V^T
         "qk_sq": (gram["q"] * gram["k"]).sum((1, 2)),  # [head] ||W_Q W_K^T||_F^2
         "ov_sq": (gram["v"] * o_gram).sum((1, 2)),  # [head] ||W_V W_O||_F^2
     }
@@ -112,42 +127,56 @@ def head_grams(w: dict[str, torch.Tensor], dtype=torch.float32) -> dict[str, tor
 
 def composition_tensor(model, dtype=torch.float32) -> torch.Tensor:
     """Scores of every (sender, receiver, via): [n_layers, n_heads, n_layers, n_heads, 3] (float64,
-    q, k, v; NaN unless the sender's layer is earlier)."""
+    q, k, v; NaN unless the sender's layer is earlier). The earlier layers' sender Grams (weighted
+    for the packed Frobenius product) fill one preallocated buffer, read as a view per layer."""
     adapter = adapter_for(model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
     out = torch.full((n_layers, n_heads, n_layers, n_heads, 3), float("nan"), dtype=torch.float64)
-    sends: list[torch.Tensor] = []  # per earlier layer: [head, d_model^2]
-    ov_sq: list[torch.Tensor] = []  # per earlier layer: [head]
+    weight = upper_index(adapter.d_model)[1].to(dtype)  # [n_packed]
+    sends = torch.empty(n_layers * n_heads, len(weight), dtype=dtype)  # [sender, n_packed]
+    ov_sq = torch.empty(n_layers * n_heads, dtype=torch.float64)  # [sender]
     for layer in range(n_layers):
         grams = head_grams(head_weights(adapter, layer), dtype)
-        if sends:
-            send = torch.cat(sends)  # [n_send, d_model^2]
+        done = layer * n_heads  # senders of the earlier layers
+        if layer:
             for index, via in enumerate(VIAS):
-                top = (send @ grams[via].T).double().clamp_min(0.0)  # [n_send, head]: ||A B||_F^2
+                top = (sends[:done] @ grams[via].T).double().clamp_min(0.0)  # [n_send, head]: ||A B||_F^2
                 recv_sq = grams["qk_sq"] if via != "v" else grams["ov_sq"]  # [head]
-                score = (top / (torch.cat(ov_sq)[:, None] * recv_sq[None])).sqrt()  # [n_send, head]
+                score = (top / (ov_sq[:done, None] * recv_sq[None])).sqrt()  # [n_send, head]
                 out[:layer, :, layer, :, index] = score.view(layer, n_heads, n_heads)
-        sends.append(grams["send"])
-        ov_sq.append(grams["ov_sq"])
+        sends[done : done + n_heads] = grams["send"] * weight
+        ov_sq[done : done + n_heads] = grams["ov_sq"]
     return out
 
 
+@functools.lru_cache(maxsize=8)
 def random_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES, seed: int = 0) -> tuple[float, float]:
     """Mean and standard deviation of ||A B C D^T||_F / (||A B||_F ||C D^T||_F) for independent
     Gaussian A, C, D [d_model, d_head] and B [d_head, d_model] (any of the three scores of random
     heads of these shapes). With A = Q_A R_A and D = Q_D R_D (QR), every norm is of a [d_head,
-    d_head] or [d_head, d_model] product: ||R_A (B C) R_D^T|| / (||R_A B|| ||C R_D^T||)."""
-    gen = torch.Generator().manual_seed(seed)
+    d_head] or [d_head, d_model] product: ||R_A (B C) R_D^T|| / (||R_A B|| ||C R_D^T||). R_A and
+    R_D are drawn directly (`gaussian_r`), without A and D. Cached: a pure function of its arguments."""
+    rng = np.random.default_rng(seed)
     scores = []
     for start in range(0, samples, BASELINE_CHUNK):
         n = min(BASELINE_CHUNK, samples - start)
-        a, c, d = (torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) for _ in range(3))
-        b = torch.randn(n, d_head, d_model, generator=gen, dtype=torch.float64)  # [n, d_head, d_model]
-        r_a, r_d = torch.linalg.qr(a, mode="r")[1], torch.linalg.qr(d, mode="r")[1]  # [n, d_head, d_head]
+        r_a, r_d = gaussian_r(rng, n, d_model, d_head), gaussian_r(rng, n, d_model, d_head)  # [n, d_head, d_head]
+        b = torch.from_numpy(rng.standard_normal((n, d_head, d_model)))  # [n, d_head, d_model]
+        c = torch.from_numpy(rng.standard_normal((n, d_model, d_head)))  # [n, d_model, d_head]
         top = torch.linalg.matrix_norm(r_a @ (b @ c) @ r_d.transpose(1, 2))  # [n]
         scores.append(top / (torch.linalg.matrix_norm(r_a @ b) * torch.linalg.matrix_norm(c @ r_d.transpose(1, 2))))
     values = torch.cat(scores)  # [samples]
     return float(values.mean()), float(values.std())
+
+
+def gaussian_r(rng: np.random.Generator, n: int, rows: int, cols: int) -> torch.Tensor:
+    """n draws of the R factor of a Gaussian [rows, cols] matrix's QR (rows >= cols; signs chosen
+    so its diagonal is positive), by the Bartlett decomposition of the Wishart matrix R^T R = A^T A:
+    R[i, i]^2 ~ chi-square(rows - i), R[i, j] ~ N(0, 1) above the diagonal, all independent:
+    [n, cols, cols] float64."""
+    upper = torch.from_numpy(rng.standard_normal((n, cols, cols))).triu(1)  # [n, cols, cols]
+    diag = torch.from_numpy(np.sqrt(rng.chisquare(rows - np.arange(cols), size=(n, cols))))  # [n, cols]
+    return upper + torch.diag_embed(diag)
 
 
 def composition_scores(

@@ -11,7 +11,7 @@ from headlens.classify import kinds
 from headlens.classify.runs import ProbeResult
 from headlens.errors import ConfigError, InputTextError
 from headlens.probes.inputs import text_windows
-from headlens.scores.copy_suppression import WINDOW, negative_copy_share, sample_tokens, window_attention
+from headlens.scores.copy_suppression import WINDOW, window_attention
 from headlens.scores.name_mover import (
     COPY_KEYS,
     COPY_TOP_K,
@@ -24,6 +24,7 @@ from headlens.scores.name_mover import (
     name_tokens,
 )
 from headlens.scores.ov_circuit import own_ranks
+from headlens.scores.ov_vocab import cs_ov_vocab
 from headlens.scores.rare_word import TOKEN_SHARE as RARE_TOKEN_SHARE
 from headlens.scores.rare_word import rare_sentences, rare_word_scores
 from headlens.scores.successor import successor_scores, successor_tasks
@@ -70,23 +71,32 @@ def probe_name_mover(run) -> ProbeResult:
 
 
 def probe_copy_suppression(run) -> ProbeResult:
-    """The classify probe (headlens.classify.kinds.PROBES["copy_suppression"]): `cs_ov_score`,
-    `predicted_attention` and its `predicted_attention_std` across windows, sized by the token budget
-    (module docstring). NaN predicted_attention (no label) when no position of the text counts."""
+    """The classify probe (headlens.classify.kinds.PROBES["copy_suppression"]): `cs_ov_score` over the
+    vocabulary with its sampling standard error `cs_ov_score_std` (headlens.scores.ov_vocab: a fixed
+    cost, not the token budget's), `predicted_attention` and its `predicted_attention_std` across
+    windows of the text, sized by the token budget. NaN predicted_attention (no label) when no
+    position of the text counts."""
     loaded, budget = run.loaded, run.config.token_budget
     window = min(WINDOW, run.sizes["window"])
     n_windows = max(1, 2 * budget // window)
     windows = text_windows(loaded.tokenizer, run.haystack, window, loaded.bos_token_id, max_windows=n_windows)
-    tokens = sample_tokens(windows, loaded.bos_token_id, n=max(1, budget // 8), seed=run.config.seed)  # [n]
-    _, below = own_ranks(loaded.model, tokens)  # [layer, head, n]
-    scores = {"cs_ov_score": negative_copy_share(below)}  # [layer, head]
+    ov = cs_ov_vocab(loaded.model, seed=run.config.seed)  # over the vocabulary, not the text
+    scores = {"cs_ov_score": ov["cs_ov_score"], "cs_ov_score_std": ov["se"]}  # [layer, head] each
     try:
         attention, std, count = window_attention(loaded, windows)  # [layer, head] x 2
     except InputTextError:
         attention, count = torch.full_like(scores["cs_ov_score"], float("nan")), 0
         std = attention.clone()
     scores.update(predicted_attention=attention, predicted_attention_std=std)
-    facts = {"cs_ov_tokens": len(tokens), "cs_windows": len(windows), "cs_window": window, "cs_positions": count}
+    facts = {
+        "cs_ov_tokens": ov["sample"],
+        "cs_ov_screen": ov["screen"],
+        "cs_ov_exact": ov["exact"],
+        "cs_ov_ci_max": float(((ov["ci_high"] - ov["ci_low"]) / 2).max()),
+        "cs_windows": len(windows),
+        "cs_window": window,
+        "cs_positions": count,
+    }
     return ProbeResult(scores, {"n_cs_positions": count}, facts, run.text_source)
 
 

@@ -293,7 +293,7 @@ KINDS: tuple[Kind, ...] = (
         "McDougall et al. 2023, arXiv 2310.04625",
         "#8c564b",
         scores=(
-            Score("cs_ov_score", "copy_suppression"),
+            Score("cs_ov_score", "copy_suppression", "cs_ov_score_std"),
             Score("predicted_attention", "copy_suppression", "predicted_attention_std"),
         ),
         thresholds=(
@@ -302,7 +302,7 @@ KINDS: tuple[Kind, ...] = (
                 "cs_ov_min",
                 0.5,
                 "cs_ov_score",
-                "no published cut-off: most tokens in their own bottom 10 of W_U W_OV W_EE (chance 10/d_vocab)",
+                "no published cut-off: most vocabulary tokens in their bottom 10 of W_U W_OV W_EE (chance 10/d_vocab)",
             ),
             Threshold(
                 "cs_attention",

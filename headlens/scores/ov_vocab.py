@@ -1,0 +1,148 @@
+"""The copy-suppression OV criterion over the vocabulary (McDougall et al. 2023, arXiv 2310.04625,
+section 3): a token t counts for a head when t's own entry ranks among the BOTTOM_K lowest of its
+column of W_U W_OV W_EE (the logits the head writes from t's effective embedding); a head's score is
+the share of the vocabulary's tokens that count.
+
+W_EE here is the paper's (its code's "W_E (including MLPs)"): the residual stream after layer 0 for
+the token alone, layer 0's attention locked on the token itself, x + attn0(x) + MLP0(...); value and
+output biases are left out (SmolLM2 and Llama-type models have none). headlens.scores.ov_circuit's
+W_EE leaves layer 0's attention out; on SmolLM2 that moves 24.4 from 0.58 to 0.46 and 23.3 from 0.56
+to 0.59 (BENCHMARKS.md), so the copy-suppression criterion uses the paper's.
+
+Exact over the whole vocabulary when it has at most VOCAB_SAMPLE tokens; otherwise on a seeded uniform
+sample of the vocabulary, in two nested stages, with a 95% Wilson interval per head:
+- every head is scored on the sample's first SCREEN tokens; a head with no token counted there has a
+  Wilson interval [0, 0.039] (half-width <= CI_HALF_WIDTH) and stops;
+- every other head is scored on all VOCAB_SAMPLE tokens (the SCREEN ones included): a half-width
+  <= 0.020 at any share (1.96 sqrt(0.25 / 2401) = 0.0200).
+(Which heads go on depends on the screen, so the stated interval is a close, not exact, 95%.)
+
+Cost: W_OV has rank d_head, so a head's logits are z W_O W_U with z = the value of W_EE(t)
+[d_head]: one [d_head, d_vocab] product A = W_O W_U per head (2 d_head d_model d_vocab FLOPs), then
+2 d_head d_vocab FLOPs per token, instead of 2 d_model d_vocab per token through the residual
+stream. SmolLM2 (270 heads, d_vocab 49,152): ~1.0 TFLOP for all A, ~0.2 TFLOP for the screen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from headlens.arch import adapter_for
+from headlens.load.devices import onloaded
+from headlens.scores.ov_copying import folded_unembed, value_change
+
+BOTTOM_K = 10  # the token's own logit among the 10 lowest of its column
+VOCAB_SAMPLE = 2401  # tokens of the full sample: Wilson 95% half-width <= 0.020 at any share
+SCREEN = 96  # tokens every head is scored on: 0 of 96 gives [0, 0.039]
+CI_HALF_WIDTH = 0.02
+Z_95 = 1.959964
+TOKEN_CHUNK = 64  # tokens per logits block ([head, chunk, d_vocab] float32)
+
+
+def wilson(hits: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """95% Wilson score interval of hits / n (elementwise, float64): (low, high)."""
+    hits, n = hits.double(), n.double()
+    p, z2 = hits / n, Z_95**2
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z_95 * torch.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return centre - half, centre + half
+
+
+def vocab_sample(d_vocab: int, seed: int = 0, n: int = VOCAB_SAMPLE) -> torch.Tensor:
+    """The vocabulary in a seeded random order, its first min(n, d_vocab) ids: [m] int64 (the whole
+    vocabulary, in that order, when d_vocab <= n)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(d_vocab, generator=gen)[:n]
+
+
+def self_attention_embedding(adapter, token_ids: torch.Tensor) -> torch.Tensor:
+    """W_EE with layer 0's attention locked on the token itself (module docstring): [n, d_model]."""
+    embed = adapter.embed()
+    groups = [adapter.kv_group(h) for h in range(adapter.n_heads)]
+    with torch.no_grad():
+        x = embed(token_ids.to(embed.weight.device)[:, None])  # [n, 1, d_model]
+        z = value_change(adapter, 0, x[:, 0]).double()[:, groups]  # [n, head, d_head]
+        with onloaded(adapter.z_module(0)):
+            w_o = adapter.w_o(0).detach().double().to(z.device)  # [head, d_head, d_model]
+        attn = torch.einsum("nhd,hdm->nm", z, w_o).to(x.dtype)  # [n, d_model]: every head on itself
+        return adapter.finish_block(0, x, attn[:, None])[:, 0]  # [n, d_model] (a norm on attn0 applied there)
+
+
+def layer_unembeds(adapter, layer: int, w_u: torch.Tensor) -> torch.Tensor:
+    """A = W_O^h W_U of every query head of `layer`, with a norm on the attention output (its gain) and
+    LayerNorm's centring folded into W_O as headlens.scores.ov_circuit.head_outputs applies them:
+    [head, d_head, d_vocab] float32. w_u: the folded unembedding [d_model, d_vocab]."""
+    with onloaded(adapter.z_module(layer)):
+        w_o = adapter.w_o(layer).detach().double().cpu()  # [head, d_head, d_model]
+    gain = adapter.attn_out_gain(layer)
+    if gain is not None:
+        w_o = w_o * gain.detach().double().cpu()  # [head, d_head, d_model]
+    if adapter.final_norm_centres:
+        w_o = w_o - w_o.mean(-1, keepdim=True)  # LayerNorm's centring
+    return w_o.float() @ w_u.float()  # [head, d_head, d_vocab]
+
+
+def bottom_counts(z: torch.Tensor, unembed: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """How many vocabulary entries lie strictly below each token's own logit, per head: z [n, head,
+    d_head] (the tokens' values), unembed [head, d_head, d_vocab], tokens [n] -> [head, n] int64. The
+    own logit is read from the same product, so the token never counts against itself."""
+    counts = []
+    for start in range(0, len(tokens), TOKEN_CHUNK):
+        part = z[start : start + TOKEN_CHUNK].transpose(0, 1).float()  # [head, chunk, d_head]
+        logits = part @ unembed  # [head, chunk, d_vocab]
+        cols = tokens[start : start + TOKEN_CHUNK][None, :, None].expand(logits.shape[0], -1, 1)  # [head, chunk, 1]
+        counts.append((logits < logits.gather(-1, cols)).sum(-1))  # [head, chunk]
+    return torch.cat(counts, 1)  # [head, n]
+
+
+def cs_ov_vocab(
+    model, seed: int = 0, screen: int = SCREEN, sample: int = VOCAB_SAMPLE, layers: Sequence[int] | None = None
+) -> dict:
+    """The OV criterion of every head over the vocabulary (module docstring): `cs_ov_score`, `n` (tokens
+    scored), `ci_low`, `ci_high` (95% Wilson), `se` (sqrt(p(1-p)/n), 0 when exact), each [n_layers,
+    n_heads] (NaN, n = 0 outside `layers` when only some are asked for); `exact` (the whole vocabulary
+    was scored), `d_vocab`, `screen`, `sample`."""
+    adapter = adapter_for(model)
+    w_u = folded_unembed(adapter).detach().cpu()  # [d_model, d_vocab]
+    d_vocab = w_u.shape[1]
+    tokens = vocab_sample(d_vocab, seed, sample)  # [m]
+    exact = len(tokens) == d_vocab
+    first = len(tokens) if exact else min(screen, len(tokens))
+    resid = self_attention_embedding(adapter, tokens).detach()  # [m, d_model]
+    shape = (adapter.n_layers, adapter.n_heads)
+    hits, counted = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
+    groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)])
+    with torch.no_grad():
+        for layer in range(adapter.n_layers) if layers is None else layers:
+            z = value_change(adapter, layer, resid).double().cpu()[:, groups]  # [m, head, d_head]
+            unembed = layer_unembeds(adapter, layer, w_u)  # [head, d_head, d_vocab]
+            low = bottom_counts(z[:first], unembed, tokens[:first]) < BOTTOM_K  # [head, first]
+            hits[layer], counted[layer] = low.sum(-1), first
+            more = (hits[layer] > 0).nonzero().flatten().tolist() if not exact else []
+            if more and len(tokens) > first:
+                rest = bottom_counts(z[first:, more], unembed[more], tokens[first:]) < BOTTOM_K  # [k, m - first]
+                hits[layer, more] += rest.sum(-1)
+                counted[layer, more] = len(tokens)
+    share = hits.double() / counted.double()  # [layer, head]
+    low, high = wilson(hits, counted)
+    se = torch.zeros_like(share) if exact else (share * (1 - share) / counted).sqrt()
+    return {
+        "cs_ov_score": share,
+        "n": counted,
+        "ci_low": low,
+        "ci_high": high,
+        "se": se,
+        "exact": exact,
+        "d_vocab": d_vocab,
+        "screen": first,
+        "sample": len(tokens),
+    }
+
+
+def wilson_half_width(n: int, share: float = 0.5) -> float:
+    """The 95% Wilson half-width at `share` of n tokens (the widest is at 0.5)."""
+    z2 = Z_95**2
+    return Z_95 * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n)) / (1 + z2 / n)
