@@ -3,8 +3,8 @@ read back from what `headlens classify` wrote (heads.json / heads.csv, or its `-
 
 The cache entry is `<cache root>/classify/<key>.json` (headlens.load.cache.cache_root), the classify frame's
 records (headlens.classify.head_records). The key is the sha256 of the model's weights (a GGUF's own
-sha256, else every parameter's name, shape, dtype and bytes), the default ClassifyConfig and headlens's
-version: new weights, other defaults or another release classify again. Written atomically
+sha256, else every parameter's name, shape, dtype and bytes), the default ClassifyConfig, headlens's
+version and SCORES_VERSION: new weights, other defaults or another release classify again. Written atomically
 (headlens.files.write_atomic); an unreadable entry is computed again.
 """
 
@@ -39,9 +39,19 @@ def weights_digest(loaded) -> str:
     return digest.hexdigest()
 
 
+# Raised whenever a probe or score computes something else for the same weights and config (the
+# copy-suppression OV criterion over the vocabulary is 2), so that no cached classification outlives it.
+SCORES_VERSION = 2
+
+
 def classification_key(loaded) -> str:
     """The cache key of the model's default classification."""
-    facts = {"weights": weights_digest(loaded), "config": asdict(ClassifyConfig()), "version": __version__}
+    facts = {
+        "weights": weights_digest(loaded),
+        "config": asdict(ClassifyConfig()),
+        "version": __version__,
+        "scores": SCORES_VERSION,
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
 
 
