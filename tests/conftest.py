@@ -9,6 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.browser import start_chromium
+from tests.helpers.notebooks import jupyter_path_in
+from tests.helpers.strong import build_strong_model
+
 torch.set_num_threads(2)
 
 # Every test starts from the same global random state, so an unseeded torch.randn / np.random call gives the
@@ -71,8 +75,7 @@ def gpt2_shaped_model():
 
 @pytest.fixture(scope="module")
 def strong_model():
-    """The ablation tests' model (tests/strong.py): heads move the loss by 1e-2..1 nats; context 64."""
-    from strong import build_strong_model
+    """The ablation tests' model (tests/helpers/strong.py): heads move the loss by 1e-2..1 nats; context 64."""
 
     return build_strong_model(n_positions=64)
 
@@ -103,3 +106,17 @@ def pulled():
             pytest.skip(str(exc))
 
     return find
+
+
+@pytest.fixture(scope="module")
+def driver():
+    """A headless Chromium (selenium) for the browser tests of one module; skips without one (fails under CI)."""
+    browser = start_chromium()
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture(scope="module")
+def jupyter_path(tmp_path_factory):
+    """A JUPYTER_PATH whose python3 kernel is this interpreter (the notebook tests run their kernels there)."""
+    return jupyter_path_in(tmp_path_factory.mktemp("jupyter"))

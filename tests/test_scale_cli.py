@@ -7,9 +7,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from strong import sample_text
 
 from headlens.cli.main import cli
+from tests.helpers.strong import sample_text
 
 PLACEMENT = ("--device", "--dtype", "--device-map", "--max-memory", "--offload-folder")
 FAST = ["--n-seq", "2", "--no-needles", "--format", "json", "--no-progress"]
