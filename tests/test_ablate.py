@@ -190,14 +190,11 @@ def test_zero_ablation_matches_bridge_on_the_embedded_model():
 
 
 @pytest.mark.slow
-def test_tiny_induction_heads_raise_the_repeat_loss():
+def test_tiny_induction_heads_raise_the_repeat_loss(tiny_classified):
     """Heads the classifier labels induction (ground truth from attention on repeated tokens,
     not from ablation) raise the second-copy loss when ablated, CI excluding 0; most heads
     without any role do not come close."""
-    from headlens.classify import classify_heads
-
-    tiny = _tiny()
-    labels = classify_heads(tiny)
+    tiny, labels = tiny_classified  # classify_heads(tiny) under the default probes, once per session
     induction = [Head(r.layer, r.head) for r in labels.itertuples() if "induction" in r.labels]
     no_role = [Head(r.layer, r.head) for r in labels.itertuples() if not r.labels]
     assert induction, "classify_heads labels no head of the tiny model induction"

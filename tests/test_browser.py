@@ -455,13 +455,11 @@ MIN_LEGEND_PX = 12.0
 
 
 @pytest.fixture(scope="module")
-def smollm2_pages(pulled, tmp_path_factory):
+def smollm2_pages(real_model, tmp_path_factory):
     """`headlens report smollm2 --lang en,es`: one build_report run, its two pages."""
-    from headlens.load.models import load_model
     from headlens.reports.pipeline import build_report
 
-    pulled("smollm2")  # skips (fails under CI=true) when it is not pulled
-    results = build_report(load_model("smollm2"), command="headlens report smollm2 --lang en,es")
+    results = build_report(real_model("smollm2"), command="headlens report smollm2 --lang en,es")
     folder = tmp_path_factory.mktemp("smollm2-pages")
     return {lang: results.render(folder / f"report.{lang}.html", lang) for lang in ("en", "es")}
 

@@ -24,11 +24,8 @@ P_MAX = 0.01
 
 
 @pytest.fixture(scope="module")
-def smollm2(pulled):
-    from headlens.load.models import load_model
-
-    pulled("smollm2")
-    return load_model("smollm2")
+def smollm2(real_model):
+    return real_model("smollm2")
 
 
 @pytest.fixture(scope="module")

@@ -250,12 +250,9 @@ def test_configs_headlens_cannot_read_are_refused_in_one_line(option, value, wor
 
 
 @pytest.fixture(scope="module")
-def gemma_270m(pulled):
+def gemma_270m(real_model):
     """Gemma 3 270M pulled into headlens's cache (`make models`), dequantized from its GGUF."""
-    from headlens.load.models import load_model
-
-    pulled("gemma3-270m")
-    return load_model("gemma3-270m")
+    return real_model("gemma3-270m")
 
 
 @pytest.mark.slow

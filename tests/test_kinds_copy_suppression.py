@@ -22,7 +22,7 @@ from headlens.scores.copy_suppression import (
 from headlens.scores.ov_circuit import ov_logits, own_ranks
 from tests.helpers.families import build_family
 from tests.helpers.kinds_checks import check_text_attention_loop_over_positions
-from tests.helpers.llama_ov import load_smollm2, manual_ov_logits
+from tests.helpers.llama_ov import manual_ov_logits
 from tests.helpers.planted import PLANTED_TEXT
 from tests.helpers.planted_kinds import build_planted_kinds, kind_seeds, labelled_heads
 
@@ -84,8 +84,8 @@ N_CHECK = 8  # tokens whose full-vocabulary ranks are recomputed by hand (each i
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_smollm2()
+def smollm2(real_model):
+    return real_model("smollm2")
 
 
 @pytest.mark.slow

@@ -33,11 +33,8 @@ N_CHECK = 8  # tokens whose full-vocabulary ranks are recomputed by hand (each a
 
 
 @pytest.fixture(scope="module")
-def gemma(pulled):
-    from headlens.load.models import load_model
-
-    pulled("gemma3-270m")
-    return load_model("gemma3-270m")
+def gemma(real_model):
+    return real_model("gemma3-270m")
 
 
 def _ranks_match(ranks: torch.Tensor, logits: torch.Tensor, own: torch.Tensor, larger: bool) -> bool:

@@ -31,7 +31,7 @@ from headlens.scores.name_mover import (
     name_tokens,
 )
 from tests.helpers.kinds_checks import check_ioi_run_one_prompt_at_a_time
-from tests.helpers.llama_ov import load_smollm2, manual_ov_logits
+from tests.helpers.llama_ov import manual_ov_logits
 from tests.helpers.planted import N_HEADS, N_LAYERS, PLANTED_TEXT, place_roles
 from tests.helpers.planted_kinds import build_planted_ioi, ioi_slots, labelled_heads
 
@@ -134,8 +134,8 @@ def test_classify_labels_the_planted_name_mover_alone_and_reports_the_logit_diff
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_smollm2()
+def smollm2(real_model):
+    return real_model("smollm2")
 
 
 @pytest.fixture(scope="module")

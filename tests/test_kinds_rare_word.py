@@ -95,11 +95,8 @@ def test_classify_labels_the_planted_rare_word_head_alone(planted_seed_3):
 
 @pytest.mark.slow
 @pytest.mark.real
-def test_smollm2_scores_match_its_eager_attention(pulled):
-    from headlens.load.models import load_model
-
-    pulled("smollm2")
-    loaded = load_model("smollm2")
+def test_smollm2_scores_match_its_eager_attention(real_model):
+    loaded = real_model("smollm2")
     sentences, _ = rare_sentences(loaded.tokenizer, [SMOL_TEXT], loaded.bos_token_id, 256, 10_000)
     assert len(sentences) == 6
     assert [s.rarest for s in sentences][:3] == ["ledger", "staircase", "spyglass"]

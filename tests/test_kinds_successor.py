@@ -10,7 +10,7 @@ import torch
 from headlens.errors import ConfigError
 from headlens.load.models import gpt2_tokenizer
 from headlens.scores.successor import SUCCESSOR_MIN, succession_hits, successor_heads, successor_scores, successor_tasks
-from tests.helpers.llama_ov import REL_TOL, load_smollm2, manual_ov_logits
+from tests.helpers.llama_ov import REL_TOL, manual_ov_logits
 from tests.helpers.planted import N_HEADS, N_LAYERS, PLANTED_TEXT
 from tests.helpers.planted_kinds import build_planted_kinds, kind_seeds
 
@@ -61,8 +61,8 @@ def test_planted_successor_head_is_the_only_one(planted):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_smollm2()
+def smollm2(real_model):
+    return real_model("smollm2")
 
 
 @pytest.mark.slow

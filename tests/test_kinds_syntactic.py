@@ -218,20 +218,17 @@ def test_a_fixed_offset_head_scores_its_offsets_share_and_is_never_syntactic(sam
 
 @pytest.mark.slow
 @pytest.mark.real
-def test_smollm2_accuracy_matches_its_eager_attention(pulled, monkeypatch):
-    pulled("smollm2")
-    loaded = load_model("smollm2")
+def test_smollm2_accuracy_matches_its_eager_attention(real_model, monkeypatch):
+    loaded = real_model("smollm2")
     sample = small_sample(loaded, monkeypatch)
     ours = syntactic.relation_accuracy(loaded, sample, batch_size=4)  # [relation, layer, head]
     assert torch.equal(ours, eager_relation_accuracy(loaded, sample))
 
 
-def test_the_probe_runs_only_when_a_treebank_is_asked_for():
+def test_the_probe_runs_only_when_a_treebank_is_asked_for(classify_cli):
     """Without --syntax the syntactic probe (the costliest) does not run and the note says how to run it;
     `--syntax sample` scores the shipped treebank."""
-    from headlens.cli.main import cli
-
-    skipped = CliRunner().invoke(cli, ["classify", "tiny", "--format", "json", "--no-progress"])
+    skipped = classify_cli("tiny")  # `headlens classify tiny --format json --no-progress`
     assert skipped.exit_code == 0, skipped.output
     assert "no syntactic-head scores" in skipped.stderr and "--syntax sample" in skipped.stderr
     frame = classify_heads(load_model("tiny"), config=ClassifyConfig(n_seq=2, max_windows=2, syntax="sample"))

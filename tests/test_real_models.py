@@ -81,13 +81,10 @@ PARITY_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(pulled):
+def smollm2(real_model):
     """SmolLM2-135M-Instruct (`headlens pull smollm2`, dequantized from Q4_1), its probes sized by a
     CONTEXT-token context."""
-    from headlens.load.models import load_model
-
-    pulled("smollm2")  # skips (fails under CI=true) when it is not pulled
-    loaded = load_model("smollm2")
+    loaded = real_model("smollm2")  # skips (fails under CI=true) when it is not pulled
     return dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, n_ctx=CONTEXT))
 
 
