@@ -2,7 +2,7 @@
 
 Models: the GPT-2-small-shaped model (random weights, seed 0; data as benchmarks/bench_ablate.py:
 4 sequences x 128 tokens, every next-token prediction counted), the shipped tiny model (loss on its
-held-out text, repeat on repeated random tokens) and the planted model of tests/planted.py (seed 0,
+held-out text, repeat on repeated random tokens) and the planted model of tests/helpers/planted.py (seed 0,
 repeat). Zero ablation; agreement = headlens.ablation.approx.agreement against the exact sweep.
 
 Run: nice -n 10 .venv/bin/python benchmarks/bench_attribution.py  (prints a markdown table)
@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.helpers
 
 THREADS = 1  # one thread: on a loaded 2-core machine two threads stall on OpenMP barriers (tests/conftest.py)
 
@@ -86,10 +86,10 @@ def compare(name: str, model, evalset) -> list[dict]:
 
 def main() -> None:
     from bench_ablate import _setup
-    from planted import build_planted
 
     from headlens.ablation.evalset import build_evalset
     from headlens.load.models import load_model
+    from tests.helpers.planted import build_planted
 
     torch.set_num_threads(THREADS)
     rows = []

@@ -5,7 +5,7 @@ attribution (EAP, EAP-IG) cost, and its agreement with exact path patching on a 
 
 1. composition_scores for all pairs, timed beside a reference float32 matmul (GFLOP/s of this machine
    now, so a loaded machine's figure can be read);
-2. previous-token and induction heads by attention (tests/circuits_roles.py), K-composition p-value
+2. previous-token and induction heads by attention (tests/helpers/circuits_roles.py), K-composition p-value
    against 100 random sender sets;
 3. on the induction task (2 x 12 repeated random tokens, 2 sequences, zero ablation): EAP and EAP-IG
    (5 steps) of every edge; exact path patching of every edge into the earliest `--receivers`
@@ -24,15 +24,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from circuits_roles import attention_roles, permutation_p  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.helpers
 
 from headlens.circuits.attribution import edge_agreement, edge_attribution  # noqa: E402
 from headlens.circuits.composition import composition_scores  # noqa: E402
 from headlens.circuits.paths import path_patch  # noqa: E402
 from headlens.circuits.tasks import induction_task  # noqa: E402
 from headlens.load.models import load_model  # noqa: E402
+from tests.helpers.circuits_roles import attention_roles, permutation_p  # noqa: E402
 
 
 def matmul_gflops(n: int = 1024, reps: int = 5) -> float:

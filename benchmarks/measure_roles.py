@@ -23,10 +23,10 @@ from headlens.scores.icl import icl_score
 from headlens.training.data import PRINTABLE
 from headlens.training.evaluate import EVAL_BATCH
 
-# The eager-attention arithmetic (output_attentions=True, no headlens.capture or headlens.scores) lives with
-# its cross-check test; tests/ is on sys.path as benchmarks/bench_attribution.py puts it.
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from test_training_evaluate import arena_induction_scores, needle_retrieval, prev_token_scores  # noqa: E402
+# The eager-attention arithmetic (output_attentions=True, no headlens.capture or headlens.scores) is shared
+# with its cross-check test (tests/test_training_evaluate.py), from the repository root's tests.helpers.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.eager_roles import arena_induction_scores, needle_retrieval, prev_token_scores  # noqa: E402
 
 ARENA_LEN, ARENA_SEQS, ARENA_SEED = 50, 64, 2024  # unseen in training (the log's probe uses seed 1234)
 HELDOUT_WINDOWS = 128  # the first 128 full windows of heldout.txt (32,512 queries per head)

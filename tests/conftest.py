@@ -9,6 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.browser import start_chromium
+from tests.helpers.explore_setup import tiny_setup
+from tests.helpers.notebooks import jupyter_path_in
+from tests.helpers.strong import build_strong_model
+
 torch.set_num_threads(2)
 
 # Every test starts from the same global random state, so an unseeded torch.randn / np.random call gives the
@@ -71,8 +76,7 @@ def gpt2_shaped_model():
 
 @pytest.fixture(scope="module")
 def strong_model():
-    """The ablation tests' model (tests/strong.py): heads move the loss by 1e-2..1 nats; context 64."""
-    from strong import build_strong_model
+    """The ablation tests' model (tests/helpers/strong.py): heads move the loss by 1e-2..1 nats; context 64."""
 
     return build_strong_model(n_positions=64)
 
@@ -103,3 +107,62 @@ def pulled():
             pytest.skip(str(exc))
 
     return find
+
+
+@pytest.fixture(scope="module")
+def driver():
+    """A headless Chromium (selenium) for the browser tests of one module; skips without one (fails under CI)."""
+    browser = start_chromium()
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture(scope="module")
+def jupyter_path(tmp_path_factory):
+    """A JUPYTER_PATH whose python3 kernel is this interpreter (the notebook tests run their kernels there)."""
+    return jupyter_path_in(tmp_path_factory.mktemp("jupyter"))
+
+
+@pytest.fixture(scope="session")
+def real_model(pulled):
+    """`real_model(name)` -> the pulled real model `name` ("smollm2", "gemma3-270m") as a LoadedModel, loaded
+    once per session and shared by every module that reads it: a test leaves it as it found it (hooks
+    removed, weights untouched). Skips where it is not pulled, fails under CI=true (`pulled`)."""
+    from headlens.load.models import load_model
+
+    loaded: dict = {}
+
+    def get(name: str):
+        if name not in loaded:
+            pulled(name)
+            loaded[name] = load_model(name)
+        return loaded[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def classify_cli():
+    """`classify_cli(name)` -> the click result of `headlens classify NAME --format json --no-progress`, run once
+    per session per model and shared by the tests that read its output (labels, scores, notes on stderr)."""
+    from click.testing import CliRunner
+
+    from headlens.cli.main import cli
+
+    results: dict = {}
+
+    def run(name: str):
+        if name not in results:
+            results[name] = CliRunner().invoke(cli, ["classify", name, "--format", "json", "--no-progress"])
+        return results[name]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_classified():
+    """(the shipped `tiny` model, its classify frame under the default probes): one classification per session,
+    shared by the explorer tests (tests/helpers/explore_setup.py, which caches it) and every test reading tiny's
+    labels."""
+    loaded, frame, _ = tiny_setup()
+    return loaded, frame

@@ -11,6 +11,8 @@ from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
 from headlens.ablation.metrics import token_losses
 from headlens.ablation.sweep import ablated_sums
 from headlens.heads import Head, all_heads
+from tests.helpers.planted import build_planted
+from tests.helpers.strong import build_strong_model, sample_text
 
 # The bar for agreement with the TransformerLens bridge (a different forward implementation).
 TL_ATOL = 1e-4
@@ -23,8 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
 @pytest.fixture(scope="module")
 def strong_model():
-    """tests/strong.py's model with a 128-token context (overrides conftest's 64)."""
-    from strong import build_strong_model
+    """tests/helpers/strong.py's model with a 128-token context (overrides conftest's 64)."""
 
     return build_strong_model(n_positions=128)
 
@@ -79,7 +80,6 @@ def test_zero_ablation_matches_bridge_on_gpt2_shaped_model(gpt2_shaped_model):
 def test_no_head_gives_delta_zero_and_hugging_faces_loss(small_model):
     """Ablating no head runs the ablated pass too (no shortcut): its loss must equal both the
     clean pass and Hugging Face's own loss on the same windows (an independent computation)."""
-    from strong import sample_text
 
     text = sample_text(300)
     result = ablate_heads(small_model, [], method="mean", text=text)
@@ -190,14 +190,11 @@ def test_zero_ablation_matches_bridge_on_the_embedded_model():
 
 
 @pytest.mark.slow
-def test_tiny_induction_heads_raise_the_repeat_loss():
+def test_tiny_induction_heads_raise_the_repeat_loss(tiny_classified):
     """Heads the classifier labels induction (ground truth from attention on repeated tokens,
     not from ablation) raise the second-copy loss when ablated, CI excluding 0; most heads
     without any role do not come close."""
-    from headlens.classify import classify_heads
-
-    tiny = _tiny()
-    labels = classify_heads(tiny)
+    tiny, labels = tiny_classified  # classify_heads(tiny) under the default probes, once per session
     induction = [Head(r.layer, r.head) for r in labels.itertuples() if "induction" in r.labels]
     no_role = [Head(r.layer, r.head) for r in labels.itertuples() if not r.labels]
     assert induction, "classify_heads labels no head of the tiny model induction"
@@ -223,11 +220,6 @@ def test_planted_induction_circuit_raises_the_repeat_loss(seed):
     """On a model whose induction head (K-composed with a previous-token head) is built by hand,
     zero-ablating either head of the circuit raises the second-copy loss with a CI excluding 0,
     and every head without a planted role stays within noise."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from planted import build_planted
 
     planted = build_planted(seed)
     sweep = sweep_heads(planted.loaded, metric="repeat", seed=seed).set_index(["layer", "head"])

@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-from strong import sample_text
 
 from headlens.ablation.ablate import ablate_heads, sweep_heads
 from headlens.ablation.evalset import build_evalset, read_prompts
@@ -17,6 +16,7 @@ from headlens.ablation.stats import control_design
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
 from headlens.probes.inputs import needle_prompts, random_token_range
+from tests.helpers.strong import sample_text
 
 # Same model, same data, another implementation of the forward pass: float32 rounding only.
 SAME_ATOL = 1e-5

@@ -1,7 +1,7 @@
 """Every supported family through one adapter: capture, z, one layer run, ablation, sweep.
 
 Ground truth is independent of headlens.arch: Hugging Face eager `output_attentions`, forward
-hooks written here on the Hugging Face module names (tests/families.py), and the model's own
+hooks written here on the Hugging Face module names (tests/helpers/families.py), and the model's own
 decoder layers.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import FAMILY_NAMES, build_family, decoder_layers, o_proj, padded_batch
 
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.replace import replacements
@@ -18,6 +17,7 @@ from headlens.arch import adapter_for
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.capture import lean as capture_lean
 from headlens.heads import all_heads
+from tests.helpers.families import FAMILY_NAMES, build_family, decoder_layers, o_proj, padded_batch
 
 # float32 attention recomputed in another order (sdpa forward + our softmax, or hooks vs the
 # model's own path) differs by rounding only, ~1e-7 here; a wrong mask or rotation gives >= 1e-2.

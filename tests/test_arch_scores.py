@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from families import FAMILY_NAMES, build_family, decoder_layers, o_proj
 
 from headlens.ablation.evalset import repeat_evalset, text_evalset
 from headlens.ablation.gradients import attribution_deltas
@@ -23,6 +22,7 @@ from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
 from headlens.scores.positional import prev_token_reducer
 from headlens.validate import BUILTIN_TEXT
+from tests.helpers.families import FAMILY_NAMES, build_family, decoder_layers, o_proj
 
 # Both sides read the same float32 attention; sums over <= 64 x 64 entries differ by rounding only.
 PARITY_ATOL = 1e-4

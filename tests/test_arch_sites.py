@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from families import FAMILY_NAMES, build_family, o_proj
 
 from headlens.arch import adapter_for
 from headlens.arch.gpt2 import GPT2Adapter
@@ -17,6 +16,7 @@ from headlens.arch.llama import LLAMA_SITES
 from headlens.arch.mistral import MistralAdapter
 from headlens.arch.qwen import Qwen2Adapter, Qwen3Adapter
 from headlens.arch.sites import FUSED, FUSED_HEADS, HEADS, INPUT, NORMED, OUTPUT, Split, to_heads
+from tests.helpers.families import FAMILY_NAMES, build_family, o_proj
 
 BATCH, POS, HEADS_N, D_HEAD, PARTS = 2, 3, 4, 5, 3
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import FAMILY_NAMES, build_family
 
 from headlens.arch import adapter_for
 from headlens.errors import ValidationFailed
 from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
+from tests.helpers.families import FAMILY_NAMES, build_family
 
 # Two windows of the families' 64-token context: a right-padded batch.
 TEXT = " ".join([BUILTIN_TEXT] * 3)

@@ -6,9 +6,6 @@ agree to the float32 rounding of the model's own softmax."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from transformers import GPT2Config
@@ -20,9 +17,7 @@ from headlens.ablation.replace import ablation_hooks, layer_replacement, replace
 from headlens.arch import adapter_for
 from headlens.heads import Head
 from headlens.load.models import build_model
-
-sys.path.insert(0, str(Path(__file__).parent))
-from families import build_family  # noqa: E402
+from tests.helpers.families import build_family
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 EPS32 = torch.finfo(torch.float32).eps

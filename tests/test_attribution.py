@@ -15,6 +15,7 @@ from headlens.ablation.gradients import atp_star_deltas, attribution_deltas
 from headlens.ablation.replace import replacements
 from headlens.errors import ConfigError
 from headlens.files import shipped_path
+from tests.helpers.planted import build_planted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
@@ -53,13 +54,8 @@ def test_last_layer_heads_get_plain_attribution(strong_model):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_atp_star_ranks_the_planted_circuit_first(seed):
     """The planted induction head K-composes with the previous-token head through a saturated
-    softmax (tests/planted.py): plain attribution estimates the previous-token head's effect with
+    softmax (tests/helpers/planted.py): plain attribution estimates the previous-token head's effect with
     the wrong sign; AtP*'s QK fix recovers it, and both circuit heads lead its ranking."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from planted import build_planted
 
     from headlens.ablation.ablate import sweep_heads
 

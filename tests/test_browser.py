@@ -7,14 +7,8 @@ elsewhere the tests skip when no browser is installed, but never under CI=true.
 
 from __future__ import annotations
 
-import base64
-import io
-import json
 import math
-import os
 import re
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,116 +17,27 @@ import torch
 
 from headlens.classify.kinds import BY_LABEL, ROLES
 from headlens.classify.labels import LABELS, roles_of
-from headlens.heads import Head
 from headlens.reports.explain import score_thresholds
 from headlens.reports.i18n import short_number, t
+from tests.helpers.browser import (
+    ALPHA_ATOL,
+    MIN_PIXEL_STD,
+    NASTY_TEXT,
+    check_viewer_shows_induction,
+    embedded_patterns,
+    leaving_requests,
+    no_alert,
+    open_page,
+    page_events,
+    pixel_std,
+    start_chromium,
+    token_alphas,
+    viewer_data,
+)
+from tests.helpers.planted import EXPECTED_LABELS, PLANTED_TEXT, build_planted
+from tests.helpers.report_inputs import words
 
 pytestmark = pytest.mark.browser
-
-CHROME_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--window-size=1280,1600",
-    "--disable-dev-shm-usage",
-]  # containers often have a tiny /dev/shm
-# A figure region counts as drawn if its pixels vary: a blank region has std 0 (a flat colour).
-MIN_PIXEL_STD = 10.0
-# The viewer stores weights to 1/255 and the CSS alpha is printed with 3 decimals.
-ALPHA_ATOL = 1 / 255 + 1e-3
-# The viewer's sample shows induction when each labelled induction head's mean attention on the induction
-# target is this many times what uniform attention over the visible keys would put there.
-UNIFORM_FACTOR = 5.0
-NASTY_TEXT = (
-    'Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
-    "with {{ 7*7 }} and ${7*7} and `${x}` & done.\n"
-)
-
-
-def _find(*names: str) -> str | None:
-    for name in names:
-        found = shutil.which(name) or (name if os.path.isfile(name) else None)
-        if found:
-            return found
-    return None
-
-
-def start_chromium(javascript: bool = True):
-    chromium = _find("chromium", "chromium-browser", "google-chrome")
-    chromedriver = _find("chromedriver", "/usr/lib/chromium/chromedriver", "/usr/bin/chromedriver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        chromium = None
-    if not (chromium and chromedriver):
-        message = "chromium, chromium-driver and selenium are needed (apt-get install -y chromium chromium-driver)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in CHROME_FLAGS:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    if not javascript:
-        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
-    return webdriver.Chrome(options=options, service=Service(chromedriver))
-
-
-@pytest.fixture(scope="module")
-def driver():
-    browser = start_chromium()
-    yield browser
-    browser.quit()
-
-
-def open_page(driver, path: Path) -> dict:
-    """Load a file:// page; return its console errors and the URLs it requested (CDP events)."""
-    driver.get_log("browser")  # drop what earlier pages logged
-    driver.get_log("performance")
-    driver.get(path.resolve().as_uri())
-    return page_events(driver)
-
-
-def page_events(driver) -> dict:
-    errors = [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
-    urls = []
-    for entry in driver.get_log("performance"):
-        message = json.loads(entry["message"])["message"]
-        if message["method"] == "Network.requestWillBeSent":
-            urls.append(message["params"]["request"]["url"])
-        elif (
-            message["method"] in ("Runtime.exceptionThrown", "Log.entryAdded")
-            and message["params"].get("entry", {}).get("level", "error") == "error"
-        ):
-            errors.append(str(message["params"])[:300])
-    return {"errors": errors, "urls": urls}
-
-
-def leaving_requests(urls: list[str], page: Path) -> list[str]:
-    """Requests other than the page itself and inline data: URIs."""
-    own = page.resolve().as_uri()
-    return [url for url in urls if url != own and not url.startswith("data:")]
-
-
-def pixel_std(png: bytes) -> float:
-    from PIL import Image
-
-    return float(np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=float).std())
-
-
-def no_alert(driver) -> bool:
-    from selenium.common.exceptions import NoAlertPresentException
-
-    try:
-        _ = driver.switch_to.alert.text
-    except NoAlertPresentException:
-        return True
-    return False
 
 
 @pytest.fixture(scope="module", params=["en", "es"])
@@ -190,21 +95,6 @@ def test_figures_are_visible(driver, embedded_report):
         assert pixel_std(element.screenshot_as_png) > MIN_PIXEL_STD, selector
 
 
-def token_alphas(driver) -> list[float]:
-    styles = driver.execute_script(
-        "return [...document.querySelectorAll('#viewer-tokens .tok')].map(t => t.style.backgroundColor)"
-    )
-    numbers = [re.findall(r"[\d.]+", style) for style in styles]  # rgb(r, g, b) or rgba(r, g, b, a)
-    return [float(n[3]) if len(n) == 4 else 1.0 for n in numbers]
-
-
-def embedded_patterns(html: str) -> tuple[dict, np.ndarray]:
-    match = re.search(r'<script type="application/json" id="viewer-data">(.*?)</script>', html, re.S)
-    data = json.loads(match.group(1))
-    raw = np.frombuffer(base64.b64decode(data["patterns_b64"]), dtype=np.uint8)
-    return data, raw.reshape(data["n_layers"], data["n_heads"], data["pos"], data["pos"]) / 255  # [L, H, q, k]
-
-
 def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
     open_page(driver, embedded_report)
     data, patterns = embedded_patterns(embedded_report.read_text(encoding="utf-8"))
@@ -230,44 +120,6 @@ def test_clicking_a_token_changes_the_attention_shown(driver, embedded_report):
 
 # The viewer's sample: the heads labelled induction do induction on it, measured with transformers directly
 # on the token ids the page shows.
-
-
-def induction_target_attention(attentions, ids: list[int], heads) -> dict:
-    """Per head, the mean attention on induction targets (key k with ids[k-1] == ids[q], k - 1 < q) over the
-    queries that have one, and what uniform attention over keys 0..q would put there. Computed from the
-    model's own output_attentions (a tuple of [1, head, q, k] per layer), independently of headlens."""
-    pos = len(ids)
-    targets = [[k for k in range(1, q + 1) if ids[k - 1] == ids[q]] for q in range(pos)]
-    queries = [q for q in range(pos) if targets[q]]
-    uniform = sum(len(targets[q]) / (q + 1) for q in queries) / len(queries)
-    out = {}
-    for head in heads:
-        pattern = attentions[head.layer][0, head.head].double()  # [q, k]
-        out[head] = sum(float(pattern[q, targets[q]].sum()) for q in queries) / len(queries)
-    return {"attention": out, "uniform": uniform, "n_queries": len(queries)}
-
-
-def viewer_data(html: str) -> dict:
-    match = re.search(r'<script type="application/json" id="viewer-data">(.*?)</script>', html, re.S)
-    return json.loads(match.group(1))
-
-
-def check_viewer_shows_induction(html: str, model) -> dict:
-    """The page's viewer sample (its token ids) through a transformers model directly (eager attention,
-    output_attentions; no headlens hook): each head the page labels induction attends to the induction target
-    more than UNIFORM_FACTOR x uniform."""
-    data = viewer_data(html)
-    heads = [
-        Head(*map(int, key.split("."))) for key, names in data["labels"].items() if "induction" in names.split(", ")
-    ]
-    assert heads, "the page labels no induction head"
-    assert len(data["ids"]) == data["pos"] == len(data["tokens"])
-    with torch.no_grad():
-        attentions = model(torch.tensor([data["ids"]]), output_attentions=True).attentions
-    measured = induction_target_attention(attentions, data["ids"], heads)
-    for head, value in measured["attention"].items():
-        assert value > UNIFORM_FACTOR * measured["uniform"], (str(head), value, measured["uniform"])
-    return measured
 
 
 def test_viewer_sample_shows_the_labelled_induction_heads(embedded_report):
@@ -345,7 +197,6 @@ def test_role_summaries_cite_their_ablation_and_control(driver, embedded_report)
 def test_tables_show_no_word_only_the_other_language_has(driver, embedded_report):
     """Every table of the page as the browser shows it (code names left out): no word that only the other
     language's catalogue has (no English left on the Spanish page, no Spanish on the English one)."""
-    from test_report_i18n import words
 
     from headlens.reports import i18n
 
@@ -475,9 +326,8 @@ def test_head_strips_wrap_inside_the_page(driver, gqa_report):
 
 @pytest.fixture(scope="module")
 def planted_report(tmp_path_factory):
-    """The planted model (tests/planted.py, seed 0) classified and reported: its labelled heads are known
+    """The planted model (tests/helpers/planted.py, seed 0) classified and reported: its labelled heads are known
     by construction."""
-    from planted import PLANTED_TEXT, build_planted
 
     from headlens.classify import ClassifyConfig, classify_heads
     from headlens.classify.samples import sample_patterns
@@ -499,7 +349,6 @@ def test_summary_lists_every_planted_role_head_and_no_other(driver, planted_repo
     """Every planted head whose expected labels hold a role is listed under its role, and no other head; the
     planted first-token head earns only first_token, a property (a sink, not a role), so it is named in the
     sinks' summary and not in the role lists or the switch's "labelled only" view."""
-    from planted import EXPECTED_LABELS
 
     path, positions = planted_report
     with_role = {head for role, head in positions.items() if roles_of(EXPECTED_LABELS[role])}
@@ -606,13 +455,11 @@ MIN_LEGEND_PX = 12.0
 
 
 @pytest.fixture(scope="module")
-def smollm2_pages(pulled, tmp_path_factory):
+def smollm2_pages(real_model, tmp_path_factory):
     """`headlens report smollm2 --lang en,es`: one build_report run, its two pages."""
-    from headlens.load.models import load_model
     from headlens.reports.pipeline import build_report
 
-    pulled("smollm2")  # skips (fails under CI=true) when it is not pulled
-    results = build_report(load_model("smollm2"), command="headlens report smollm2 --lang en,es")
+    results = build_report(real_model("smollm2"), command="headlens report smollm2 --lang en,es")
     folder = tmp_path_factory.mktemp("smollm2-pages")
     return {lang: results.render(folder / f"report.{lang}.html", lang) for lang in ("en", "es")}
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import build_family, o_proj
-from strong import build_strong_model
 
 from headlens.circuits.direct import decompose
 from headlens.circuits.selfrepair import replacement_for, self_repair
@@ -17,6 +15,8 @@ from headlens.errors import ConfigError
 from headlens.heads import Head
 from headlens.load.models import gpt2_tokenizer
 from headlens.scores.name_mover import ioi_run
+from tests.helpers.families import build_family, o_proj
+from tests.helpers.strong import build_strong_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 

@@ -16,7 +16,6 @@ import copy
 
 import pytest
 import torch
-from families import family_configs
 
 from headlens.ablation.evalset import EvalSet
 from headlens.ablation.replace import capture_z
@@ -24,6 +23,7 @@ from headlens.circuits.attribution import attribution_tensors, edge_agreement, e
 from headlens.circuits.paths import patch_edges, path_patch
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
+from tests.helpers.families import family_configs
 
 VOCAB = 1000  # small vocabulary: the unembedding stays cheap; ids are built here
 # The step of the central difference. The models run in float64, but RMSNorm (Llama, Gemma) normalises in

@@ -1,9 +1,9 @@
 """Composition scores (headlens.circuits.composition) against:
 1. an independent computation in this file: the full [d_model, d_model] W_OV and W_QK of every head
    built from the Hugging Face modules by their own names (not through headlens.arch), norm gains
-   and LayerNorm centring folded in by hand, on every family of tests/families.py and GPT-2;
+   and LayerNorm centring folded in by hand, on every family of tests/helpers/families.py and GPT-2;
 2. the random baseline sampled here with full matrices;
-3. the planted induction circuit with a decoy (tests/planted_circuits.py): the source previous-token
+3. the planted induction circuit with a decoy (tests/helpers/planted_circuits.py): the source previous-token
    head K-composes with the induction head far above random, the decoy does not.
 """
 
@@ -13,10 +13,10 @@ import functools
 
 import pytest
 import torch
-from families import FAMILY_NAMES, build_family
-from planted_circuits import build_planted_decoy, decoy_seeds
 
 from headlens.circuits.composition import composition_scores, random_baseline
+from tests.helpers.families import FAMILY_NAMES, build_family
+from tests.helpers.planted_circuits import build_planted_decoy, decoy_seeds
 
 # float32 Gram products: a score near 0 comes from a difference of sums of ~d_model^2 products, whose
 # float32 rounding (2^-24 relative each) leaves ~1e-3 absolute on the score; above ~0.1 it is far closer.

@@ -3,7 +3,7 @@
    whole, its modules hooked by their own names; the receiver head's attention written out here
    (LayerNorm, fused Conv1D projections, causal softmax), the sender's change read from c_proj's
    weights; for every edge, zero and mean ablation;
-2. the planted induction circuit with a decoy (tests/planted_circuits.py): cutting the source's path
+2. the planted induction circuit with a decoy (tests/helpers/planted_circuits.py): cutting the source's path
    into the induction head's keys costs the loss, the decoy's path costs nothing.
 """
 
@@ -13,12 +13,12 @@ import math
 
 import pytest
 import torch
-from planted_circuits import build_planted_decoy, decoy_seeds
 
 from headlens.ablation.evalset import EvalSet, repeat_evalset
 from headlens.circuits.paths import path_patch
 from headlens.errors import ConfigError
 from headlens.heads import Head
+from tests.helpers.planted_circuits import build_planted_decoy, decoy_seeds
 
 VOCAB = 1000  # a small vocabulary keeps the unembedding cheap; the ids are built here
 # Both sides are float32 means of ~40 losses of ~7 nats, summed in different orders: rounding ~1e-6

@@ -1,6 +1,6 @@
 """SmolLM2's induction circuit (Olsson et al. 2022): the previous-token heads feed the induction heads
 through their keys, measured two ways, each against random sender sets with the same heads per
-layer (tests/circuits_roles.py; p <= 0.01 needs the chosen set above all 100 controls):
+layer (tests/helpers/circuits_roles.py; p <= 0.01 needs the chosen set above all 100 controls):
 1. K-composition from the weights (headlens.circuits.composition);
 2. exact path patching of sender -> induction head keys on repeated random tokens, zero ablation
    (headlens.circuits.paths): the loss the key path carries.
@@ -11,12 +11,12 @@ scores), not from headlens's labels, so the test reads the circuit against an in
 from __future__ import annotations
 
 import pytest
-from circuits_roles import attention_roles, pair_mean, permutation_p
 
 from headlens.circuits.composition import composition_scores
 from headlens.circuits.paths import path_patch
 from headlens.circuits.tasks import induction_task
 from headlens.heads import Head
+from tests.helpers.circuits_roles import attention_roles, pair_mean, permutation_p
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -24,11 +24,8 @@ P_MAX = 0.01
 
 
 @pytest.fixture(scope="module")
-def smollm2(pulled):
-    from headlens.load.models import load_model
-
-    pulled("smollm2")
-    return load_model("smollm2")
+def smollm2(real_model):
+    return real_model("smollm2")
 
 
 @pytest.fixture(scope="module")

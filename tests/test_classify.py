@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from planted import PLANTED_TEXT
 
 from headlens.classify import SCORE_COLUMNS, SOURCE_COLUMNS, ClassifyConfig, classify_heads
 from headlens.classify.labels import LABELS, config_with_thresholds, label_head, rank_heads
 from headlens.cli.main import cli
 from headlens.errors import ConfigError
 from headlens.probes import inputs as probes
+from tests.helpers.planted import PLANTED_TEXT
 
 FAST = ClassifyConfig(n_seq=2, max_windows=2)
 

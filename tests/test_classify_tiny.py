@@ -32,18 +32,15 @@ def _card_heads(name: str, role: str, n_layers: int, n_heads: int):
 
 
 @pytest.fixture(scope="module")
-def classified():
-    """name -> {(layer, head): classify's JSON row}, one classify run per model."""
-    cache = {}
+def classified(classify_cli):
+    """name -> {(layer, head): classify's JSON row}, from the session's one classify run per model."""
 
-    def run(name: str):
-        if name not in cache:
-            result = CliRunner().invoke(cli, ["classify", name, "--format", "json", "--no-progress"])
-            assert result.exit_code == 0, result.output
-            cache[name] = {(obj["layer"], obj["head"]): obj for obj in json.loads(result.stdout)}
-        return cache[name]
+    def rows(name: str):
+        result = classify_cli(name)
+        assert result.exit_code == 0, result.output
+        return {(obj["layer"], obj["head"]): obj for obj in json.loads(result.stdout)}
 
-    return run
+    return rows
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -7,12 +7,12 @@ import json
 
 import pandas as pd
 import pytest
-from strong import sample_text
 
 from headlens.classify import ClassifyConfig, classify_heads
 from headlens.errors import InputTextError
 from headlens.probes.corpus import Corpus
 from headlens.probes.inputs import MIN_TEXT_TOKENS
+from tests.helpers.strong import sample_text
 
 DOCS = [sample_text(150, seed=1), sample_text(700, seed=2), "a", sample_text(400, seed=3)]
 CONFIG = ClassifyConfig(n_seq=2, max_windows=32)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import build_family, decoder_layers, o_proj
-from strong import build_strong_model
 
 from headlens.load.models import gpt2_tokenizer
 from headlens.scores.name_mover import ioi_prompts, ioi_run
+from tests.helpers.families import build_family, decoder_layers, o_proj
+from tests.helpers.strong import build_strong_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 

@@ -9,14 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dist_worker
 import pandas as pd
 import pytest
 import torch
 
 from headlens import distributed
+from tests.helpers import dist_worker
+from tests.helpers.strong import build_strong_model, sample_text
 
-WORKER = Path(__file__).parent / "dist_worker.py"
+ROOT = Path(__file__).resolve().parents[1]  # the worker runs as the module tests.helpers.dist_worker from here
 # Merged scores are the same float64 sums added in another order, then rounded to float32.
 SCORE_ATOL = 1e-6
 
@@ -28,12 +29,13 @@ def _torchrun(mode: str, out: Path, *extra: str, n: int = 2) -> subprocess.Compl
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={n}",
-        str(WORKER),
+        "-m",
+        "tests.helpers.dist_worker",
         mode,
         str(out),
         *extra,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
 @pytest.mark.slow
@@ -58,7 +60,6 @@ def test_two_process_classify_equals_one_process(tmp_path, one_thread):
 
 @pytest.mark.slow
 def test_two_process_sweep_killed_rank_resumes_to_the_single_process_table(tmp_path, one_thread):
-    from strong import build_strong_model, sample_text
 
     from headlens.ablation import sweep_heads
 

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from explore_setup import OTHER, REPEATED, hf_patterns, tiny_setup
 from starlette.testclient import TestClient
 
 from headlens.ablation import ablate_heads
 from headlens.cli.commands_classify import _csv, _json
 from headlens.cli.main import cli
 from headlens.reports.explore import Explorer, create_app
+from tests.helpers.explore_setup import OTHER, REPEATED, hf_patterns, tiny_setup
 
 # Patterns travel as one byte per weight (0..255) and rows with 4 decimals.
 BYTE_ATOL = 1 / 255 / 2 + 1e-6

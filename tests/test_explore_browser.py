@@ -17,13 +17,13 @@ import urllib.request
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from explore_setup import OTHER, REPEATED, hf_patterns, tiny_setup
 from selenium.webdriver.common.by import By
-from test_browser import NASTY_TEXT, no_alert, page_events, start_chromium
 
 from headlens.cli.main import cli
 from headlens.reports.explore import Explorer, create_app
 from headlens.reports.explore.serve import BackgroundServer
+from tests.helpers.browser import NASTY_TEXT, no_alert, page_events, start_chromium
+from tests.helpers.explore_setup import OTHER, REPEATED, hf_patterns, tiny_setup
 
 pytestmark = pytest.mark.browser
 

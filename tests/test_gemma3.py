@@ -1,6 +1,6 @@
 """Gemma 3 (`gemma3_text`): what the family tests do not already pin.
 
-tests/families.py's "gemma3_text-mqa" runs through every family test: patterns on both capture
+tests/helpers/families.py's "gemma3_text-mqa" runs through every family test: patterns on both capture
 paths equal HF eager `output_attentions`, z the o_proj input, `hook_qkv` the tensors eager
 attention multiplies (bit for bit), one layer run by the adapter equals the model's own, zero
 ablation equals an o_proj hook, the exact sweep equals the hooked full forward (test_arch_families);
@@ -18,7 +18,6 @@ import dataclasses
 
 import pytest
 import torch
-from families import build_family, padded_batch
 
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.sweep import ablated_sums
@@ -29,6 +28,8 @@ from headlens.errors import UnsupportedModelError, ValidationFailed
 from headlens.heads import Head
 from headlens.load.models import boot_bridge, build_model
 from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
+from tests.helpers.families import build_family, gemma3_config, padded_batch
+from tests.helpers.gemma_ov import REL_TOL, manual_gemma_ov_logits
 
 # float32 recomputed in another order (our layer split vs the bridge's, hooks vs the model's own
 # path): rounding only, ~1e-6 here; a wrong norm, rotary base or mask gives >= 1e-2.
@@ -211,9 +212,8 @@ def test_ov_copying_runs_through_gemmas_norm_gains(gemma):
 
 def test_ov_circuit_runs_through_gemmas_norm_gains(gemma):
     """W_U W_OV W_EE of every head (the successor, copy-suppression and name-mover scores' circuit) equals
-    tests/gemma_ov.py's circuit written from the Hugging Face modules; without the attention-output norm's
+    tests/helpers/gemma_ov.py's circuit written from the Hugging Face modules; without the attention-output norm's
     gain it would not."""
-    from gemma_ov import REL_TOL, manual_gemma_ov_logits
 
     from headlens.scores.ov_circuit import ov_logits
 
@@ -238,7 +238,6 @@ def test_ov_circuit_runs_through_gemmas_norm_gains(gemma):
     ],
 )
 def test_configs_headlens_cannot_read_are_refused_in_one_line(option, value, words):
-    from families import gemma3_config
 
     config = gemma3_config()
     setattr(config, option, value)
@@ -251,12 +250,9 @@ def test_configs_headlens_cannot_read_are_refused_in_one_line(option, value, wor
 
 
 @pytest.fixture(scope="module")
-def gemma_270m(pulled):
+def gemma_270m(real_model):
     """Gemma 3 270M pulled into headlens's cache (`make models`), dequantized from its GGUF."""
-    from headlens.load.models import load_model
-
-    pulled("gemma3-270m")
-    return load_model("gemma3-270m")
+    return real_model("gemma3-270m")
 
 
 @pytest.mark.slow

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_browser import ALPHA_ATOL, NASTY_TEXT, driver, no_alert, open_page, start_chromium  # noqa: F401
-from test_notebooks import execute, jupyter_path  # noqa: F401
+
+from tests.helpers.browser import ALPHA_ATOL, NASTY_TEXT, no_alert, open_page, start_chromium
+from tests.helpers.notebooks import execute
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -34,7 +35,7 @@ CELLS = [
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, jupyter_path):  # noqa: F811
+def exported(tmp_path_factory, jupyter_path):
     """The notebook executed, saved, read back and exported: (page with outputs, page of the bare template)."""
     from nbconvert import HTMLExporter
     from nbformat.v4 import new_code_cell, new_notebook
@@ -69,7 +70,7 @@ def viewers(html: str) -> list[tuple[str, dict, np.ndarray]]:
     return found
 
 
-def status_start(driver, suffix: str, query: int) -> str:  # noqa: F811
+def status_start(driver, suffix: str, query: int) -> str:
     """How the viewer's status line starts for a click on token `query`, in the viewer's language."""
     from headlens.reports.i18n import js_messages
 
@@ -77,7 +78,7 @@ def status_start(driver, suffix: str, query: int) -> str:  # noqa: F811
     return js_messages(lang)["status"].split("{query}")[0] + f"{query} "
 
 
-def alphas(driver, suffix: str) -> list[float]:  # noqa: F811
+def alphas(driver, suffix: str) -> list[float]:
     styles = driver.execute_script(
         f"return [...document.querySelectorAll('#viewer-tokens{suffix} .tok')].map(t => t.style.backgroundColor)"
     )
@@ -92,7 +93,7 @@ def test_the_export_is_the_saved_notebook_with_every_viewer(exported):
     assert len({suffix for suffix, _, _ in found}) == 4
 
 
-def test_viewers_load_offline_without_errors(driver, exported):  # noqa: F811
+def test_viewers_load_offline_without_errors(driver, exported):
     page, bare = exported
     events = open_page(driver, page)
     allowed = template_urls(bare)  # nbconvert's template asks for these whatever the notebook holds
@@ -111,7 +112,7 @@ def test_viewers_load_offline_without_errors(driver, exported):  # noqa: F811
         )
 
 
-def test_clicking_a_token_changes_that_viewer_only(driver, exported):  # noqa: F811
+def test_clicking_a_token_changes_that_viewer_only(driver, exported):
     page, _ = exported
     open_page(driver, page)
     found = viewers(page.read_text(encoding="utf-8"))
@@ -132,7 +133,7 @@ def test_clicking_a_token_changes_that_viewer_only(driver, exported):  # noqa: F
     assert driver.find_element("id", f"viewer-status{found[2][0]}").text.startswith("desde el token")
 
 
-def test_hostile_text_shows_literally_and_runs_nothing(driver, exported):  # noqa: F811
+def test_hostile_text_shows_literally_and_runs_nothing(driver, exported):
     page, _ = exported
     open_page(driver, page)
     suffix = viewers(page.read_text(encoding="utf-8"))[-1][0]

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import build_family
-from llama_ov import load_smollm2, manual_ov_logits
-from planted import PLANTED_TEXT
-from planted_kinds import build_planted_kinds, kind_seeds, labelled_heads
 
 from headlens.ablation.roles import resolve_heads
 from headlens.classify import ClassifyConfig, classify_heads
@@ -22,9 +18,13 @@ from headlens.scores.copy_suppression import (
     copy_suppression_scores,
     negative_copy_share,
     predicted_attention,
-    text_attention,
 )
 from headlens.scores.ov_circuit import ov_logits, own_ranks
+from tests.helpers.families import build_family
+from tests.helpers.kinds_checks import check_text_attention_loop_over_positions
+from tests.helpers.llama_ov import manual_ov_logits
+from tests.helpers.planted import PLANTED_TEXT
+from tests.helpers.planted_kinds import build_planted_kinds, kind_seeds, labelled_heads
 
 
 def test_negative_copy_share_counts_the_bottom_k():
@@ -84,12 +84,13 @@ N_CHECK = 8  # tokens whose full-vocabulary ranks are recomputed by hand (each i
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_smollm2()
+def smollm2(real_model):
+    return real_model("smollm2")
 
 
 @pytest.mark.slow
 @pytest.mark.real
+@pytest.mark.usefixtures("one_thread")  # own_ranks is ~3,000 small matmuls: 5 s on one thread, minutes on two
 def test_smollm2_own_ranks_match_a_hand_computed_ov_circuit(smollm2):
     windows = text_windows(smollm2.tokenizer, default_text(), 64, smollm2.bos_token_id, max_windows=2)
     tokens = torch.tensor(sorted({t for w in windows for t in w[1:]}))[:N_CHECK]
@@ -102,28 +103,6 @@ def test_smollm2_own_ranks_match_a_hand_computed_ov_circuit(smollm2):
             # float32 ranking vs float64 here: a rank may move by the few logits within rounding
             assert (below[layer] - (logits < own).sum(-1)).abs().max() <= 2, layer
             assert (above[layer] - (logits > own).sum(-1)).abs().max() <= 2, layer
-
-
-def check_text_attention_loop_over_positions(loaded, windows: list[list[int]]) -> None:
-    """text_attention (batched) against a loop over every position of an eager run: the mean attention each head
-    puts on earlier copies of the token the model correctly predicts next."""
-    ours = text_attention(loaded, windows)  # [layer, head]
-    ids = torch.tensor(windows)
-    with torch.no_grad():
-        out = loaded.model(input_ids=ids, output_attentions=True)
-    top1 = out.logits.argmax(-1)  # [batch, pos]
-    total, count = torch.zeros_like(ours), 0
-    for b in range(ids.shape[0]):
-        for q in range(ids.shape[1] - 1):
-            p = int(top1[b, q])
-            keys = [j for j in range(1, q + 1) if int(ids[b, j]) == p]
-            if p != int(ids[b, q + 1]) or not keys:
-                continue
-            count += 1
-            for layer, pattern in enumerate(out.attentions):  # [batch, head, q, k]
-                total[layer] += pattern[b, :, q, keys].double().sum(-1)
-    assert count > 0
-    assert torch.allclose(ours, total / count, atol=1e-6)
 
 
 @pytest.mark.slow

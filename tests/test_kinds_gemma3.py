@@ -1,6 +1,6 @@
 """The head kinds' scores on the real Gemma 3 270M (18 layers x 4 query heads over 1 key/value head, head_dim
 256, a 262,144-token vocabulary) against computations written here: successor, copy-suppression and
-name-mover copy scores against the OV circuit written from the Hugging Face modules (tests/gemma_ov.py), and
+name-mover copy scores against the OV circuit written from the Hugging Face modules (tests/helpers/gemma_ov.py), and
 the attention parts of copy suppression, name movers, rare-word and syntactic heads against the model's own
 eager attention, one sequence at a time. The SmolLM2 tests of each kind (tests/test_kinds_*.py) check the
 same on a Llama model; what Gemma 3 270M has of each kind is in BENCHMARKS.md."""
@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gemma_ov import REL_TOL, manual_gemma_ov_logits
-from test_kinds_copy_suppression import check_text_attention_loop_over_positions
-from test_kinds_name_mover import check_ioi_run_one_prompt_at_a_time
-from test_kinds_rare_word import SMOL_TEXT, eager_rare_scores
-from test_kinds_syntactic import eager_relation_accuracy, small_sample
 
 from headlens.probes.inputs import default_text, text_windows
 from headlens.scores import syntactic
@@ -22,6 +17,15 @@ from headlens.scores.name_mover import COPY_TOP_K, name_mover_scores, name_token
 from headlens.scores.ov_circuit import ov_logits, own_ranks
 from headlens.scores.rare_word import rare_sentences, rare_word_scores
 from headlens.scores.successor import successor_scores, successor_tasks
+from tests.helpers.gemma_ov import REL_TOL, manual_gemma_ov_logits
+from tests.helpers.kinds_checks import (
+    SMOL_TEXT,
+    check_ioi_run_one_prompt_at_a_time,
+    check_text_attention_loop_over_positions,
+    eager_rare_scores,
+    eager_relation_accuracy,
+    small_sample,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -29,11 +33,8 @@ N_CHECK = 8  # tokens whose full-vocabulary ranks are recomputed by hand (each a
 
 
 @pytest.fixture(scope="module")
-def gemma(pulled):
-    from headlens.load.models import load_model
-
-    pulled("gemma3-270m")
-    return load_model("gemma3-270m")
+def gemma(real_model):
+    return real_model("gemma3-270m")
 
 
 def _ranks_match(ranks: torch.Tensor, logits: torch.Tensor, own: torch.Tensor, larger: bool) -> bool:

@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from llama_ov import load_smollm2, manual_ov_logits
-from planted import N_HEADS, N_LAYERS, PLANTED_TEXT, place_roles
-from planted_kinds import build_planted_ioi, ioi_slots, labelled_heads
 
 from headlens.ablation.ablate import ablate_heads
 from headlens.ablation.roles import resolve_heads
@@ -30,10 +27,13 @@ from headlens.scores.name_mover import (
     ablation_prompts,
     end_attention,
     ioi_prompts,
-    ioi_run,
     name_mover_scores,
     name_tokens,
 )
+from tests.helpers.kinds_checks import check_ioi_run_one_prompt_at_a_time
+from tests.helpers.llama_ov import manual_ov_logits
+from tests.helpers.planted import N_HEADS, N_LAYERS, PLANTED_TEXT, place_roles
+from tests.helpers.planted_kinds import build_planted_ioi, ioi_slots, labelled_heads
 
 N_CONTROL = 20  # random head sets (p-value floor 1/21)
 
@@ -134,8 +134,9 @@ def test_classify_labels_the_planted_name_mover_alone_and_reports_the_logit_diff
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_smollm2()
+def smollm2(real_model, one_thread):
+    """SmolLM2, its checks on one thread: name_mover_scores took 14 s on one, 36 s on two (loaded machine)."""
+    return real_model("smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -157,22 +158,6 @@ def scores(smollm2):
 @pytest.mark.real
 def test_smollm2_prompts(smollm2):
     _check_prompts(smollm2.tokenizer, smollm2.bos_token_id)
-
-
-def check_ioi_run_one_prompt_at_a_time(loaded, prompts: list[dict]) -> dict:
-    """ioi_run on `prompts` (batched, padded) against the model run on each prompt alone: END -> IO attention
-    [n_layers, n_heads] and the mean logit difference. Returns the batched run."""
-    batched = ioi_run(loaded, prompts)
-    io = torch.zeros_like(batched["io_attention"])  # [layer, head]
-    diffs = []
-    with torch.no_grad():
-        for p in prompts:
-            out = loaded.model(input_ids=torch.tensor([p["ids"]]), output_attentions=True)
-            io += torch.stack([a[0, :, -1, p["io_pos"]].double() for a in out.attentions]) / len(prompts)
-            diffs.append(float(out.logits[0, -1, p["io"]] - out.logits[0, -1, p["s"]]))
-    assert torch.allclose(batched["io_attention"], io, atol=1e-5)  # float32 softmax, padded vs unpadded
-    assert batched["logit_diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-3)
-    return batched
 
 
 @pytest.mark.slow

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from planted import N_HEADS, N_LAYERS
-from planted_kinds import build_planted_rare_word, rare_text
 from wordfreq import word_frequency
 
 from headlens.load.models import gpt2_tokenizer
@@ -19,6 +17,9 @@ from headlens.scores.rare_word import (
     rare_word_heads,
     rare_word_scores,
 )
+from tests.helpers.kinds_checks import SMOL_TEXT, decoded_targets, eager_rare_scores
+from tests.helpers.planted import N_HEADS, N_LAYERS
+from tests.helpers.planted_kinds import build_planted_rare_word, rare_text
 
 BOS = 50256
 
@@ -27,19 +28,6 @@ def test_a_hit_is_the_largest_weight_past_bos_on_a_target():
     row = torch.tensor([[0.6, 0.1, 0.3, 0.0], [0.1, 0.5, 0.2, 0.2]])  # [head, k_pos]: head 0's BOS weight is ignored
     targets = torch.tensor([False, False, True, False])
     assert rare_hits(row, targets).tolist() == [1.0, 0.0]
-
-
-def decoded_targets(tokenizer, ids: list[int], word: str) -> list[int]:
-    """Positions of the tokens whose decoded characters overlap `word`'s occurrences (found by decoding
-    prefixes, not by the tokenizer's offsets)."""
-    text = tokenizer.decode(ids)
-    ends = [len(tokenizer.decode(ids[: i + 1])) for i in range(len(ids))]
-    starts = [0] + ends[:-1]
-    spans, at = [], text.lower().find(word)
-    while at >= 0:
-        spans.append((at, at + len(word)))
-        at = text.lower().find(word, at + 1)
-    return [i for i in range(len(ids)) if any(starts[i] < e and ends[i] > s for s, e in spans)]
 
 
 def test_the_rarest_word_is_all_of_its_subword_tokens():
@@ -62,21 +50,6 @@ def test_skipped_sentences_say_why():
     kept, skipped = rare_sentences(tok, ["The walrus slept. Go home! The cat sat on the mat."], BOS, 64, 10_000)
     assert [s.rarest for s in kept] == ["walrus", "mat"] and skipped["short"] == 1
     assert kept[0].ids[1] == tok(" The")["input_ids"][0]  # each sentence as it runs in the text, after a space
-
-
-def eager_rare_scores(loaded, sentences) -> torch.Tensor:
-    """rare_word_score computed here: each sentence alone through the model's eager attention, the
-    argmax of the last row over keys 1.. against the rarest word's decoded token positions."""
-    tok, hits = loaded.tokenizer, torch.zeros(loaded.spec.n_layers, loaded.spec.n_heads, dtype=torch.float64)
-    with torch.no_grad():
-        for sentence in sentences:
-            ids = torch.tensor([sentence.ids])  # [1, pos]
-            attentions = loaded.model(input_ids=ids, output_attentions=True).attentions  # per layer [1, head, q, k]
-            targets = {1 + i for i in decoded_targets(tok, sentence.ids[1:], sentence.rarest)}
-            for layer, pattern in enumerate(attentions):
-                best = pattern[0, :, -1, 1:].argmax(-1) + 1  # [head]
-                hits[layer] += torch.tensor([float(int(b) in targets) for b in best], dtype=torch.float64)
-    return hits / len(sentences)
 
 
 @pytest.fixture(scope="module", params=[0, 3])
@@ -119,20 +92,11 @@ def test_classify_labels_the_planted_rare_word_head_alone(planted_seed_3):
 
 # SmolLM2 against its own eager attention -----------------------------------------------------------------------
 
-SMOL_TEXT = (
-    "The old lighthouse keeper wrote in his ledger every night. A narrow staircase led to the lantern room. "
-    "Visitors admired the brass spyglass in the museum. The fishermen mended their nets beside the harbour. "
-    "Her grandmother kept a tortoise in the garden. The children watched the blacksmith shoe a horse."
-)
-
 
 @pytest.mark.slow
 @pytest.mark.real
-def test_smollm2_scores_match_its_eager_attention(pulled):
-    from headlens.load.models import load_model
-
-    pulled("smollm2")
-    loaded = load_model("smollm2")
+def test_smollm2_scores_match_its_eager_attention(real_model):
+    loaded = real_model("smollm2")
     sentences, _ = rare_sentences(loaded.tokenizer, [SMOL_TEXT], loaded.bos_token_id, 256, 10_000)
     assert len(sentences) == 6
     assert [s.rarest for s in sentences][:3] == ["ledger", "staircase", "spyglass"]

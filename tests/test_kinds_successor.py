@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from llama_ov import REL_TOL, load_smollm2, manual_ov_logits
-from planted import N_HEADS, N_LAYERS
-from planted_kinds import build_planted_kinds, kind_seeds
 
 from headlens.errors import ConfigError
 from headlens.load.models import gpt2_tokenizer
 from headlens.scores.successor import SUCCESSOR_MIN, succession_hits, successor_heads, successor_scores, successor_tasks
+from tests.helpers.llama_ov import REL_TOL, manual_ov_logits
+from tests.helpers.planted import N_HEADS, N_LAYERS, PLANTED_TEXT
+from tests.helpers.planted_kinds import build_planted_kinds, kind_seeds
 
 
 def test_perfect_successor_logits_score_one():
@@ -61,8 +61,8 @@ def test_planted_successor_head_is_the_only_one(planted):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_smollm2()
+def smollm2(real_model):
+    return real_model("smollm2")
 
 
 @pytest.mark.slow
@@ -95,7 +95,6 @@ def test_smollm2_scores_match_a_hand_computed_ov_circuit(smollm2):
 
 @pytest.mark.slow
 def test_classify_labels_the_planted_successor_head_and_ablate_selects_it(planted):
-    from planted import PLANTED_TEXT
 
     from headlens.ablation.roles import resolve_heads
     from headlens.classify import ClassifyConfig, classify_heads

@@ -28,6 +28,7 @@ from headlens.scores.syntactic import (
     syntactic_frame,
     syntax_sample,
 )
+from tests.helpers.kinds_checks import eager_relation_accuracy, small_sample
 
 BOS = 50256
 CONLLU = """# text = I don't like cheese.
@@ -215,54 +216,19 @@ def test_a_fixed_offset_head_scores_its_offsets_share_and_is_never_syntactic(sam
 # SmolLM2 against its own eager attention -----------------------------------------------------------------------
 
 
-def eager_relation_accuracy(loaded, sample) -> torch.Tensor:
-    """relation_accuracy computed here: each sentence alone through the model's eager attention; a word's
-    attention to an earlier word is its tokens' mass on that word's tokens, averaged over its query tokens,
-    and a hit is the dependency's other end being the argmax: [relation, layer, head] (float64)."""
-    relations = list(sample.relations["relation"])
-    hits = torch.zeros(len(relations), loaded.spec.n_layers, loaded.spec.n_heads, dtype=torch.float64)
-    with torch.no_grad():
-        for sentence in sample.sentences:
-            attentions = loaded.model(input_ids=torch.tensor([sentence.ids]), output_attentions=True).attentions
-            for layer, pattern in enumerate(attentions):  # [1, head, q, k]
-                p = pattern[0].double()
-                for later, earlier, rel, _ in sentence.instances:
-                    if rel not in relations:
-                        continue
-                    queries = [q for q, w in enumerate(sentence.word_of) if w == later]
-                    to_word = [
-                        p[:, queries][:, :, [k for k, w in enumerate(sentence.word_of) if w == j]].sum(-1).mean(-1)
-                        for j in range(later)
-                    ]  # each [head]
-                    best = torch.stack(to_word, -1).argmax(-1)  # [head]
-                    hits[relations.index(rel), layer] += (best == earlier).double()
-    n = torch.tensor(sample.relations["n"].tolist(), dtype=torch.float64)
-    return hits / n[:, None, None]
-
-
-def small_sample(loaded, monkeypatch):
-    """The shipped parsed sample, 12 sentences, relations with >= 3 cases, tokenized for `loaded`."""
-    monkeypatch.setattr(syntactic, "MIN_CASES", 3)
-    monkeypatch.setattr(syntactic, "MAX_SENTENCES", 12)
-    return syntax_sample(loaded.tokenizer, load_treebank(), loaded.bos_token_id, 256, 10**9)
-
-
 @pytest.mark.slow
 @pytest.mark.real
-def test_smollm2_accuracy_matches_its_eager_attention(pulled, monkeypatch):
-    pulled("smollm2")
-    loaded = load_model("smollm2")
+def test_smollm2_accuracy_matches_its_eager_attention(real_model, monkeypatch):
+    loaded = real_model("smollm2")
     sample = small_sample(loaded, monkeypatch)
     ours = syntactic.relation_accuracy(loaded, sample, batch_size=4)  # [relation, layer, head]
     assert torch.equal(ours, eager_relation_accuracy(loaded, sample))
 
 
-def test_the_probe_runs_only_when_a_treebank_is_asked_for():
+def test_the_probe_runs_only_when_a_treebank_is_asked_for(classify_cli):
     """Without --syntax the syntactic probe (the costliest) does not run and the note says how to run it;
     `--syntax sample` scores the shipped treebank."""
-    from headlens.cli.main import cli
-
-    skipped = CliRunner().invoke(cli, ["classify", "tiny", "--format", "json", "--no-progress"])
+    skipped = classify_cli("tiny")  # `headlens classify tiny --format json --no-progress`
     assert skipped.exit_code == 0, skipped.output
     assert "no syntactic-head scores" in skipped.stderr and "--syntax sample" in skipped.stderr
     frame = classify_heads(load_model("tiny"), config=ClassifyConfig(n_seq=2, max_windows=2, syntax="sample"))

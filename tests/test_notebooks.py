@@ -8,22 +8,18 @@ another Python cannot take its place.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.notebooks import execute
 
 nbformat = pytest.importorskip("nbformat")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 LANGUAGES = ("en", "es")
-# Longest a cell may run before the execution is called hung (each notebook as a whole takes under two
-# minutes on CPU; the measured times are in the commit that adds them, not asserted here).
-CELL_TIMEOUT_S = 300
 
 
 def stems() -> list[str]:
@@ -126,43 +122,6 @@ def test_the_viewer_caption_says_what_the_heads_do_on_the_sample_shown():
 
 
 # Execution
-
-
-@pytest.fixture(scope="module")
-def jupyter_path(tmp_path_factory):
-    """A JUPYTER_PATH whose python3 kernel is this interpreter; nbconvert's templates stay reachable."""
-    root = tmp_path_factory.mktemp("jupyter")
-    spec = root / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    spec.joinpath("kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3 (headlens tests)",
-                "language": "python",
-            }
-        )
-    )
-    paths = [str(root)]
-    try:
-        import nbconvert
-
-        # nbconvert sits in <prefix>/lib/pythonX.Y/site-packages/nbconvert, its templates in <prefix>/share/jupyter
-        share = Path(nbconvert.__file__).resolve().parents[4] / "share" / "jupyter"
-        if share.is_dir():
-            paths.append(str(share))  # the templates of an nbconvert installed in another prefix
-    except ImportError:
-        pass
-    return os.pathsep.join(paths)
-
-
-def execute(nb, jupyter_path: str, cwd: Path, monkeypatch) -> None:
-    from nbclient import NotebookClient
-
-    monkeypatch.setenv("JUPYTER_PATH", jupyter_path)
-    NotebookClient(
-        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
-    ).execute()
 
 
 def inline_views(nb) -> list[tuple[str, str]]:

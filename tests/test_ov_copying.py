@@ -8,6 +8,8 @@ import torch
 
 from headlens.arch import adapter_for
 from headlens.scores.ov_copying import _shared_read, folded_unembed, ov_copying_scores
+from tests.helpers.families import build_family
+from tests.helpers.planted import build_planted
 
 # The library reads the values through the model in float32 (the test builds them in float64),
 # and the full 257 x 257 matrix adds ~225 round-off eigenvalues to sum(|eig|): float32 rounding.
@@ -52,11 +54,6 @@ def test_small_route_equals_the_full_circuit_on_the_shipped_model():
 @pytest.mark.slow
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_planted_induction_head_copies_or_suppresses(sign):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from planted import build_planted
 
     planted = build_planted(0, copy_sign=sign)
     scores = ov_copying_scores(planted.loaded.model)
@@ -91,11 +88,6 @@ def _raw_projection_scores(model) -> torch.Tensor:
 
 
 def _build_family(name: str):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from families import build_family
 
     model = build_family(name).model
     torch.manual_seed(0)

@@ -1,12 +1,12 @@
 """Planted ground truth: classify_heads recovers every head role written into a hand-built GPT-2
-(tests/planted.py) and labels no other head. Roles move with the seed."""
+(tests/helpers/planted.py) and labels no other head. Roles move with the seed."""
 
 from __future__ import annotations
 
 import pytest
-from planted import EXPECTED_LABELS, N_HEADS, N_LAYERS, PLANTED_TEXT, build_planted
 
 from headlens.classify import ClassifyConfig, classify_heads
+from tests.helpers.planted import EXPECTED_LABELS, N_HEADS, N_LAYERS, PLANTED_TEXT, build_planted
 
 # The planted target gets e^PEAK_SCORE times the weight of any other key: its mass is 1 to ~1e-9,
 # but the first queries of a window have fewer keys; 0.98 leaves room for those edge positions only.

@@ -40,6 +40,18 @@ from headlens.probes.inputs import default_text, random_token_range, repeated_ra
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
 from headlens.scores.positional import prev_token_reducer
+from tests.helpers.browser import (
+    ALPHA_ATOL,
+    MIN_PIXEL_STD,
+    check_viewer_shows_induction,
+    embedded_patterns,
+    leaving_requests,
+    open_page,
+    pixel_std,
+    start_chromium,
+    token_alphas,
+    viewer_data,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -69,13 +81,10 @@ PARITY_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(pulled):
+def smollm2(real_model):
     """SmolLM2-135M-Instruct (`headlens pull smollm2`, dequantized from Q4_1), its probes sized by a
     CONTEXT-token context."""
-    from headlens.load.models import load_model
-
-    pulled("smollm2")  # skips (fails under CI=true) when it is not pulled
-    loaded = load_model("smollm2")
+    loaded = real_model("smollm2")  # skips (fails under CI=true) when it is not pulled
     return dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, n_ctx=CONTEXT))
 
 
@@ -356,7 +365,6 @@ def smollm2_report(smollm2, labels, tmp_path_factory):
 
 
 def test_smollm2_viewer_sample_shows_its_induction_heads(smollm2, smollm2_report, figures):
-    from test_browser import check_viewer_shows_induction, viewer_data
 
     html = smollm2_report.read_text(encoding="utf-8")
     measured = check_viewer_shows_induction(html, smollm2.model)
@@ -374,16 +382,6 @@ def test_smollm2_report_in_the_browser(smollm2_report):
     """The browser tests' checks on SmolLM2's page: loads offline without errors, figures drawn, the viewer
     answers a click with the chosen head's attention."""
     import numpy as np
-    from test_browser import (
-        ALPHA_ATOL,
-        MIN_PIXEL_STD,
-        embedded_patterns,
-        leaving_requests,
-        open_page,
-        pixel_std,
-        start_chromium,
-        token_alphas,
-    )
 
     driver = start_chromium()
     try:

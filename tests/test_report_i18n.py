@@ -10,10 +10,18 @@ from html.parser import HTMLParser
 from importlib import resources
 
 import pytest
-from test_reports import MODEL_INFO, heads_frame, sweep_frame, training_pair, validation_frame, viewer_dict
 
 from headlens.errors import ConfigError, OutputPathError
 from headlens.reports import EmptyReportError, i18n, render_report
+from tests.helpers.report_inputs import (
+    MODEL_INFO,
+    heads_frame,
+    sweep_frame,
+    training_pair,
+    validation_frame,
+    viewer_dict,
+    words,
+)
 
 # English function words that are not Spanish words: a sentence left in English carries some of them.
 ENGLISH_WORDS = {
@@ -208,11 +216,6 @@ def test_spanish_report_has_no_english_words_outside_data_and_citations(spanish_
     assert words & ENGLISH_WORDS == set()
     english = f"<p>{i18n.t('thumbs.scale', 'en')}</p>"  # the detector itself: an English sentence is caught
     assert set(re.findall(r"[a-z']+", visible_text(english).lower())) & ENGLISH_WORDS
-
-
-def words(text: str) -> set[str]:
-    """Lower-case words of prose; names with an underscore (previous_token, n_seq) are identifiers."""
-    return {word for word in re.findall(r"[a-z_']+", text.lower()) if "_" not in word and len(word) > 1}
 
 
 def table_text(page: str) -> str:

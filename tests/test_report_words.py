@@ -7,9 +7,9 @@ import multiprocessing
 
 import numpy as np
 import pandas as pd
-from test_reports import MODEL_INFO
 
 from headlens.reports import render
+from tests.helpers.report_inputs import MODEL_INFO, training_pair
 
 
 def _page(**results) -> str:
@@ -80,7 +80,6 @@ def test_score_heatmaps_are_drawn_large_enough_to_read():
 def test_the_training_note_says_the_last_icl_scores_sign_in_words():
     """The plot's y axis says "more negative is better"; the note beside it says which side the last
     checkpoint is on, in each language, so a positive score is not read as a gain."""
-    from test_reports import training_pair
 
     from headlens.reports import sections
 

@@ -18,111 +18,23 @@ from headlens.errors import OutputPathError
 from headlens.reports import EmptyReportError, explain, figures, findings, i18n, render_report, sections, thumbnails
 from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
+from tests.helpers.families import build_family
+from tests.helpers.planted import PLANTED_TEXT
+from tests.helpers.report_inputs import (
+    MODEL_INFO,
+    N_HEADS,
+    N_LAYERS,
+    POS,
+    heads_frame,
+    sweep_frame,
+    training_pair,
+    validation_frame,
+    viewer_dict,
+)
 
-N_LAYERS, N_HEADS, POS = 2, 3, 5
-MODEL_INFO = {
-    "name": "hand-made",
-    "n_layers": N_LAYERS,
-    "n_heads": N_HEADS,
-    "d_head": 16,
-    "d_model": 48,
-    "n_ctx": 64,
-    "n_params": 123456,
-}
 NASTY = '<script>alert(1)</script> "><img src=x onerror=alert(1)> </script> {{ x }} ${y} & \u2028'
 # 5 MB: the size cap for GPT-2 small with default settings.
 SIZE_CAP_BYTES = 5 * 1024 * 1024
-
-
-def heads_frame() -> pd.DataFrame:
-    rows = []
-    for layer in range(N_LAYERS):
-        for head in range(N_HEADS):
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "labels": ["previous_token"] if (layer, head) == (0, 1) else [],
-                    "prev_token_score": 0.9 if (layer, head) == (0, 1) else 0.1 * head,
-                    "first_token_score": 0.2 + 0.1 * layer,
-                    "positional_offset": -1,
-                    "positional_share": 0.5,
-                    "copying_score": -0.5 + 0.2 * head,
-                    "n_positions": 40,
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def viewer_dict(tokens=None) -> dict:
-    tokens = tokens or ["<|endoftext|>", "The", " cat", " sat", "."]
-    pos = len(tokens)
-    causal = np.tril(np.ones((pos, pos)))  # [q_pos, k_pos]
-    uniform = causal / causal.sum(-1, keepdims=True)  # [q_pos, k_pos], rows sum to 1
-    patterns = np.broadcast_to(uniform, (N_LAYERS, N_HEADS, pos, pos)).copy()  # [layer, head, q, k]
-    patterns[0, 1] = np.eye(pos, k=-1)  # a perfect previous-token head
-    patterns[0, 1, 0, 0] = 1.0
-    return {"tokens": tokens, "patterns": patterns, "n_tokens_total": pos + 10, "text": "The cat sat."}
-
-
-def sweep_frame() -> pd.DataFrame:
-    deltas = np.linspace(-0.05, 0.3, N_LAYERS * N_HEADS)
-    return pd.DataFrame(
-        [
-            {
-                "layer": i // N_HEADS,
-                "head": i % N_HEADS,
-                "n_tokens": 200,
-                "loss": 3.0,
-                "loss_ablated": 3.0 + d,
-                "delta_loss": d,
-                "ci95_low": d - 0.01,
-                "ci95_high": d + 0.01,
-            }
-            for i, d in enumerate(deltas)
-        ]
-    )
-
-
-def validation_frame(fail_layer=None) -> pd.DataFrame:
-    rows = [
-        {
-            "layer": layer,
-            "quantity": q,
-            "reference": "hf_eager",
-            "max_abs_error": 1e-7 if layer != fail_layer else 0.1,
-            "tolerance": 1e-5,
-            "passed": layer != fail_layer,
-        }
-        for layer in range(N_LAYERS)
-        for q in ("pattern", "z")
-    ]
-    return pd.DataFrame(rows)
-
-
-def training_pair(jump_step=300):
-    steps = np.arange(0, 600, 100)
-    log = pd.DataFrame(
-        {
-            "step": steps,
-            "tokens_seen": steps * 1000,
-            "train_loss": 4 - steps / 1000,
-            "heldout_loss": 4.1 - steps / 1000,
-            "icl_score": np.where(steps >= jump_step, -0.4, -0.1),
-            "best_induction_score": np.where(steps >= jump_step, 0.6, 0.05),
-            "best_prev_token_score": 0.9,
-            "repeat_loss_first": 5.0,
-            "repeat_loss_second": np.where(steps >= jump_step, 1.0, 5.0),
-        }
-    )
-    heads = pd.DataFrame(
-        [
-            {"step": s, "layer": 1, "head": h, "prev_token_score": 0.1, "prefix_matching_score": 0.2}
-            for s in steps
-            for h in range(N_HEADS)
-        ]
-    )
-    return log, heads
 
 
 def img_count(html: str) -> int:
@@ -661,8 +573,6 @@ def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
 @pytest.mark.slow
 def test_grouped_query_report_shows_its_groups_and_gpt2_shows_none(small_model, tmp_path):
     """Ground truth from the config: 8 query heads over 2 key/value heads, so heads 0-3 and 4-7 share K, V."""
-    from families import build_family
-    from planted import PLANTED_TEXT
 
     from headlens.classify import ClassifyConfig, classify_heads
 

@@ -9,63 +9,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import FAMILY_NAMES, build_family
-from planted import PLANTED_TEXT, build_planted
-from strong import sample_text
 
-from headlens.arch import adapter_for
 from headlens.probes import inputs as probes
-from headlens.probes.inputs import random_token_range
 from headlens.scores.retrieval import (
     _next_tokens,
-    count_copy_paste,
-    decode_cached,
-    decode_uncached,
     retrieval_scores,
 )
+from tests.helpers.decoding import assert_same_steps, cache_prompts
+from tests.helpers.families import FAMILY_NAMES, build_family
+from tests.helpers.planted import PLANTED_TEXT, build_planted
+from tests.helpers.strong import sample_text
 
-# The planted induction head puts e^40 more weight on its target than elsewhere (tests/planted.py).
+# The planted induction head puts e^40 more weight on its target than elsewhere (tests/helpers/planted.py).
 PLANTED_MASS_MIN = 0.98
-
-
-def _prompts(loaded, text, n_ctx=None):
-    spec = loaded.spec
-    n_ctx = n_ctx or spec.n_ctx
-    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    needle_len = min(16, max(2, n_ctx // 8))
-    return probes.needle_prompts(
-        ids,
-        n_ctx,
-        loaded.bos_token_id,
-        random_token_range(spec.d_vocab),
-        needle_len=needle_len,
-        restate=min(4, needle_len - 1),
-        seed=0,
-    )
-
-
-def _assert_same_steps(model, prompts):
-    """Every group of equal-length prompts decodes to identical tokens and argmax keys, both ways."""
-    groups: dict[int, list] = {}
-    for test in prompts:
-        groups.setdefault(len(test.prompt), []).append(test)
-    adapter = adapter_for(model)
-    n_layers, n_heads = adapter.n_layers, adapter.n_heads
-    with torch.no_grad():
-        for group in groups.values():
-            ids = torch.tensor([test.prompt for test in group])  # [test, pos]
-            n_steps = len(group[0].needle) - group[0].restate
-            uncached, cached = list(decode_uncached(model, ids, n_steps)), list(decode_cached(model, ids, n_steps))
-            assert len(uncached) == len(cached) == n_steps
-            for (w_ref, keys_ref), (w, keys) in zip(uncached, cached, strict=True):
-                assert torch.equal(w_ref, w)
-                assert sorted(keys_ref) == sorted(keys) == list(range(n_layers))
-                for layer, ref in keys_ref.items():
-                    assert ref.shape == (len(group), n_heads)
-                    assert torch.equal(ref, keys[layer]), layer
-            hits_ref = count_copy_paste(group, iter(uncached), n_layers, n_heads)
-            hits = count_copy_paste(group, iter(cached), n_layers, n_heads)
-            assert torch.equal(hits_ref[0], hits[0]) and hits_ref[1] == hits[1]
 
 
 def _same_scores(a, b):
@@ -76,8 +32,8 @@ def _same_scores(a, b):
 
 def test_cached_decoding_equals_uncached_on_the_planted_model(one_thread):
     planted = build_planted(0)
-    model, prompts = planted.loaded.model, _prompts(planted.loaded, PLANTED_TEXT)
-    _assert_same_steps(model, prompts)
+    model, prompts = planted.loaded.model, cache_prompts(planted.loaded, PLANTED_TEXT)
+    assert_same_steps(model, prompts)
     cached, uncached = retrieval_scores(model, prompts, cache=True), retrieval_scores(model, prompts, cache=False)
     _same_scores(cached, uncached)
     # the construction: the induction head copies every needle token, so every test is retrieved
@@ -86,8 +42,8 @@ def test_cached_decoding_equals_uncached_on_the_planted_model(one_thread):
 
 
 def test_cached_decoding_equals_uncached_on_a_small_random_gpt2(small_model, one_thread):
-    prompts = _prompts(small_model, sample_text(1500))
-    _assert_same_steps(small_model.model, prompts)
+    prompts = cache_prompts(small_model, sample_text(1500))
+    assert_same_steps(small_model.model, prompts)
     _same_scores(
         retrieval_scores(small_model.model, prompts, cache=True),
         retrieval_scores(small_model.model, prompts, cache=False),
@@ -99,16 +55,16 @@ def test_cached_decoding_equals_uncached_on_the_tiny_model():
     from headlens.load.models import load_model
 
     loaded = load_model("tiny")
-    prompts = _prompts(loaded, probes.default_text())
-    _assert_same_steps(loaded.model, prompts)
+    prompts = cache_prompts(loaded, probes.default_text())
+    assert_same_steps(loaded.model, prompts)
 
 
 @pytest.mark.slow
 def test_cached_decoding_equals_uncached_on_a_gpt2_small_shaped_model(gpt2_shaped_model):
     # GPT-2 small's 12 x 12 heads and vocabulary; haystacks sized for a 256-token context keep
     # the uncached reference (12 full forwards per group) to seconds
-    prompts = _prompts(gpt2_shaped_model, sample_text(3000), n_ctx=256)
-    _assert_same_steps(gpt2_shaped_model.model, prompts)
+    prompts = cache_prompts(gpt2_shaped_model, sample_text(3000), n_ctx=256)
+    assert_same_steps(gpt2_shaped_model.model, prompts)
 
 
 @pytest.mark.slow
@@ -117,7 +73,7 @@ def test_cached_decoding_equals_uncached_on_every_family(name, one_thread):
     """GQA/MQA, rotary (full and partial), q/k norms, and sliding windows shorter than the
     prompts (Mistral, Qwen2): the cache keeps every key, the model's own mask applies the window."""
     loaded = build_family(name)
-    _assert_same_steps(loaded.model, _prompts(loaded, sample_text(1500)))
+    assert_same_steps(loaded.model, cache_prompts(loaded, sample_text(1500)))
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from strong import sample_text
 
 from headlens.cli.main import cli
+from tests.helpers.strong import sample_text
 
 PLACEMENT = ("--device", "--dtype", "--device-map", "--max-memory", "--offload-folder")
 FAST = ["--n-seq", "2", "--no-needles", "--format", "json", "--no-progress"]
@@ -147,9 +147,10 @@ def test_bad_batch_size_is_one_line(runner, small_model_dir):
     )
 
 
-def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
+def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir, one_thread):
     """The batch size changes how sequences are grouped, not the results (float32 forward passes,
-    float64 sums: equal to rounding)."""
+    float64 sums: equal to rounding). The prune reads 1,024 tokens (8 windows of 128: batches of 3, 3, 2
+    against 4, 4), the sweep its default 512 (4 windows: 2, 2 against 4)."""
     args = ["ablate", str(small_model_dir), "--heads", "each", "--format", "json", "--no-progress"]
     sweeps = [json.loads(runner.invoke(cli, [*args, "--batch-size", size]).stdout)["rows"] for size in ("2", "4")]
     assert len(sweeps[0]) == 8 and [r["heads"] for r in sweeps[0]] == [r["heads"] for r in sweeps[1]]
@@ -164,6 +165,8 @@ def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir):
                     "--no-roles",
                     "--format",
                     "json",
+                    "--tokens",
+                    "1024",
                     "--batch-size",
                     size,
                     "--no-progress",

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from strong import build_strong_model, sample_text
 
 from headlens.ablation import ablate_heads, sweep_heads
 from headlens.classify import SCORE_COLUMNS, ClassifyConfig, classify_heads
 from headlens.load.devices import is_offloaded
 from headlens.load.models import load_model, save_model
+from tests.helpers.strong import build_strong_model, sample_text
 
 # Same weights, same operations: an offloaded layer runs the same kernels once accelerate has
 # loaded it, so the results agree to float32 rounding at most (the bound, 1e-6).

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from strong import build_strong_model, sample_text
-from test_scale_precision import _tolerance
 
 from headlens.classify import SCORE_COLUMNS, ClassifyConfig, classify_heads
 from headlens.load.models import load_model, save_model
+from tests.helpers.decoding import assert_same_steps, cache_prompts, dtype_tolerance
+from tests.helpers.strong import build_strong_model, sample_text
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -49,14 +49,13 @@ def test_half_precision_capture_parity_on_the_gpu(strong_dir, dtype):
     half = load_model(strong_dir, device="cuda", dtype=dtype)
     assert next(half.model.parameters()).is_cuda
     got = classify_heads(half, text, CONFIG)
-    _assert_scores_close(got, want, lambda column: _tolerance(column, getattr(torch, dtype)))
+    _assert_scores_close(got, want, lambda column: dtype_tolerance(column, getattr(torch, dtype)))
 
 
 def test_cached_needles_equal_uncached_on_the_gpu(strong_dir):
-    from test_retrieval_cache import _assert_same_steps, _prompts
 
     loaded = load_model(strong_dir, device="cuda")
-    _assert_same_steps(loaded.model, _prompts(loaded, sample_text(1500)))
+    assert_same_steps(loaded.model, cache_prompts(loaded, sample_text(1500)))
 
 
 def test_device_map_across_gpu_and_cpu(strong_dir, tmp_path):

@@ -7,28 +7,14 @@ import copy
 
 import pytest
 import torch
-from families import FAMILY_NAMES, build_family
-from strong import sample_text
 
 from headlens.classify import SCORE_COLUMNS, ClassifyConfig, classify_heads
 from headlens.errors import DeviceError
 from headlens.load.devices import resolve_device, resolve_dtype
 from headlens.load.models import LoadedModel, load_model, spec_of
-
-# Scores are attention masses and z-scores in [-1, 1]. A half-precision model rounds every
-# weight and activation to ~eps(dtype); on the strong test model the largest score difference
-# from float32 is ~1 eps (bfloat16: 0.007 on copying_score; float16 ~0.13 eps). Allowed: 4 eps.
-SCORE_EPS_MULTIPLE = 4
-# copying_score is an erf of the head's direct-path logit z-score, computed from the z the half
-# model itself produced (every layer's rounding before it, not just the attention weights): on the
-# 3-layer GQA Llama of tests/families.py it moved by up to ~5 eps (bfloat16) and ~9 eps (float16).
-COPYING_EPS_MULTIPLE = 16
-
-
-def _tolerance(column: str, dtype: torch.dtype) -> float:
-    multiple = COPYING_EPS_MULTIPLE if column == "copying_score" else SCORE_EPS_MULTIPLE
-    return multiple * torch.finfo(dtype).eps
-
+from tests.helpers.decoding import dtype_tolerance
+from tests.helpers.families import FAMILY_NAMES, build_family
+from tests.helpers.strong import sample_text
 
 CONFIG = ClassifyConfig(n_seq=4, max_windows=8)
 
@@ -54,7 +40,7 @@ def test_half_precision_classification_is_within_a_dtype_scaled_tolerance(
         if column == "positional_offset":
             continue  # an argmax bucket: compared through positional_share
         got, want = torch.tensor(frame[column].values), torch.tensor(float32_frame[column].values)
-        torch.testing.assert_close(got, want, atol=_tolerance(column, dtype), rtol=0, equal_nan=True, msg=column)
+        torch.testing.assert_close(got, want, atol=dtype_tolerance(column, dtype), rtol=0, equal_nan=True, msg=column)
     # the half model's scores are not the float32 ones copied: they differ somewhere
     assert not frame[SCORE_COLUMNS[:3]].equals(float32_frame[SCORE_COLUMNS[:3]])
 
@@ -153,7 +139,7 @@ def test_bfloat16_classification_of_a_gqa_llama_is_within_tolerance():
             torch.testing.assert_close(
                 torch.tensor(got[column].values),
                 torch.tensor(want[column].values),
-                atol=_tolerance(column, torch.bfloat16),
+                atol=dtype_tolerance(column, torch.bfloat16),
                 rtol=0,
                 equal_nan=True,
                 msg=column,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.hostile import make_sentinel, refused
+from tests.helpers.hostile import make_sentinel, refused
 
 # GGUF value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)
 UINT32, INT32, STRING, ARRAY, UINT64 = 4, 5, 8, 9, 10

@@ -11,7 +11,7 @@ from headlens.ablation.ablate import sweep_heads
 from headlens.ablation.store import SweepInterrupted, SweepStore
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
-from tests.hostile import make_sentinel, refused
+from tests.helpers.hostile import make_sentinel, refused
 
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 50257}
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}

@@ -11,7 +11,7 @@ import pytest
 
 from headlens.errors import ModelLoadError
 from headlens.load import cache, ollama
-from tests.hostile import assert_intact, make_sentinel, refused
+from tests.helpers.hostile import assert_intact, make_sentinel, refused
 
 
 @pytest.fixture(autouse=True)

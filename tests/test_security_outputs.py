@@ -13,7 +13,7 @@ import pytest
 import headlens.load.models
 from headlens import files
 from headlens.errors import OutputPathError
-from tests.hostile import make_sentinel, refused
+from tests.helpers.hostile import make_sentinel, refused
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from headlens.load import pulls
 from headlens.load.models import gpt2_tokenizer
 from headlens.probes import corpus
 from headlens.probes.corpus import TextFile, document_windows
-from tests.hostile import make_sentinel, refused
+from tests.helpers.hostile import make_sentinel, refused
 
 PIECE = 4096  # bytes: small pieces, so a text of a few hundred kB has many
 

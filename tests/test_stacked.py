@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from strong import sample_text
 
 from headlens.ablation.ablate import ablate_heads
 from headlens.ablation.evalset import repeat_evalset, text_evalset
@@ -13,6 +12,7 @@ from headlens.ablation.replace import replacements
 from headlens.ablation.stacked import first_layer, set_sums
 from headlens.ablation.sweep import ablated_sums
 from headlens.heads import Head
+from tests.helpers.strong import sample_text
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from strong import sample_text
 
 from headlens.ablation.ablate import sweep_heads
 from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
@@ -15,6 +14,7 @@ from headlens.ablation.replace import replacements
 from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.errors import ConfigError, InputTextError, OutputPathError
 from headlens.heads import Head, all_heads
+from tests.helpers.strong import sample_text
 
 # The bar: every delta of the fast sweep within 1e-5 of the naive full-forward loop.
 FAST_ATOL = 1e-5

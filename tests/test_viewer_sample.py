@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_browser import induction_target_attention
 
 from headlens.classify import samples
 from headlens.heads import Head, all_heads
 from headlens.reports.viewer import repeated_caption
+from tests.helpers.browser import induction_target_attention
 
 TEXT = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen"
 

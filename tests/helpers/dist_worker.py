@@ -1,8 +1,9 @@
 """A torch.distributed worker for tests/test_distributed.py, launched by
-`torchrun --standalone --nproc-per-node N tests/dist_worker.py MODE OUT [KILL_AFTER]`.
+`torchrun --standalone --nproc-per-node N -m tests.helpers.dist_worker MODE OUT [KILL_AFTER]` from the
+repository root.
 
 MODE `classify`: classify the small random GPT-2 on word-list documents; `sweep`: the exact
-single-head sweep of the strong test model (tests/strong.py), rows kept in OUT/sweep; `prune`:
+single-head sweep of the strong test model (tests/helpers/strong.py), rows kept in OUT/sweep; `prune`:
 the pruning curve of the strong test model (batches of windows split over the ranks). Rank 0
 pickles the result frame to OUT/result.pkl. KILL_AFTER (sweep): rank 1 SIGKILLs itself once it
 has durably appended that many rows, as a crashed process would die.
@@ -17,11 +18,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from strong import build_strong_model, sample_text  # noqa: E402
-
-from headlens import distributed  # noqa: E402
+from headlens import distributed
+from tests.helpers.strong import build_strong_model, sample_text
 
 SMALL = dict(n_layer=2, n_head=4, n_embd=64, n_positions=128)  # the conftest small_config
 DOCS = [sample_text(n, seed=s) for s, n in enumerate([300, 120, 900, 40, 500, 260, 700])]

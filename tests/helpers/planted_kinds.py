@@ -1,4 +1,4 @@
-"""More planted heads on the planted GPT-2 (tests/planted.py): successor and copy suppression.
+"""More planted heads on the planted GPT-2 (tests/helpers/planted.py): successor and copy suppression.
 
 build_planted(seed) is built first, unchanged; then two of its free heads are rewritten:
   successor         the ordinal tasks' tokens (headlens.scores.successor.successor_tasks) get
@@ -31,10 +31,20 @@ from __future__ import annotations
 import math
 
 import torch
-from planted import COPY_GAIN, D_HEAD, D_MODEL, N_HEADS, N_LAYERS, SUB, Planted, build_planted, place_roles
 
 from headlens.scores.name_mover import name_tokens
 from headlens.scores.successor import successor_tasks
+from tests.helpers.planted import (
+    COPY_GAIN,
+    D_HEAD,
+    D_MODEL,
+    N_HEADS,
+    N_LAYERS,
+    SUB,
+    Planted,
+    build_planted,
+    place_roles,
+)
 
 C1, BETA = 3.0, 2.0  # the name mover's query: C1 f - BETA INH (measured: END puts ~0.6 on IO, ~0.4 on S1 + S2)
 SUCCESSOR_GAIN = 0.05  # the successor head's output, relative to the induction head's copy

@@ -1,6 +1,6 @@
 """A planted induction circuit with a decoy, for the circuits tests.
 
-build_planted(seed) (tests/planted.py) is built first, unchanged: its previous-token head (the
+build_planted(seed) (tests/helpers/planted.py) is built first, unchanged: its previous-token head (the
 *source*) writes the previous token's TOK embedding into PREV, the subspace the induction head's
 keys read (K-composition, Olsson et al. 2022). Then one free head in a layer before the induction
 head becomes a *decoy*: a second previous-token head, planted with the same query/key weights
@@ -12,7 +12,8 @@ write reaches the induction head's keys.
 from __future__ import annotations
 
 import torch
-from planted import D_MODEL, N_HEADS, SUB, Planted, _plant, build_planted, place_roles
+
+from tests.helpers.planted import D_MODEL, N_HEADS, SUB, Planted, _plant, build_planted, place_roles
 
 
 def decoy_slot(roles: dict) -> tuple[int, int] | None:
