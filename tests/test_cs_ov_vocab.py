@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from families import family_configs
-from llama_ov import load_smollm2
 
 from headlens.load.models import build_model
 from headlens.scores.ov_vocab import BOTTOM_K, CI_HALF_WIDTH, SCREEN, VOCAB_SAMPLE, cs_ov_vocab, vocab_sample
+from tests.helpers.families import family_configs
+from tests.helpers.llama_ov import load_smollm2
 
 PLANTED = (2, 1)  # layer, head planted to write minus the token it reads (negative copying)
 ROUNDING = 2  # float32 here vs float64 in the test: at most this many tokens may flip at the 10th rank

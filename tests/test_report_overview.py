@@ -1,6 +1,6 @@
 """The main report's "How the heads work together" section (headlens.circuits.overview + reports/circuits.py) on
 the planted model: a previous-token head planted to be read by the induction head's keys, and a decoy
-previous-token head whose write nothing reads (tests/planted_circuits.py). Both carry the previous_token
+previous-token head whose write nothing reads (tests/helpers/planted_circuits.py). Both carry the previous_token
 label, as an attention-only labeller would give them; the weights tell them apart."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 from html import unescape
 
 import pytest
-from planted_circuits import build_planted_decoy, decoy_seeds
 
 from headlens.circuits.overview import overview_documents
 from headlens.heads import Head
 from headlens.reports.circuits import circuit_graph, circuit_section, role_lines
 from headlens.reports.i18n import t
+from tests.helpers.planted_circuits import build_planted_decoy, decoy_seeds
 
 Z_SOURCE = 10.0  # the planted source stands this many random-baseline deviations above the mean
 Z_RANDOM = 3.0  # the decoy, read by nothing, stays within 3 deviations of random
