@@ -126,7 +126,9 @@ def main() -> None:
     if args.sweep is not None:
         start = time.time()
         heads = [Head(la, h) for la in range(args.sweep, loaded.spec.n_layers) for h in range(loaded.spec.n_heads)]
-        swept = sweep_heads(loaded, metric="logit-diff", prompts=ablation_prompts(prompts), heads=heads, batch_size=48).frame
+        swept = sweep_heads(
+            loaded, metric="logit-diff", prompts=ablation_prompts(prompts), heads=heads, batch_size=48
+        ).frame
         print(f"single-head zero ablations of layers {args.sweep}.. ({time.time() - start:.0f} s); largest drops:")
         for row in swept.sort_values("delta").head(N_SHOWN).itertuples():
             print(f"  ablated delta {row.delta:+.3f}  " + describe(int(row.layer), int(row.head)))

@@ -26,6 +26,7 @@ from headlens.classify.labels import LABELS, roles_of
 from headlens.heads import Head
 from headlens.reports.explain import score_thresholds
 from headlens.reports.i18n import short_number, t
+from headlens.results import Result
 
 pytestmark = pytest.mark.browser
 
@@ -535,7 +536,7 @@ def nasty_report(small_model, tmp_path_factory):
     return render_report(
         out,
         model_info={"name": NASTY_TEXT, **{k: v for k, v in spec.__dict__.items()}},
-        heads=heads,
+        heads=Result("heads", heads),
         viewer=sample_patterns(small_model, NASTY_TEXT, max_tokens=64),
         command=f"headlens report {NASTY_TEXT}",
         text_label=NASTY_TEXT,
