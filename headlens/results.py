@@ -2,8 +2,9 @@
 (`.meta`, a JSON-ready dict), kept together.
 
 Every stage function returns a `Result`: classify_heads (kind "heads"), sweep_heads ("sweep"), ablate_heads
-("ablation"), prune_curve ("pruning") and validate_model ("validation"); each function's docstring gives its
-frame's columns and its meta's keys. The metadata lives beside the frame, not in pandas' `DataFrame.attrs`
+("ablation"), prune_curve ("pruning"), validate_model ("validation"), and the circuits' edge tables,
+composition_scores, path_patch and edge_attribution ("edges"); each function's docstring gives its frame's
+columns and its meta's keys. The metadata lives beside the frame, not in pandas' `DataFrame.attrs`
 (which `pd.concat` and `merge` drop): `pd.concat` refuses a Result with a TypeError that names
 `concat_results`, which concatenates the frames and keeps the metadata, or refuses when it would be lost.
 
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-KINDS = ("heads", "sweep", "ablation", "pruning", "validation")
+KINDS = ("heads", "sweep", "ablation", "pruning", "validation", "edges")
 
 
 class _ResultType(type):

@@ -4,8 +4,8 @@
 (IPython calls its `_repr_html_`; a headlens.Result calls `view` itself); `show(result)` displays it at once.
 Recognised results: the Results (headlens.results) of classify_heads (score heatmaps + label table), sweep_heads
 (heatmap of its metric's change), ablate_heads, one or a list (bars with 95% CIs, one chart per metric),
-prune_curve and validate_model, load_training_log's (log, heads) pair and a sample_patterns dict (the
-report's interactive attention viewer).
+prune_curve and validate_model, the circuits' edge tables (the EDGE_ROWS largest edges), load_training_log's
+(log, heads) pair and a sample_patterns dict (the report's interactive attention viewer).
 Return types of the library are untouched: the views only read them. Prose comes from the reports' message
 catalogue (headlens.reports.i18n) in the language asked for (`lang="en"` or `"es"`); only the viewer's static
 caption is this module's own.
@@ -45,6 +45,8 @@ PROSE = {
 
 # Rows of the sweep's "needed most" table.
 SWEEP_TOP_ROWS = 10
+# Edges shown of a circuits edge table: the largest by magnitude of its measure.
+EDGE_ROWS = 20
 # The viewer's static stand-in is drawn this many pixels wide (one pixel per weight, scaled up).
 STATIC_PIXELS = 256
 
@@ -136,7 +138,7 @@ def _is_ablation(value) -> bool:
 
 
 def kind_of(result) -> str:
-    """heads | sweep | ablation | pruning | validation | training | attention; TypeError otherwise."""
+    """heads | sweep | ablation | pruning | validation | edges | training | attention; TypeError otherwise."""
     if isinstance(result, dict) and "tokens" in result and "patterns" in result:
         return "attention"
     if isinstance(result, Result):
@@ -163,6 +165,7 @@ def render_html(result, heads: Result | None = None, lang: str = DEFAULT_LANG) -
         "ablation": lambda: ablation_html(result, lang),
         "pruning": lambda: pruning_html(result.frame, lang),
         "validation": lambda: validation_html(result.frame, lang),
+        "edges": lambda: edges_html(result, lang),
         "training": lambda: sections.training_figure(result, lang),
         "attention": lambda: attention_html(result, None if heads is None else heads.frame, suffix, lang),
     }[kind]()
@@ -250,6 +253,15 @@ def validation_html(frame: pd.DataFrame, lang: str) -> str:
         f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong></p>'
         + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang)
     )
+
+
+def edges_html(edges: Result, lang: str) -> str:
+    """The EDGE_ROWS edges largest in magnitude of the table's measure (its meta's `measure` column)."""
+    frame = edges.frame
+    column = edges.meta.get("measure")
+    if column in frame:
+        frame = frame.reindex(frame[column].abs().sort_values(ascending=False, kind="stable").index)
+    return sections.table(frame.head(EDGE_ROWS).reset_index(drop=True), sortable=False, lang=lang)
 
 
 def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:

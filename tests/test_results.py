@@ -119,3 +119,13 @@ def test_a_result_holds_a_frame_or_rows_of_a_known_kind():
         Result("scores", pd.DataFrame())
     with pytest.raises(ValueError, match="exactly one"):
         Result("sweep", pd.DataFrame(), rows=[])
+
+
+def test_a_circuits_edge_table_is_a_result_that_draws_its_largest_edges(small_model):
+    from headlens.reports.inline import EDGE_ROWS
+
+    edges = headlens.composition_scores(small_model, samples=8)
+    assert edges.kind == "edges" and edges.meta["measure"] == "composition"
+    assert (edges.frame["composition_baseline"] == edges.meta["baseline_mean"]).all()
+    html = headlens.view(edges).html()
+    assert 'data-kind="edges"' in html and html.count("<tr") == 1 + min(EDGE_ROWS, len(edges))
