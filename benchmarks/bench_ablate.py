@@ -167,7 +167,7 @@ def section_tiny() -> dict:
     out = {}
     for metric in ("text", "repeat"):
         start = time.perf_counter()
-        exact = sweep_heads(loaded, metric=metric)
+        exact = sweep_heads(loaded, metric=metric).frame
         t_exact = time.perf_counter() - start
         start = time.perf_counter()
         approx = approx_sweep(loaded, metric=metric, approx="atp")

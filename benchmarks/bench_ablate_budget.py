@@ -40,7 +40,7 @@ def main() -> None:
     for tokens in args.tokens:
         with tempfile.TemporaryDirectory() as cache:
             os.environ["HEADLENS_CACHE"] = cache
-            run = lambda tokens=tokens: ablate_heads(loaded, args.heads, tokens=tokens)  # noqa: E731
+            run = lambda tokens=tokens: ablate_heads(loaded, args.heads, tokens=tokens).meta  # noqa: E731
             cold, wall, cpu = timed(run)
             warm, wall_warm, _ = timed(run)
         assert warm == cold

@@ -57,9 +57,10 @@ def child(model: str, budget: int, out: Path, max_windows: int) -> None:
     for name, probe in list(kinds.PROBES.items()):
         object.__setattr__(probe, "run", timed(name, probe))
     wall, used = time.perf_counter(), cpu()
-    frame = classify_heads(loaded, config=ClassifyConfig(token_budget=budget, max_windows=max_windows))
+    heads = classify_heads(loaded, config=ClassifyConfig(token_budget=budget, max_windows=max_windows))
+    frame = heads.frame
     timings["classify"] = {"wall_s": time.perf_counter() - wall, "cpu_s": cpu() - used}
-    sizes = frame.attrs["probes"]["sizes"]
+    sizes = heads.meta["probes"]["sizes"]
     (out / f"heads_{key(budget, max_windows)}.json").write_text(json.dumps(head_records(frame), default=str))
     print(
         json.dumps(

@@ -63,7 +63,7 @@ def main() -> None:
     figures: dict = {"model": args.model, "gflops_before": matmul_gflops()}
     loaded = load_model(args.model)
     spec = loaded.spec
-    comp, figures["composition_s"] = timed(lambda: composition_scores(loaded))
+    comp, figures["composition_s"] = timed(lambda: composition_scores(loaded).frame)
     figures["gflops_after_composition"] = matmul_gflops()
     figures["baseline"] = [float(comp["composition_baseline"].iloc[0]), float(comp["composition_baseline_std"].iloc[0])]
     prev, induction = attention_roles(loaded)
@@ -76,10 +76,10 @@ def main() -> None:
     if args.composition_only:
         return
     task = induction_task(loaded, n=2, seq_len=12, seed=5)
-    eap, figures["eap_s"] = timed(lambda: edge_attribution(loaded, task, "eap"))
-    ig, figures["eap_ig5_s"] = timed(lambda: edge_attribution(loaded, task, "eap-ig", steps=5))
+    eap, figures["eap_s"] = timed(lambda: edge_attribution(loaded, task, "eap").frame)
+    ig, figures["eap_ig5_s"] = timed(lambda: edge_attribution(loaded, task, "eap-ig", steps=5).frame)
     receivers = sorted(induction)[: args.receivers]
-    exact, figures["exact_subset_s"] = timed(lambda: path_patch(loaded, task, receivers=receivers))
+    exact, figures["exact_subset_s"] = timed(lambda: path_patch(loaded, task, receivers=receivers).frame)
     figures["exact_subset_edges"] = len(exact)
     all_heads = [type(receivers[0])(layer, h) for layer in range(spec.n_layers) for h in range(spec.n_heads)]
     share = work(spec.n_layers, spec.n_heads, receivers) / work(spec.n_layers, spec.n_heads, all_heads)

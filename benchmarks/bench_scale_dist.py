@@ -36,7 +36,7 @@ def _worker(out: Path) -> None:
     loaded = build_model(None, seed=0, name="gpt2-shaped-random")
     distributed.barrier()
     start = time.perf_counter()
-    frame = sweep_heads(loaded, metric="repeat")
+    frame = sweep_heads(loaded, metric="repeat").frame
     seconds = time.perf_counter() - start
     if distributed.is_main():
         frame.to_pickle(out / "sweep.pkl")

@@ -71,7 +71,8 @@ def main(path: str) -> None:
     labelled = nm["name_mover"].nonzero().tolist()
     chosen = labelled or [[i // io.shape[1], i % io.shape[1]] for i in (io * copy).flatten().topk(3).indices.tolist()]
     heads = [Head(int(a), int(b)) for a, b in chosen]
-    result = ablate_heads(loaded, heads, metric="logit-diff", prompts=ablation_prompts(nm["prompts"]), control=20)
+    prompts = ablation_prompts(nm["prompts"])
+    result = ablate_heads(loaded, heads, metric="logit-diff", prompts=prompts, control=20).meta
     control = result["control"]
     print(
         f"- IOI ablation of {'labelled' if labelled else 'top io x copy'} {[str(h) for h in heads]}: delta "

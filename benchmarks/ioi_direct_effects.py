@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--sweep", type=int, default=None, metavar="FIRST", help="also sweep layers FIRST..")
     args = parser.parse_args()
     loaded = load_model(args.model)
-    frame = classify_heads(loaded).set_index(["layer", "head"])
+    frame = classify_heads(loaded).frame.set_index(["layer", "head"])
     prompts = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, 48, 0)
     run = ioi_run(loaded, prompts)
     effect = run["ioi_direct_effect"]  # [layer, head]
@@ -126,7 +126,9 @@ def main() -> None:
     if args.sweep is not None:
         start = time.time()
         heads = [Head(la, h) for la in range(args.sweep, loaded.spec.n_layers) for h in range(loaded.spec.n_heads)]
-        swept = sweep_heads(loaded, metric="logit-diff", prompts=ablation_prompts(prompts), heads=heads, batch_size=48)
+        swept = sweep_heads(
+            loaded, metric="logit-diff", prompts=ablation_prompts(prompts), heads=heads, batch_size=48
+        ).frame
         print(f"single-head zero ablations of layers {args.sweep}.. ({time.time() - start:.0f} s); largest drops:")
         for row in swept.sort_values("delta").head(N_SHOWN).itertuples():
             print(f"  ablated delta {row.delta:+.3f}  " + describe(int(row.layer), int(row.head)))

@@ -66,7 +66,7 @@ def main(name: str) -> None:
         print(f"no labelled name movers: nothing to ablate; wall {time.perf_counter() - start:.0f} s")
         return
     prompts = ablation_prompts(nm["prompts"])
-    result = ablate_heads(loaded, movers, metric="logit-diff", prompts=prompts, control=N_CONTROL, seed=0)
+    result = ablate_heads(loaded, movers, metric="logit-diff", prompts=prompts, control=N_CONTROL, seed=0).meta
     control = result["control"]
     print(
         f"ablate movers: clean {result['clean']:.3f}, delta {result['delta']:.3f}; stats sets: rank {control['rank']}"
@@ -75,14 +75,14 @@ def main(name: str) -> None:
     print(f"  stats sets (may share heads): min {min(deltas):.3f}, max {max(deltas):.3f}", flush=True)
     disjoint = []
     for heads in disjoint_sets(movers, loaded.spec.n_heads, N_CONTROL):
-        disjoint.append(ablate_heads(loaded, heads, metric="logit-diff", prompts=prompts)["delta"])
+        disjoint.append(ablate_heads(loaded, heads, metric="logit-diff", prompts=prompts).meta["delta"])
         print("  disjoint", [str(h) for h in heads], f"{disjoint[-1]:.3f}", flush=True)
     below = sum(d <= result["delta"] for d in disjoint)
     print(
         f"disjoint sets: {len(disjoint)}, min {min(disjoint):.3f}, max {max(disjoint):.3f}, at or below movers {below}"
     )
     if negative:
-        delta = ablate_heads(loaded, negative, metric="logit-diff", prompts=prompts)["delta"]
+        delta = ablate_heads(loaded, negative, metric="logit-diff", prompts=prompts).meta["delta"]
         print(f"ablate negative movers: delta {delta:.3f}")
     print(f"wall {time.perf_counter() - start:.0f} s")
 

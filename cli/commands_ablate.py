@@ -91,7 +91,7 @@ def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
     keep = {(h.layer, h.head) for h in heads}
     approx = approx[[(r.layer, r.head) in keep for r in approx.itertuples()]].reset_index(drop=True)
     if check:
-        exact = sweep_heads(loaded, progress=progress, heads=heads, tokens=None, **options)
+        exact = sweep_heads(loaded, progress=progress, heads=heads, tokens=None, **options).frame
         approx = approx.merge(exact[["layer", "head", "delta"]], on=["layer", "head"])
         summary = {"kind": "check", "n_seq": "all", **agreement(exact, approx)}
     else:
@@ -374,13 +374,13 @@ def ablate_command(
             from pathlib import Path
 
             Path(out).mkdir(parents=True, exist_ok=True)
-            _write_json_atomic(Path(out) / "ablation.json", ablation)
+            _write_json_atomic(Path(out) / "ablation.json", ablation.meta)
         if why:
-            ablation["metric_why"] = why
+            ablation.meta["metric_why"] = why
         if fmt == "json":
-            click.echo(json.dumps(ablation))
+            click.echo(json.dumps(ablation.meta))
         else:
-            _print_ablation(ablation)
+            _print_ablation(ablation.meta)
     if report_path and distributed.is_main():
         from headlens.reports import render_report
 
@@ -414,22 +414,22 @@ def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt
         )
 
     try:
-        frame = _batched(sweep, batch_size)
+        result = _batched(sweep, batch_size)
     except SweepInterrupted as stop:
         advice = "; rerun with --resume" if stop.directory is not None else ""
         click.echo(f"headlens: interrupted: {stop}{advice}", err=True)
         click.get_current_context().exit(EXIT_INTERRUPTED)
     name, metric = str(loaded.name), evaluation.metric
-    about = {key: frame.attrs[key] for key in ABOUT_KEYS}
+    about = {key: result.meta[key] for key in ABOUT_KEYS}
     _print_frame(
-        frame,
+        result.frame,
         fmt,
         lambda row: _row_object(name, method, metric, UNIT[metric], row, about),
         {"model": name, "method": method, "metric": metric, "unit": UNIT[metric], **about},
     )
     if fmt != "json":
         click.echo("; ".join(f"{_TEXT_NAMES.get(key, key)}: {about[key]}" for key in ABOUT_KEYS))
-    return frame
+    return result
 
 
 @click.command("prune")
@@ -504,8 +504,8 @@ def prune_command(
         batch_size,
         default=BATCH_SIZE,
     )
-    order = removal_by_role(curve, labels, seed=seed) if roles else None
-    n_ok = heads_within(curve)
+    order = removal_by_role(curve.frame, labels, seed=seed) if roles else None
+    n_ok = heads_within(curve.frame)
     n_total = loaded.spec.n_layers * loaded.spec.n_heads
     if not distributed.is_main():  # every rank holds the same curve; rank 0 alone writes
         return
@@ -513,7 +513,7 @@ def prune_command(
         click.echo(
             json.dumps(
                 {
-                    "curve": curve.to_dict("records"),
+                    "curve": curve.frame.to_dict("records"),
                     "heads_within_tolerance": n_ok,
                     "n_heads": n_total,
                     "tolerance": PRUNE_TOLERANCE,
@@ -522,12 +522,12 @@ def prune_command(
             )
         )
     else:
-        click.echo(curve.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        click.echo(curve.frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         click.echo(
             f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
-            f"(unpruned loss {curve['loss'].iloc[0]:.4f})"
+            f"(unpruned loss {curve.frame['loss'].iloc[0]:.4f})"
         )
-        click.echo(f"text: {curve.attrs['data']}; importance on the odd windows, loss on the even ones")
+        click.echo(f"text: {curve.meta['data']}; importance on the odd windows, loss on the even ones")
         if order is not None:
             click.echo(_order_line(order))
     if report_path:
@@ -535,7 +535,7 @@ def prune_command(
         from headlens.reports.i18n import t
 
         command = command_line(click.get_current_context())
-        curve.attrs.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
+        curve.meta.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
         written = render_report(
             report_path,
             model_info=model_info(loaded),

@@ -191,17 +191,18 @@ def classify_command(
     loaded = load_model(model, **placement)
     show = progress and distributed.is_main()
     if batch_size == "auto":
-        frame, chosen = with_largest_batch(
+        heads, chosen = with_largest_batch(
             lambda size: classify_heads(loaded, text=text, config=replace(config, batch_size=size), progress=show)
         )
         if distributed.is_main():
             click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
     else:
         config = replace(config, batch_size=batch_size) if batch_size is not None else config
-        frame = classify_heads(loaded, text=text, config=config, progress=show)
+        heads = classify_heads(loaded, text=text, config=config, progress=show)
     if not distributed.is_main():
         return  # rank 0 alone prints and writes
-    _notes(frame, text)
+    _notes(heads, text)
+    frame = heads.frame
     if out is not None:
         _write_outputs(out, frame)
         click.echo(f"headlens: wrote {out / 'heads.csv'} and {out / 'heads.json'}", err=True)
@@ -217,7 +218,7 @@ def classify_command(
         written = render_report(
             report_path,
             model_info=model_info(loaded),
-            heads=frame,
+            heads=heads,
             command=command_line(ctx),
             text_label=text_path or t("text_label.default", lang),
             lang=lang,
@@ -226,11 +227,11 @@ def classify_command(
     click.echo(_render(rank_heads(frame), fmt))
 
 
-def _notes(frame, text) -> None:
-    """One stderr note per thing the user should know about the probes run."""
+def _notes(heads, text) -> None:
+    """One stderr note per thing the user should know about the probes run (`heads`: classify_heads' Result)."""
     from headlens.classify import SOURCE_DEFAULT
 
-    info = frame.attrs["probes"]
+    info = heads.meta["probes"]
     sizes = info["sizes"]
     if sizes["capped"]:
         click.echo(
@@ -271,27 +272,27 @@ def _notes(frame, text) -> None:
             f"{'does' if info['ioi_logit_diff'] > 0 else 'does not do'}",
             err=True,
         )
-    if frame.attrs["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
+    if heads.meta["sources"]["needles"] == SOURCE_DEFAULT and text is not None:
         click.echo(
             "headlens: note: the text is too short for a needle-in-a-haystack test; the retrieval probe's "
             "haystack is the held-out text shipped with headlens (needles_source = default_text)",
             err=True,
         )
-    _kind_notes(frame)
+    _kind_notes(heads)
 
 
-# What a probe with nothing to score found none of (its facts key in frame.attrs["probes"][label], the unit)
+# What a probe with nothing to score found none of (its facts key in meta["probes"][label], the unit)
 EMPTY_PROBE = {"rare_word": ("n_sentences", "sentences"), "syntactic": ("relations", "relations")}
 
 
-def _kind_notes(frame) -> None:
+def _kind_notes(heads) -> None:
     """Why each role no head earned is absent (headlens.classify.labels.absent_roles): the head highest on the
     kind's ranking score, its evidence beside the cut-offs; or that the probe had nothing to score."""
     from headlens.classify import kinds
     from headlens.classify.labels import absent_roles
 
-    info = frame.attrs["probes"]
-    for absence in absent_roles(frame):
+    info = heads.meta["probes"]
+    for absence in absent_roles(heads.frame, heads.meta):
         label = absence.label
         if absence.head is None:
             probe = kinds.BY_COLUMN[kinds.BY_LABEL[label].score].probe

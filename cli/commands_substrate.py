@@ -78,24 +78,24 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     text = first_document(open_text(text_path)) if text_path is not None else None
     loaded = load_model(model, **placement)
     try:
-        frame, failure = validate_model(loaded, text), None
+        result, failure = validate_model(loaded, text), None
     except ValidationFailed as exc:
-        frame, failure = exc.frame, exc
+        result, failure = exc.result, exc
+    frame, meta = result.frame, result.meta
     if fmt == "json":
         payload = {
             "model": model,
-            "text_source": frame.attrs.get("text_source"),
-            "n_tokens": frame.attrs.get("n_tokens"),
+            "text_source": meta.get("text_source"),
+            "n_tokens": meta.get("n_tokens"),
             "passed": failure is None,
-            "dtype": frame.attrs.get("dtype"),
-            "tolerance_rule": frame.attrs.get("tolerance_rule"),
+            "dtype": meta.get("dtype"),
+            "tolerance_rule": meta.get("tolerance_rule"),
             "rows": frame.to_dict(orient="records"),
         }
         click.echo(json.dumps(payload, indent=2))
     else:
         click.echo(
-            f"model {model}: {frame.attrs.get('n_tokens')} tokens of {frame.attrs.get('text_source')}; "
-            f"{frame.attrs.get('tolerance_rule')}"
+            f"model {model}: {meta.get('n_tokens')} tokens of {meta.get('text_source')}; {meta.get('tolerance_rule')}"
         )
         click.echo(_format_table(frame))
         click.echo(identical_note(frame, "en"))  # why a reference reads exactly 0, which one is independent

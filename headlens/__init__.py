@@ -6,13 +6,18 @@ headlens` stays light:
 
     import headlens
     loaded = headlens.load_model("tiny")
-    heads = headlens.classify_heads(loaded)           # DataFrame: one row per head, its scores and labels
+    heads = headlens.classify_heads(loaded)           # one row per head, its scores and labels
     result = headlens.ablate_heads(loaded, "1.0")     # the loss with and without head 1.0
     sweep = headlens.sweep_heads(loaded)              # every head alone, exact
     curve = headlens.prune_curve(loaded)              # loss as heads are removed
     checks = headlens.validate_model(loaded)          # the from-scratch attention against the library
+    report = headlens.build_report(loaded)            # every result a report page shows; .render(path)
 
-In a notebook, `headlens.show(result)` draws any result inline (headlens.reports.inline).
+Each is a `headlens.Result` (headlens.results): `.frame` (a DataFrame), `.meta` (what it was measured
+under), `.to_json()`; `headlens.concat_results` combines results without losing their metadata. The circuits'
+entry points (make_task, circuit, composition_scores, path_patch, edge_attribution, self_repair) are here too.
+In a notebook a result draws itself inline (`headlens.view`, headlens.reports.inline); `headlens.show(result)`
+displays it at once.
 """
 
 __version__ = "0.1.0"
@@ -34,23 +39,42 @@ LAZY = {
     "sweep_heads": "ablation.ablate",
     "prune_curve": "ablation.prune",
     "validate_model": "validate.check",
+    "Result": "results",
+    "concat_results": "results",
+    "build_report": "reports.pipeline",
+    "make_task": "circuits.tasks",
+    "circuit": "circuits.circuit",
+    "composition_scores": "circuits.composition",
+    "path_patch": "circuits.paths",
+    "edge_attribution": "circuits.attribution",
+    "self_repair": "circuits.selfrepair",
 }
 
 __all__ = [
     "ClassifyConfig",
     "Head",
     "HeadlensError",
+    "Result",
     "__version__",
     "ablate_heads",
     "all_heads",
+    "build_report",
+    "circuit",
     "classify_heads",
+    "composition_scores",
+    "concat_results",
+    "edge_attribution",
     "load_model",
+    "make_task",
     "parse_heads",
+    "path_patch",
     "prune_curve",
+    "self_repair",
     "show",
     "show_attention",
     "sweep_heads",
     "validate_model",
+    "view",
 ]
 
 
@@ -72,12 +96,12 @@ def lazy_getattr(package: str, table: Mapping[str, str]) -> Callable[[str], Any]
 def show(result, heads=None, lang: str = "en") -> None:
     """Display a result inline in a Jupyter or VS Code notebook, self-contained (no network).
 
-    `result`: a classify_heads frame (score heatmaps + label table), a sweep_heads frame (heatmap), an
-    ablate_heads dict or a list of them (delta loss with its 95% CI), a prune_curve frame, a validate_model
-    frame, load_training_log's (log, heads) pair, or a sample_patterns dict (the interactive attention
-    viewer; `heads`, a classify_heads frame, names the labelled heads in its menu). `lang`: "en" or "es", the
-    language of the prose. TypeError for anything else; RuntimeError outside IPython. For an object that
-    renders as the last expression of a cell, use `headlens.reports.inline.view(result)`.
+    `result`: a Result of classify_heads (score heatmaps + label table), sweep_heads (heatmap), ablate_heads
+    (delta with its 95% CI; a list of them too), prune_curve or validate_model, load_training_log's (log,
+    heads) pair, or a sample_patterns dict (the interactive attention viewer; `heads`, a classify_heads
+    Result, names the labelled heads in its menu). `lang`: "en" or "es", the language of the prose.
+    TypeError for anything else; RuntimeError outside IPython. For an object that renders as the last
+    expression of a cell, use `view(result)`.
 
     headlens.reports is imported here, not at the top of this module: imports point cli -> reports ->
     headlens, and reports imports headlens, so a top-level import would make a cycle and load matplotlib
@@ -86,6 +110,14 @@ def show(result, heads=None, lang: str = "en") -> None:
     from headlens.reports import inline
 
     inline.show(result, heads=heads, lang=lang)
+
+
+def view(result, heads=None, lang: str = "en"):
+    """`result` (as for `show`) as an object that renders itself as the last expression of a notebook cell;
+    its `.html()` is the fragment. headlens.reports is imported here for the reason given in `show`."""
+    from headlens.reports import inline
+
+    return inline.view(result, heads=heads, lang=lang)
 
 
 def show_attention(
@@ -105,9 +137,17 @@ def show_attention(
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.prune import prune_curve
+    from headlens.circuits.attribution import edge_attribution
+    from headlens.circuits.circuit import circuit
+    from headlens.circuits.composition import composition_scores
+    from headlens.circuits.paths import path_patch
+    from headlens.circuits.selfrepair import self_repair
+    from headlens.circuits.tasks import make_task
     from headlens.classify.frame import classify_heads
     from headlens.classify.labels import ClassifyConfig
     from headlens.load.models import load_model
+    from headlens.reports.pipeline import build_report
+    from headlens.results import Result, concat_results
     from headlens.validate.check import validate_model
 else:  # type checkers read the imports above, and flag a name that is neither
     __getattr__ = lazy_getattr(__name__, LAZY)

@@ -32,12 +32,14 @@ class OutputPathError(HeadlensError, OSError):
 class ValidationFailed(HeadlensError):
     """The from-scratch attention disagrees with the library beyond tolerance.
 
-    `frame` holds the full comparison table (headlens.validate), so callers can still show it.
+    `result` holds validate_model's Result (the full comparison table and its meta, headlens.validate), so
+    callers can still show it; `frame` is its table.
     """
 
-    def __init__(self, message: str, frame=None):
+    def __init__(self, message: str, result=None):
         super().__init__(message)
-        self.frame = frame
+        self.result = result
+        self.frame = None if result is None else result.frame
 
 
 class UnsupportedModelError(ModelLoadError):

@@ -2,7 +2,7 @@
 
 Plain-language text shown next to every heatmap (from the message catalogue, headlens.reports.i18n).
 Columns, colour scales, thresholds and evidence come from the registry of head kinds
-(headlens.classify.kinds); a report draws the thresholds its classifier used (`heads.attrs["config"]`),
+(headlens.classify.kinds); a report draws the thresholds its classifier used (the classification's `meta["config"]`),
 else the registry's defaults.
 """
 
@@ -54,14 +54,14 @@ SCORES: tuple[ScoreInfo, ...] = tuple(
 CONFIG_FIELDS = {column: th.field for column, th in kinds.THRESHOLD_OF.items()}
 
 
-def score_thresholds(attrs: dict | None = None) -> dict[str, float | None]:
-    """Threshold per score column: the classifier's config in the frame's attrs (`attrs["config"]`), else
-    the registry's defaults (headlens.classify.labels.cut_offs); `attrs["thresholds"]` ({column: value})
+def score_thresholds(meta: dict | None = None) -> dict[str, float | None]:
+    """Threshold per score column: the classifier's config in a classification's meta (`meta["config"]`),
+    else the registry's defaults (headlens.classify.labels.cut_offs); `meta["thresholds"]` ({column: value})
     overrides all."""
-    attrs = attrs or {}
-    cuts = cut_offs(attrs)
+    meta = meta or {}
+    cuts = cut_offs(meta)
     found = {info.column: cuts.get(info.column) for info in SCORES}
-    for column, value in (attrs.get("thresholds") or {}).items():
+    for column, value in (meta.get("thresholds") or {}).items():
         if column in found and isinstance(value, (int, float)):
             found[column] = float(value)
     return found

@@ -28,6 +28,7 @@ from headlens.reports.circuits import role_lines
 from headlens.reports.headmap import head_map, overlaps, role_counts
 from headlens.reports.i18n import DEFAULT_LANG, has, integer, number, percent, short_number, t
 from headlens.reports.sections import details, esc, metric_words, result_delta, results_list, section, table
+from headlens.results import Result
 
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
 TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
@@ -36,7 +37,7 @@ SINK_EXAMPLES = 5  # strongest first-token sinks named in their summary
 KV_OPEN_ROWS = 12  # key/value groups with a role shown open up to this many (more are folded)
 
 
-def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dict]:
+def single_head_ablations(sweep: Result | None, ablation) -> dict[str, dict]:
     """{"L.H": {delta, low, high, metric}} for every head ablated alone; the sweep wins over a single run."""
     found = {}
     for result in results_list(ablation):
@@ -49,8 +50,8 @@ def single_head_ablations(sweep: pd.DataFrame | None, ablation) -> dict[str, dic
                 "metric": result.get("metric", "text"),
             }
     if sweep is not None:
-        metric = sweep.attrs.get("metric", "text")
-        for row in sweep.to_dict("records"):
+        metric = sweep.meta.get("metric", "text")
+        for row in sweep.frame.to_dict("records"):
             found[f"{int(row['layer'])}.{int(row['head'])}"] = {
                 "delta": result_delta(row),
                 "low": float(row.get("ci95_low", math.nan)),
@@ -134,31 +135,33 @@ def role_results(role: str, heads: list[str], ablation) -> list[dict]:
 
 
 def findings_section(
-    heads: pd.DataFrame, sweep=None, ablation=None, lang: str = DEFAULT_LANG, circuits: list[dict] | None = None
+    heads: Result, sweep=None, ablation=None, lang: str = DEFAULT_LANG, circuits: list[dict] | None = None
 ) -> str:
     """The head map, then per role how many heads and the strongest (with their key scores and
-    ablation evidence), then the first-token sinks summarised, the probe sizes and sources."""
-    records = heads.sort_values(["layer", "head"]).to_dict("records")
+    ablation evidence), then the first-token sinks summarised, the probe sizes and sources, of a
+    classification (classify_heads' Result)."""
+    frame = heads.frame
+    records = frame.sort_values(["layer", "head"]).to_dict("records")
     labels = [label_list(row.get("labels")) for row in records]
     n_roles = sum(1 for names in labels if roles_of(names))
     ablations = single_head_ablations(sweep, ablation)
     intro = t(
         "findings.intro", lang, n_labelled=n_roles, n_heads=len(records), n_none=len(records) - n_roles, top=TOP_HEADS
     )
-    intro += overlap_text(heads, n_roles, lang)
+    intro += overlap_text(frame, n_roles, lang)
     if ablations:
         intro += " " + t("findings.intro_ablation", lang)
     parts = [
         f"<p>{esc(intro)}</p>" if n_roles else f"<p>{esc(t('findings.no_roles', lang))}</p>",
-        head_map(heads, lang),
+        head_map(frame, lang),
     ]
     for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
         if rows:
             parts.append(role_block(role, rows, ablations, lang, ablation, circuits))
     parts.append(absent_block(heads, lang))
-    parts.append(sinks_block(records, labels, heads.attrs, lang))
-    parts.append(sizes_text(heads.attrs, lang))
+    parts.append(sinks_block(records, labels, heads.meta, lang))
+    parts.append(sizes_text(heads.meta, lang))
     parts.append(ioi_text(heads, lang))
     parts.append(syntactic_text(heads, lang))
     parts.append(sources_table(heads, lang))
@@ -234,11 +237,11 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
     )
 
 
-def absent_block(heads: pd.DataFrame, lang: str, anchor: str | None = "roles-absent") -> str:
+def absent_block(heads: Result, lang: str, anchor: str | None = "roles-absent") -> str:
     """The roles no head earned (headlens.classify.labels.absent_roles), each with the head highest on the kind's
     ranking score and its scores beside their cut-offs, in a div with id `anchor` (None: no id, for
     inline views that may repeat); "" when every role was found."""
-    absent = absent_roles(heads)
+    absent = absent_roles(heads.frame, heads.meta)
     if not absent:
         return ""
     items = []
@@ -263,13 +266,13 @@ def absent_block(heads: pd.DataFrame, lang: str, anchor: str | None = "roles-abs
     )
 
 
-def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang: str) -> str:
+def sinks_block(records: list[dict], labels: list[list[str]], meta: dict, lang: str) -> str:
     """First-token sinks, a property: how many, how many have no role, the strongest few."""
     sinks = [(row, names) for row, names in zip(records, labels, strict=True) if "first_token" in names]
     if not sinks:
         return ""
     sinks.sort(key=lambda pair: -head_strength(pair[0], "first_token"))
-    threshold = explain.score_thresholds(attrs).get("first_token_score")
+    threshold = explain.score_thresholds(meta).get("first_token_score")
     strongest = ", ".join(
         f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
         for row, _ in sinks[:SINK_EXAMPLES]
@@ -289,9 +292,9 @@ def sinks_block(records: list[dict], labels: list[list[str]], attrs: dict, lang:
     )
 
 
-def sizes_text(attrs: dict, lang: str) -> str:
+def sizes_text(meta: dict, lang: str) -> str:
     """What the token budget made of each probe ("" for a frame without the record)."""
-    sizes = (attrs.get("probes") or {}).get("sizes")
+    sizes = (meta.get("probes") or {}).get("sizes")
     if not isinstance(sizes, dict):
         return ""
     key = "findings.sizes_capped" if sizes.get("capped") else "findings.sizes"
@@ -306,46 +309,46 @@ def sizes_text(attrs: dict, lang: str) -> str:
     return f'<p id="probe-sizes">{esc(text)}</p>'
 
 
-def syntactic_text(heads: pd.DataFrame, lang: str) -> str:
+def syntactic_text(heads: Result, lang: str) -> str:
     """That the syntactic probe did not run and how to run it; "" when it ran (or the frame predates it)."""
-    if not (heads.attrs.get("probes") or {}).get("syntactic_missing"):
+    if not (heads.meta.get("probes") or {}).get("syntactic_missing"):
         return ""
     return f'<p id="syntactic">{esc(t("findings.syntactic_not_run", lang))}</p>'
 
 
-def ioi_text(heads: pd.DataFrame, lang: str) -> str:
+def ioi_text(heads: Result, lang: str) -> str:
     """Whether the model does the IOI task: its own logit difference (the `ioi_logit_diff` column, the
     same on every row), or why no prompt was built; "" for a frame without the IOI probe."""
-    probes = heads.attrs.get("probes") or {}
+    probes, frame = heads.meta.get("probes") or {}, heads.frame
     if probes.get("ioi_missing") and "ioi_names_total" in probes:
         text = t("findings.ioi_missing_names", lang, n=probes["ioi_names"], total=probes["ioi_names_total"])
         return f'<p id="ioi">{esc(text)}</p>'
     if probes.get("ioi_missing"):  # a frame without the counts: the reason as the probe wrote it
         return f'<p id="ioi">{esc(t("findings.ioi_missing", lang, reason=probes["ioi_missing"]))}</p>'
-    if "ioi_logit_diff" not in heads or not len(heads) or not math.isfinite(float(heads["ioi_logit_diff"].iloc[0])):
+    if "ioi_logit_diff" not in frame or not len(frame) or not math.isfinite(float(frame["ioi_logit_diff"].iloc[0])):
         return ""
     share = probes.get("ioi_correct_share")
     text = t(
         "findings.ioi",
         lang,
-        diff=number(float(heads["ioi_logit_diff"].iloc[0]), lang),
-        n=int(heads["n_ioi_prompts"].iloc[0]) if "n_ioi_prompts" in heads else "?",
+        diff=number(float(frame["ioi_logit_diff"].iloc[0]), lang),
+        n=int(frame["n_ioi_prompts"].iloc[0]) if "n_ioi_prompts" in frame else "?",
         share=percent(share, lang) if isinstance(share, float) else "?",
     )
     return f'<p id="ioi">{esc(text)}</p>'
 
 
-def probe_sources(heads: pd.DataFrame) -> dict[str, str]:
-    """Probe -> where its input came from: `attrs["sources"]`, else the `*_source` columns (a frame
+def probe_sources(heads: Result) -> dict[str, str]:
+    """Probe -> where its input came from: `meta["sources"]`, else the `*_source` columns (a classification
     read back from CSV or JSON); {} when neither was recorded."""
-    sources = dict(heads.attrs.get("sources") or {})
+    sources, frame = dict(heads.meta.get("sources") or {}), heads.frame
     for probe, column in SOURCE_COLUMNS.items():
-        if probe not in sources and column in heads and len(heads):
-            sources[probe] = str(heads[column].iloc[0])
+        if probe not in sources and column in frame and len(frame):
+            sources[probe] = str(frame[column].iloc[0])
     return sources
 
 
-def sources_table(heads: pd.DataFrame, lang: str) -> str:
+def sources_table(heads: Result, lang: str) -> str:
     """Where each probe's input came from, a fallback to the shipped text said in words."""
     sources = probe_sources(heads)
     if not sources:

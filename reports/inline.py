@@ -1,10 +1,11 @@
 """Results shown inline in Jupyter and VS Code notebooks: HTML fragments with no network and no `<script src>`.
 
 `view(result)` wraps a library result in an object that renders itself as the last expression of a cell
-(IPython calls its `_repr_html_`); `show(result)` displays it at once. Recognised results: the classify_heads
-frame (score heatmaps + label table), a sweep_heads frame (heatmap of its metric's change), an ablate_heads
-dict or a list of them (bars with 95% CIs, one chart per metric), a prune_curve frame, a validate_model frame,
-load_training_log's (log, heads) pair and a sample_patterns dict (the report's interactive attention viewer).
+(IPython calls its `_repr_html_`; a headlens.Result calls `view` itself); `show(result)` displays it at once.
+Recognised results: the Results (headlens.results) of classify_heads (score heatmaps + label table), sweep_heads
+(heatmap of its metric's change), ablate_heads, one or a list (bars with 95% CIs, one chart per metric),
+prune_curve and validate_model, the circuits' edge tables (the EDGE_ROWS largest edges), load_training_log's
+(log, heads) pair and a sample_patterns dict (the report's interactive attention viewer).
 Return types of the library are untouched: the views only read them. Prose comes from the reports' message
 catalogue (headlens.reports.i18n) in the language asked for (`lang="en"` or `"es"`); only the viewer's static
 caption is this module's own.
@@ -23,9 +24,10 @@ import secrets
 import numpy as np
 import pandas as pd
 
-from headlens.reports import explain, figures, findings, sections
+from headlens.reports import figures, findings, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, report_script, safe_json, viewer_payload
+from headlens.results import Result
 
 # The inline views' own sentences (the rest is the reports' message catalogue, headlens.reports.i18n).
 PROSE = {
@@ -43,6 +45,8 @@ PROSE = {
 
 # Rows of the sweep's "needed most" table.
 SWEEP_TOP_ROWS = 10
+# Edges shown of a circuits edge table: the largest by magnitude of its measure.
+EDGE_ROWS = 20
 # The viewer's static stand-in is drawn this many pixels wide (one pixel per weight, scaled up).
 STATIC_PIXELS = 256
 
@@ -78,10 +82,10 @@ STYLE = """
 class InlineView:
     """A library result that renders itself in a notebook (`_repr_html_`); `html()` gives the fragment."""
 
-    def __init__(self, result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG):
+    def __init__(self, result, heads: Result | None = None, lang: str = DEFAULT_LANG):
         self.kind = kind_of(result)
         self.result = result
-        self.heads = heads  # a classify_heads frame: the viewer's menu names each labelled head
+        self.heads = heads  # a classification (classify_heads): the viewer's menu names each labelled head
         self.lang = check_lang(lang)  # language of the prose (headlens.reports.i18n.LANGS)
 
     def html(self) -> str:
@@ -95,12 +99,12 @@ class InlineView:
         return f"<headlens {self.kind} view: display it in a notebook, or call .html()>"
 
 
-def view(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> InlineView:
+def view(result, heads: Result | None = None, lang: str = DEFAULT_LANG) -> InlineView:
     """`result` as an InlineView; TypeError when it is no result headlens knows how to draw."""
     return InlineView(result, heads=heads, lang=lang)
 
 
-def show(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> None:
+def show(result, heads: Result | None = None, lang: str = DEFAULT_LANG) -> None:
     """Display `result` in the running notebook (IPython.display); RuntimeError outside IPython."""
     inline = view(result, heads=heads, lang=lang)
     try:
@@ -130,35 +134,27 @@ def attention_sample(loaded, text: str, max_tokens: int | None = None, repeat: b
 
 
 def _is_ablation(value) -> bool:
-    return isinstance(value, dict) and "heads" in value and ("delta" in value or "delta_loss" in value)
+    return isinstance(value, Result) and value.kind == "ablation"
 
 
 def kind_of(result) -> str:
-    """heads | sweep | ablation | pruning | validation | training | attention; TypeError otherwise."""
+    """heads | sweep | ablation | pruning | validation | edges | training | attention; TypeError otherwise."""
     if isinstance(result, dict) and "tokens" in result and "patterns" in result:
         return "attention"
-    if _is_ablation(result) or (isinstance(result, list) and result and all(_is_ablation(r) for r in result)):
+    if isinstance(result, Result):
+        return result.kind
+    if isinstance(result, list) and result and all(_is_ablation(r) for r in result):
         return "ablation"
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], pd.DataFrame) and "step" in result[0]:
         return "training"
-    if isinstance(result, pd.DataFrame):
-        columns = set(result.columns)
-        if "fraction_removed" in columns and "loss" in columns:
-            return "pruning"
-        if {"quantity", "reference", "passed"} <= columns:
-            return "validation"
-        if {"layer", "head"} <= columns and ("labels" in columns or columns & {s.column for s in explain.SCORES}):
-            return "heads"
-        if {"layer", "head"} <= columns and columns & {"delta", "delta_loss"}:
-            return "sweep"
     raise TypeError(
-        f"headlens cannot display a {type(result).__name__} of this shape: it shows the results of "
-        "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model, load_training_log "
-        "and sample_patterns"
+        f"headlens cannot display a {type(result).__name__} of this shape: it shows the Results of "
+        "classify_heads, sweep_heads, ablate_heads, prune_curve and validate_model (not their .frame alone, "
+        "which has lost its metadata), load_training_log's pair and sample_patterns' dict"
     )
 
 
-def render_html(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_LANG) -> str:
+def render_html(result, heads: Result | None = None, lang: str = DEFAULT_LANG) -> str:
     """The self-contained fragment of one result (see the module docstring), its prose in `lang`."""
     kind = kind_of(result)
     lang = check_lang(lang)
@@ -167,10 +163,11 @@ def render_html(result, heads: pd.DataFrame | None = None, lang: str = DEFAULT_L
         "heads": lambda: heads_html(result, lang),
         "sweep": lambda: sweep_html(result, lang),
         "ablation": lambda: ablation_html(result, lang),
-        "pruning": lambda: pruning_html(result, lang),
-        "validation": lambda: validation_html(result, lang),
+        "pruning": lambda: pruning_html(result.frame, lang),
+        "validation": lambda: validation_html(result.frame, lang),
+        "edges": lambda: edges_html(result, lang),
         "training": lambda: sections.training_figure(result, lang),
-        "attention": lambda: attention_html(result, heads, suffix, lang),
+        "attention": lambda: attention_html(result, None if heads is None else heads.frame, suffix, lang),
     }[kind]()
     return (
         f'<div class="headlens-inline" data-kind="{kind}" lang="{lang}" id="headlens{suffix}">'
@@ -182,15 +179,16 @@ def esc(text: str) -> str:
     return sections.esc(text)
 
 
-def heads_html(frame: pd.DataFrame, lang: str) -> str:
+def heads_html(heads: Result, lang: str) -> str:
     """The role map (findings.head_map), the roles no head earned (findings.absent_block), one heatmap
     per score present (explain.SCORES) with its threshold, then the label table."""
+    frame = heads.frame
     parts = [
         findings.head_map(frame, lang, anchor=None),
-        findings.absent_block(frame, lang, anchor=None),
+        findings.absent_block(heads, lang, anchor=None),
         f'<p class="explain">{esc(t("scores.intro", lang))}</p>',
     ]
-    for info, uri, cut in sections.score_heatmaps(frame, lang):
+    for info, uri, cut in sections.score_heatmaps(heads, lang):
         parts.append(
             f'<div class="score"><strong>{esc(info.title(lang))}</strong>'
             f"{sections.figure(uri, t('scores.heatmap_alt', lang, column=info.column))}"
@@ -205,12 +203,12 @@ def heads_html(frame: pd.DataFrame, lang: str) -> str:
     return "\n".join(parts)
 
 
-def sweep_html(frame: pd.DataFrame, lang: str) -> str:
+def sweep_html(sweep: Result, lang: str) -> str:
     """The heatmap of the change of the sweep's metric, then the heads the model needs most."""
     return (
         f'<p class="explain">{esc(t("ablation.text", lang))}</p><p><strong>'
         f"{esc(t('ablation.sweep_title', lang))}</strong></p>"
-        + sections.sweep_block(frame, lang, top_rows=SWEEP_TOP_ROWS, sortable=False)
+        + sections.sweep_block(sweep, lang, top_rows=SWEEP_TOP_ROWS, sortable=False)
     )
 
 
@@ -235,7 +233,7 @@ def ablation_html(result, lang: str) -> str:
     frame = pd.DataFrame([{key: r.get(key) for key in keys if any(key in other for other in results)} for r in results])
     return (
         f'<p class="explain">{esc(t("ablation.text", lang))}</p>'
-        + sections.chosen_blocks(results, lang, sortable=False)
+        + sections.chosen_blocks(result, lang, sortable=False)
         + sections.table(frame, sortable=False, lang=lang)
     )
 
@@ -255,6 +253,15 @@ def validation_html(frame: pd.DataFrame, lang: str) -> str:
         f'<p class="explain">{esc(t("validation.text", lang))}</p><p><strong>{esc(verdict)}</strong></p>'
         + sections.table(frame.reset_index(drop=True), sortable=False, lang=lang)
     )
+
+
+def edges_html(edges: Result, lang: str) -> str:
+    """The EDGE_ROWS edges largest in magnitude of the table's measure (its meta's `measure` column)."""
+    frame = edges.frame
+    column = edges.meta.get("measure")
+    if column in frame:
+        frame = frame.reindex(frame[column].abs().sort_values(ascending=False, kind="stable").index)
+    return sections.table(frame.head(EDGE_ROWS).reset_index(drop=True), sortable=False, lang=lang)
 
 
 def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:

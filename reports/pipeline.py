@@ -1,9 +1,8 @@
 """The report pipeline: a loaded model in, every result a report page shows out, in any language.
 
-    from headlens.load.models import load_model
-    from headlens.reports.pipeline import build_report
+    import headlens
 
-    results = build_report(load_model("tiny"), heads_to_ablate="1.0,1.2")
+    results = headlens.build_report(headlens.load_model("tiny"), heads_to_ablate="1.0,1.2")
     results.render("out/report.html")            # English
     results.render("out/report.es.html", "es")   # Spanish, from the same run: nothing is computed again
 
@@ -11,8 +10,8 @@
 chosen heads alone and together, every head alone with `sweep`, the role sets against random controls),
 computes the pruning curve with `prune`, draws how the heads work together (composition from the weights,
 direct effects on the induction and IOI tasks: headlens.circuits.overview), and samples the viewer's
-patterns. It returns a `ReportResults`, the library's own results (DataFrames and ablate_heads dicts,
-schemas in their functions' docstrings);
+patterns. It returns a `ReportResults`, the library's own results (headlens.Result each, schemas in their
+functions' docstrings);
 `ReportResults.render(path, lang)` writes one page from them (headlens.reports.render.render_report) and
 never runs the model. `headlens report`, the notebooks and the explorer call these two.
 """
@@ -21,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-
-import pandas as pd
 
 from headlens.ablation.ablate import ablate_heads, role_experiments, sweep_heads
 from headlens.ablation.prune import prune_curve
@@ -36,6 +33,7 @@ from headlens.probes.inputs import default_text
 from headlens.reports.i18n import DEFAULT_LANG, t
 from headlens.reports.render import render_report
 from headlens.reports.viewer import default_viewer_tokens
+from headlens.results import Result
 from headlens.training import load_training_log
 from headlens.validate import validate_model
 
@@ -45,11 +43,11 @@ class ReportResults:
     """Everything one report page shows, computed once; `render` writes it in any language."""
 
     model_info: dict  # the model's name and shape facts (model_info(loaded))
-    heads: pd.DataFrame | None = None  # classify_heads
-    sweep: pd.DataFrame | None = None  # sweep_heads: every head alone
-    ablation: list[dict] | None = None  # ablate_heads results: chosen heads together, role sets with controls
-    pruning: pd.DataFrame | None = None  # prune_curve
-    validation: pd.DataFrame | None = None  # validate_model
+    heads: Result | None = None  # classify_heads
+    sweep: Result | None = None  # sweep_heads: every head alone
+    ablation: list[Result] | None = None  # ablate_heads results: chosen heads together, role sets with controls
+    pruning: Result | None = None  # prune_curve
+    validation: Result | None = None  # validate_model
     training: tuple | None = None  # load_training_log's (log, heads) pair, for a model that ships its log
     viewer: dict | None = None  # sample_patterns
     circuits: list[dict] | None = None  # overview_documents: how the heads work together, one per task
@@ -118,7 +116,7 @@ def build_report(
     chosen = parse_heads(heads_to_ablate, spec.n_layers, spec.n_heads) if isinstance(heads_to_ablate, str) else None
     chosen = chosen or (list(heads_to_ablate) if heads_to_ablate else [])  # a bad spec fails before any work
     heads = classify_heads(loaded, text=text, progress=progress)
-    labels = frame_labels(heads)
+    labels = frame_labels(heads.frame)
     swept = sweep_heads(loaded, text=text, seed=seed, progress=progress) if sweep else None
     ablation = chosen_ablations(loaded, chosen, text, seed, progress, alone=swept is None)
     if controls:
@@ -142,7 +140,7 @@ def build_report(
     )
 
 
-def chosen_ablations(loaded, heads: list, text, seed: int, progress: bool, alone: bool = True) -> list[dict]:
+def chosen_ablations(loaded, heads: list, text, seed: int, progress: bool, alone: bool = True) -> list[Result]:
     """ablate_heads results of `heads`: each alone (when `alone`; a sweep already holds them), then all of
     them together; [] without heads."""
     results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads] if alone else []

@@ -22,6 +22,7 @@ from headlens.reports import circuits as circuits_mod
 from headlens.reports import findings, sections, thumbnails
 from headlens.reports import viewer as viewer_mod
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
+from headlens.results import Result
 
 # Characters of the sample text quoted in the summary (the viewer holds the tokens themselves).
 TEXT_EXCERPT_CHARS = 600
@@ -35,9 +36,31 @@ def _asset(name: str) -> str:
     return (resources.files("headlens.reports") / name).read_text(encoding="utf-8")
 
 
+# The report's inputs that are headlens Results, each named for its kind (headlens.results.KINDS).
+RESULT_KINDS = ("heads", "sweep", "ablation", "pruning", "validation")
+
+
+def check_results(results: dict) -> None:
+    """TypeError unless each of RESULT_KINDS is None or a Result of its kind (`ablation`: one or a list): a bare
+    DataFrame (a Result's `.frame`, or a pd.concat of them) has lost the metadata the page states."""
+    for kind in RESULT_KINDS:
+        name = kind
+        value = results.get(name)
+        values = value if isinstance(value, list) and name == "ablation" else [value]
+        for item in values:
+            if item is not None and not (isinstance(item, Result) and item.kind == kind):
+                raise TypeError(
+                    f"the report's `{name}` is a {kind} Result (what the stage function returns), not a "
+                    f"{type(item).__name__}: a frame alone has lost its metadata; combine results with "
+                    "headlens.concat_results"
+                )
+
+
 def _is_empty(value) -> bool:
     if value is None:
         return True
+    if isinstance(value, Result):
+        return len(value) == 0
     if isinstance(value, pd.DataFrame):
         return value.empty
     if isinstance(value, tuple):  # training: (log_df, heads_df)
@@ -102,9 +125,9 @@ def render_report(
 ) -> Path:
     """Write one self-contained HTML report to `path` and return it.
 
-    Inputs are the library's results (each schema in its function's docstring): `heads` from classify_heads,
-    `sweep` from sweep_heads, `ablation` an ablate_heads dict (or a list of them), `pruning` from
-    prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
+    Inputs are the library's results (headlens.Result; each schema in its function's docstring): `heads` from
+    classify_heads, `sweep` from sweep_heads, `ablation` an ablate_heads Result (or a list of them), `pruning`
+    from prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
     load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]),
     `circuits` a list of headlens.circuits.circuit.to_document documents (one per task).
     `lang` ("en" or "es", headlens.reports.i18n.LANGS) is the language of every piece of prose,
@@ -123,6 +146,7 @@ def render_report(
         "viewer": viewer,
         "circuits": circuits,
     }
+    check_results(results)
     present = {name: value for name, value in results.items() if not _is_empty(value)}
     if not present:
         raise EmptyReportError(t("error.nothing_to_report", lang, path=path))
@@ -181,11 +205,12 @@ def build_page(
         ),
     )
     if heads is not None:
-        add("kv-groups", findings.kv_groups_section(heads, lang))
+        add("kv-groups", findings.kv_groups_section(heads.frame, lang))
         add("scores", sections.scores_section(heads, lang))
     if viewer is not None:
-        add("thumbnails", thumbnails.thumbnails_section(heads, viewer, lang))
-        add("viewer", viewer_mod.viewer_section(viewer, heads, lang))
+        frame = None if heads is None else heads.frame
+        add("thumbnails", thumbnails.thumbnails_section(frame, viewer, lang))
+        add("viewer", viewer_mod.viewer_section(viewer, frame, lang))
     if sweep is not None or ablation is not None or pruning is not None:
         add("ablation", sections.ablation_section(sweep, ablation, pruning, lang))
         if sweep is None and ablation is None:  # a pruning page: named for what it holds

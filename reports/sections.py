@@ -20,6 +20,7 @@ from headlens.classify import kinds
 from headlens.classify.labels import PROPERTIES, ROLES, label_list, rank_heads
 from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, significant, t
+from headlens.results import Result
 
 
 def esc(value) -> str:
@@ -173,10 +174,11 @@ def shape_text(info: dict, lang: str) -> str:
 RULE_ELSEWHERE = {"prev_token_score": "previous_token", "current_token_score": "current_token"}
 
 
-def score_heatmaps(heads: pd.DataFrame, lang: str = DEFAULT_LANG):
-    """(score info, heatmap data URI, threshold sentence) for each score present in `heads`
-    (explain.SCORES order); the sentence is "" for scores without a labelling threshold."""
-    thresholds = explain.score_thresholds(heads.attrs)
+def score_heatmaps(heads: Result, lang: str = DEFAULT_LANG):
+    """(score info, heatmap data URI, threshold sentence) for each score present in the classification `heads`
+    (explain.SCORES order, thresholds from its meta); the sentence is "" for scores without a labelling threshold."""
+    thresholds = explain.score_thresholds(heads.meta)
+    heads = heads.frame
     shown = [info for info in explain.SCORES if info.column in heads and not heads[info.column].isna().all()]
     jobs = [
         {
@@ -207,9 +209,10 @@ def fold(summary: str, body: str, folded: bool) -> str:
     return details(summary, body) if folded else body
 
 
-def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
+def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
     """One heatmap per score with its explanation and threshold, then the label table (labelled heads
-    first, with a "labelled only / all heads" switch the page script shows); both folded for a large model."""
+    first, with a "labelled only / all heads" switch the page script shows); both folded for a large model.
+    `heads`: a classification (classify_heads' Result)."""
     folded = len(heads) > FOLD_HEADS
     maps = [
         f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
@@ -221,7 +224,7 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
         f"<p>{esc(t('scores.intro', lang))}</p>",
         fold(t("scores.open_heatmaps", lang, n=len(maps)), "".join(maps), folded),
     ]
-    frame = label_frame(heads)
+    frame = label_frame(heads.frame)
     n_roles = sum(row_kind(labels) == "labelled" for labels in frame["labels"])
     parts.append(f"<h3>{esc(t('scores.labels_title', lang))}</h3>")
     labels = (
@@ -230,7 +233,7 @@ def scores_section(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
         + table(frame, lang=lang, table_id="label-table", row_class=lambda row: row_kind(row["labels"]))
     )
     parts.append(fold(t("scores.open_labels", lang, n=len(frame)), labels, folded))
-    settings = {**(heads.attrs.get("config") or {}), **(heads.attrs.get("probes") or {})}
+    settings = {**(heads.meta.get("config") or {}), **(heads.meta.get("probes") or {})}
     # why a probe did not run is prose: the findings say it in the page's language
     settings = {key: value for key, value in settings.items() if not key.endswith("_missing")}
     if settings:
@@ -287,8 +290,9 @@ def labelled_heads(heads: pd.DataFrame | None) -> list[tuple[int, int, list[str]
 
 
 def results_list(ablation) -> list[dict]:
-    """ablate_heads result(s) as a list: one dict, a list of dicts, or None."""
-    return [] if ablation is None else [ablation] if isinstance(ablation, dict) else list(ablation)
+    """The metas of ablate_heads result(s): one Result, a list of them, or None."""
+    results = [] if ablation is None else [ablation] if isinstance(ablation, Result) else list(ablation)
+    return [result.meta for result in results]
 
 
 def result_delta(result) -> float:
@@ -316,10 +320,10 @@ def metric_heading(metric: str, lang: str) -> str:
     return t("ablation.metric_heading", lang, metric=name, unit=unit)
 
 
-def sweep_block(sweep: pd.DataFrame, lang: str = DEFAULT_LANG, top_rows: int = 10, sortable: bool = True) -> str:
+def sweep_block(sweep: Result, lang: str = DEFAULT_LANG, top_rows: int = 10, sortable: bool = True) -> str:
     """The sweep's heatmap of the change of its metric, then the heads the model needs most (the
     largest rise of a loss, the largest fall of the other metrics)."""
-    metric = sweep.attrs.get("metric", "text")
+    metric, sweep = sweep.meta.get("metric", "text"), sweep.frame
     column = "delta" if "delta" in sweep else "delta_loss"
     a_loss = KIND.get(ALIASES.get(metric, metric), "loss") == "loss"
     top = sweep.sort_values(column, ascending=not a_loss).head(top_rows).reset_index(drop=True)
@@ -365,9 +369,7 @@ def chosen_blocks(ablation, lang: str = DEFAULT_LANG, sortable: bool = True) -> 
     return "\n".join(parts)
 
 
-def ablation_section(
-    sweep: pd.DataFrame | None, ablation, pruning: pd.DataFrame | None, lang: str = DEFAULT_LANG
-) -> str:
+def ablation_section(sweep: Result | None, ablation, pruning: Result | None, lang: str = DEFAULT_LANG) -> str:
     """Sweep heatmap, bars of the chosen heads with CIs (one chart per metric), pruning curve:
     whichever were computed."""
     parts = [f'<p class="explain">{esc(t("ablation.text", lang))}</p>']
@@ -383,18 +385,19 @@ def ablation_section(
     if pruning is not None:
         parts.append(
             f"<h3>{esc(t('ablation.pruning_title', lang))}</h3>"
-            + figure(figures.pruning_curve_uri(pruning, lang), t("ablation.pruning_alt", lang))
+            + figure(figures.pruning_curve_uri(pruning.frame, lang), t("ablation.pruning_alt", lang))
             + pruning_summary(pruning, lang)
         )
-        parts.append(details(t("ablation.pruning_table", lang), table(pruning.reset_index(drop=True), lang=lang)))
+        full = table(pruning.frame.reset_index(drop=True), lang=lang)
+        parts.append(details(t("ablation.pruning_table", lang), full))
     only_pruning = sweep is None and not ablation_rows(ablation)
     return section("ablation", t("pruning.title" if only_pruning else "ablation.title", lang), "\n".join(parts))
 
 
-def pruning_summary(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """What the CLI prints under the curve, from its attrs: heads that can go within the tolerance, and
+def pruning_summary(pruning: Result, lang: str = DEFAULT_LANG) -> str:
+    """What the CLI prints under the curve, from its meta: heads that can go within the tolerance, and
     whether labelled heads are removed later (the role-order permutation test); "" when not recorded."""
-    facts, lines = pruning.attrs, []
+    facts, lines = pruning.meta, []
     if "heads_within" in facts:
         lines.append(
             t(
@@ -403,7 +406,7 @@ def pruning_summary(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
                 n_ok=facts["heads_within"],
                 n_total=facts.get("n_heads", "?"),
                 tolerance=percent(facts.get("tolerance", 0.05), lang),
-                loss=short_number(float(pruning["loss"].iloc[0]), lang, ".4f"),
+                loss=short_number(float(pruning.frame["loss"].iloc[0]), lang, ".4f"),
             )
         )
     order = facts.get("removal_by_role")
@@ -429,7 +432,7 @@ def pruning_summary(pruning: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
 
 def ablation_rows(ablation) -> list[dict]:
     """ablate_heads result(s) -> bar rows (label, delta, low, high, method, metric, unit, n); one
-    dict or a list of dicts. A result without a metric is a loss on the text."""
+    Result or a list of them. A result without a metric is a loss on the text."""
     rows = []
     for result in results_list(ablation):
         low, high = (result.get("ci95") or [float("nan"), float("nan")])[:2]
@@ -513,18 +516,19 @@ def chosen_by_text(result: dict, lang: str = DEFAULT_LANG) -> str:
     return t("ablation.chosen_role", lang, role=found["role"], source=t(source, lang))
 
 
-def validation_section(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """The MHA validation table, failures highlighted."""
+def validation_section(validation: Result, lang: str = DEFAULT_LANG) -> str:
+    """The MHA validation table (validate_model's Result), failures highlighted."""
+    meta, validation = validation.meta, validation.frame
     failed = int((~validation["passed"].astype(bool)).sum()) if "passed" in validation else 0
     verdict = t("validation.passed", lang) if failed == 0 else t("validation.failed", lang, n=failed)
-    source = validation.attrs.get("text_source")
+    source = meta.get("text_source")
     if source:
         verdict = t(
             "validation.text_source",
             lang,
             verdict=verdict,
             source=source,
-            n_tokens=validation.attrs.get("n_tokens", "?"),
+            n_tokens=meta.get("n_tokens", "?"),
         )
     failed_row = lambda row: "" if bool(row.get("passed", True)) else "failed"  # noqa: E731
     body = (

@@ -82,7 +82,7 @@ def test_no_head_gives_delta_zero_and_hugging_faces_loss(small_model):
     clean pass and Hugging Face's own loss on the same windows (an independent computation)."""
 
     text = sample_text(300)
-    result = ablate_heads(small_model, [], method="mean", text=text)
+    result = ablate_heads(small_model, [], method="mean", text=text).meta
     assert result["delta"] == 0.0 and result["loss"] == result["loss_ablated"]
     evalset = text_evalset(small_model, text)
     labels = evalset.input_ids.masked_fill(~evalset.mask, -100)
@@ -97,7 +97,7 @@ def test_every_head_of_a_layer_equals_zeroing_the_layer_z(strong_model):
     this model's repeat loss by ~0.1 nats; layer 1's by ~1e-4 here)."""
     from headlens.capture import Batch, forward
 
-    result = ablate_heads(strong_model, "layer:0", metric="repeat", seed=2)
+    result = ablate_heads(strong_model, "layer:0", metric="repeat", seed=2).meta
     evalset = repeat_evalset(strong_model, seed=2)
     handle = strong_model.model.transformer.h[0].attn.c_proj.register_forward_pre_hook(
         lambda module, args: (torch.zeros_like(args[0]),)
@@ -114,13 +114,13 @@ def test_every_head_of_a_layer_equals_zeroing_the_layer_z(strong_model):
 
 
 def test_result_keys_and_ci(strong_model):
-    result = ablate_heads(strong_model, "0.1,1.2", metric="repeat", seed=5)
+    result = ablate_heads(strong_model, "0.1,1.2", metric="repeat", seed=5).meta
     assert list(result)[:10] == ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]
     assert {"n_tokens", "loss", "loss_ablated", "delta_loss", "data", "reference", "resampled"} <= set(result)
     low, high = result["ci95"]
     assert low <= result["delta_loss"] <= high
     assert result["n_tokens"] == 16 * 24  # 16 sequences x (25 - 1) counted second-copy predictions
-    again = ablate_heads(strong_model, "0.1,1.2", metric="repeat", seed=5)
+    again = ablate_heads(strong_model, "0.1,1.2", metric="repeat", seed=5).meta
     assert again == result  # deterministic under a seed
 
 
@@ -198,7 +198,7 @@ def test_tiny_induction_heads_raise_the_repeat_loss(tiny_classified):
     induction = [Head(r.layer, r.head) for r in labels.itertuples() if "induction" in r.labels]
     no_role = [Head(r.layer, r.head) for r in labels.itertuples() if not r.labels]
     assert induction, "classify_heads labels no head of the tiny model induction"
-    sweep = sweep_heads(tiny, metric="repeat").set_index(["layer", "head"])
+    sweep = sweep_heads(tiny, metric="repeat").frame.set_index(["layer", "head"])
     smallest = min(sweep.loc[tuple(h), "delta_loss"] for h in induction)
     for head in induction:
         assert sweep.loc[tuple(head), "ci95_low"] > 0
@@ -222,7 +222,7 @@ def test_planted_induction_circuit_raises_the_repeat_loss(seed):
     and every head without a planted role stays within noise."""
 
     planted = build_planted(seed)
-    sweep = sweep_heads(planted.loaded, metric="repeat", seed=seed).set_index(["layer", "head"])
+    sweep = sweep_heads(planted.loaded, metric="repeat", seed=seed).frame.set_index(["layer", "head"])
     circuit = [planted.positions["induction"], planted.positions["previous_token"]]
     for head in circuit:
         assert sweep.loc[head, "ci95_low"] > 0

@@ -42,8 +42,8 @@ def test_default_budget_agrees_with_every_token_within_its_ci(tiny):
     """The shipped text gives tiny 32 windows of 256 tokens (8,192): the default budget reads 16 of them.
     The change measured on half the windows lies within the CI of the change on every window, and the
     other way round; the bootstrap resamples the 16 windows used."""
-    budget = ablate_heads(tiny, HEADS)
-    every = ablate_heads(tiny, HEADS, tokens="all")
+    budget = ablate_heads(tiny, HEADS).meta
+    every = ablate_heads(tiny, HEADS, tokens="all").meta
     assert budget["tokens"] == DEFAULT_TOKENS and budget["tokens_read"] <= DEFAULT_TOKENS
     assert every["tokens"] == "all" and every["tokens_read"] > 1.9 * DEFAULT_TOKENS
     assert budget["resampled"] == "16 sequences" and every["resampled"] == "32 sequences"
@@ -58,7 +58,7 @@ def test_every_token_equals_hooks_on_full_forward_passes(tiny):
     """At tokens="all" the sets run from the clean residual at their first ablated layer; the same
     sums come from hooks on whole forward passes of the plain model (sweep.ablated_sums)."""
     evaluation = EvalSpec(tokens=None)
-    result = ablate_heads(tiny, HEADS, "zero", evaluation)
+    result = ablate_heads(tiny, HEADS, "zero", evaluation).meta
     evalset = evaluation.build(tiny)
     reps = [None] * tiny.spec.n_layers
     base, ablated = (ablated_sums(tiny.model, evalset, heads, reps, batch_size=4) for heads in ([], HEADS))
@@ -69,10 +69,10 @@ def test_every_token_equals_hooks_on_full_forward_passes(tiny):
 
 
 def test_clean_run_cached_and_keyed_by_weights(tiny, own_cache):
-    first = ablate_heads(tiny, HEADS, tokens=1024)
+    first = ablate_heads(tiny, HEADS, tokens=1024).meta
     files = list((own_cache / CACHE_DIR).glob("*.pt"))
     assert len(files) == 1
-    again = ablate_heads(tiny, HEADS, tokens=1024)
+    again = ablate_heads(tiny, HEADS, tokens=1024).meta
     assert again == first  # the cached clean run gives the same numbers
     digest = model_digest(tiny)
     weight = tiny.model.get_input_embeddings().weight
@@ -92,9 +92,9 @@ def test_budget_description_and_units(tiny):
 
 
 def test_role_gets_its_own_metric_and_an_explicit_one_is_noted(tiny):
-    induction = ablate_heads(tiny, "induction")
+    induction = ablate_heads(tiny, "induction").meta
     assert induction["metric"] == "repeat" and "induction role's own metric" in induction["metric_why"]
-    asked = ablate_heads(tiny, "induction", metric="loss", tokens=512)
+    asked = ablate_heads(tiny, "induction", metric="loss", tokens=512).meta
     assert asked["metric"] == "loss" and asked["metric_why"].startswith("note: metric loss as asked")
     with pytest.raises(Exception, match="not both"):
         ablate_heads(tiny, HEADS, evaluation=EvalSpec(), metric="loss")

@@ -67,7 +67,7 @@ def test_a_146_token_text_equals_a_plain_computation(strong_model, bos):
     ids = strong_model.tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == 146  # 3 windows of the 64-token context, the last one short
     heads = [Head(0, 1), Head(1, 2)]
-    result = ablate_heads(strong_model, heads, text=text, bos=bos)
+    result = ablate_heads(strong_model, heads, text=text, bos=bos).meta
     assert abs(result["loss"] - _text_loss(strong_model, ids, bos, [])) < SAME_ATOL
     assert abs(result["loss_ablated"] - _text_loss(strong_model, ids, bos, heads)) < SAME_ATOL
     assert result["n_tokens"] == (146 if bos else 143)  # without BOS each window's first token is unpredicted
@@ -84,7 +84,7 @@ def test_one_token_text_is_an_error(strong_model):
 
 def test_single_window_ci_has_width(strong_model):
     """One window: the sequence bootstrap would give a zero-width interval; blocks do not."""
-    result = ablate_heads(strong_model, "0.0", text=sample_text(40))
+    result = ablate_heads(strong_model, "0.0", text=sample_text(40)).meta
     assert result["resampled"].startswith("21 blocks of up to 2 consecutive tokens (1 sequence)")
     assert result["ci95"][1] - result["ci95"][0] > 0
 
@@ -125,7 +125,7 @@ def _prompt_values(loaded, heads, metric: str) -> float:
 @pytest.mark.parametrize("metric", ["prob", "logit-diff", "loss"])
 def test_prompt_metrics_equal_a_plain_computation(strong_model, prompts_file, metric):
     heads = [Head(0, 2)]
-    result = ablate_heads(strong_model, heads, metric=metric, prompts=read_prompts(prompts_file))
+    result = ablate_heads(strong_model, heads, metric=metric, prompts=read_prompts(prompts_file)).meta
     assert list(result)[:10] == ["model", "heads", "method", "metric", "unit", "n", "clean", "ablated", "delta", "ci95"]
     assert result["n"] == 3 and result["resampled"] == "3 prompts"
     # prob is ~1e-5 on a random model's 50,257 tokens: compare it relatively (float32 rounding)
@@ -149,7 +149,7 @@ def test_needle_metric_equals_teacher_forced_hits(strong_model):
     """Share of asked-for needle tokens that are the top prediction, from the probe's own prompts."""
     text = sample_text(400)
     heads = [Head(1, 0), Head(1, 3)]
-    result = ablate_heads(strong_model, heads, metric="needle", text=text, seed=3)
+    result = ablate_heads(strong_model, heads, metric="needle", text=text, seed=3).meta
     tests, seqs = _needle_tests(strong_model, text)
     for key, chosen in (("clean", []), ("ablated", heads)):
         hits = []
@@ -166,7 +166,7 @@ def test_needle_loss_metric_equals_the_needle_tokens_cross_entropy(strong_model)
     float64 log-softmaxes of Hugging Face logits; the same positions as the top-1 needle metric."""
     text = sample_text(400)
     heads = [Head(1, 0), Head(1, 3)]
-    result = ablate_heads(strong_model, heads, metric="needle-loss", text=text, seed=3)
+    result = ablate_heads(strong_model, heads, metric="needle-loss", text=text, seed=3).meta
     tests, seqs = _needle_tests(strong_model, text)
     for key, chosen in (("clean", []), ("ablated", heads)):
         losses = []
@@ -178,7 +178,7 @@ def test_needle_loss_metric_equals_the_needle_tokens_cross_entropy(strong_model)
         assert result[key] == pytest.approx(float(torch.cat(losses).mean()), abs=SAME_ATOL)
     assert result["n"] == 4 * len(tests) and result["unit"] == "nats/token"
     assert abs(result["delta"]) > 100 * SAME_ATOL  # the ablation moves the loss: clean and ablated both checked
-    top1 = ablate_heads(strong_model, heads, metric="needle", text=text, seed=3)
+    top1 = ablate_heads(strong_model, heads, metric="needle", text=text, seed=3).meta
     assert top1["n"] == result["n"]  # the two needle metrics score the same positions
 
 
@@ -202,11 +202,11 @@ PROMPTS_WITH_LINES = [{**p, "line": f"p line {i}"} for i, p in enumerate(PROMPTS
 
 def test_reference_text_and_sweep_keys(strong_model):
     text, reference = sample_text(200, seed=1), sample_text(200, seed=2)
-    frame = sweep_heads(strong_model, method="mean", text=text, reference=reference, heads=[Head(0, 0)])
-    assert "reference text" in frame.attrs["reference"] and "mean of z" in frame.attrs["reference"]
+    given = sweep_heads(strong_model, method="mean", text=text, reference=reference, heads=[Head(0, 0)])
+    assert "reference text" in given.meta["reference"] and "mean of z" in given.meta["reference"]
     default = sweep_heads(strong_model, method="mean", text=text, heads=[Head(0, 0)])
-    assert "the evaluation set" in default.attrs["reference"]
-    assert frame.loc[0, "delta"] != default.loc[0, "delta"]  # the reference matters
+    assert "the evaluation set" in default.meta["reference"]
+    assert given.frame.loc[0, "delta"] != default.frame.loc[0, "delta"]  # the reference matters
 
 
 # Roles and controls -------------------------------------------------------------------------------
@@ -242,17 +242,17 @@ def test_random_control_is_seeded_and_keeps_per_layer_counts(strong_model):
     for chosen in sets:
         assert [h.layer for h in chosen] == [0, 1, 1] and len(set(chosen)) == 3
     assert len({tuple(s) for s in sets}) == 20 and heads not in sets  # distinct, none the chosen set
-    result = ablate_heads(strong_model, heads, metric="repeat", control=4, seed=5)
+    result = ablate_heads(strong_model, heads, metric="repeat", control=4, seed=5).meta
     control = result["control"]
     assert control["sets"] == [[str(h) for h in s] for s in control_sets(4, seed=5)]
     for names, delta in zip(control["sets"], control["deltas"], strict=True):
-        alone = ablate_heads(strong_model, names and ",".join(names), metric="repeat", seed=5)
+        alone = ablate_heads(strong_model, names and ",".join(names), metric="repeat", seed=5).meta
         # the controls run from a cached clean residual through the adapter's blocks, `alone` by hooks on the
         # model's own forward: the same float32 operations, summed in another order (test_sweep's FAST_ATOL)
         assert delta == pytest.approx(alone["delta"], abs=1e-5)
     larger = sum(abs(d) >= abs(result["delta"]) for d in control["deltas"])
     assert control["p_value"] == (1 + larger) / 5
-    assert ablate_heads(strong_model, heads, metric="repeat", control=4, seed=5) == result
+    assert ablate_heads(strong_model, heads, metric="repeat", control=4, seed=5).meta == result
 
 
 # The store's evaluation rule ----------------------------------------------------------------------
@@ -274,8 +274,9 @@ def test_role_experiments_and_their_report_block(strong_model, tmp_path):
     from headlens.reports import render_report
 
     results = role_experiments(strong_model, control=3, seed=1, labels=LABELS)
-    assert [(r["metric"], r["heads"]) for r in results] == [("repeat", ["1.1", "1.2"]), ("needle", ["1.1"])]
-    assert all(len(r["control"]["deltas"]) == 3 for r in results)
+    metas = [r.meta for r in results]
+    assert [(r["metric"], r["heads"]) for r in metas] == [("repeat", ["1.1", "1.2"]), ("needle", ["1.1"])]
+    assert all(len(r["control"]["deltas"]) == 3 for r in metas)
     path = tmp_path / "r.html"
     render_report(path, model_info={"name": "strong"}, ablation=results)
     page = path.read_text(encoding="utf-8")
@@ -288,7 +289,7 @@ def test_a_role_no_head_has_names_the_head_that_scored_highest(strong_model):
     from headlens.classify import classify_heads
     from headlens.classify.kinds import BY_LABEL
 
-    frame = classify_heads(strong_model).sort_values(["layer", "head"]).reset_index(drop=True)
+    frame = classify_heads(strong_model).frame.sort_values(["layer", "head"]).reset_index(drop=True)
     carried = {label for labels in frame["labels"] for label in labels}
     role = next(label for label in ("successor", "rare_word", "name_mover", "copy_suppression") if label not in carried)
     score = BY_LABEL[role].score

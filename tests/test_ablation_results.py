@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from headlens.cli.main import cli
 from headlens.errors import ConfigError
 from headlens.heads import Head
+from headlens.results import Result
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
@@ -41,8 +42,9 @@ def _labels_file(tmp_path, heads: list[tuple[int, int]], label: str = "induction
     return path
 
 
-def _result(metric: str, heads: list[str], delta: float, **extra) -> dict:
+def _result(metric: str, heads: list[str], delta: float, **extra) -> Result:
     """An ablate_heads result of `metric` (the keys ablate_heads writes)."""
+    from headlens.ablation.ablate import ablation_rows
     from headlens.ablation.metrics import UNIT
 
     out = {
@@ -60,7 +62,7 @@ def _result(metric: str, heads: list[str], delta: float, **extra) -> dict:
     if metric in ("loss", "repeat"):
         out.update(n_tokens=40, loss=0.9, loss_ablated=0.9 + delta, delta_loss=delta)
     out.update(extra)
-    return out
+    return Result("ablation", meta=out, rows=ablation_rows(out))
 
 
 # report --prune -------------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ def test_needle_results_are_read_by_findings_inline_and_the_ablation_section():
         ("needle", "share of needle tokens retrieved"),
     ]
     heads = pd.DataFrame({"layer": [1], "head": [0], "labels": [["retrieval"]], "retrieval_score": [0.5]})
-    page = findings.findings_section(heads, None, [needle])
+    page = findings.findings_section(Result("heads", heads), None, [needle])
     assert "needle" in page.lower() and "0.50" in page
 
 
@@ -140,7 +142,7 @@ def test_a_sweep_of_another_metric_is_drawn_in_its_unit():
             "ci95_high": [math.nan] * 4,
         }
     )
-    sweep.attrs.update(metric="needle", unit="share of needle tokens retrieved")
+    sweep = Result("sweep", sweep, {"metric": "needle", "unit": "share of needle tokens retrieved"})
     assert inline.kind_of(sweep) == "sweep"
     html = sections.ablation_section(sweep, None, None)
     assert "share of needle tokens retrieved" in html and "nats/token" not in html
@@ -152,7 +154,7 @@ def test_a_sweep_of_another_metric_is_drawn_in_its_unit():
 def test_each_and_all_are_two_experiments(small_model_dir, small_model):
     from headlens.ablation import ablate_heads
 
-    together = ablate_heads(small_model, "all", metric="repeat")
+    together = ablate_heads(small_model, "all", metric="repeat").meta
     assert together["heads"] == [f"{layer}.{head}" for layer in range(2) for head in range(4)]
     with pytest.raises(ConfigError, match="sweep_heads"):
         ablate_heads(small_model, "each", metric="repeat")
@@ -195,7 +197,7 @@ def test_exact_control_reports_the_smallest_p_the_design_allows():
 def test_a_small_design_is_enumerated_by_ablate_heads(small_model):
     from headlens.ablation import ablate_heads
 
-    result = ablate_heads(small_model, [Head(1, 0), Head(1, 2), Head(1, 3)], metric="repeat", control=10)
+    result = ablate_heads(small_model, [Head(1, 0), Head(1, 2), Head(1, 3)], metric="repeat", control=10).meta
     control = result["control"]
     assert control["exact"] and control["k"] == 3 and control["n_possible"] == 3
     assert ["1.0", "1.2", "1.3"] not in control["sets"] and control["p_min"] == pytest.approx(0.25)
@@ -245,7 +247,7 @@ def test_role_summaries_cite_the_ablation_and_its_control():
         "repeat", ["1.0", "1.2"], 3.21, chosen_by="heads labelled induction by the labels given", control=control
     )
     for lang, words in (("en", ["3.21", "nats/token", "rank 1 of 4", "0.25"]), ("es", ["3,21", "0,25"])):
-        page = findings.findings_section(heads, None, [result], lang=lang)
+        page = findings.findings_section(Result("heads", heads), None, [result], lang=lang)
         role = page[page.index('id="role-induction"') :]
         role = role[: role.index("</div>")]
         assert all(word in role for word in words), (lang, role)
@@ -273,7 +275,7 @@ def test_each_role_cites_the_experiment_run_for_it_even_when_two_roles_share_the
         "needle", chosen, -0.89, role="retrieval", chosen_by="heads labelled retrieval by the labels given"
     )
     by_hand = _result("loss", chosen, 0.57)
-    page = findings.findings_section(heads, None, [repeat, needle, by_hand])
+    page = findings.findings_section(Result("heads", heads), None, [repeat, needle, by_hand])
 
     def block(role: str) -> str:
         found = page[page.index(f'id="role-{role}"') :]

@@ -150,7 +150,7 @@ def test_attribution_equals_minus_grad_dot_z(family):
 @pytest.mark.slow
 def test_prune_curve_ends_match_hugging_face(family):
     text = " ".join([BUILTIN_TEXT] * 6)
-    curve = prune_curve(family, text=text, step_fraction=0.5)
+    curve = prune_curve(family, text=text, step_fraction=0.5).frame
     assert curve.n_removed.iloc[-1] == family.spec.n_layers * family.spec.n_heads
     windows = text_evalset(family, text)  # prune_curve scores the even windows (odd ones rank the heads)
     ids, mask = windows.input_ids[0::2], windows.mask[0::2]
@@ -177,7 +177,7 @@ def test_classify_reports_each_query_heads_key_value_group():
     from headlens.classify import ClassifyConfig, classify_heads
 
     loaded = build_family("llama-gqa")
-    frame = classify_heads(loaded, " ".join([BUILTIN_TEXT] * 4), ClassifyConfig(n_seq=2, max_windows=2))
+    frame = classify_heads(loaded, " ".join([BUILTIN_TEXT] * 4), ClassifyConfig(n_seq=2, max_windows=2)).frame
     assert list(frame.columns[:4]) == ["layer", "head", "labels", "kv_group"]
     assert frame["kv_group"].tolist() == [h // 4 for h in frame["head"]]  # 8 query heads over 2 kv heads
     assert frame["copying_score"].notna().all()
@@ -205,8 +205,8 @@ def test_classify_says_when_probes_reach_past_a_sliding_window(name, window, lay
     from headlens.classify import ClassifyConfig, classify_heads
 
     loaded = build_family(name)
-    frame = classify_heads(loaded, " ".join([BUILTIN_TEXT] * 4), ClassifyConfig(n_seq=2, max_windows=2))
-    reach = frame.attrs["probes"]["sliding_window"]
+    heads = classify_heads(loaded, " ".join([BUILTIN_TEXT] * 4), ClassifyConfig(n_seq=2, max_windows=2))
+    reach = heads.meta["probes"]["sliding_window"]
     if window is None:
         assert reach is None
         return

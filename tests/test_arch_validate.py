@@ -25,8 +25,9 @@ def family(request):
 
 
 def test_validation_passes_on_every_layer_against_every_reference(family):
-    frame = validate_model(family, TEXT)
-    assert frame.attrs["n_tokens"] > family.spec.n_ctx  # two windows: padding is exercised
+    result = validate_model(family, TEXT)
+    frame = result.frame
+    assert result.meta["n_tokens"] > family.spec.n_ctx  # two windows: padding is exercised
     assert sorted(frame["layer"].unique()) == list(range(family.spec.n_layers))
     assert set(frame["reference"]) == {"hf_eager", "sdpa", "transformer_lens"}
     # per layer: 3 quantities vs hf_eager and transformer_lens, z and attn_out vs sdpa

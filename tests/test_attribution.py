@@ -61,7 +61,7 @@ def test_atp_star_ranks_the_planted_circuit_first(seed):
 
     planted = build_planted(seed)
     circuit = {planted.positions["induction"], planted.positions["previous_token"]}
-    exact = sweep_heads(planted.loaded, metric="repeat", seed=seed)
+    exact = sweep_heads(planted.loaded, metric="repeat", seed=seed).frame
     plain = approx_sweep(planted.loaded, metric="repeat", seed=seed, approx="atp").set_index(["layer", "head"])
     star = approx_sweep(planted.loaded, metric="repeat", seed=seed, approx="atp*")
     prev = planted.positions["previous_token"]
@@ -78,7 +78,7 @@ def test_agreement_is_the_rank_correlation_the_card_states(metric):
     from headlens.load.models import load_model
 
     tiny = load_model("tiny")
-    exact = sweep_heads(tiny, metric=metric, tokens="all")  # the card's sweep: every token, as approx_sweep reads
+    exact = sweep_heads(tiny, metric=metric, tokens="all").frame  # the card's sweep: every token, as approx_sweep reads
     assert len(exact) == N_TINY_HEADS
     for kind in ("atp", "atp*"):
         approx = approx_sweep(tiny, metric=metric, approx=kind)

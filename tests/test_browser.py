@@ -19,6 +19,7 @@ from headlens.classify.kinds import BY_LABEL, ROLES
 from headlens.classify.labels import LABELS, roles_of
 from headlens.reports.explain import score_thresholds
 from headlens.reports.i18n import short_number, t
+from headlens.results import Result
 from tests.helpers.browser import (
     ALPHA_ATOL,
     MIN_PIXEL_STD,
@@ -384,7 +385,7 @@ def nasty_report(small_model, tmp_path_factory):
     return render_report(
         out,
         model_info={"name": NASTY_TEXT, **{k: v for k, v in spec.__dict__.items()}},
-        heads=heads,
+        heads=Result("heads", heads),
         viewer=sample_patterns(small_model, NASTY_TEXT, max_tokens=64),
         command=f"headlens report {NASTY_TEXT}",
         text_label=NASTY_TEXT,

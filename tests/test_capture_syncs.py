@@ -88,7 +88,7 @@ class SyncCounter:
 
 def _classify(loaded) -> pd.DataFrame:
     config = ClassifyConfig(n_seq=4, batch_size=2, max_windows=6)
-    return classify_heads(loaded, " ".join([BUILTIN_TEXT] * 8), config)
+    return classify_heads(loaded, " ".join([BUILTIN_TEXT] * 8), config).frame
 
 
 @pytest.fixture(scope="module")

@@ -97,9 +97,9 @@ def test_eap_is_the_derivative_of_path_patching(name):
 def test_eap_ig_with_one_step_is_eap_and_more_steps_move_it():
     loaded = _model("llama-gqa")
     evalset = _evalset(1)
-    eap = edge_attribution(loaded, evalset, "eap", ablation="mean")
-    one = edge_attribution(loaded, evalset, "eap-ig", steps=1, ablation="mean")
-    three = edge_attribution(loaded, evalset, "eap-ig", steps=3, ablation="mean")
+    eap = edge_attribution(loaded, evalset, "eap", ablation="mean").frame
+    one = edge_attribution(loaded, evalset, "eap-ig", steps=1, ablation="mean").frame
+    three = edge_attribution(loaded, evalset, "eap-ig", steps=3, ablation="mean").frame
     assert (eap["attribution"] == one["attribution"]).all()
     assert three["attribution"].notna().all() and not (three["attribution"] == eap["attribution"]).all()
     assert three["attribution_method"].iloc[0] == "eap-ig (3 steps)"
@@ -108,8 +108,8 @@ def test_eap_ig_with_one_step_is_eap_and_more_steps_move_it():
 def test_agreement_of_eap_with_exact_patching_is_reported():
     loaded = _model("gpt2")
     evalset = _evalset(2)
-    exact = path_patch(loaded, evalset, method="mean")
-    summary = edge_agreement(exact, edge_attribution(loaded, evalset, "eap", ablation="mean"), k=20)
+    exact = path_patch(loaded, evalset, method="mean").frame
+    summary = edge_agreement(exact, edge_attribution(loaded, evalset, "eap", ablation="mean").frame, k=20)
     assert summary["n_edges"] == len(exact) and summary["top_k"] == 20
     assert -1 <= summary["spearman"] <= 1 and 0 <= summary["top_k_recall"] <= 1
     perfect = edge_agreement(exact, exact.assign(attribution=exact["effect"]), k=20)

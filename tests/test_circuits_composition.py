@@ -127,14 +127,14 @@ def _model(name: str):
 def test_composition_runs_on_every_family():
     for name in FAMILY_NAMES:
         if name not in LAYOUTS:
-            frame = composition_scores(build_family(name), samples=8)
+            frame = composition_scores(build_family(name), samples=8).frame
             assert frame["composition"].between(0, 1).all(), name
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_composition_equals_full_matrix_scores(name):
     loaded = _model(name)
-    frame = composition_scores(loaded, samples=16)
+    frame = composition_scores(loaded, samples=16).frame
     expected = _expected(loaded.model)
     assert len(frame) == len(expected)
     got = {(r.sender, r.receiver, r.via): r.composition for r in frame.itertuples()}
@@ -163,7 +163,7 @@ def test_random_baseline_matches_full_random_matrices():
 def test_random_weights_score_like_the_baseline():
     """A random-weight model's heads are the random matrices the baseline describes (Gaussian init):
     their mean score sits within one baseline deviation of the baseline's mean."""
-    frame = composition_scores(_model("llama-gqa"), samples=128)
+    frame = composition_scores(_model("llama-gqa"), samples=128).frame
     base, spread = frame["composition_baseline"].iloc[0], frame["composition_baseline_std"].iloc[0]
     assert abs(frame["composition"].mean() - base) < spread
 
@@ -174,7 +174,7 @@ def test_planted_source_k_composes_and_the_decoy_does_not(seed):
     ind = "{}.{}".format(*planted.positions["induction"])
     source = "{}.{}".format(*planted.positions["previous_token"])
     decoy = "{}.{}".format(*planted.positions["decoy"])
-    frame = composition_scores(planted.loaded)
+    frame = composition_scores(planted.loaded).frame
     into = frame[frame["receiver"] == ind]
     top = into.loc[into["composition"].idxmax()]
     assert (top["sender"], top["via"]) == (source, "k")

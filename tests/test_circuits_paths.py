@@ -117,7 +117,7 @@ def _head_z(block, resid, delta, head: int, via: str, n_heads: int) -> torch.Ten
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_path_patching_equals_the_independent_computation(small, method):
     loaded, evalset = small
-    frame = path_patch(loaded, evalset, method=method)
+    frame = path_patch(loaded, evalset, method=method).frame
     expected = _independent(loaded.model, evalset, method)
     got = {(r.sender, r.receiver, r.via): r.effect for r in frame.itertuples()}
     assert got.keys() == expected.keys()
@@ -133,7 +133,7 @@ def test_planted_source_feeds_the_induction_keys_and_the_decoy_does_not():
     ind = Head(*planted.positions["induction"])
     source, decoy = ("{}.{}".format(*planted.positions[role]) for role in ("previous_token", "decoy"))
     evalset = repeat_evalset(planted.loaded, n_seq=2, seq_len=20)
-    frame = path_patch(planted.loaded, evalset, receivers=[ind], via=("k",))
+    frame = path_patch(planted.loaded, evalset, receivers=[ind], via=("k",)).frame
     effect = dict(zip(frame["sender"], frame["effect"], strict=True))
     assert effect[source] == max(effect.values()) and effect[source] > 1.0  # nats lost without the source
     assert abs(effect[decoy]) < DECOY_SHARE * effect[source]

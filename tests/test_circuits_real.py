@@ -38,7 +38,7 @@ def roles(smollm2):
 
 def test_previous_token_heads_k_compose_with_the_induction_heads(smollm2, roles):
     prev, induction = roles
-    frame = composition_scores(smollm2)
+    frame = composition_scores(smollm2).frame
     k = frame[frame["via"] == "k"]
     values = dict(zip(zip(k["sender"], k["receiver"], strict=True), k["composition"], strict=True))
     result = permutation_p(values, prev, induction, smollm2.spec.n_heads)
@@ -58,7 +58,7 @@ def test_previous_token_heads_feed_the_induction_keys_by_path_patching(smollm2, 
     senders = [Head(layer, h) for layer in layers for h in range(smollm2.spec.n_heads)]  # every control's heads
     chosen = [p for p in prev if p.layer in layers]
     task = induction_task(smollm2, n=2, seq_len=12, seed=5)
-    frame = path_patch(smollm2, task, senders=senders, receivers=receivers, via=("k",))
+    frame = path_patch(smollm2, task, senders=senders, receivers=receivers, via=("k",)).frame
     values = dict(zip(zip(frame["sender"], frame["receiver"], strict=True), frame["effect"], strict=True))
     result = permutation_p(values, chosen, receivers, smollm2.spec.n_heads)
     assert result["chosen"] > 0  # cutting the key path raises the loss

@@ -98,11 +98,16 @@ def test_rank_heads_puts_labelled_heads_first_strongest_first(small_model):
 
 
 @pytest.fixture(scope="module")
-def small_frame(small_model):
+def small_classification(small_model):
     return classify_heads(small_model, text=PLANTED_TEXT, config=FAST)
 
 
-def test_frame_is_long_form_sorted_with_every_column(small_frame, small_model):
+@pytest.fixture(scope="module")
+def small_frame(small_classification):
+    return small_classification.frame
+
+
+def test_frame_is_long_form_sorted_with_every_column(small_frame, small_classification, small_model):
     spec = small_model.spec
     assert list(small_frame.columns[:3]) == ["layer", "head", "labels"]
     assert len(small_frame) == spec.n_layers * spec.n_heads
@@ -112,10 +117,10 @@ def test_frame_is_long_form_sorted_with_every_column(small_frame, small_model):
     for column in SCORE_COLUMNS + ["n_positions", "n_repeat_positions", "prev_token_std", "prefix_matching_std"]:
         assert column in small_frame.columns
     assert all(set(labels) <= set(LABELS) for labels in small_frame["labels"])
-    assert small_frame.attrs["probes"]["n_positions"] == small_frame["n_positions"].iloc[0] > 0
+    assert small_classification.meta["probes"]["n_positions"] == small_frame["n_positions"].iloc[0] > 0
 
 
-def test_needle_counts_are_tests_run_and_tests_retrieved(small_frame, small_model):
+def test_needle_counts_are_tests_run_and_tests_retrieved(small_frame, small_classification, small_model):
     spec = small_model.spec
     ids = small_model.tokenizer(PLANTED_TEXT, add_special_tokens=False)["input_ids"]
     expected = probes.needle_prompts(
@@ -127,11 +132,11 @@ def test_needle_counts_are_tests_run_and_tests_retrieved(small_frame, small_mode
     )
     assert (small_frame["n_needle_tests"] == len(expected)).all()  # every test run, retrieved or not
     assert (small_frame["n_needle_retrieved"] <= small_frame["n_needle_tests"]).all()
-    assert small_frame.attrs["probes"]["n_needle_retrieved"] == small_frame["n_needle_retrieved"].iloc[0]
+    assert small_classification.meta["probes"]["n_needle_retrieved"] == small_frame["n_needle_retrieved"].iloc[0]
 
 
-def test_sources_name_the_given_text_when_it_is_long_enough(small_frame):
-    assert small_frame.attrs["sources"] == {
+def test_sources_name_the_given_text_when_it_is_long_enough(small_frame, small_classification):
+    assert small_classification.meta["sources"] == {
         "text": "given_text",
         "repeats": "random_tokens",
         "needles": "given_text",
@@ -140,16 +145,17 @@ def test_sources_name_the_given_text_when_it_is_long_enough(small_frame):
         "syntactic": "not_run",
     }
     for probe, column in SOURCE_COLUMNS.items():
-        assert (small_frame[column] == small_frame.attrs["sources"][probe]).all()
+        assert (small_frame[column] == small_classification.meta["sources"][probe]).all()
 
 
 def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text(small_model):
     text = "Hello world"
     assert len(small_model.tokenizer(text, add_special_tokens=False)["input_ids"]) == 2
-    frame = classify_heads(small_model, text=text, config=FAST)
-    assert frame.attrs["probes"]["n_text_tokens"] == 2 and frame.attrs["probes"]["n_windows"] == 1
+    heads = classify_heads(small_model, text=text, config=FAST)
+    frame = heads.frame
+    assert heads.meta["probes"]["n_text_tokens"] == 2 and heads.meta["probes"]["n_windows"] == 1
     assert frame["n_positions"].iloc[0] > 0 and frame["prev_token_score"].notna().all()
-    assert frame.attrs["sources"] == {
+    assert heads.meta["sources"] == {
         "text": "given_text",
         "repeats": "random_tokens",
         "needles": "default_text",
@@ -160,15 +166,15 @@ def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text
     assert frame["predicted_attention"].isna().all() and (frame["n_cs_positions"] == 0).all()
     assert (frame["needles_source"] == "default_text").all() and (frame["n_needle_tests"] > 0).all()
     off = classify_heads(small_model, text=text, config=ClassifyConfig(n_seq=2, max_windows=2, needles=False))
-    assert off.attrs["sources"]["needles"] == "not_run" and (off["n_needle_tests"] == 0).all()
+    assert off.meta["sources"]["needles"] == "not_run" and (off.frame["n_needle_tests"] == 0).all()
 
 
 def test_classify_is_deterministic_under_a_seed(small_model, small_frame):
-    again = classify_heads(small_model, text=PLANTED_TEXT, config=FAST)
+    again = classify_heads(small_model, text=PLANTED_TEXT, config=FAST).frame
     assert again.drop(columns="labels").equals(small_frame.drop(columns="labels"))
     other = classify_heads(
         small_model, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=2, max_windows=2, seed=1, needles=False)
-    )
+    ).frame
     assert not math.isclose(other["copying_score"].sum(), small_frame["copying_score"].sum())
 
 
@@ -284,8 +290,7 @@ def test_cli_bad_options_are_one_line_exit_2(small_model_dir, text_file, args, m
 
 def test_the_token_budget_sizes_every_probe(small_model):
     config = ClassifyConfig(n_seq=2, max_windows=2, seq_len=10, token_budget=32)
-    frame = classify_heads(small_model, text=PLANTED_TEXT, config=config)
-    info = frame.attrs["probes"]
+    info = classify_heads(small_model, text=PLANTED_TEXT, config=config).meta["probes"]
     assert info["sizes"] == {
         "n_ctx": 128,
         "token_budget": 32,
@@ -297,9 +302,9 @@ def test_the_token_budget_sizes_every_probe(small_model):
     assert info["longest_window"] == 32 and info["n_windows"] == 2  # BOS + 31 text tokens
     assert info["repeats"] == 3  # 1 + 3 * 10 <= 32
     assert info["n_needle_tests"] > 0 and info["longest_needle_prompt"] <= 32 and info["needle_len"] == 4
-    longer = classify_heads(small_model, text=PLANTED_TEXT, config=replace(config, needle_budget=128))
-    assert longer.attrs["probes"]["sizes"]["needle_context"] == 128
-    assert 32 < longer.attrs["probes"]["longest_needle_prompt"] <= 128  # long-context needles stay available
+    longer = classify_heads(small_model, text=PLANTED_TEXT, config=replace(config, needle_budget=128)).meta["probes"]
+    assert longer["sizes"]["needle_context"] == 128
+    assert 32 < longer["longest_needle_prompt"] <= 128  # long-context needles stay available
 
 
 def test_cli_says_when_a_budget_cut_the_context(small_model_dir, text_file):

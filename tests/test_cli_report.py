@@ -85,6 +85,7 @@ def test_two_languages_are_drawn_from_one_run(monkeypatch, tmp_path):
     import pandas as pd
 
     from headlens.reports import pipeline
+    from headlens.results import Result
 
     runs = []
     validation = pd.DataFrame(
@@ -94,7 +95,8 @@ def test_two_languages_are_drawn_from_one_run(monkeypatch, tmp_path):
 
     def fake_build(loaded, **kwargs):
         runs.append(kwargs)
-        return pipeline.ReportResults(model_info={"name": "fake"}, validation=validation, command=kwargs["command"])
+        checks = Result("validation", validation)
+        return pipeline.ReportResults(model_info={"name": "fake"}, validation=checks, command=kwargs["command"])
 
     monkeypatch.setattr(pipeline, "build_report", fake_build)
     monkeypatch.setattr("headlens.load.models.load_model", lambda name, **placement: None)

@@ -47,10 +47,10 @@ def test_folder_and_jsonl_stream_the_documents_in_order(folder, jsonl):
 def test_a_folder_and_a_jsonl_score_like_the_documents_fed_one_by_one(small_model, folder, jsonl, one_thread):
     reference = classify_heads(small_model, iter(DOCS), CONFIG)  # a plain iterator: no length needed
     for corpus in (Corpus(folder), Corpus(jsonl)):
-        frame = classify_heads(small_model, corpus, CONFIG)
-        pd.testing.assert_frame_equal(frame, reference)
-        assert frame.attrs["probes"] == reference.attrs["probes"]
-    probes = reference.attrs["probes"]
+        heads = classify_heads(small_model, corpus, CONFIG)
+        pd.testing.assert_frame_equal(heads.frame, reference.frame)
+        assert heads.meta["probes"] == reference.meta["probes"]
+    probes = reference.meta["probes"]
     assert probes["n_documents"] == len(DOCS)
     ids = [small_model.tokenizer(doc, add_special_tokens=False)["input_ids"] for doc in DOCS]
     body = small_model.spec.n_ctx - 1
@@ -64,8 +64,8 @@ def test_documents_are_not_one_concatenated_text(small_model, one_thread):
     config = ClassifyConfig(n_seq=2, needles=False)
     body = small_model.spec.n_ctx - 1
     lengths = [len(small_model.tokenizer(doc, add_special_tokens=False)["input_ids"]) for doc in DOCS[:2]]
-    apart = classify_heads(small_model, iter(DOCS[:2]), config).attrs["probes"]
-    joined = classify_heads(small_model, "".join(DOCS[:2]), config).attrs["probes"]
+    apart = classify_heads(small_model, iter(DOCS[:2]), config).meta["probes"]
+    joined = classify_heads(small_model, "".join(DOCS[:2]), config).meta["probes"]
     assert apart["n_windows"] == sum(-(-n // body) for n in lengths)
     assert joined["n_windows"] == -(-joined["n_text_tokens"] // body)
     assert apart["n_windows"] != joined["n_windows"]
@@ -146,9 +146,9 @@ def test_ablation_on_a_folder_equals_the_jsonl_of_the_same_documents(small_model
     from headlens.ablation import ablate_heads
     from headlens.heads import Head
 
-    results = [ablate_heads(small_model, [Head(0, 1)], text=Corpus(path)) for path in (folder, jsonl)]
+    results = [ablate_heads(small_model, [Head(0, 1)], text=Corpus(path)).meta for path in (folder, jsonl)]
     assert results[0]["delta_loss"] == results[1]["delta_loss"] and results[0]["n_tokens"] == results[1]["n_tokens"]
-    joined = ablate_heads(small_model, [Head(0, 1)], text="".join(DOCS))
+    joined = ablate_heads(small_model, [Head(0, 1)], text="".join(DOCS)).meta
     # the same tokens are predicted, from other contexts: documents are not one concatenated text
     assert joined["n_tokens"] == results[0]["n_tokens"] and joined["loss"] != results[0]["loss"]
 

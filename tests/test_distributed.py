@@ -40,12 +40,13 @@ def _torchrun(mode: str, out: Path, *extra: str, n: int = 2) -> subprocess.Compl
 
 @pytest.mark.slow
 def test_two_process_classify_equals_one_process(tmp_path, one_thread):
-    single = dist_worker.classify_frame()
+    single = dist_worker.classification()
     run = _torchrun("classify", tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     merged = pd.read_pickle(tmp_path / "result.pkl")
-    assert merged.attrs["probes"] == single.attrs["probes"]
-    assert single.attrs["probes"]["n_windows"] >= 4  # both ranks had text batches to score
+    assert merged.meta["probes"] == single.meta["probes"]
+    assert single.meta["probes"]["n_windows"] >= 4  # both ranks had text batches to score
+    single, merged = single.frame, merged.frame
     floats = [c for c in single.columns if single[c].dtype.kind == "f"]
     exact = [c for c in single.columns if c not in floats]
     pd.testing.assert_frame_equal(merged[exact], single[exact])
@@ -63,7 +64,7 @@ def test_two_process_sweep_killed_rank_resumes_to_the_single_process_table(tmp_p
 
     from headlens.ablation import sweep_heads
 
-    single = sweep_heads(build_strong_model(64), text=sample_text(600))
+    single = sweep_heads(build_strong_model(64), text=sample_text(600)).frame
     killed = _torchrun("sweep", tmp_path, "1")
     assert killed.returncode != 0  # rank 1 died after its first row; torchrun stops the job
     rows_files = sorted((tmp_path / "sweep").glob("rows*.jsonl"))

@@ -66,19 +66,23 @@ def _library_example() -> str:
 
 
 @pytest.mark.slow
-def test_the_readme_library_example_runs_and_names_real_columns():
-    """Run the README's library example as written; every column its comment promises is in the frame."""
+def test_the_readme_library_example_runs_and_names_real_columns(tmp_path, monkeypatch):
+    """Run the README's library example as written (in a scratch folder: it writes its page); every column its
+    comment promises is in the frame, and the page it renders holds the findings."""
     example = _library_example()
     assert example.startswith("import headlens\n")  # the front door, not the stages' module paths
-    promised = re.search(r"heads = headlens.classify_heads\(loaded\) +# DataFrame: (.+)", example).group(1)
+    promised = re.search(r"heads = headlens.classify_heads\(loaded\) +# .frame: (.+)", example).group(1)
     scope: dict = {}
+    monkeypatch.chdir(tmp_path)
     exec(compile(example, "README.md", "exec"), scope)
-    columns = list(scope["heads"].columns)
+    columns = list(scope["heads"].frame.columns)
     for pattern in (name.strip() for name in promised.split(",")):
         assert fnmatch.filter(columns, pattern), (pattern, columns)
-    assert {"layer", "head", "delta_loss"} <= set(scope["sweep"].columns)
-    assert {"delta", "ci95", "clean", "ablated"} <= set(scope["result"])
-    assert {"layer", "quantity", "reference", "max_abs_error", "passed"} <= set(scope["checks"].columns)
+    assert {"layer", "head", "delta_loss"} <= set(scope["sweep"].frame.columns)
+    assert {"delta", "ci95", "clean", "ablated"} <= set(scope["result"].meta)
+    assert {"layer", "quantity", "reference", "max_abs_error", "passed"} <= set(scope["checks"].frame.columns)
+    assert scope["report"].heads.frame["labels"].equals(scope["heads"].frame["labels"])  # deterministic probes
+    assert 'id="findings"' in (tmp_path / "report.html").read_text(encoding="utf-8")
 
 
 def test_the_readme_cites_every_paper_of_the_registry_of_head_kinds():

@@ -107,7 +107,7 @@ def test_ablation_equals_ablate_heads_and_top5_the_models_softmax(client, setup,
     at = len(run["tokens"]) - 3
     body = {"run": run["run"], "heads": ["1.0", "1.2"], "method": method, "position": at}
     shown = client.post("/api/ablate", json=body).json()
-    truth = ablate_heads(loaded, "1.0,1.2", method=method, metric="loss", text=REPEATED, seed=0)
+    truth = ablate_heads(loaded, "1.0,1.2", method=method, metric="loss", text=REPEATED, seed=0).meta
     assert shown["loss"] == pytest.approx(truth["loss"], rel=LOSS_RTOL)
     assert shown["loss_ablated"] == pytest.approx(truth["loss_ablated"], rel=LOSS_RTOL)
     assert len(shown["clean"]) == truth["n_tokens"] == len(run["tokens"]) - 1
@@ -121,7 +121,7 @@ def test_ablation_equals_ablate_heads_and_top5_the_models_softmax(client, setup,
     losses = -torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(run["ids"][1:])[:, None])[:, 0]
     np.testing.assert_allclose(shown["clean"], losses.numpy(), atol=1e-4)
     again = client.post("/api/ablate", json={**body, "heads": ["0.0"]}).json()  # the clean part reused
-    truth = ablate_heads(loaded, "0.0", method=method, metric="loss", text=REPEATED, seed=0)
+    truth = ablate_heads(loaded, "0.0", method=method, metric="loss", text=REPEATED, seed=0).meta
     assert (again["loss"], again["loss_ablated"]) == pytest.approx(
         (truth["loss"], truth["loss_ablated"]), rel=LOSS_RTOL
     )

@@ -93,7 +93,7 @@ def test_validation_needs_gemmas_one_plus_w_norm(gemma, monkeypatch):
 
 
 def test_validation_passes_on_every_layer(gemma):
-    frame = validate_model(gemma, TEXT)
+    frame = validate_model(gemma, TEXT).frame
     assert sorted(frame["layer"].unique()) == [0, 1, 2, 3]
     assert set(frame["reference"]) == {"hf_eager", "sdpa", "transformer_lens"}
     assert (frame["max_abs_error"] <= VALIDATION_ATOL).all()
@@ -258,7 +258,7 @@ def gemma_270m(real_model):
 @pytest.mark.slow
 @pytest.mark.real
 def test_gemma_270m_validates_on_every_layer(gemma_270m):
-    frame = validate_model(gemma_270m)
+    frame = validate_model(gemma_270m).frame
     assert gemma_270m.spec.family == "gemma3_text" and gemma_270m.spec.n_layers == 18
     assert sorted(frame["layer"].unique()) == list(range(18))
     assert set(frame["reference"]) == {"hf_eager", "sdpa", "transformer_lens"}

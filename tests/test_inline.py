@@ -21,6 +21,7 @@ import torch
 
 import headlens
 from headlens.reports import inline
+from headlens.results import Result
 
 NASTY_TEXT = (
     'Hello <script>alert(1)</script> and "><img src=x onerror=alert(1)> then </script> '
@@ -94,18 +95,22 @@ def sweep_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def ablation_result(heads=("1.0", "1.2")) -> dict:
-    return {
-        "model": "m",
-        "heads": list(heads),
-        "method": "zero",
-        "metric": "repeat",
-        "n_tokens": 384,
-        "loss": 2.945,
-        "loss_ablated": 4.612,
-        "delta_loss": 1.667,
-        "ci95": [1.529, 1.802],
-    }
+def ablation_result(heads=("1.0", "1.2")) -> Result:
+    return Result(
+        "ablation",
+        rows=[],
+        meta={
+            "model": "m",
+            "heads": list(heads),
+            "method": "zero",
+            "metric": "repeat",
+            "n_tokens": 384,
+            "loss": 2.945,
+            "loss_ablated": 4.612,
+            "delta_loss": 1.667,
+            "ci95": [1.529, 1.802],
+        },
+    )
 
 
 def pruning_frame() -> pd.DataFrame:
@@ -160,11 +165,11 @@ def sample(tokens=None) -> dict:
 
 
 RESULTS = {
-    "heads": heads_frame,
-    "sweep": sweep_frame,
+    "heads": lambda: Result("heads", heads_frame()),
+    "sweep": lambda: Result("sweep", sweep_frame()),
     "ablation": lambda: [ablation_result(["1.0"]), ablation_result()],
-    "pruning": pruning_frame,
-    "validation": validation_frame,
+    "pruning": lambda: Result("pruning", pruning_frame()),
+    "validation": lambda: Result("validation", validation_frame()),
     "training": training_pair,
     "attention": sample,
 }
@@ -188,7 +193,7 @@ def test_each_result_is_recognised_and_self_contained(kind):
     assert html.count("<img ") >= (0 if kind == "validation" else 1)  # every kind but validation draws a figure
 
 
-def test_a_single_ablation_dict_and_a_list_both_show_their_ci():
+def test_a_single_ablation_and_a_list_both_show_their_ci():
     for result in (ablation_result(), [ablation_result()]):
         html = inline.view(result).html()
         assert "1.529" in html and "1.802" in html and "1.667" in html
@@ -198,14 +203,14 @@ def test_a_single_ablation_dict_and_a_list_both_show_their_ci():
 def test_the_label_table_names_each_heads_key_value_group_under_gqa():
     frame = heads_frame()
     frame["kv_group"] = frame["head"] // N_HEADS  # one key/value head per layer
-    assert re.search(r'<th [^>]*(title="kv_group"|>kv_group</th>)', inline.view(frame).html())
+    assert re.search(r'<th [^>]*(title="kv_group"|>kv_group</th>)', inline.view(Result("heads", frame)).html())
     frame["kv_group"] = frame["head"]  # plain multi-head attention: the column would say nothing
-    assert "kv_group" not in inline.view(frame).html()
+    assert "kv_group" not in inline.view(Result("heads", frame)).html()
 
 
 def test_validation_states_its_verdict():
-    assert "passed" in inline.view(validation_frame()).html()
-    assert "1 comparison(s)" in inline.view(validation_frame(passed=False)).html()
+    assert "passed" in inline.view(Result("validation", validation_frame())).html()
+    assert "1 comparison(s)" in inline.view(Result("validation", validation_frame(passed=False))).html()
 
 
 def test_training_marks_the_phase_change():
@@ -222,19 +227,18 @@ def test_unknown_results_are_refused():
 
 
 def test_hostile_labels_and_values_are_escaped():
-    frame = heads_frame(label=NASTY_TEXT)
-    html = inline.view(frame).html()
+    html = inline.view(Result("heads", heads_frame(label=NASTY_TEXT))).html()
     assert "<script>alert(1)</script>" not in html and "<img src=x" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     result = ablation_result()  # heads are "L.H" strings from parse_heads; the free text is elsewhere
-    result["method"] = result["metric"] = NASTY_TEXT
+    result.meta["method"] = result.meta["metric"] = NASTY_TEXT
     html = inline.view(result).html()
     assert "<script" not in html and "onerror=alert" not in html.replace("onerror=alert(1)&gt;", "")
 
 
 def test_hostile_tokens_cannot_end_the_data_element_or_the_script():
     tokens = ["<|endoftext|>", *NASTY_TEXT.split(" ")]
-    html = inline.view(sample(tokens), heads=heads_frame(label=NASTY_TEXT)).html()
+    html = inline.view(sample(tokens), heads=Result("heads", heads_frame(label=NASTY_TEXT))).html()
     elements = parse(html)
     scripts = [attrs for tag, attrs in elements.tags if tag == "script"]
     assert len(scripts) == 2  # the viewer's JSON data and its code, nothing injected
@@ -277,7 +281,7 @@ def test_element_ids_are_unique_within_and_across_fragments():
 
 def test_show_outside_a_notebook_says_where_it_works():
     with pytest.raises(RuntimeError, match="notebook"):
-        headlens.show(sweep_frame())
+        headlens.show(Result("sweep", sweep_frame()))
 
 
 def test_show_refuses_unknown_results_before_anything_else():
@@ -325,4 +329,4 @@ def test_an_unknown_language_is_refused():
     from headlens.errors import ConfigError
 
     with pytest.raises(ConfigError, match="language"):
-        inline.view(sweep_frame(), lang="fr")
+        inline.view(Result("sweep", sweep_frame()), lang="fr")

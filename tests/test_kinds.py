@@ -15,6 +15,7 @@ from headlens.classify.runs import probe_sizes
 from headlens.cli.commands_classify import TABLE_COLUMNS
 from headlens.reports import explain
 from headlens.reports.findings import absent_block, ioi_text
+from headlens.results import Result
 
 CATALOGUES = {
     lang: json.loads((Path(explain.__file__).parent / f"messages_{lang}.json").read_text(encoding="utf-8"))
@@ -100,15 +101,15 @@ def test_probe_sizes_follow_the_budget_not_the_context():
 @pytest.mark.parametrize("lang", sorted(CATALOGUES))
 def test_the_findings_say_the_models_own_ioi_logit_difference(lang):
     frame = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "ioi_logit_diff": [4.04, 4.04], "n_ioi_prompts": [48, 48]})
-    frame.attrs["probes"] = {"ioi_correct_share": 0.75}
-    text = ioi_text(frame, lang)
+    text = ioi_text(Result("heads", frame, {"probes": {"ioi_correct_share": 0.75}}), lang)
     percent = "75%" if lang == "en" else "75\u00a0%"  # Spanish writes a (non-breaking) space before the sign
     assert ("4.04" if lang == "en" else "4,04") in text and "48" in text and percent in text
-    assert ioi_text(frame.drop(columns="ioi_logit_diff"), lang) == ""  # a frame without the IOI probe
-    frame.attrs["probes"] = {"ioi_missing": "no single-token names"}  # a frame without the name counts
-    assert "no single-token names" in ioi_text(frame, lang)
-    frame.attrs["probes"] = {"ioi_missing": "the probe's English reason", "ioi_names": 1, "ioi_names_total": 40}
-    text = ioi_text(frame, lang)
+    without = Result("heads", frame.drop(columns="ioi_logit_diff"), {"probes": {"ioi_correct_share": 0.75}})
+    assert ioi_text(without, lang) == ""  # a frame without the IOI probe
+    missing = {"ioi_missing": "no single-token names"}  # a frame without the name counts
+    assert "no single-token names" in ioi_text(Result("heads", frame, {"probes": missing}), lang)
+    missing = {"ioi_missing": "the probe's English reason", "ioi_names": 1, "ioi_names_total": 40}
+    text = ioi_text(Result("heads", frame, {"probes": missing}), lang)
     assert " 1 " in text and "40" in text and "English reason" not in text  # the reason in the page's language
     assert ("tokenizer" if lang == "en" else "tokenizador") in text
 
@@ -133,12 +134,14 @@ def _absent_frame():
             "syntactic_accuracy": [float("nan")] * 4,
         }
     )
-    frame.attrs["config"] = {"successor_min": 0.4}  # one cut-off given, the rest the registry's defaults
     return frame
 
 
+ABSENT_META = {"config": {"successor_min": 0.4}}  # one cut-off given, the rest the registry's defaults
+
+
 def test_absent_roles_name_the_highest_head_and_its_cut_offs():
-    found = {a.label: a for a in absent_roles(_absent_frame())}
+    found = {a.label: a for a in absent_roles(_absent_frame(), ABSENT_META)}
     # induction is carried; anti-induction and prefix-matching read its columns and no head earned them
     assert "induction" not in found and {"anti_induction", "prefix_matching"} <= set(found)
     assert "retrieval" not in found and "copy_suppression" not in found  # their scores are not in the frame
@@ -156,14 +159,14 @@ def test_absent_roles_name_the_highest_head_and_its_cut_offs():
     assert negative["name_negative_copy_score"] == ClassifyConfig().name_copy_min  # the negative movers' rule
     assert found["syntactic"].head is None and found["syntactic"].values == ()
     not_run = _absent_frame().assign(syntax_source=kinds.SOURCE_NOT_RUN)  # a probe not asked for says nothing
-    assert "syntactic" not in {a.label for a in absent_roles(not_run)}
+    assert "syntactic" not in {a.label for a in absent_roles(not_run, ABSENT_META)}
     assert list(found) == [label for label in kinds.ROLES if label in found]  # registry order
-    assert absent_roles(_absent_frame().drop(columns="labels")) == []
+    assert absent_roles(_absent_frame().drop(columns="labels"), ABSENT_META) == []
 
 
 @pytest.mark.parametrize("lang", sorted(CATALOGUES))
 def test_the_findings_say_why_each_absent_role_is_absent(lang):
-    html = absent_block(_absent_frame(), lang)
+    html = absent_block(Result("heads", _absent_frame(), ABSENT_META), lang)
     successor = html[html.index(CATALOGUES[lang]["role.successor"]) :].split("</li>")[0]
     assert "<strong>0.1</strong>" in successor and ("0.30" if lang == "en" else "0,30") in successor
     assert ("0.4" if lang == "en" else "0,4") in successor  # the cut-off the frame was labelled with
@@ -173,7 +176,7 @@ def test_the_findings_say_why_each_absent_role_is_absent(lang):
     carried = ("successor", "name_mover", "negative_name_mover", "syntactic")
     every = _absent_frame().assign(labels=[[label] for label in carried])
     every = every.drop(columns=["prefix_matching_score"])
-    assert absent_block(every, lang) == ""
+    assert absent_block(Result("heads", every, ABSENT_META), lang) == ""
 
 
 def test_classify_notes_name_the_highest_head_of_each_absent_role(capsys):
@@ -189,8 +192,7 @@ def test_classify_notes_name_the_highest_head_of_each_absent_role(capsys):
             "prev_token_score": [0.2, 0.1],
         }
     )
-    frame.attrs.update(probes={}, config={"positional_min": 0.8})
-    _kind_notes(frame)
+    _kind_notes(Result("heads", frame, {"probes": {}, "config": {"positional_min": 0.8}}))
     assert capsys.readouterr().err.splitlines() == [
         "headlens: note: no previous_token heads: highest positional_share at 0.1: positional_share 0.70 "
         "(cut-off 0.8), prev_token_score 0.10",

@@ -118,7 +118,7 @@ def test_smollm2_text_attention_matches_a_loop_over_positions(smollm2):
 @pytest.mark.slow
 def test_classify_labels_the_planted_copy_suppression_head_alone_and_ablate_selects_it(planted):
     planted, _ = planted
-    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0)).frame
     assert labelled_heads(frame, "copy_suppression") == [planted.positions["copy_suppression"]]
     # no IOI circuit is planted here: no head moves names
     assert labelled_heads(frame, "name_mover") == labelled_heads(frame, "negative_name_mover") == []

@@ -108,7 +108,7 @@ def test_ablating_the_planted_name_mover_lowers_the_logit_diff_most(planted):
         prompts=ablation_prompts(scores["prompts"]),
         control=N_CONTROL,
         seed=0,
-    )
+    ).meta
     assert result["delta"] < 0
     others = [
         d for d, s in zip(result["control"]["deltas"], result["control"]["sets"], strict=True) if s != [str(mover)]
@@ -119,13 +119,14 @@ def test_ablating_the_planted_name_mover_lowers_the_logit_diff_most(planted):
 @pytest.mark.slow
 def test_classify_labels_the_planted_name_mover_alone_and_reports_the_logit_diff(planted):
     planted, scores = planted
-    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    heads = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    frame = heads.frame
     mover = planted.positions["name_mover"]
     assert labelled_heads(frame, "name_mover") == [mover]
     assert labelled_heads(frame, "negative_name_mover") == labelled_heads(frame, "copy_suppression") == []
     # the probe's 48 prompts are the module's (same seed, budget // 4 = 64 capped at 48): same figure
     assert frame["ioi_logit_diff"].iloc[0] == pytest.approx(scores["logit_diff"], rel=1e-9)
-    assert frame.attrs["probes"]["n_ioi_prompts"] == len(scores["prompts"])
+    assert heads.meta["probes"]["n_ioi_prompts"] == len(scores["prompts"])
     labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
     assert resolve_heads(planted.loaded, "name_mover", labels)[0] == [Head(*mover)]
 

@@ -83,11 +83,12 @@ def test_classify_labels_the_planted_rare_word_head_alone(planted_seed_3):
     from headlens.classify import ClassifyConfig, classify_heads
 
     planted = planted_seed_3
-    frame = classify_heads(planted.loaded, text=rare_text(planted.loaded.tokenizer, 0), config=ClassifyConfig(n_seq=4))
+    heads = classify_heads(planted.loaded, text=rare_text(planted.loaded.tokenizer, 0), config=ClassifyConfig(n_seq=4))
+    frame = heads.frame
     labelled = [(r.layer, r.head) for r in frame.itertuples() if "rare_word" in r.labels]
     assert labelled == [planted.positions["rare_word"]]
     assert (frame["n_rare_sentences"] > 0).all()
-    assert frame.attrs["probes"]["rare_word"]["n_sentences"] == int(frame["n_rare_sentences"].iloc[0])
+    assert heads.meta["probes"]["rare_word"]["n_sentences"] == int(frame["n_rare_sentences"].iloc[0])
 
 
 # SmolLM2 against its own eager attention -----------------------------------------------------------------------
@@ -109,6 +110,7 @@ def test_classify_says_why_a_rare_word_or_syntactic_head_is_absent(capsys):
 
     from headlens.classify import ClassifyConfig
     from headlens.cli.commands_classify import _kind_notes
+    from headlens.results import Result
 
     frame = pd.DataFrame(
         {
@@ -120,22 +122,24 @@ def test_classify_says_why_a_rare_word_or_syntactic_head_is_absent(capsys):
             "syntactic_accuracy": [0.3, 0.5],
         }
     )
-    frame.attrs["config"] = {"rare_word_min": ClassifyConfig().rare_word_min, "syntactic_min": 0.1}
-    frame.attrs["probes"] = {"rare_word": {"n_sentences": 12}, "syntactic": {"relations": [{"relation": "det"}]}}
-    _kind_notes(frame)
+    config = {"rare_word_min": ClassifyConfig().rare_word_min, "syntactic_min": 0.1}
+    probes = {"rare_word": {"n_sentences": 12}, "syntactic": {"relations": [{"relation": "det"}]}}
+    _kind_notes(Result("heads", frame, {"config": config, "probes": probes}))
     assert capsys.readouterr().err.splitlines() == [
         "headlens: note: no syntactic heads: highest syntactic_score at 1.1: syntactic_score 0.08 (cut-off 0.1), "
         "syntactic_accuracy 0.50"
     ]
     nothing = frame.assign(labels=[[], []], rare_word_score=float("nan"), syntactic_score=float("nan"))
-    nothing.attrs = {**frame.attrs, "probes": {"rare_word": {"n_sentences": 0}, "syntactic": {"relations": []}}}
-    _kind_notes(nothing)
+    probes = {"rare_word": {"n_sentences": 0}, "syntactic": {"relations": []}}
+    _kind_notes(Result("heads", nothing, {"config": config, "probes": probes}))
     assert capsys.readouterr().err.splitlines() == [
         "headlens: note: no rare_word heads: the probe found no sentences to score",
         "headlens: note: no syntactic heads: the probe found no relations to score",
     ]
-    nothing.attrs["probes"] = {"syntactic_missing": "not asked for", "rare_word": {"n_sentences": 0}}
-    _kind_notes(nothing)  # the probe that did not run has its own note (commands_classify._notes)
+    probes = {"syntactic_missing": "not asked for", "rare_word": {"n_sentences": 0}}
+    _kind_notes(
+        Result("heads", nothing, {"config": config, "probes": probes})
+    )  # the probe that did not run has its own note (commands_classify._notes)
     assert capsys.readouterr().err.splitlines() == [
         "headlens: note: no rare_word heads: the probe found no sentences to score"
     ]

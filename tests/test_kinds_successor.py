@@ -100,7 +100,7 @@ def test_classify_labels_the_planted_successor_head_and_ablate_selects_it(plante
     from headlens.classify import ClassifyConfig, classify_heads
     from headlens.heads import Head
 
-    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0))
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0)).frame
     labelled = [(r.layer, r.head) for r in frame.itertuples() if "successor" in r.labels]
     assert labelled == [planted.positions["successor"]]
     labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}

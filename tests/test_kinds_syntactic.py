@@ -231,8 +231,8 @@ def test_the_probe_runs_only_when_a_treebank_is_asked_for(classify_cli):
     skipped = classify_cli("tiny")  # `headlens classify tiny --format json --no-progress`
     assert skipped.exit_code == 0, skipped.output
     assert "no syntactic-head scores" in skipped.stderr and "--syntax sample" in skipped.stderr
-    frame = classify_heads(load_model("tiny"), config=ClassifyConfig(n_seq=2, max_windows=2, syntax="sample"))
-    assert (frame["syntax_source"] == "shipped_treebank").all() and frame.attrs["probes"]["syntactic"][
+    heads = classify_heads(load_model("tiny"), config=ClassifyConfig(n_seq=2, max_windows=2, syntax="sample"))
+    assert (heads.frame["syntax_source"] == "shipped_treebank").all() and heads.meta["probes"]["syntactic"][
         "n_sentences"
     ] > 0
-    assert "syntactic_missing" not in frame.attrs["probes"]
+    assert "syntactic_missing" not in heads.meta["probes"]

@@ -75,26 +75,27 @@ def test_padding_mask_leaves_real_tokens_unchanged(small_model):
 
 
 def test_validation_passes_on_small_config(small_model):
-    frame = validate_model(small_model, BUILTIN_TEXT)
+    result = validate_model(small_model, BUILTIN_TEXT)
+    frame = result.frame
     assert list(frame.columns) == ["layer", "quantity", "reference", "max_abs_error", "tolerance", "passed"]
     # 2 layers x (3 hf_eager + 3 transformer_lens + 2 sdpa: no pattern there)
     assert len(frame) == 2 * 8
     assert set(frame["reference"]) == {"hf_eager", "sdpa", "transformer_lens"}
     assert frame["passed"].all()
     assert (frame["tolerance"] == VALIDATION_ATOL).all()
-    assert frame.attrs["text_source"] == "given"
+    assert result.meta["text_source"] == "given"
 
 
 def test_validation_covers_padding(small_model):
     """A text longer than one window gives unequal windows, i.e. a padded batch."""
-    frame = validate_model(small_model, " ".join([BUILTIN_TEXT] * 8))
-    assert frame.attrs["n_tokens"] > 128
-    assert frame["passed"].all()
+    result = validate_model(small_model, " ".join([BUILTIN_TEXT] * 8))
+    assert result.meta["n_tokens"] > 128
+    assert result.frame["passed"].all()
 
 
 @pytest.mark.slow
 def test_validation_passes_on_gpt2_small_shape(gpt2_shaped_model):
-    frame = validate_model(gpt2_shaped_model, BUILTIN_TEXT)
+    frame = validate_model(gpt2_shaped_model, BUILTIN_TEXT).frame
     assert sorted(frame["layer"].unique()) == list(range(12))
     assert frame["passed"].all(), frame[~frame["passed"]]
 
@@ -108,7 +109,7 @@ def test_validation_fails_on_perturbed_weight(small_model, perturbed_mha):
     assert set(failed["reference"]) == {"hf_eager", "sdpa", "transformer_lens"}
     assert set(failed["quantity"]) == {"pattern", "z", "attn_out"}
     assert frame[frame["layer"] != PERTURBED_LAYER]["passed"].all()
-    report = validate_model(small_model, BUILTIN_TEXT, raise_on_failure=False)
+    report = validate_model(small_model, BUILTIN_TEXT, raise_on_failure=False).frame
     assert not report["passed"].all()
 
 
@@ -119,7 +120,7 @@ def test_inverse_layer_scaling_is_honoured():
     from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, scale_attn_by_inverse_layer_idx=True)
-    frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT)
+    frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT).frame
     assert frame["passed"].all()
 
 
@@ -134,7 +135,7 @@ def test_unscaled_attention_is_honoured_but_transformer_lens_ignores_it():
     from headlens.load.models import build_model
 
     config = GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=128, scale_attn_weights=False)
-    frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT, raise_on_failure=False)
+    frame = validate_model(build_model(config, seed=1), BUILTIN_TEXT, raise_on_failure=False).frame
     assert frame[frame["reference"] != "transformer_lens"]["passed"].all()
     tl = frame[(frame["reference"] == "transformer_lens") & (frame["quantity"] == "pattern")]
     assert not tl["passed"].any()

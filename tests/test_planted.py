@@ -29,7 +29,7 @@ def _labels(frame, layer, head):
 
 def test_planted_roles_are_recovered_and_no_other_head_is_labelled():
     planted = build_planted(0)
-    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=FAST_CONFIG)
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=FAST_CONFIG).frame
     expected = {
         planted.positions[role]: [name for name in labels if name != "retrieval"]
         for role, labels in EXPECTED_LABELS.items()
@@ -41,14 +41,16 @@ def test_planted_roles_are_recovered_and_no_other_head_is_labelled():
 
 @pytest.mark.slow
 def test_every_planted_role_is_recovered(planted_result):
-    planted, frame = planted_result
+    planted, heads = planted_result
+    frame = heads.frame
     for role, (layer, head) in planted.positions.items():
         assert _labels(frame, layer, head)["labels"] == EXPECTED_LABELS[role], (role, layer, head)
 
 
 @pytest.mark.slow
 def test_no_other_head_gets_a_label(planted_result):
-    planted, frame = planted_result
+    planted, heads = planted_result
+    frame = heads.frame
     slots = set(planted.positions.values())
     others = [(layer, head) for layer in range(N_LAYERS) for head in range(N_HEADS) if (layer, head) not in slots]
     assert len(others) == N_LAYERS * N_HEADS - len(slots)
@@ -58,7 +60,8 @@ def test_no_other_head_gets_a_label(planted_result):
 
 @pytest.mark.slow
 def test_planted_scores_match_the_construction(planted_result):
-    planted, frame = planted_result
+    planted, heads = planted_result
+    frame = heads.frame
     pos = planted.positions
     assert _labels(frame, *pos["previous_token"])["prev_token_score"] > PLANTED_MASS_MIN
     assert _labels(frame, *pos["offset_2"])["positional_offset"] == -2
@@ -68,14 +71,14 @@ def test_planted_scores_match_the_construction(planted_result):
     assert induction["prefix_matching_score"] > PLANTED_MASS_MIN
     assert induction["copying_score"] > PLANTED_MASS_MIN  # OV writes exactly the attended token
     assert induction["retrieval_score"] > PLANTED_MASS_MIN  # it copies every needle token
-    assert frame.attrs["probes"]["n_needle_retrieved"] == frame.attrs["probes"]["n_needle_tests"]
+    assert heads.meta["probes"]["n_needle_retrieved"] == heads.meta["probes"]["n_needle_tests"]
 
 
 @pytest.mark.slow
 def test_flipped_copy_is_anti_induction():
     """The same prefix-matching head writing minus the attended token is anti-induction, not induction."""
     planted = build_planted(3, copy_sign=-1.0)
-    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=CONFIG)
+    frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=CONFIG).frame
     row = _labels(frame, *planted.positions["induction"])
     assert row["labels"] == ["anti_induction"]
     assert row["copying_score"] < -PLANTED_MASS_MIN

@@ -71,7 +71,7 @@ def test_normalize_by_layer_gives_unit_norm_over_kept_heads():
 
 def test_prune_curve(strong_model):
     text = sample_text(260)
-    curve = prune_curve(strong_model, text=text)
+    curve = prune_curve(strong_model, text=text).frame
     assert list(curve.columns) == ["step", "n_removed", "fraction_removed", "heads_removed", "step_heads", "loss"]
     assert curve.n_removed.tolist() == list(range(9))  # round(10% of 8) = 1 head per step
     assert curve.fraction_removed.iloc[-1] == 1.0
@@ -134,7 +134,7 @@ def test_prune_curve_marks_labelled_heads(strong_model):
 
     labels = {Head(layer, head): [] for layer in range(2) for head in range(4)}
     labels[Head(1, 2)] = ["induction"]
-    curve = prune_curve(strong_model, text=sample_text(260), labels=labels)
+    curve = prune_curve(strong_model, text=sample_text(260), labels=labels).frame
     marked = [s for s in curve.step_labelled if s]
     assert marked == ["1.2:induction"]
     step = curve.index[curve.step_labelled == "1.2:induction"][0]

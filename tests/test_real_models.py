@@ -102,15 +102,16 @@ def figures():
 
 @pytest.fixture(scope="module")
 def labels(smollm2, figures):
-    """classify_heads on SmolLM2: Head -> labels (the frame in `.frame`)."""
+    """classify_heads on SmolLM2: Head -> labels, and the classification (its Result)."""
     from headlens.classify import classify_heads
 
-    frame = classify_heads(smollm2, text=default_text()[:TEXT_CHARS], config=CONFIG)
+    heads = classify_heads(smollm2, text=default_text()[:TEXT_CHARS], config=CONFIG)
+    frame = heads.frame
     figures["labels"] = {
         label: [f"{r.layer}.{r.head}" for r in frame.itertuples() if label in r.labels]
         for label in ("previous_token", "duplicate_token", "induction", "retrieval")
     }
-    return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}, frame
+    return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}, heads
 
 
 def labelled(labels, role: str) -> list[Head]:
@@ -185,7 +186,7 @@ def set_means(loaded, evalset, head_sets, batch_size: int = 4) -> torch.Tensor:
 def causal_check(loaded, heads: list[Head], metric: str, seed: int, context: int | None = None) -> dict:
     """The chosen set through ablate_heads (hooks on z), then it and N_CONTROLS random sets stacked;
     `context` caps the needle tests' length (None: the evaluation set's default)."""
-    result = ablate_heads(loaded, heads, metric=metric, seed=seed, context=context)
+    result = ablate_heads(loaded, heads, metric=metric, seed=seed, context=context).meta
     sets = random_sets(heads, loaded.spec.n_heads, seed + 1)
     evalset = build_evalset(loaded, metric, seed=seed, context=context)
     means = set_means(loaded, evalset, [[], heads] + sets)  # [2 + N_CONTROLS]
@@ -268,7 +269,7 @@ def test_retrieval_heads_carry_the_needle(smollm2, labels, figures):
     heads = labelled(labels, "retrieval")
     # The needle tests of the report's role experiment: at most ROLE_CONTEXT tokens, the budget the
     # retrieval heads were labelled at (15 tests, 2,240 tokens per ablated run on SmolLM2).
-    top1 = ablate_heads(smollm2, heads, metric="needle", seed=0, context=ROLE_CONTEXT)
+    top1 = ablate_heads(smollm2, heads, metric="needle", seed=0, context=ROLE_CONTEXT).meta
     assert top1["clean"] > 0.5  # the model retrieves the needle at all
     check = causal_check(smollm2, heads, "needle-loss", seed=0, context=ROLE_CONTEXT)
     figures["retrieval_needle_loss"] = summary_of(heads, check)

@@ -13,6 +13,7 @@ import pytest
 
 from headlens.errors import ConfigError, OutputPathError
 from headlens.reports import EmptyReportError, i18n, render_report
+from headlens.results import Result
 from tests.helpers.report_inputs import (
     MODEL_INFO,
     heads_frame,
@@ -135,9 +136,9 @@ def visible_text(page: str) -> str:
 def spanish_page(tmp_path_factory):
     """Every section: findings with ablation evidence and sources, key/value groups, scores, thumbnails,
     viewer, ablation, validation, training."""
-    heads = heads_frame().assign(kv_group=[0, 0, 1, 0, 0, 1])
-    heads.attrs["sources"] = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
-    heads.attrs["config"] = {"positional_min": 0.9, "needles": True, "token_low": None, "token_range": [32, 127]}
+    sources = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
+    config = {"positional_min": 0.9, "needles": True, "token_low": None, "token_range": [32, 127]}
+    heads = Result("heads", heads_frame().assign(kv_group=[0, 0, 1, 0, 0, 1]), {"sources": sources, "config": config})
     one = {"heads": ["0.1"], "method": "zero", "metric": "text", "n_tokens": 200, "delta_loss": 0.2, "ci95": [0.1, 0.3]}
     controlled = {
         "heads": ["1.0", "1.2"],
@@ -161,15 +162,14 @@ def spanish_page(tmp_path_factory):
             "loss": [3.0, 3.1],
         }
     )
-    validation = validation_frame(fail_layer=1)
-    validation.attrs.update(text_source="texto-dado", n_tokens=42)
+    validation = Result("validation", validation_frame(fail_layer=1), {"text_source": "texto-dado", "n_tokens": 42})
     path = render_report(
         tmp_path_factory.mktemp("es") / "es.html",
         model_info={**MODEL_INFO, "name": "modelo", "n_params": 462464},
         heads=heads,
-        sweep=sweep_frame(),
-        ablation=[one, controlled],
-        pruning=pruning,
+        sweep=Result("sweep", sweep_frame()),
+        ablation=[Result("ablation", meta=one, rows=[]), Result("ablation", meta=controlled, rows=[])],
+        pruning=Result("pruning", pruning),
         validation=validation,
         training=training_pair(),
         viewer=viewer_dict(),

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from headlens.reports import render
+from headlens.results import Result
 from tests.helpers.report_inputs import MODEL_INFO, training_pair
 
 
@@ -40,19 +41,15 @@ def test_pruning_page_is_titled_pruning_and_summarised():
             "loss": [3.0, 3.1, 3.6],
         }
     )
-    curve.attrs.update(
-        heads_within=2,
-        n_heads=8,
-        tolerance=0.05,
-        removal_by_role={
-            "n_labelled": 2,
-            "n_unlabelled": 6,
-            "mean_rank_labelled": 6.5,
-            "mean_rank_unlabelled": 3.5,
-            "p_value": 0.04,
-        },
-    )
-    page = _page(pruning=curve)
+    order = {
+        "n_labelled": 2,
+        "n_unlabelled": 6,
+        "mean_rank_labelled": 6.5,
+        "mean_rank_unlabelled": 3.5,
+        "p_value": 0.04,
+    }
+    meta = {"heads_within": 2, "n_heads": 8, "tolerance": 0.05, "removal_by_role": order}
+    page = _page(pruning=Result("pruning", curve, meta))
     assert "<title>headlens report: hand-made</title>" in page or "hand-made" in page
     assert '<a href="#ablation">Pruning</a>' in page
     assert "2 of 8 heads can go within +5% loss" in page

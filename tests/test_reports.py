@@ -18,6 +18,7 @@ from headlens.errors import OutputPathError
 from headlens.reports import EmptyReportError, explain, figures, findings, i18n, render_report, sections, thumbnails
 from headlens.reports import render as render_module
 from headlens.reports.viewer import safe_json, viewer_payload, viewer_section
+from headlens.results import Result
 from tests.helpers.families import build_family
 from tests.helpers.planted import PLANTED_TEXT
 from tests.helpers.report_inputs import (
@@ -35,6 +36,10 @@ from tests.helpers.report_inputs import (
 NASTY = '<script>alert(1)</script> "><img src=x onerror=alert(1)> </script> {{ x }} ${y} & \u2028'
 # 5 MB: the size cap for GPT-2 small with default settings.
 SIZE_CAP_BYTES = 5 * 1024 * 1024
+
+
+def sweep_result() -> Result:
+    return Result("sweep", sweep_frame())
 
 
 def img_count(html: str) -> int:
@@ -62,7 +67,7 @@ def test_summary_escapes_and_lists_facts():
 
 def test_scores_section_one_heatmap_per_present_score_with_source():
     heads = heads_frame()
-    html = sections.scores_section(heads)
+    html = sections.scores_section(Result("heads", heads))
     present = [info for info in explain.SCORES if info.column in heads]
     assert img_count(html) == len(present) == 4  # prev, first-token, positional share, copying
     for info in present:
@@ -73,23 +78,20 @@ def test_scores_section_one_heatmap_per_present_score_with_source():
 
 
 def test_classifier_settings_are_listed_when_recorded():
-    heads = heads_frame()
-    heads.attrs.update(config={"positional_min": 0.9}, probes={"n_windows": 7})
+    heads = Result("heads", heads_frame(), {"config": {"positional_min": 0.9}, "probes": {"n_windows": 7}})
     html = sections.scores_section(heads)
     assert '<td data-sort="positional_min"><code>positional_min</code></td>' in html and "n_windows" in html
 
 
-def test_thresholds_from_frame_attrs_override_defaults():
-    heads = heads_frame()
-    heads.attrs["thresholds"] = {"first_token_score": 0.25}
-    assert explain.score_thresholds(heads.attrs)["first_token_score"] == 0.25
+def test_thresholds_from_the_meta_override_defaults():
+    heads = Result("heads", heads_frame(), {"thresholds": {"first_token_score": 0.25}})
+    assert explain.score_thresholds(heads.meta)["first_token_score"] == 0.25
     assert "Threshold: 0.25" in sections.scores_section(heads)
 
 
-def test_thresholds_follow_the_classifier_config_in_attrs():
-    heads = heads_frame()
-    heads.attrs["config"] = {"positional_min": 0.75, "first_token_min": 0.35}  # as classify_heads records it
-    thresholds = explain.score_thresholds(heads.attrs)
+def test_thresholds_follow_the_classifier_config_in_the_meta():
+    config = {"positional_min": 0.75, "first_token_min": 0.35}  # as classify_heads records it
+    thresholds = explain.score_thresholds(Result("heads", heads_frame(), {"config": config}).meta)
     assert thresholds["positional_share"] == 0.75 and thresholds["first_token_score"] == 0.35
 
 
@@ -188,7 +190,7 @@ def test_label_table_puts_roles_first_by_role_then_score_then_sinks():
     frame = sections.label_frame(heads)
     # the one head with a role first; then the sinks (a property), the stronger first; then the rest
     assert list(frame["head"]) == ["0.2", "1.1", "0.1", "0.0", "1.0", "1.2"]
-    html = sections.scores_section(heads)
+    html = sections.scores_section(Result("heads", heads))
     assert 'id="label-switch"' in html and "with a role (1)" in html and "all heads (6)" in html
     assert html.count('<tr class="labelled">') == 1 and html.count('<tr class="property">') == 2
     assert html.count('<tr class="unlabelled">') == 3
@@ -207,19 +209,19 @@ def roles_frame() -> pd.DataFrame:
 
 def test_findings_list_each_role_its_heads_scores_and_ablation():
     heads = roles_frame()
-    html = findings.findings_section(heads, sweep=sweep_frame())
+    html = findings.findings_section(Result("heads", heads), sweep=sweep_result())
     assert set(re.findall(r'<li data-head="([\d.]+)"', html)) == {"0.2", "1.1"}  # heads with a role only
     assert "2 of 6 heads carry at least one role; 4 carry none" in html
     assert "induction: prefix matching 0.80, copying -0.30" in html
     delta = float(sweep_frame().query("layer == 1 and head == 1")["delta_loss"].iloc[0])
     assert f"ablation raises the loss on the text by {delta:.2f} nats/token" in html
     assert html.index('id="head-map"') < html.index('id="role-previous_token"')  # the map opens the findings
-    none = findings.findings_section(heads.assign(labels=[[]] * 6))
+    none = findings.findings_section(Result("heads", heads.assign(labels=[[]] * 6)))
     assert "No head of this model reached a labelling threshold" in none and "<li data-head" not in none
 
 
 def test_sinks_are_summarised_as_a_property_not_listed_as_a_role():
-    html = findings.findings_section(roles_frame())
+    html = findings.findings_section(Result("heads", roles_frame()))
     sinks = html[html.index('id="role-first_token"') :]
     sinks = sinks[: sinks.index("</div>")]
     assert "a property, not a role" in sinks and "data-head" not in sinks
@@ -237,21 +239,20 @@ def test_each_role_lists_its_strongest_heads_and_counts_the_rest():
             "retrieval_score": [0.2 + 0.01 * i for i in range(n)],
         }
     )
-    html = findings.findings_section(heads)
+    html = findings.findings_section(Result("heads", heads))
     listed = re.findall(r'<li data-head="([\d.]+)"', html)
     assert listed == [f"{layer}.0" for layer in range(n - 1, 2, -1)]  # the TOP_HEADS strongest, strongest first
     assert f"Retrieval heads ({n})" in html and "and 3 more" in html
 
 
 def test_findings_say_where_each_probe_input_came_from():
-    heads = heads_frame()
-    heads.attrs["sources"] = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
-    html = findings.findings_section(heads)
+    sources = {"text": "given_text", "repeats": "random_tokens", "needles": "default_text"}
+    html = findings.findings_section(Result("heads", heads_frame(), {"sources": sources}))
     assert "the text you gave is too short for a haystack" in html and "random tokens (seeded)" in html
     read_back = heads_frame().assign(
         text_source="default_text", repeats_source="random_tokens", needles_source="not_run"
     )  # a frame read back from heads.csv
-    assert findings.probe_sources(read_back) == {
+    assert findings.probe_sources(Result("heads", read_back)) == {
         "text": "default_text",
         "repeats": "random_tokens",
         "needles": "not_run",
@@ -285,7 +286,7 @@ def test_kv_groups_show_shared_heads_and_whether_roles_agree():
 
 
 def test_ablation_section_sweep_bars_and_pruning():
-    one = {
+    one_meta = {
         "model": "m",
         "heads": ["0.1"],
         "method": "zero",
@@ -296,6 +297,7 @@ def test_ablation_section_sweep_bars_and_pruning():
         "delta_loss": 0.2,
         "ci95": [0.1, 0.3],
     }
+    one = Result("ablation", meta=one_meta, rows=[])
     pruning = pd.DataFrame(
         {
             "step": [0, 1],
@@ -305,17 +307,17 @@ def test_ablation_section_sweep_bars_and_pruning():
             "loss": [3.0, 3.1],
         }
     )
-    html = sections.ablation_section(sweep_frame(), [one, {**one, "heads": ["0.1", "1.2"]}], pruning)
+    both = Result("ablation", meta={**one_meta, "heads": ["0.1", "1.2"]}, rows=[])
+    html = sections.ablation_section(sweep_result(), [one, both], Result("pruning", pruning))
     assert img_count(html) == 3  # sweep heatmap, bars, pruning curve
     assert "0.1,1.2" in html and "95% confidence" in html
-    assert img_count(sections.ablation_section(None, one, None)) == 1  # a single dict is accepted
+    assert img_count(sections.ablation_section(None, one, None)) == 1  # a single result is accepted
 
 
 def test_validation_section_flags_failures():
-    frame = validation_frame()
-    frame.attrs.update(text_source="given", n_tokens=42)
+    frame = Result("validation", validation_frame(), {"text_source": "given", "n_tokens": 42})
     assert "every comparison passed (text: given, 42 tokens)" in sections.validation_section(frame)
-    html = sections.validation_section(validation_frame(fail_layer=1))
+    html = sections.validation_section(Result("validation", validation_frame(fail_layer=1)))
     assert "2 comparison(s) FAILED" in html and html.count('class="failed"') == 2 + 2  # the summary, every layer
 
 
@@ -347,9 +349,9 @@ def test_render_report_is_self_contained(tmp_path):
     path = render_report(
         tmp_path / "r.html",
         model_info=MODEL_INFO,
-        heads=heads_frame(),
-        sweep=sweep_frame(),
-        validation=validation_frame(),
+        heads=Result("heads", heads_frame()),
+        sweep=sweep_result(),
+        validation=Result("validation", validation_frame()),
         training=training_pair(),
         viewer=viewer_dict(),
         command="headlens report x",
@@ -366,7 +368,9 @@ def test_render_report_is_self_contained(tmp_path):
 
 
 def test_render_report_sections_only_for_given_results(tmp_path):
-    html = render_report(tmp_path / "r.html", model_info=MODEL_INFO, validation=validation_frame()).read_text()
+    html = render_report(
+        tmp_path / "r.html", model_info=MODEL_INFO, validation=Result("validation", validation_frame())
+    ).read_text()
     assert '<section id="validation">' in html and '<section id="scores">' not in html
 
 
@@ -377,20 +381,20 @@ def test_empty_results_raise(tmp_path):
     with pytest.raises(EmptyReportError, match="nothing to report"):
         render_report(tmp_path / "r.html", model_info=MODEL_INFO)
     with pytest.raises(EmptyReportError):
-        render_report(tmp_path / "r.html", model_info=MODEL_INFO, heads=heads_frame().iloc[:0])
+        render_report(tmp_path / "r.html", model_info=MODEL_INFO, heads=Result("heads", heads_frame().iloc[:0]))
     assert not (tmp_path / "r.html").exists()
 
 
 def test_directory_path_raises(tmp_path):
     with pytest.raises(OutputPathError, match="is a directory"):
-        render_report(tmp_path, model_info=MODEL_INFO, validation=validation_frame())
+        render_report(tmp_path, model_info=MODEL_INFO, validation=Result("validation", validation_frame()))
 
 
 def test_path_below_a_file_raises(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(OutputPathError, match="cannot create the folder"):
-        render_report(blocker / "r.html", model_info=MODEL_INFO, validation=validation_frame())
+        render_report(blocker / "r.html", model_info=MODEL_INFO, validation=Result("validation", validation_frame()))
 
 
 def test_unwritable_folder_raises(tmp_path, monkeypatch):
@@ -408,7 +412,7 @@ def test_unwritable_folder_raises(tmp_path, monkeypatch):
         monkeypatch.setattr(render_module.tempfile, "NamedTemporaryFile", refuse)
     try:
         with pytest.raises(OutputPathError, match="not writable"):
-            render_report(folder / "r.html", model_info=MODEL_INFO, validation=validation_frame())
+            render_report(folder / "r.html", model_info=MODEL_INFO, validation=Result("validation", validation_frame()))
     finally:
         folder.chmod(0o755)
 
@@ -418,7 +422,7 @@ def test_failed_render_leaves_existing_report_intact(tmp_path, monkeypatch):
     path.write_text("old report")
     monkeypatch.setattr(sections, "validation_section", lambda *args, **kwargs: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        render_report(path, model_info=MODEL_INFO, validation=validation_frame())
+        render_report(path, model_info=MODEL_INFO, validation=Result("validation", validation_frame()))
     assert path.read_text() == "old report"
 
 
@@ -431,7 +435,7 @@ def test_failed_write_leaves_existing_report_intact_and_no_temp(tmp_path, monkey
 
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OutputPathError, match="No space left"):
-        render_report(path, model_info=MODEL_INFO, validation=validation_frame())
+        render_report(path, model_info=MODEL_INFO, validation=Result("validation", validation_frame()))
     assert path.read_text() == "old report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
 
@@ -439,7 +443,7 @@ def test_failed_write_leaves_existing_report_intact_and_no_temp(tmp_path, monkey
 def test_existing_report_is_replaced(tmp_path):
     path = tmp_path / "r.html"
     path.write_text("old report")
-    render_report(path, model_info=MODEL_INFO, validation=validation_frame())
+    render_report(path, model_info=MODEL_INFO, validation=Result("validation", validation_frame()))
     assert path.read_text().startswith("<!DOCTYPE html>")
 
 
@@ -560,8 +564,8 @@ def test_gpt2_small_shaped_report_stays_under_cap(gpt2_shaped_model, tmp_path):
     path = render_report(
         tmp_path / "gpt2.html",
         model_info={"name": "gpt2-shaped", **spec.__dict__},
-        heads=pd.DataFrame(rows),
-        sweep=sweep,
+        heads=Result("heads", pd.DataFrame(rows)),
+        sweep=Result("sweep", sweep),
         viewer=viewer,
         training=training_pair(),
     )
@@ -591,7 +595,9 @@ def test_grouped_query_report_shows_its_groups_and_gpt2_shows_none(small_model, 
 
 def test_the_title_names_the_model_not_a_machine_path(tmp_path):
     info = {**MODEL_INFO, "name": "/home/someone/models/smollm2/"}
-    page = render_report(tmp_path / "r.html", model_info=info, heads=roles_frame()).read_text(encoding="utf-8")
+    page = render_report(tmp_path / "r.html", model_info=info, heads=Result("heads", roles_frame())).read_text(
+        encoding="utf-8"
+    )
     title = re.search(r"<title>(.*?)</title>", page).group(1)
     assert "smollm2" in title and "/home/someone" not in title
     assert "/home/someone/models/smollm2/" in page  # the summary keeps the full name
@@ -642,7 +648,7 @@ def test_validation_summary_is_the_worst_layer_per_quantity_and_reference():
         assert row.max_abs_error == rows["max_abs_error"].max() and row.layers == rows["layer"].nunique()
         assert row.passed == rows["passed"].all()
     assert len(summary) == len(frame.groupby(["quantity", "reference"]))
-    html = sections.validation_section(frame)
+    html = sections.validation_section(Result("validation", frame))
     assert html.count("<details>") == 1  # the full table folded under the summary
 
 

@@ -54,7 +54,7 @@ def test_the_split_is_real(whole_and_split):
 def test_classification_equals_the_unsplit_model(whole_and_split, one_thread):
     whole, split = whole_and_split
     text = sample_text(800)
-    want, got = classify_heads(whole, text, CONFIG), classify_heads(split, text, CONFIG)
+    want, got = classify_heads(whole, text, CONFIG).frame, classify_heads(split, text, CONFIG).frame
     for column in SCORE_COLUMNS:
         torch.testing.assert_close(
             torch.tensor(got[column].values, dtype=torch.float64),
@@ -70,11 +70,11 @@ def test_classification_equals_the_unsplit_model(whole_and_split, one_thread):
 def test_ablation_and_the_exact_sweep_equal_the_unsplit_model(whole_and_split, one_thread):
     whole, split = whole_and_split
     text = sample_text(600)
-    want, got = sweep_heads(whole, text=text), sweep_heads(split, text=text)
+    want, got = sweep_heads(whole, text=text).frame, sweep_heads(split, text=text).frame
     assert (want["delta_loss"].abs() > 1e-3).any()  # the heads matter: a real comparison
     pd.testing.assert_frame_equal(got, want, check_exact=False, atol=SPLIT_ATOL, rtol=0)
     together = "0.1,1.2"
-    a, b = ablate_heads(whole, together, text=text), ablate_heads(split, together, text=text)
+    a, b = ablate_heads(whole, together, text=text).meta, ablate_heads(split, together, text=text).meta
     assert b["delta_loss"] == pytest.approx(a["delta_loss"], abs=SPLIT_ATOL)
 
 

@@ -45,10 +45,10 @@ def _assert_scores_close(got, want, atol):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_capture_parity_on_the_gpu(strong_dir, dtype):
     text = sample_text(1500)
-    want = classify_heads(load_model(strong_dir, device="cuda", dtype="float32"), text, CONFIG)
+    want = classify_heads(load_model(strong_dir, device="cuda", dtype="float32"), text, CONFIG).frame
     half = load_model(strong_dir, device="cuda", dtype=dtype)
     assert next(half.model.parameters()).is_cuda
-    got = classify_heads(half, text, CONFIG)
+    got = classify_heads(half, text, CONFIG).frame
     _assert_scores_close(got, want, lambda column: dtype_tolerance(column, getattr(torch, dtype)))
 
 
@@ -67,6 +67,8 @@ def test_device_map_across_gpu_and_cpu(strong_dir, tmp_path):
     placed = set(split.model.hf_device_map.values())
     assert 0 in placed and "cpu" in placed, placed
     text = sample_text(800)
-    _assert_scores_close(classify_heads(split, text, CONFIG), classify_heads(whole, text, CONFIG), CROSS_DEVICE_ATOL)
-    want, got = sweep_heads(whole, text=text), sweep_heads(split, text=text)
+    _assert_scores_close(
+        classify_heads(split, text, CONFIG).frame, classify_heads(whole, text, CONFIG).frame, CROSS_DEVICE_ATOL
+    )
+    want, got = sweep_heads(whole, text=text).frame, sweep_heads(split, text=text).frame
     pd.testing.assert_frame_equal(got, want, check_exact=False, atol=CROSS_DEVICE_ATOL, rtol=0)

@@ -26,7 +26,7 @@ def _as_dtype(loaded, dtype):
 
 @pytest.fixture(scope="module")
 def float32_frame(strong_model):
-    return classify_heads(strong_model, sample_text(1500), CONFIG)
+    return classify_heads(strong_model, sample_text(1500), CONFIG).frame
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -35,7 +35,7 @@ def test_half_precision_classification_is_within_a_dtype_scaled_tolerance(
 ):
     half = _as_dtype(strong_model, dtype)
     assert next(half.model.parameters()).dtype == dtype
-    frame = classify_heads(half, sample_text(1500), CONFIG)
+    frame = classify_heads(half, sample_text(1500), CONFIG).frame
     for column in SCORE_COLUMNS:
         if column == "positional_offset":
             continue  # an argmax bucket: compared through positional_share
@@ -72,11 +72,12 @@ def test_load_model_takes_dtype_names():
 def test_validation_tolerance_scales_with_the_dtype_and_says_so():
     from headlens.validate import VALIDATION_ATOL, validate_model
 
-    frame = validate_model(load_model("tiny", dtype="bfloat16"))
+    result = validate_model(load_model("tiny", dtype="bfloat16"))
+    frame = result.frame
     assert frame["passed"].all()
     assert (frame["tolerance"] >= 8 * torch.finfo(torch.bfloat16).eps).all()
     assert (frame["tolerance"] > VALIDATION_ATOL).all()
-    assert frame.attrs["dtype"] == "bfloat16" and "bfloat16" in frame.attrs["tolerance_rule"]
+    assert result.meta["dtype"] == "bfloat16" and "bfloat16" in result.meta["tolerance_rule"]
 
 
 def test_half_precision_validation_still_catches_a_wrong_scale():
@@ -125,15 +126,18 @@ def test_bad_dtypes_are_refused(dtype):
 def test_every_family_validates_in_bfloat16_within_the_scaled_tolerance(name):
     from headlens.validate import validate_model
 
-    frame = validate_model(_as_dtype(build_family(name), torch.bfloat16))
-    assert frame["passed"].all() and frame.attrs["dtype"] == "bfloat16"
+    result = validate_model(_as_dtype(build_family(name), torch.bfloat16))
+    assert result.frame["passed"].all() and result.meta["dtype"] == "bfloat16"
 
 
 @pytest.mark.slow
 def test_bfloat16_classification_of_a_gqa_llama_is_within_tolerance():
     loaded = build_family("llama-gqa")
     text = sample_text(1500)
-    want, got = classify_heads(loaded, text, CONFIG), classify_heads(_as_dtype(loaded, torch.bfloat16), text, CONFIG)
+    want, got = (
+        classify_heads(loaded, text, CONFIG).frame,
+        classify_heads(_as_dtype(loaded, torch.bfloat16), text, CONFIG).frame,
+    )
     for column in SCORE_COLUMNS:
         if column != "positional_offset":
             torch.testing.assert_close(

@@ -55,13 +55,13 @@ def test_a_controlled_ablation_reports_what_the_hooked_one_does(strong_model):
     """With controls, ablate_heads runs the set, the clean model and the controls stacked; the chosen
     set's numbers match the hooked run's, and each control's delta is that set's own hooked delta."""
     heads = [Head(1, 0), Head(1, 2)]
-    alone = ablate_heads(strong_model, heads, metric="repeat", seed=2)
-    controlled = ablate_heads(strong_model, heads, metric="repeat", seed=2, control=3)
+    alone = ablate_heads(strong_model, heads, metric="repeat", seed=2).meta
+    controlled = ablate_heads(strong_model, heads, metric="repeat", seed=2, control=3).meta
     for key in ("clean", "ablated", "delta"):
         assert controlled[key] == pytest.approx(alone[key], abs=1e-5)
     assert controlled["n"] == alone["n"]
     for names, delta in zip(controlled["control"]["sets"], controlled["control"]["deltas"], strict=True):
-        own = ablate_heads(strong_model, [Head(*map(int, n.split("."))) for n in names], metric="repeat", seed=2)
+        own = ablate_heads(strong_model, [Head(*map(int, n.split("."))) for n in names], metric="repeat", seed=2).meta
         assert delta == pytest.approx(own["delta"], abs=1e-5)
 
 
@@ -110,11 +110,11 @@ def test_short_sequences_share_a_pass_by_default_and_give_the_same_result(strong
     passes = []
     handle = model.get_input_embeddings().register_forward_hook(lambda m, args, out: passes.append(out.shape[0]))
     try:
-        default = ablate_heads(strong_model, [Head(1, 0)], metric="repeat", seed=4, control=3)
+        default = ablate_heads(strong_model, [Head(1, 0)], metric="repeat", seed=4, control=3).meta
     finally:
         handle.remove()
     assert max(passes) == 16  # every sequence in one pass
-    one = ablate_heads(strong_model, [Head(1, 0)], metric="repeat", seed=4, control=3, batch_size=1)
+    one = ablate_heads(strong_model, [Head(1, 0)], metric="repeat", seed=4, control=3, batch_size=1).meta
     for key in ("clean", "ablated", "delta"):
         assert default[key] == pytest.approx(one[key], abs=1e-5)
     assert default["control"]["deltas"] == pytest.approx(one["control"]["deltas"], abs=1e-5)

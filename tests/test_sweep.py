@@ -96,7 +96,7 @@ def test_chunked_unembedding_gradients_equal_autograd_of_log_softmax(bias):
 
 
 def test_sweep_heads_frame(strong_model):
-    frame = sweep_heads(strong_model, metric="repeat", heads=[Head(1, 2), Head(0, 3)])
+    frame = sweep_heads(strong_model, metric="repeat", heads=[Head(1, 2), Head(0, 3)]).frame
     assert list(frame.columns) == [
         "layer",
         "head",
@@ -122,7 +122,7 @@ def test_out_and_resume_keep_every_row(strong_model, tmp_path, monkeypatch):
     from headlens.ablation.store import SweepStore
 
     heads = all_heads(2, 4)
-    full = sweep_heads(strong_model, metric="repeat", heads=heads)
+    full = sweep_heads(strong_model, metric="repeat", heads=heads).frame
     out = tmp_path / "sweep"
     append = SweepStore.append
 
@@ -139,7 +139,7 @@ def test_out_and_resume_keep_every_row(strong_model, tmp_path, monkeypatch):
     assert len(rows) == 3 and not (out / "sweep.csv").exists()
     with open(out / "rows.jsonl", "a") as handle:
         handle.write(rows[-1][:17])  # a torn line, as a kill during the write leaves it
-    resumed = sweep_heads(strong_model, metric="repeat", heads=heads, out=out, resume=True)
+    resumed = sweep_heads(strong_model, metric="repeat", heads=heads, out=out, resume=True).frame
     assert resumed.equals(full)
     lines = (out / "rows.jsonl").read_text().splitlines()
     assert len(lines) == len(heads) == len({(json.loads(x)["layer"], json.loads(x)["head"]) for x in lines})
@@ -194,7 +194,7 @@ def test_approx_sweep_agrees_with_exact_on_small_effects(small_model):
     """At GPT-2's init scale heads barely move the loss, where the linear estimate should hold."""
     from headlens.ablation.approx import agreement, approx_sweep
 
-    exact = sweep_heads(small_model, metric="repeat")
+    exact = sweep_heads(small_model, metric="repeat").frame
     approx = approx_sweep(small_model, metric="repeat", approx="atp")
     result = agreement(exact, approx)
     assert result["n_heads"] == 8

@@ -1,7 +1,8 @@
 """Ablating heads at z: a set of heads together (`ablate_heads`), or every head alone (`sweep_heads`).
 
 The site is a head's own output z, the input of the output projection (headlens.ablation.replace).
-Every result reports its `metric` and that metric's `unit` (headlens.ablation.metrics.UNIT), the
+Both return a headlens Result (headlens.results): the numbers in `.frame`, what they were measured under
+in `.meta`. Every result reports its `metric` and that metric's `unit` (headlens.ablation.metrics.UNIT), the
 metric's `clean` and `ablated` means over `n` scored positions, their change `delta` and a paired
 bootstrap `ci95` (headlens.ablation.stats); loss metrics also keep `n_tokens`, `loss`,
 `loss_ablated`, `delta_loss`.
@@ -36,6 +37,7 @@ from headlens.ablation.sweep import sweep_sums
 from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
 from headlens.errors import ConfigError, HeadlensError
 from headlens.heads import Head, all_heads
+from headlens.results import Result
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
     from typing_extensions import Unpack
@@ -102,7 +104,7 @@ def ablate_heads(
     chosen_by: str | None = None,
     progress: bool = False,
     **fields: Unpack[EvalFields],
-) -> dict:
+) -> Result:
     """Ablate a set of heads together; how does the metric change?
 
     heads: list of Head, a spec string ("3.4,5.1", "layer:3", `all` = every head together) or a
@@ -112,7 +114,8 @@ def ablate_heads(
     metric (evalspec.ROLE_METRICS) or `loss`, at the default budget of DEFAULT_TOKENS tokens.
     Every set (the controls too) runs from the clean residual at its first ablated layer, and the
     clean run comes from headlens's cache when it was run before (headlens.ablation.clean).
-    Returns `model`, `heads` (["L.H"]), `method`, `metric`, `unit`, `n`, `clean`, `ablated`, `delta`,
+    Returns a Result of kind "ablation" whose `meta` holds `model`, `heads` (["L.H"]), `method`, `metric`,
+    `unit`, `n`, `clean`, `ablated`, `delta`,
     `ci95` ([low, high] paired bootstrap over the sequences used, seeded; None below 2 units), the
     loss keys for loss metrics, then `tokens` (the budget: a number or "all"), `tokens_read`, `data`,
     `reference`, `resampled` (in words), `metric_why` when the metric was chosen for a role,
@@ -120,6 +123,9 @@ def ablate_heads(
     = K > 0 the random same-layer-count sets (headlens.ablation.stats: `k`, `n_possible`, `exact`,
     `rank`, `p_value`, `p_min`, ...). `progress` shows a bar over the forward passes with the time left;
     `batch_size` sequences go through each forward pass (None: packed by their lengths, EvalSet.row_batches).
+    Its `frame` (ablation_rows): the chosen set's row (`set` "chosen", `heads` "L.H,L.H", `n`, `clean`,
+    `ablated`, `delta`, `ci95_low`, `ci95_high`, the loss columns), then one row per control set (`set`
+    "control", `heads`, `delta`).
     """
     role = role_name(heads) if isinstance(heads, str) else None
     evaluation, why = evaluation_of(evaluation, fields, role)
@@ -155,7 +161,20 @@ def ablate_heads(
         result["control"] = control_summary(
             result["delta"], deltas, design["sets"], seed, design["n_possible"], design["exact"]
         )
-    return result
+    return Result("ablation", meta=result, rows=ablation_rows(result))
+
+
+def ablation_rows(result: dict) -> list[dict]:
+    """The rows of a set ablation's frame from its meta: the chosen set, then each control set."""
+    low, high = result["ci95"] or (float("nan"), float("nan"))
+    chosen: dict[str, Any] = {"set": "chosen", "heads": ",".join(result["heads"])}
+    chosen.update({key: result[key] for key in ("n", "clean", "ablated", "delta")})
+    chosen.update(ci95_low=low, ci95_high=high, **{key: result[key] for key in LOSS_COLUMNS if key in result})
+    control = result.get("control") or {"sets": [], "deltas": []}
+    return [chosen] + [
+        {"set": "control", "heads": ",".join(s), "delta": d}
+        for s, d in zip(control["sets"], control["deltas"], strict=True)
+    ]
 
 
 def sweep_heads(
@@ -170,16 +189,16 @@ def sweep_heads(
     batch_size: int | None = None,
     progress: bool = False,
     **fields: Unpack[EvalFields],
-):
+) -> Result:
     """Ablate every head alone (or each of `heads`), exactly, with the fast layer-by-layer sweep
     (`batch_size` evaluation sequences per forward pass; None: packed by their lengths, EvalSet.row_batches).
     `evaluation`: the evaluation set (EvalSpec, or its fields as keywords; the default budget is
     SWEEP_TOKENS tokens); its clean run comes from headlens's cache when it was run before.
 
-    Returns a DataFrame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
+    Returns a Result of kind "sweep": its frame sorted by (layer, head) with columns `layer`, `head`, then `n`, `clean`,
     `ablated`, `delta`, `ci95_low`, `ci95_high` (NaN below 2 bootstrap units), and for loss
-    metrics `n_tokens`, `loss`, `loss_ablated`, `delta_loss`. `frame.attrs` holds `metric`, `unit`,
-    `tokens`, `data`, `reference`, `resampled`. With `out` (a directory) each finished row is appended durably;
+    metrics `n_tokens`, `loss`, `loss_ablated`, `delta_loss`. Its meta holds `model`, `method`, `metric`,
+    `unit`, `tokens`, `data`, `reference`, `resampled`. With `out` (a directory) each finished row is appended durably;
     `resume=True` continues a sweep found there (headlens.ablation.store). An interrupt (Ctrl-C)
     raises SweepInterrupted, a KeyboardInterrupt that says how many rows were saved where.
     """
@@ -221,10 +240,11 @@ def sweep_heads(
     columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
     frame = pd.DataFrame([rows[h] for h in heads], columns=columns)
     frame = frame.sort_values(["layer", "head"], ignore_index=True)
-    frame.attrs.update(metric=metric, unit=UNIT[metric], tokens=evaluation.tokens or ALL, **describe(evalset, method))
+    meta: dict[str, Any] = {"model": model_label(loaded), "method": method, "metric": metric, "unit": UNIT[metric]}
+    meta.update(tokens=evaluation.tokens or ALL, **describe(evalset, method))
     if store is not None and distributed.is_main():
         store.write_table(frame)
-    return frame
+    return Result("sweep", frame, meta)
 
 
 def _open_store(out, manifest: dict, resume: bool) -> SweepStore:
@@ -289,7 +309,7 @@ def role_experiments(
     labels: dict | None = None,
     progress: bool = False,
     context: int = ROLE_CONTEXT,
-) -> list[dict]:
+) -> list[Result]:
     """Induction heads on `repeat` and retrieval heads on `needle` (Wu et al. 2024; tests of at most
     `context` tokens), each against `control` random sets of the same per-layer counts: ablate_heads
     results, one per role that some head carries (labels from `labels` or from classifying the model once)."""
@@ -309,5 +329,6 @@ def role_experiments(
                 context=context,
                 tokens=None,
             )
-            results.append({**result, "chosen_by": f"heads labelled {role} by {source}", "role": role})
+            result.meta.update(chosen_by=f"heads labelled {role} by {source}", role=role)
+            results.append(result)
     return results

@@ -27,6 +27,7 @@ from headlens.ablation.gradients import head_importance, normalize_by_layer
 from headlens.ablation.sweep import ablated_sums
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, format_heads
+from headlens.results import Result
 
 PRUNE_TOLERANCE = 0.05  # "how many heads can go within +5% loss"
 N_PERMUTATIONS = 10_000  # label shuffles of the removal-order test
@@ -57,11 +58,13 @@ def prune_curve(
     labels: dict | None = None,
     batch_size: int = BATCH_SIZE,
     evaluation: EvalSpec | None = None,
-):
-    """The pruning curve: columns `step`, `n_removed`, `fraction_removed`, `heads_removed`
+) -> Result:
+    """The pruning curve, a Result of kind "pruning" (headlens.results). Its frame: columns `step`,
+    `n_removed`, `fraction_removed`, `heads_removed`
     ("L.H,..." removed so far), `step_heads` (removed at this step, least important first),
     `loss` (exact mean next-token loss with the removed heads zero-ablated) and, with `labels`
-    (Head -> list of labels), `step_labelled` ("L.H:label;..." of this step's labelled heads).
+    (Head -> list of labels), `step_labelled` ("L.H:label;..." of this step's labelled heads). Its meta:
+    `model`, `data` (the loss windows, in words) and `tokens` (the token budget).
 
     The windows are those of `evaluation` (an EvalSpec of the loss metric; default: `text` at the
     default token budget, evalspec.DEFAULT_TOKENS), half for importance, half for the loss.
@@ -114,9 +117,8 @@ def prune_curve(
             bar.update(1)
     if bar is not None:
         bar.close()
-    frame = pd.DataFrame(rows)
-    frame.attrs.update(data=windows.description, tokens=evaluation.tokens or "all")
-    return frame
+    meta = {"model": str(loaded.name), "data": windows.description, "tokens": evaluation.tokens or "all"}
+    return Result("pruning", pd.DataFrame(rows), meta)
 
 
 def _next_heads(model, importance_set, keep: torch.Tensor, per_step: int, batch_size: int = BATCH_SIZE) -> list[Head]:

@@ -53,24 +53,25 @@ def frame_labels(frame) -> dict[Head, list[str]]:
 
 
 def classified(loaded):
-    """The classify frame of the model under the default probes."""
+    """The classification (a classify_heads Result) of the model under the default probes."""
     from headlens.classify import classify_heads  # the whole probe stack, needed only here
 
     return classify_heads(loaded)
 
 
-def why_absent(frame, role: str) -> str | None:
-    """In words, the head of a classify frame highest on the ranking score of a role no head carries."""
-    from headlens.classify.labels import absent_roles  # the labelling rules, needed only with a classify frame
+def why_absent(heads, role: str) -> str | None:
+    """In words, the head of a classification (a classify_heads Result) highest on the ranking score of a role
+    no head carries."""
+    from headlens.classify.labels import absent_roles  # the labelling rules, needed only with a classification
 
-    return next((a.describe() for a in absent_roles(frame) if a.label == role), None)
+    return next((a.describe() for a in absent_roles(heads.frame, heads.meta) if a.label == role), None)
 
 
 def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[Head, list[str]]:
     """`labels` checked against the model's shape, or the labels of classifying the model."""
     spec = loaded.spec
     if labels is None:
-        return frame_labels(classified(loaded))
+        return frame_labels(classified(loaded).frame)
     outside = [h for h in labels if h.layer >= spec.n_layers or h.head >= spec.n_heads]
     if outside or len(labels) != spec.n_layers * spec.n_heads:
         raise ConfigError(
@@ -97,10 +98,10 @@ def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> 
     if role is None:
         return parse_heads(spec, shape.n_layers, shape.n_heads), None
     source = "the labels file" if labels is not None else "classifying the model (default probes)"
-    frame = classified(loaded) if labels is None else None  # kept to say why a role is absent
-    found = model_labels(loaded, labels) if frame is None else frame_labels(frame)
+    classification = classified(loaded) if labels is None else None  # kept to say why a role is absent
+    found = model_labels(loaded, labels) if classification is None else frame_labels(classification.frame)
     heads = sorted(h for h, names in found.items() if role in names)
     if not heads:
-        why = why_absent(frame, role) if frame is not None else None
+        why = why_absent(classification, role) if classification is not None else None
         raise ConfigError(f"no head of this model is labelled {role} by {source}" + (f"; {why}" if why else ""))
     return heads, f"heads labelled {role} by {source}"

@@ -40,6 +40,7 @@ from headlens.circuits.edges import DIRECT, LOGITS, VIAS, edge_frame
 from headlens.circuits.paths import clean_run, sender_deltas, task_replacements
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
+from headlens.results import Result
 
 EAP_METHODS = ("eap", "eap-ig")
 IG_STEPS = 5  # EAP-IG's interpolation points (Hanna et al. 2024 use 5)
@@ -166,10 +167,12 @@ def attribution_tensors(model, evalset, reps, method: str = "eap", steps: int = 
 
 def edge_attribution(
     loaded, task, method: str = "eap", steps: int = IG_STEPS, ablation: str = "zero", seed: int = 0
-) -> pd.DataFrame:
+) -> Result:
     """EAP or EAP-IG (`steps` points) of every edge, with the senders' z replaced by `ablation`
-    (zero, mean, resample): an edge frame with `attribution` (the metric's units), receiver-major
-    with the direct edges last, and the method in `attribution_method`."""
+    (zero, mean, resample): a Result of kind "edges" (headlens.results) whose frame is an edge frame with
+    `attribution` (the metric's units), receiver-major with the direct edges last, and the method in
+    `attribution_method`; its meta: `model`, `measure` ("attribution"), `method`, `steps`, `ablation`,
+    `metric`, `seed`."""
     if method not in EAP_METHODS:
         raise ConfigError(f"unknown edge attribution {method!r}: choose one of {', '.join(EAP_METHODS)}")
     if steps < 1:
@@ -194,7 +197,9 @@ def edge_attribution(
         vias.append(DIRECT)
         values.append(float(got["direct"][s.layer, s.head]))
     label = method if method == "eap" else f"{method} ({steps} steps)"
-    return edge_frame(send, recv, vias, attribution=np.array(values), attribution_method=label)
+    frame = edge_frame(send, recv, vias, attribution=np.array(values), attribution_method=label)
+    meta = {"model": str(loaded.name), "measure": "attribution", "method": method, "steps": steps}
+    return Result("edges", frame, {**meta, "ablation": ablation, "metric": evalset.metric, "seed": seed})
 
 
 def edge_agreement(exact: pd.DataFrame, approx: pd.DataFrame, k: int = TOP_K) -> dict:

@@ -128,7 +128,7 @@ def chosen_heads(loaded, task_name: str, heads: pd.DataFrame, labels: dict[Head,
     receivers = {h for h, names in labels.items() if set(names) & set(kinds)}
     receivers |= {Head(int(r.layer), int(r.head_index)) for r in heads.head(RECEIVERS).itertuples()}
     senders = {h for h, names in labels.items() if set(names) & set(SENDER_KINDS[task_name])}
-    scores = composition_scores(loaded, receivers=sorted(receivers))
+    scores = composition_scores(loaded, receivers=sorted(receivers)).frame
     best = scores.sort_values("composition_z", ascending=False, kind="stable")
     for receiver in sorted(receivers):
         mine = best[best["receiver"] == str(receiver)]
@@ -152,10 +152,10 @@ def circuit_edges(loaded, task, senders: list[Head], receivers: list[Head], meth
     from headlens.circuits.composition import composition_scores
     from headlens.circuits.paths import path_patch
 
-    composition = composition_scores(loaded, senders=senders, receivers=receivers)
+    composition = composition_scores(loaded, senders=senders, receivers=receivers).frame
     composition = composition[list(composition.columns[:6])]  # the edge columns
     small = subset(task, PATCH_SEQS)
-    into = path_patch(loaded, small, senders=senders, receivers=receivers, via=VIAS, method=method, seed=seed)
+    into = path_patch(loaded, small, senders=senders, receivers=receivers, via=VIAS, method=method, seed=seed).frame
     direct = path_patch(
         loaded,
         small,
@@ -164,7 +164,7 @@ def circuit_edges(loaded, task, senders: list[Head], receivers: list[Head], meth
         via=(DIRECT,),
         method=method,
         seed=seed,
-    )
+    ).frame
     into = into[into["receiver"].isin([str(r) for r in receivers])]
     edges = merge_edges(composition, into, direct)
     order = edges["effect"].abs().fillna(-1.0).sort_values(ascending=False, kind="stable").index
@@ -199,7 +199,7 @@ def _with_attribution(loaded, task, edges: pd.DataFrame, approx: str, steps: int
     the exact effects on the edges both measured (Spearman, top-k recall: edge_agreement)."""
     from headlens.circuits.attribution import edge_agreement, edge_attribution
 
-    scored = edge_attribution(loaded, subset(task, PATCH_SEQS), approx, steps=steps, ablation=method, seed=seed)
+    scored = edge_attribution(loaded, subset(task, PATCH_SEQS), approx, steps=steps, ablation=method, seed=seed).frame
     keys = set(edges[KEY].itertuples(index=False, name=None))
     measured = scored[[key in keys for key in scored[KEY].itertuples(index=False, name=None)]]
     top = scored.reindex(scored["attribution"].abs().sort_values(ascending=False).index).head(TOP_ATTRIBUTED)

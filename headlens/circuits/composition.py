@@ -36,13 +36,13 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 
 from headlens.arch import adapter_for, get_module
 from headlens.circuits.edges import VIAS, edge_frame
 from headlens.heads import Head, all_heads
 from headlens.load.devices import onloaded
+from headlens.results import Result
 
 BASELINE_SAMPLES = 256  # random weight sets the baseline's mean and spread are measured on
 BASELINE_CHUNK = 64  # of them per batch
@@ -186,13 +186,15 @@ def composition_scores(
     seed: int = 0,
     samples: int = BASELINE_SAMPLES,
     dtype=torch.float32,
-) -> pd.DataFrame:
+) -> Result:
     """Q-, K- and V-composition of every (sender, receiver) pair with the sender in an earlier
-    layer (optionally only the heads given): an edge frame (headlens.circuits.edges) with
+    layer (optionally only the heads given): a Result of kind "edges" (headlens.results) whose frame is an edge
+    frame (headlens.circuits.edges) with
     `composition` and the random baseline's `composition_baseline` (mean),
     `composition_baseline_std` and `composition_z` = (score - mean) / std, sorted receiver-major
     as (receiver layer, receiver head, sender layer, sender head, via). `dtype` of the Gram
-    products (float32: scores within ~1e-3 of float64 near 0, closer above)."""
+    products (float32: scores within ~1e-3 of float64 near 0, closer above). Its meta: `model`, `measure`
+    ("composition"), the baseline's `baseline_mean`, `baseline_std`, `baseline_samples` and `seed`."""
     adapter = adapter_for(loaded.model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
     scores = composition_tensor(loaded.model, dtype)  # [layer, head, layer, head, via]
@@ -207,7 +209,7 @@ def composition_scores(
     recv = [str(heads[i]) for i in np.repeat(rl * n_heads + rh, 3)]
     mean, std = random_baseline(adapter.d_model, adapter.d_head, samples, seed)
     flat = values.reshape(-1)  # [n_pairs * 3]
-    return edge_frame(
+    frame = edge_frame(
         send,
         recv,
         list(VIAS) * len(values),
@@ -216,6 +218,8 @@ def composition_scores(
         composition_baseline_std=std,
         composition_z=(flat - mean) / std,
     )
+    meta = {"model": str(loaded.name), "measure": "composition", "baseline_mean": mean, "baseline_std": std}
+    return Result("edges", frame, {**meta, "baseline_samples": samples, "seed": seed})
 
 
 def _mask(heads: Sequence[Head] | None, n_layers: int, n_heads: int) -> torch.Tensor:

@@ -41,7 +41,7 @@ EDGES_PER_RECEIVER = 3  # edges kept per receiver, by composition z-score
 
 def overview_documents(loaded, labels: dict[Head, list[str]], seed: int = 0) -> list[dict]:
     """One document per task the model can run (module docstring); composition is computed once."""
-    composition = composition_scores(loaded)
+    composition = composition_scores(loaded).frame
     documents = []
     for build in (induction_task, ioi_task):
         try:

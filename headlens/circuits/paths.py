@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 
 from headlens.ablation.evalset import BATCH_SIZE, EvalSet
@@ -38,6 +37,7 @@ from headlens.arch.sites import splice_row
 from headlens.circuits.edges import DIRECT, LOGITS, VIAS, edge_frame
 from headlens.errors import ConfigError
 from headlens.heads import Head, all_heads
+from headlens.results import Result
 
 COPY_TOKENS = 16_384  # batch positions one stacked pass may hold (copies x batch x pos)
 
@@ -205,17 +205,20 @@ def path_patch(
     via: Sequence[str] = (*VIAS, DIRECT),
     method: str = "zero",
     seed: int = 0,
-) -> pd.DataFrame:
+) -> Result:
     """Exact path patching of every edge from `senders` (default: every head) to a later head of
     `receivers` (default: every head) through each input of `via`, and to the logits with
-    "direct": an edge frame with `effect` (metric patched - clean, the metric's units), sorted as
-    the edges were enumerated (receiver layer, receiver, via, sender)."""
+    "direct": a Result of kind "edges" (headlens.results) whose frame is an edge frame with `effect` (metric
+    patched - clean, the metric's units), sorted as the edges were enumerated (receiver layer, receiver, via,
+    sender); its meta: `model`, `measure` ("effect"), `method`, `metric`, `seed`."""
     vias = check_vias(via)
     spec = loaded.spec
     heads = all_heads(spec.n_layers, spec.n_heads)
     evalset, reps = task_replacements(loaded, task, method, seed)
     effects = patch_edges(loaded.model, evalset, reps, senders or heads, receivers or heads, vias)
     keys = list(effects)
-    return edge_frame(
+    frame = edge_frame(
         [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys], effect=np.array([effects[k] for k in keys])
     )
+    meta = {"model": str(loaded.name), "measure": "effect", "method": method, "metric": evalset.metric, "seed": seed}
+    return Result("edges", frame, meta)

@@ -56,13 +56,14 @@ def classification_key(loaded) -> str:
 
 
 def cached_classification(loaded, progress: bool = False) -> pd.DataFrame:
-    """The classify frame of `loaded` under the default probes: from the cache, else classified now and cached."""
+    """The classify frame (classify_heads' `.frame`, without its meta: the explorer reads the labels and
+    scores) of `loaded` under the default probes: from the cache, else classified now and cached."""
     path = cache_root() / "classify" / f"{classification_key(loaded)}.json"
     try:
         return records_frame(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    frame = classify_heads(loaded, progress=progress)
+    frame = classify_heads(loaded, progress=progress).frame
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(head_records(frame)))
     return frame

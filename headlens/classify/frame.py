@@ -8,8 +8,8 @@ The probes of the registry (headlens.classify.kinds.PROBES, headlens.classify.ru
 3. needle-in-a-haystack tests (Wu et al. 2024, adapted): retrieval, by greedy decoding. The haystack
    is the given text when it is long enough, else the shipped held-out text;
 4. the weights: OV-circuit copying (Elhage et al. 2021).
-Where each probe's input came from is recorded (`attrs["sources"]` and the `*_source` columns), and
-the probe sizes in `attrs["probes"]["sizes"]`. Labels follow the published definitions
+Where each probe's input came from is recorded (`meta["sources"]` and the `*_source` columns), and
+the probe sizes in `meta["probes"]["sizes"]`. Labels follow the published definitions
 (headlens.classify.labels); every threshold is a ClassifyConfig field.
 """
 
@@ -33,6 +33,7 @@ from headlens.classify.runs import (
     probe_sizes,
     resolve_text,
 )
+from headlens.results import Result
 from headlens.scores.ov_copying import sign_disagreements
 
 __all__ = [
@@ -53,7 +54,7 @@ SCORE_COLUMNS = kinds.SCORE_COLUMNS
 
 def classify_heads(
     loaded, text: str | Iterable[str] | None = None, config: ClassifyConfig | None = None, progress: bool = False
-) -> pd.DataFrame:
+) -> Result:
     """Score and label every head of `loaded` (a headlens LoadedModel).
 
     `text`: one text, or documents (any iterable of str, e.g. a headlens.probes.corpus.Corpus), read
@@ -61,15 +62,17 @@ def classify_heads(
     the first documents (whole, until the needle context is reached). Several probes read the
     documents, so a one-shot iterator is read into a list first (a Corpus streams each time).
 
-    Returns one row per head, sorted by (layer, head): `layer`, `head`, `labels` (list[str] from
+    Returns a Result (headlens.results) of kind "heads". Its frame: one row per head, sorted by (layer,
+    head): `layer`, `head`, `labels` (list[str] from
     LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
     grouped-query group), the SCORE_COLUMNS (registry order), then evidence (`n_positions`,
     `n_repeat_positions`, `n_needle_tests` run, `n_needle_retrieved`, `n_needle_tokens`), the
-    `<score>_std` spreads across sequences / tests, then the SOURCE_COLUMNS. `df.attrs["probes"]`
+    `<score>_std` spreads across sequences / tests, then the SOURCE_COLUMNS. Its meta: `model` (the
+    model's name), `config` (the ClassifyConfig's fields, the thresholds the labels were given under), `probes`
     says what was run (windows used of windows available, repeats, ...) and `["sizes"]` the longest
     sequence of each probe under the token budget (headlens.classify.runs.probe_sizes);
-    `df.attrs["sources"]` maps each probe ("text", "repeats", "needles") to where its input came
-    from (SOURCE_GIVEN, SOURCE_DEFAULT, ...); `df.attrs["probes"]["copying_sign_disagreements"]`
+    `sources` maps each probe ("text", "repeats", "needles") to where its input came
+    from (SOURCE_GIVEN, SOURCE_DEFAULT, ...); `probes["copying_sign_disagreements"]`
     lists the heads whose two copying scores differ in sign.
     Any text of at least MIN_TEXT_TOKENS tokens is scored as given; the needle probe takes its
     haystack from the shipped held-out text when the given text is too short for one.
@@ -96,10 +99,13 @@ def classify_heads(
     sources = {name: results[name].source for name in SOURCE_COLUMNS}
     for probe, column in SOURCE_COLUMNS.items():
         frame[column] = sources[probe]
-    frame.attrs["probes"] = info
-    frame.attrs["sources"] = sources
-    frame.attrs["config"] = {f.name: getattr(config, f.name) for f in fields(config)}
-    return frame
+    meta = {
+        "model": str(loaded.name),
+        "probes": info,
+        "sources": sources,
+        "config": {f.name: getattr(config, f.name) for f in fields(config)},
+    }
+    return Result("heads", frame, meta)
 
 
 def window_reach(loaded, info: dict) -> dict | None:

@@ -179,10 +179,10 @@ class Absence:
         return f"highest {kinds.BY_LABEL[self.label].score} at {self.head}: {parts}"
 
 
-def cut_offs(attrs: dict | None) -> dict[str, float]:
-    """Score column -> the cut-off a classify frame's labels were given under: its config (`attrs["config"]`,
+def cut_offs(meta: dict | None) -> dict[str, float]:
+    """Score column -> the cut-off a classification's labels were given under: its config (`meta["config"]`,
     a dict of ClassifyConfig fields) where that holds the field, else the registry's default."""
-    config = (attrs or {}).get("config")
+    config = (meta or {}).get("config")
     config = config if isinstance(config, dict) else {}
     found = {}
     for column, th in kinds.THRESHOLD_OF.items():
@@ -191,15 +191,15 @@ def cut_offs(attrs: dict | None) -> dict[str, float]:
     return found
 
 
-def absent_roles(frame: pd.DataFrame) -> list[Absence]:
+def absent_roles(frame: pd.DataFrame, meta: dict | None = None) -> list[Absence]:
     """Every role of the registry (ROLES order) that no head of `frame` carries and whose ranking score
     the frame has, with the head that scores highest on it and that head's evidence values beside their
-    cut-offs: why the kind is absent. Roles whose probe did not run (its source column SOURCE_NOT_RUN)
-    are left out; a frame without labels names none."""
+    cut-offs (those of `meta`, the classification's meta: cut_offs): why the kind is absent. Roles whose
+    probe did not run (its source column SOURCE_NOT_RUN) are left out; a frame without labels names none."""
     if "labels" not in frame or frame.empty:
         return []
     carried = {label for value in frame["labels"] for label in label_list(value)}
-    cuts = cut_offs(frame.attrs)
+    cuts = cut_offs(meta)
     frame = frame.sort_values(["layer", "head"]).reset_index(drop=True)  # ties go to the first head
     absent = []
     for label in ROLES:

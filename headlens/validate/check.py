@@ -32,6 +32,7 @@ from headlens.errors import ConfigError, InputTextError, ValidationFailed
 from headlens.load.devices import DTYPES
 from headlens.load.models import LoadedModel, boot_bridge
 from headlens.probes.inputs import default_text, text_windows
+from headlens.results import Result
 
 # Largest max-absolute-error accepted between our attention and a reference in float32, times the
 # reference's largest magnitude when above 1. float32 has ~1.2e-7 relative precision; reordered sums
@@ -211,14 +212,14 @@ def compare_attention(loaded: LoadedModel, batch: Batch) -> pd.DataFrame:
     return frame.sort_values(["layer", "quantity", "reference"], ignore_index=True)
 
 
-def validate_model(loaded: LoadedModel, text: str | None = None, *, raise_on_failure: bool = True) -> pd.DataFrame:
+def validate_model(loaded: LoadedModel, text: str | None = None, *, raise_on_failure: bool = True) -> Result:
     """Compare headlens.arch.mha with HF eager, sdpa and TransformerLens on every layer.
 
-    Returns a DataFrame with columns layer, quantity (pattern / z / attn_out), reference
-    (hf_eager / sdpa / transformer_lens), max_abs_error, tolerance, passed; `frame.attrs` holds
-    `text_source` ("given", "probes.default_text()" or "builtin sentence") and `n_tokens`.
+    Returns a Result of kind "validation" (headlens.results): its frame has columns layer, quantity (pattern /
+    z / attn_out), reference (hf_eager / sdpa / transformer_lens), max_abs_error, tolerance, passed; its meta
+    holds `model`, `text_source` ("given", "probes.default_text()" or "builtin sentence") and `n_tokens`.
     `dtype` and `tolerance_rule` (validation_tolerance: VALIDATION_ATOL in float32, scaled to the
-    epsilon of a half-precision model). Raises ValidationFailed (with the frame as `.frame`) if any
+    epsilon of a half-precision model). Raises ValidationFailed (with the Result as `.result`) if any
     error exceeds its tolerance, unless raise_on_failure is False.
     """
     dtype = next(loaded.model.parameters()).dtype
@@ -227,12 +228,14 @@ def validate_model(loaded: LoadedModel, text: str | None = None, *, raise_on_fai
     text, source = validation_text(text)
     batch = validation_batch(loaded, text)
     frame = compare_attention(loaded, batch)
-    frame.attrs.update(
-        text_source=source,
-        n_tokens=int(batch.mask.sum()),
-        dtype=str(dtype).removeprefix("torch."),
-        tolerance_rule=tolerance_rule(dtype),
-    )
+    meta = {
+        "model": str(loaded.name),
+        "text_source": source,
+        "n_tokens": int(batch.mask.sum()),
+        "dtype": str(dtype).removeprefix("torch."),
+        "tolerance_rule": tolerance_rule(dtype),
+    }
+    result = Result("validation", frame, meta)
     failed = frame[~frame["passed"]]
     if raise_on_failure and len(failed):
         worst = failed.loc[(failed["max_abs_error"] / failed["tolerance"]).idxmax()]
@@ -240,6 +243,6 @@ def validate_model(loaded: LoadedModel, text: str | None = None, *, raise_on_fai
             f"{len(failed)} of {len(frame)} comparisons exceed their tolerance (worst: layer {worst.layer} "
             f"{worst.quantity} vs {worst.reference}, {worst.max_abs_error:.3g} > {worst.tolerance:.3g}; "
             f"{tolerance_rule(dtype)})",
-            frame=frame,
+            result=result,
         )
-    return frame
+    return result

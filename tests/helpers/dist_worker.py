@@ -5,7 +5,8 @@ repository root.
 MODE `classify`: classify the small random GPT-2 on word-list documents; `sweep`: the exact
 single-head sweep of the strong test model (tests/helpers/strong.py), rows kept in OUT/sweep; `prune`:
 the pruning curve of the strong test model (batches of windows split over the ranks). Rank 0
-pickles the result frame to OUT/result.pkl. KILL_AFTER (sweep): rank 1 SIGKILLs itself once it
+pickles the result (the classification's Result, with its meta; the sweep's and the curve's frame) to
+OUT/result.pkl. KILL_AFTER (sweep): rank 1 SIGKILLs itself once it
 has durably appended that many rows, as a crashed process would die.
 """
 
@@ -25,7 +26,7 @@ SMALL = dict(n_layer=2, n_head=4, n_embd=64, n_positions=128)  # the conftest sm
 DOCS = [sample_text(n, seed=s) for s, n in enumerate([300, 120, 900, 40, 500, 260, 700])]
 
 
-def classify_frame():
+def classification():
     from transformers import GPT2Config
 
     from headlens.classify import ClassifyConfig, classify_heads
@@ -48,13 +49,13 @@ def sweep_frame(out: Path, kill_after: int | None):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         SweepStore.append = append_then_die
-    return sweep_heads(build_strong_model(64), text=sample_text(600), out=out / "sweep", resume=True)
+    return sweep_heads(build_strong_model(64), text=sample_text(600), out=out / "sweep", resume=True).frame
 
 
 def prune_frame():
     from headlens.ablation.prune import prune_curve
 
-    return prune_curve(build_strong_model(64), text=sample_text(1500), step_fraction=0.25)
+    return prune_curve(build_strong_model(64), text=sample_text(1500), step_fraction=0.25).frame
 
 
 def main() -> None:
@@ -62,7 +63,7 @@ def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     kill_after = int(sys.argv[3]) if len(sys.argv) > 3 else None
     distributed.init()
-    frames = {"classify": classify_frame, "prune": prune_frame, "sweep": lambda: sweep_frame(out, kill_after)}
+    frames = {"classify": classification, "prune": prune_frame, "sweep": lambda: sweep_frame(out, kill_after)}
     frame = frames[mode]()
     if distributed.is_main():
         frame.to_pickle(out / "result.pkl")
