@@ -58,6 +58,7 @@ def main() -> None:
     from headlens.probes.inputs import default_text
     from headlens.reports import render_report
     from headlens.reports.viewer import default_viewer_tokens
+    from headlens.results import Result
 
     start = time.perf_counter()
     loaded = build_model(None, seed=0, name="gpt2-shaped-random")
@@ -71,8 +72,8 @@ def main() -> None:
         path = render_report(
             Path(folder) / "report.html",
             model_info={"name": loaded.name, **spec.__dict__},
-            heads=heads,
-            sweep=sweep,
+            heads=Result("heads", heads),
+            sweep=Result("sweep", sweep),
             viewer=viewer,
             command="benchmarks/bench_report.py",
         )

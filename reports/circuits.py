@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from headlens.reports.figures import figure_uri, plain_text
 from headlens.reports.i18n import DEFAULT_LANG, number, t
-from headlens.reports.sections import esc, figure, section, table
+from headlens.reports.sections import esc, figure, fold, section, table
 
 RECEIVER_ROLES = {"induction": ("induction",), "ioi": ("name_mover", "negative_name_mover", "copy_suppression")}
 GRAPH_HEADS = 8  # heads drawn into the logits, by |direct effect|
@@ -36,24 +36,27 @@ COLOURS = {
 OTHER, UNLABELLED, LOGITS_COLOUR = "#cccccc", "#dd8452", "#ffffff"
 
 
-def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG) -> str:
+def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG, folded: bool = False) -> str:
     """The section for one or more circuit documents (one per task); "" when there is none. Documents
     whose edges carry no measured effect (headlens.circuits.overview: composition from the weights only)
-    get the weights' introduction, and their edges are drawn and cited by composition."""
+    get the weights' introduction, and their edges are drawn and cited by composition. `folded`: each
+    task in a closed <details> under its title (a large model's report, so the page opens short)."""
     if not documents:
         return ""
     weights_only = all(_weights_only(doc) for doc in documents)
     body = [f"<p>{esc(t('circuits.intro_weights' if weights_only else 'circuits.intro', lang))}</p>"]
     for doc in documents:
-        body.append(task_block(doc, lang))
+        title = t(f"circuits.task.{doc['task']['name']}", lang)
+        body.append(fold(title, task_block(doc, lang, heading=not folded), folded))
     return section("circuits", t("circuits.title", lang), "".join(body))
 
 
-def task_block(doc: dict, lang: str) -> str:
-    """One task's graph, evidence, unlabelled heads, direct effects and self-repair."""
+def task_block(doc: dict, lang: str, heading: bool = True) -> str:
+    """One task's graph, evidence, unlabelled heads, direct effects and self-repair, under its title when
+    `heading`."""
     task = doc["task"]
     name = task["name"]
-    parts = [f"<h3>{esc(t(f'circuits.task.{name}', lang))}</h3>"]
+    parts = [f"<h3>{esc(t(f'circuits.task.{name}', lang))}</h3>"] if heading else []
     clean = t("circuits.clean", lang, metric=task["metric"], value=number(task["clean"], lang), unit=task["unit"])
     parts.append(f"<p>{esc(clean)}</p>")
     if name == "ioi" and task["clean"] <= 0:

@@ -216,7 +216,8 @@ def build_page(
         if sweep is None and ablation is None:  # a pruning page: named for what it holds
             nav[-1] = ("ablation", t("nav.pruning", lang))
     if circuits:
-        add("circuits", circuits_mod.circuit_section(circuits, lang))
+        n_heads = int(model_info.get("n_layers", 0)) * int(model_info.get("n_heads", 0))
+        add("circuits", circuits_mod.circuit_section(circuits, lang, folded=n_heads > sections.FOLD_HEADS))
     if validation is not None:
         add("validation", sections.validation_section(validation, lang))
     if training is not None:

@@ -13,6 +13,7 @@ has durably appended that many rows, as a crashed process would die.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 from pathlib import Path
@@ -66,7 +67,7 @@ def main() -> None:
     frames = {"classify": classification, "prune": prune_frame, "sweep": lambda: sweep_frame(out, kill_after)}
     frame = frames[mode]()
     if distributed.is_main():
-        frame.to_pickle(out / "result.pkl")
+        (out / "result.pkl").write_bytes(pickle.dumps(frame))  # a Result or a DataFrame
 
 
 if __name__ == "__main__":
