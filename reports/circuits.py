@@ -39,24 +39,24 @@ OTHER, UNLABELLED, LOGITS_COLOUR = "#cccccc", "#dd8452", "#ffffff"
 def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG, folded: bool = False) -> str:
     """The section for one or more circuit documents (one per task); "" when there is none. Documents
     whose edges carry no measured effect (headlens.circuits.overview: composition from the weights only)
-    get the weights' introduction, and their edges are drawn and cited by composition. `folded`: each
-    task in a closed <details> under its title (a large model's report, so the page opens short)."""
+    get the weights' introduction, and their edges are drawn and cited by composition. `folded`: all of it
+    in one closed <details> naming the tasks (a large model's report, so the page opens short)."""
     if not documents:
         return ""
     weights_only = all(_weights_only(doc) for doc in documents)
     body = [f"<p>{esc(t('circuits.intro_weights' if weights_only else 'circuits.intro', lang))}</p>"]
     for doc in documents:
-        title = t(f"circuits.task.{doc['task']['name']}", lang)
-        body.append(fold(title, task_block(doc, lang, heading=not folded), folded))
-    return section("circuits", t("circuits.title", lang), "".join(body))
+        body.append(task_block(doc, lang))
+    tasks = ", ".join(t(f"circuits.task.{doc['task']['name']}", lang) for doc in documents)
+    opened = fold(t("circuits.open", lang, tasks=tasks), "".join(body), folded)
+    return section("circuits", t("circuits.title", lang), opened)
 
 
-def task_block(doc: dict, lang: str, heading: bool = True) -> str:
-    """One task's graph, evidence, unlabelled heads, direct effects and self-repair, under its title when
-    `heading`."""
+def task_block(doc: dict, lang: str) -> str:
+    """One task's graph, evidence, unlabelled heads, direct effects and self-repair."""
     task = doc["task"]
     name = task["name"]
-    parts = [f"<h3>{esc(t(f'circuits.task.{name}', lang))}</h3>"] if heading else []
+    parts = [f"<h3>{esc(t(f'circuits.task.{name}', lang))}</h3>"]
     clean = t("circuits.clean", lang, metric=task["metric"], value=number(task["clean"], lang), unit=task["unit"])
     parts.append(f"<p>{esc(clean)}</p>")
     if name == "ioi" and task["clean"] <= 0:

@@ -33,6 +33,7 @@ from headlens.results import Result
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
 TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
 TOP_OPEN = 5  # of which shown open; the others folded
+CIRCUIT_OPEN = 1  # circuit-evidence lines per role shown open (the head of largest direct effect first)
 SINK_EXAMPLES = 5  # strongest first-token sinks named in their summary
 KV_OPEN_ROWS = 12  # key/value groups with a role shown open up to this many (more are folded)
 
@@ -228,7 +229,10 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
     evidence = "".join(
         f'<p class="evidence">{esc(role_evidence(result, lang))}</p>' for result in role_results(role, names, ablation)
     )
-    evidence += "".join(f'<p class="evidence">{esc(line)}</p>' for line in role_lines(circuits, role, lang))
+    fed = [f'<p class="evidence">{esc(line)}</p>' for line in role_lines(circuits, role, lang)]
+    evidence += "".join(fed[:CIRCUIT_OPEN])
+    if len(fed) > CIRCUIT_OPEN:  # the other heads' circuit evidence folded, as the heads' list is
+        evidence += details(t("findings.more_open", lang, n=len(fed) - CIRCUIT_OPEN), "".join(fed[CIRCUIT_OPEN:]))
     return (
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
         f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p>{role_note(role, rows, lang)}'
