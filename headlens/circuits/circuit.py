@@ -239,15 +239,7 @@ def to_document(result: CircuitResult, model: dict | None = None) -> dict:
     ]
     return {
         "model": model or {},
-        "task": {
-            "name": task.name,
-            "description": task.description,
-            "metric": task.metric_name,
-            "unit": task.unit,
-            "clean": clean.metric,
-            "logit_metric": clean.logit_metric,
-            "direct_effects_unit": "logits",
-        },
+        "task": task_fields(task, clean),
         "method": result.method,
         "large_share": LARGE_SHARE,
         "heads": heads,
@@ -256,6 +248,19 @@ def to_document(result: CircuitResult, model: dict | None = None) -> dict:
         "patched_sequences": min(PATCH_SEQS, int(task.tokens.shape[0])),
         "agreement": result.agreement,
         "self_repair": None if result.self_repair is None else repair_document(result.self_repair),
+    }
+
+
+def task_fields(task, clean) -> dict:
+    """A circuit document's `task`: what was run and the clean model's value on it."""
+    return {
+        "name": task.name,
+        "description": task.description,
+        "metric": task.metric_name,
+        "unit": task.unit,
+        "clean": clean.metric,
+        "logit_metric": clean.logit_metric,
+        "direct_effects_unit": "logits",
     }
 
 

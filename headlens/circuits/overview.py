@@ -26,6 +26,7 @@ from headlens.circuits.circuit import (
     head_frame,
     repair_document,
     subset,
+    task_fields,
 )
 from headlens.circuits.composition import composition_scores
 from headlens.circuits.direct import decompose
@@ -67,15 +68,7 @@ def task_document(loaded, task, labels: dict[Head, list[str]], composition: pd.D
         movers = sorted(movers, key=lambda h: -clean.head(h))[:MOVERS]
         repair = repair_document(self_repair(loaded, task, movers, "zero", seed, clean=clean))
     return {
-        "task": {
-            "name": task.name,
-            "description": task.description,
-            "metric": task.metric_name,
-            "unit": task.unit,
-            "clean": clean.metric,
-            "logit_metric": clean.logit_metric,
-            "direct_effects_unit": "logits",
-        },
+        "task": task_fields(task, clean),
         "method": "zero",
         "large_share": LARGE_SHARE,
         "heads": [
