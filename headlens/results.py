@@ -2,17 +2,22 @@
 (`.meta`, a JSON-ready dict), kept together.
 
 Every stage function returns a `Result`: classify_heads (kind "heads"), sweep_heads ("sweep"), ablate_heads
-("ablation"), prune_curve ("pruning"), validate_model ("validation"), and the circuits' edge tables,
-composition_scores, path_patch and edge_attribution ("edges"); each function's docstring gives its frame's
-columns and its meta's keys. The metadata lives beside the frame, not in pandas' `DataFrame.attrs`
-(which `pd.concat` and `merge` drop): `pd.concat` refuses a Result with a TypeError that names
-`concat_results`, which concatenates the frames and keeps the metadata, or refuses when it would be lost.
+("ablation"), prune_curve ("pruning"), validate_model ("validation"), the circuits' edge tables,
+composition_scores, path_patch and edge_attribution ("edges"), circuit ("circuit") and self_repair
+("self_repair"); each function's docstring gives its frame's columns and its meta's keys. A result of several
+tables keeps its main one in `.frame` and the others by name in `.tables` (circuit: `tables["edges"]` and,
+with an ablation, `tables["compensation"]`); most results have none. The metadata lives beside the frame,
+not in pandas' `DataFrame.attrs` (which `pd.concat` and `merge` drop): `pd.concat` refuses a Result with a
+TypeError that names `concat_results`, which concatenates the frames and keeps the metadata, or refuses when
+it would be lost.
 
     heads = headlens.classify_heads(loaded)
     heads.frame                      # one row per head
     heads.meta["probes"]["sizes"]    # what the probes ran
     heads.to_json()                  # one JSON document: kind, meta, rows
     heads                            # the last expression of a notebook cell draws it (headlens.view)
+    found = headlens.circuit(loaded, task, labels)
+    found.frame, found.tables["edges"]  # its heads, its edges
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-KINDS = ("heads", "sweep", "ablation", "pruning", "validation", "edges")
+KINDS = ("heads", "sweep", "ablation", "pruning", "validation", "edges", "circuit", "self_repair")
 
 
 class _ResultType(type):
@@ -37,11 +42,20 @@ class _ResultType(type):
 
 class Result(metaclass=_ResultType):
     """A result table with its metadata. `frame`: the rows (built on first access when given as `rows`, so a
-    set ablation does not import pandas until asked); `meta`: what the rows were measured under."""
+    set ablation does not import pandas until asked); `meta`: what the rows were measured under; `tables`:
+    further tables of the same measurement by name (empty unless the producing function documents them)."""
 
-    __slots__ = ("_frame", "_rows", "kind", "meta")
+    __slots__ = ("_frame", "_rows", "kind", "meta", "tables")
 
-    def __init__(self, kind: str, frame: pd.DataFrame | None = None, meta: dict | None = None, *, rows=None):
+    def __init__(
+        self,
+        kind: str,
+        frame: pd.DataFrame | None = None,
+        meta: dict | None = None,
+        *,
+        rows=None,
+        tables: dict[str, pd.DataFrame] | None = None,
+    ):
         if kind not in KINDS:
             raise ValueError(f"unknown result kind {kind!r}: one of {', '.join(KINDS)}")
         if (frame is None) == (rows is None):
@@ -50,6 +64,7 @@ class Result(metaclass=_ResultType):
         self.meta = dict(meta or {})  # JSON-ready facts about the whole table
         self._frame = frame
         self._rows = rows  # list[dict]: the frame's rows, made into a DataFrame on first access
+        self.tables = dict(tables or {})  # name -> DataFrame: the measurement's further tables
 
     @property
     def frame(self) -> pd.DataFrame:
@@ -65,7 +80,8 @@ class Result(metaclass=_ResultType):
 
     def __repr__(self) -> str:
         keys = ", ".join(self.meta)
-        return f"<headlens {self.kind} result: {len(self)} rows in .frame; .meta: {keys or 'empty'}>"
+        more = "".join(f"; .tables[{name!r}]: {len(table)} rows" for name, table in self.tables.items())
+        return f"<headlens {self.kind} result: {len(self)} rows in .frame{more}; .meta: {keys or 'empty'}>"
 
     def _repr_html_(self) -> str:
         """The inline view (headlens.view) when a notebook shows the result."""
@@ -74,15 +90,24 @@ class Result(metaclass=_ResultType):
         return headlens.view(self).html()
 
     def to_json(self, **dumps: Any) -> str:
-        """One JSON document: {"kind", "meta", "rows"}; NaN becomes null. `dumps` go to json.dumps."""
+        """One JSON document: {"kind", "meta", "rows"}, and "tables" (name -> rows) where the result holds
+        further tables; NaN becomes null. `dumps` go to json.dumps."""
         rows = self._rows if self._frame is None else self._frame.to_dict("records")
-        return json.dumps({"kind": self.kind, "meta": self.meta, "rows": _json_ready(rows)}, **dumps)
+        document = {"kind": self.kind, "meta": self.meta, "rows": _json_ready(rows)}
+        if self.tables:
+            document["tables"] = {name: _json_ready(t.to_dict("records")) for name, t in self.tables.items()}
+        return json.dumps(document, **dumps)
 
     def __eq__(self, other: object) -> bool:
-        """Same kind, same meta and equal frames."""
+        """Same kind, same meta, equal frames and equal further tables."""
         if not isinstance(other, Result):
             return NotImplemented
-        return self.kind == other.kind and self.meta == other.meta and self.frame.equals(other.frame)
+        same = self.kind == other.kind and self.meta == other.meta and self.frame.equals(other.frame)
+        return (
+            same
+            and self.tables.keys() == other.tables.keys()
+            and all(table.equals(other.tables[name]) for name, table in self.tables.items())
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the DataFrame it holds
 
@@ -102,10 +127,11 @@ def _json_ready(value):
 
 def concat_results(results: Sequence[Result]) -> Result:
     """One Result of the rows of `results` (all of one kind, measured under the same meta): the frames
-    concatenated in order with a fresh index, the shared meta kept. TypeError for anything but Results of one
-    kind; ValueError naming the meta keys that differ (two models, two probe settings): the combined table
-    would have no single meta to describe it, so keep the results apart (or compare their frames yourself,
-    knowing that each one's meta is not carried)."""
+    concatenated in order with a fresh index, the shared meta kept, and each further table likewise.
+    TypeError for anything but Results of one kind; ValueError naming the meta keys that differ (two models,
+    two probe settings): the combined table would have no single meta to describe it, so keep the results
+    apart (or compare their frames yourself, knowing that each one's meta is not carried); ValueError for
+    results holding different further tables."""
     import pandas as pd
 
     results = list(results)
@@ -123,5 +149,8 @@ def concat_results(results: Sequence[Result]) -> Result:
             f"these {kinds[0]} results were measured under different metadata ({', '.join(differ)}); "
             "one table would lose it, so concat_results keeps them apart"
         )
+    if any(r.tables.keys() != results[0].tables.keys() for r in results):
+        raise ValueError(f"these {kinds[0]} results hold different further tables, so concat_results keeps them apart")
     frame = pd.concat([r.frame for r in results], ignore_index=True)
-    return Result(kinds[0], frame, first)
+    tables = {name: pd.concat([r.tables[name] for r in results], ignore_index=True) for name in results[0].tables}
+    return Result(kinds[0], frame, first, tables=tables)

@@ -4,8 +4,10 @@
 (IPython calls its `_repr_html_`; a headlens.Result calls `view` itself); `show(result)` displays it at once.
 Recognised results: the Results (headlens.results) of classify_heads (score heatmaps + label table), sweep_heads
 (heatmap of its metric's change), ablate_heads, one or a list (bars with 95% CIs, one chart per metric),
-prune_curve and validate_model, the circuits' edge tables (the EDGE_ROWS largest edges), load_training_log's
-(log, heads) pair and a sample_patterns dict (the report's interactive attention viewer).
+prune_curve and validate_model, the circuits' edge tables (the EDGE_ROWS largest edges), circuit (the report's
+block of the task: graph, evidence, direct effects, self-repair), self_repair (its sentence and the EDGE_ROWS
+largest compensating changes), load_training_log's (log, heads) pair and a sample_patterns dict (the
+report's interactive attention viewer).
 Return types of the library are untouched: the views only read them. Prose comes from the reports' message
 catalogue (headlens.reports.i18n) in the language asked for (`lang="en"` or `"es"`); only the viewer's static
 caption is this module's own.
@@ -24,7 +26,8 @@ import secrets
 import numpy as np
 import pandas as pd
 
-from headlens.reports import figures, findings, sections
+from headlens.circuits.circuit import repair_document, to_document
+from headlens.reports import circuits, figures, findings, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, report_script, safe_json, viewer_payload
 from headlens.results import Result
@@ -138,7 +141,7 @@ def _is_ablation(value) -> bool:
 
 
 def kind_of(result) -> str:
-    """heads | sweep | ablation | pruning | validation | edges | training | attention; TypeError otherwise."""
+    """A Result's kind (headlens.results.KINDS) | ablation (a list) | training | attention; TypeError otherwise."""
     if isinstance(result, dict) and "tokens" in result and "patterns" in result:
         return "attention"
     if isinstance(result, Result):
@@ -149,8 +152,8 @@ def kind_of(result) -> str:
         return "training"
     raise TypeError(
         f"headlens cannot display a {type(result).__name__} of this shape: it shows the Results of "
-        "classify_heads, sweep_heads, ablate_heads, prune_curve and validate_model (not their .frame alone, "
-        "which has lost its metadata), load_training_log's pair and sample_patterns' dict"
+        "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model and the circuits' functions "
+        "(not their .frame alone, which has lost its metadata), load_training_log's pair and sample_patterns' dict"
     )
 
 
@@ -166,6 +169,8 @@ def render_html(result, heads: Result | None = None, lang: str = DEFAULT_LANG) -
         "pruning": lambda: pruning_html(result.frame, lang),
         "validation": lambda: validation_html(result.frame, lang),
         "edges": lambda: edges_html(result, lang),
+        "circuit": lambda: circuits.task_block(to_document(result), lang),
+        "self_repair": lambda: repair_html(result, lang),
         "training": lambda: sections.training_figure(result, lang),
         "attention": lambda: attention_html(result, None if heads is None else heads.frame, suffix, lang),
     }[kind]()
@@ -262,6 +267,12 @@ def edges_html(edges: Result, lang: str) -> str:
     if column in frame:
         frame = frame.reindex(frame[column].abs().sort_values(ascending=False, kind="stable").index)
     return sections.table(frame.head(EDGE_ROWS).reset_index(drop=True), sortable=False, lang=lang)
+
+
+def repair_html(repair: Result, lang: str) -> str:
+    """The self-repair sentence and the EDGE_ROWS heads whose direct effect changes most."""
+    text = circuits.repair_text(repair_document(repair.meta, repair.frame), lang)
+    return f"<p>{esc(text)}</p>" + sections.table(repair.frame.head(EDGE_ROWS), sortable=False, lang=lang)
 
 
 def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:

@@ -5,6 +5,8 @@ effect is the model run with the heads' o_proj input zeroed by a hook here; the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -78,18 +80,25 @@ def test_a_zero_ablation_costs_what_the_model_with_those_heads_zeroed_gives(mode
     task = ioi_task(model, n=6)
     heads = [Head(0, 1), Head(1, 0)]
     repair = self_repair(model, task, heads, "zero")
+    assert repair.kind == "self_repair"
+    figures = repair.meta
     ablated = float(task.metric(_logits(model, task.tokens, task.mask, heads_off=heads)))
     clean = float(task.metric(_logits(model, task.tokens, task.mask)))
-    assert repair.total_effect == pytest.approx(ablated - clean, abs=ATOL)
-    assert repair.direct_effect_ablated == 0.0  # a zeroed head writes nothing
-    assert repair.direct_effect == pytest.approx(sum(repair.clean.head(h) for h in heads))
-    table = repair.compensation()
+    assert figures["total_effect"] == pytest.approx(ablated - clean, abs=ATOL)
+    assert figures["clean_metric"] == pytest.approx(clean, abs=ATOL)
+    assert figures["ablated_metric"] == pytest.approx(ablated, abs=ATOL)
+    assert figures["direct_effect_ablated"] == 0.0  # a zeroed head writes nothing
+    own = decompose(model, task)
+    assert figures["direct_effect"] == pytest.approx(sum(own.head(h) for h in heads))
+    table = repair.frame
     assert len(table) == model.spec.n_layers * model.spec.n_heads - len(heads)
     assert not set(table["head"]) & {str(h) for h in heads}
     assert list(table["change"].abs()) == sorted(table["change"].abs(), reverse=True)
     # the accounting closes: the set's own change + every other head's + the rest's = the linear metric's change
-    closes = repair.direct_effect_ablated - repair.direct_effect + table["change"].sum() + repair.rest_change
-    assert closes == pytest.approx(repair.logit_total_effect, abs=ATOL)
+    own_change = figures["direct_effect_ablated"] - figures["direct_effect"]
+    closes = own_change + table["change"].sum() + figures["rest_change"]
+    assert closes == pytest.approx(figures["logit_total_effect"], abs=ATOL)
+    assert json.loads(repair.to_json())["meta"] == figures  # JSON-ready
 
 
 def test_resample_takes_the_corrupted_runs_z_and_mean_one_vector(small_model):

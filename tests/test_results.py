@@ -129,3 +129,49 @@ def test_a_circuits_edge_table_is_a_result_that_draws_its_largest_edges(small_mo
     assert (edges.frame["composition_baseline"] == edges.meta["baseline_mean"]).all()
     html = headlens.view(edges).html()
     assert 'data-kind="edges"' in html and html.count("<tr") == 1 + min(EDGE_ROWS, len(edges))
+
+
+def test_further_tables_travel_with_the_frame_through_json_equality_and_concat():
+    frame = pd.DataFrame({"head": ["0.0", "0.1"], "value": [1.0, math.nan]})
+    edges = pd.DataFrame({"sender": ["0.0"], "receiver": ["1.0"], "effect": [0.5]})
+    result = Result("circuit", frame, {"task": "t"}, tables={"edges": edges})
+    assert "tables['edges']: 1 rows" in repr(result)
+    document = json.loads(result.to_json())
+    assert set(document) == {"kind", "meta", "rows", "tables"} and document["rows"][1]["value"] is None
+    assert document["tables"] == {"edges": [{"sender": "0.0", "receiver": "1.0", "effect": 0.5}]}
+    other = Result("circuit", frame.copy(), {"task": "t"}, tables={"edges": edges.assign(effect=0.25)})
+    assert result == Result("circuit", frame.copy(), {"task": "t"}, tables={"edges": edges.copy()})
+    assert result != other and result != Result("circuit", frame.copy(), {"task": "t"})
+    joined = concat_results([result, other])
+    assert joined.frame["head"].tolist() == ["0.0", "0.1", "0.0", "0.1"]
+    assert joined.tables["edges"]["effect"].tolist() == [0.5, 0.25]
+    with pytest.raises(ValueError, match="different further tables"):
+        concat_results([result, Result("circuit", frame, {"task": "t"})])
+
+
+def test_circuit_and_self_repair_are_results_that_draw_inline(small_model):
+    from headlens.circuits.circuit import HEAD_COLUMNS, to_document
+    from headlens.circuits.selfrepair import COMPENSATION_COLUMNS
+    from headlens.circuits.tasks import induction_task
+    from headlens.heads import Head
+
+    task = induction_task(small_model, n=4, seq_len=12)
+    ablated = [Head(1, 0), Head(1, 2)]
+    found = headlens.circuit(small_model, task, {Head(0, 1): ["previous_token"]}, ablate=ablated)
+    repair = headlens.self_repair(small_model, task, ablated)
+    assert found.kind == "circuit" and repair.kind == "self_repair"
+    assert list(found.frame.columns) == HEAD_COLUMNS and len(found.frame) == 8
+    assert list(repair.frame.columns) == COMPENSATION_COLUMNS and len(repair.frame) == 8 - len(ablated)
+    # the circuit's self-repair is self_repair's own: the same table and figures by two routes
+    assert found.tables["compensation"].equals(repair.frame) and found.meta["self_repair"] == repair.meta
+    assert found.meta["self_repair"]["ablated"] == ["1.0", "1.2"]
+    assert json.loads(found.to_json())["meta"] == found.meta  # JSON-ready
+    document = to_document(found)
+    assert [h["head"] for h in document["heads"]] == found.frame["head"].tolist()
+    assert len(document["edges"]) == len(found.tables["edges"])
+    assert [c["head"] for c in document["self_repair"]["compensation"]] == repair.frame["head"].tolist()
+    for result, kind in ((found, "circuit"), (repair, "self_repair")):
+        for lang in ("en", "es"):
+            html = headlens.view(result, lang=lang).html()
+            assert f'data-kind="{kind}"' in html and "<script src" not in html
+    assert "1.0, 1.2" in headlens.view(repair).html()  # the sentence names the ablated set

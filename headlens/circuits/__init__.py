@@ -2,7 +2,8 @@
 
 - `tasks`: the induction and IOI tasks, where their metric reads the logits, and their corrupted runs;
 - `direct`: every head's direct effect on a task's metric through the logits, adding up with the rest
-  (embeddings, MLPs, biases) to the metric;
+  (embeddings, MLPs, biases) to the metric (`decompose`, internal: the other modules' building block,
+  returning a `Decomposition` of tensors rather than a result);
 - `selfrepair`: an ablated set's total effect, its own direct effect and the other heads' compensation
   (the Hydra effect, McGrath et al. 2023);
 - `composition`: Q-, K- and V-composition scores of every (earlier sender, later receiver) pair,
@@ -12,9 +13,11 @@
   query, key or value input, or directly through the logits (Wang et al. 2022; Goldowsky-Dill
   et al. 2023);
 - `attribution`: every edge at once from gradients, EAP (Syed et al. 2023) and EAP-IG (Hanna et
-  al. 2024), and its agreement with exact path patching.
-Every edge result is a long-form DataFrame of edges: `sender` ("L.H"), `receiver` ("L.H" or "logits"),
-`via` ("q", "k", "v", "direct"), `composition`, `effect`, `attribution` (NaN where not measured).
+  al. 2024), and its agreement with exact path patching;
+- `circuit`: one task's circuit, its heads, edges and self-repair in one result.
+Every measurement (self_repair, composition_scores, path_patch, edge_attribution, circuit) returns a
+headlens.Result (headlens.results). Every edge table is long-form: `sender` ("L.H"), `receiver` ("L.H" or
+"logits"), `via` ("q", "k", "v", "direct"), `composition`, `effect`, `attribution` (NaN where not measured).
 
 Public names are imported when first asked for (headlens.lazy_getattr, PEP 562).
 """
@@ -29,7 +32,6 @@ LAZY = {
     "induction_task": "tasks",
     "ioi_task": "tasks",
     "make_task": "tasks",
-    "decompose": "direct",
     "self_repair": "selfrepair",
 }
 

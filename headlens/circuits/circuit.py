@@ -1,5 +1,9 @@
 """`circuit`: one task's circuit as three tables, the library behind `headlens circuit`.
 
+`circuit` returns a headlens.Result of kind "circuit": `.frame` the heads table, `.tables["edges"]` the
+edges, `.tables["compensation"]` the self-repair compensation table (with `ablate`), `.meta` what they were
+measured on (CIRCUIT_META). `to_document` turns it into the command's JSON document.
+
 - `heads`: every head with its labels (classify, or a labels file), its direct effect on the task's
   metric through the logits (headlens.circuits.direct) and, for the TOTAL_HEADS heads of largest
   |direct effect|, its total effect (the metric's change when that head alone is ablated by `method`);
@@ -24,16 +28,17 @@ senders x receivers x inputs: headlens.circuits.paths).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pandas as pd
 import torch
 
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.circuits.edges import DIRECT, KEY, VIAS, merge_edges
-from headlens.circuits.selfrepair import SelfRepair, replacement_for, self_repair
+from headlens.circuits.selfrepair import COMPENSATION_COLUMNS, replacement_for, self_repair
 from headlens.classify.kinds import ROLES
 from headlens.heads import Head, all_heads
+from headlens.results import Result
 
 LARGE_SHARE = 0.1  # ours: a head writing >= 10% of the metric's linear part directly is large
 TOTAL_HEADS = 5  # heads whose total effect is measured (largest |direct effect|)
@@ -45,19 +50,17 @@ TOP_ATTRIBUTED = 20  # edges kept from edge attribution beyond the measured ones
 RECEIVER_KINDS = {"induction": ("induction",), "ioi": ("name_mover", "negative_name_mover", "copy_suppression")}
 SENDER_KINDS = {"induction": ("previous_token",), "ioi": ("induction", "duplicate_token", "previous_token")}
 HEAD_COLUMNS = ["head", "layer", "head_index", "labels", "direct_effect", "total_effect", "large_unlabelled"]
-
-
-@dataclass
-class CircuitResult:
-    """The three tables and what they were measured on."""
-
-    heads: pd.DataFrame
-    edges: pd.DataFrame
-    self_repair: SelfRepair | None
-    task: object  # headlens.circuits.tasks.Task
-    clean: Decomposition
-    method: str
-    agreement: dict | None = None  # attribution vs exact path patching, with `approx`
+# A circuit Result's meta, in this order.
+CIRCUIT_META = (
+    "model",  # the model's name
+    "task",  # task_fields: name, description, metric, unit, clean, logit_metric, direct_effects_unit
+    "method",  # how heads are ablated for total effects and path patching
+    "large_share",  # LARGE_SHARE
+    "rest",  # the clean run's direct effects of the embeddings, MLPs and biases
+    "patched_sequences",  # sequences path patching ran on
+    "agreement",  # attribution vs exact path patching (with `approx`), else None
+    "self_repair",  # the self_repair Result's meta (with `ablate`), else None
+)
 
 
 def circuit(
@@ -70,8 +73,11 @@ def circuit(
     steps: int = 5,
     seed: int = 0,
     progress: bool = False,
-) -> CircuitResult:
-    """The circuit of `task` on `loaded` (see the module docstring); `labels` head -> its labels."""
+) -> Result:
+    """The circuit of `task` on `loaded` (see the module docstring); `labels` head -> its labels. A Result of
+    kind "circuit": `.frame` one row per head (HEAD_COLUMNS, largest |direct effect| first); `.tables["edges"]`
+    (sender, receiver, via, composition, effect, attribution; largest |effect| first) and, with `ablate`,
+    `.tables["compensation"]` (headlens.circuits.selfrepair's COMPENSATION_COLUMNS); `.meta` CIRCUIT_META."""
     clean = decompose(loaded, task)
     totals = _total_effects(loaded, task, clean, method, seed)
     heads = head_frame(clean, labels, totals)
@@ -81,7 +87,18 @@ def circuit(
     if approx is not None:
         edges, agreement = _with_attribution(loaded, task, edges, approx, steps, method, seed)
     repair = self_repair(loaded, task, ablate, method, seed, clean=clean) if ablate else None
-    return CircuitResult(heads, edges, repair, task, clean, method, agreement)
+    meta = {
+        "model": str(loaded.name),
+        "task": task_fields(task, clean),
+        "method": method,
+        "large_share": LARGE_SHARE,
+        "rest": dict(clean.rest),
+        "patched_sequences": min(PATCH_SEQS, int(task.tokens.shape[0])),
+        "agreement": agreement,
+        "self_repair": None if repair is None else repair.meta,
+    }
+    tables = {"edges": edges} if repair is None else {"edges": edges, "compensation": repair.frame}
+    return Result("circuit", heads, meta, tables=tables)
 
 
 def head_frame(clean: Decomposition, labels: dict[Head, list[str]], totals: dict[Head, float]) -> pd.DataFrame:
@@ -212,10 +229,11 @@ def _number(value) -> float | None:
     return None if value is None or value != value else float(value)
 
 
-def to_document(result: CircuitResult, model: dict | None = None) -> dict:
-    """The JSON document of `headlens circuit --format json` (README, "The circuit JSON"): `heads`, `edges`,
-    `self_repair` (null without an ablation), with the task and the clean run's figures."""
-    task, clean = result.task, result.clean
+def to_document(result: Result, model: dict | None = None) -> dict:
+    """The JSON document of `headlens circuit --format json` (README, "The circuit JSON") of a circuit Result:
+    `heads`, `edges`, `self_repair` (null without an ablation), with the task and the clean run's figures;
+    `model` describes the model (headlens.reports.pipeline.model_info)."""
+    meta = result.meta
     heads = [
         {
             "head": r.head,
@@ -224,7 +242,7 @@ def to_document(result: CircuitResult, model: dict | None = None) -> dict:
             "total_effect": _number(r.total_effect),
             "large_unlabelled": bool(r.large_unlabelled),
         }
-        for r in result.heads.itertuples()
+        for r in result.frame.itertuples()
     ]
     edges = [
         {
@@ -235,19 +253,20 @@ def to_document(result: CircuitResult, model: dict | None = None) -> dict:
             "effect": _number(r.effect),
             "attribution": _number(r.attribution),
         }
-        for r in result.edges.itertuples()
+        for r in result.tables["edges"].itertuples()
     ]
+    repair = meta["self_repair"]
     return {
         "model": model or {},
-        "task": task_fields(task, clean),
-        "method": result.method,
-        "large_share": LARGE_SHARE,
+        "task": meta["task"],
+        "method": meta["method"],
+        "large_share": meta["large_share"],
         "heads": heads,
-        "rest": dict(clean.rest),
+        "rest": dict(meta["rest"]),
         "edges": edges,
-        "patched_sequences": min(PATCH_SEQS, int(task.tokens.shape[0])),
-        "agreement": result.agreement,
-        "self_repair": None if result.self_repair is None else repair_document(result.self_repair),
+        "patched_sequences": meta["patched_sequences"],
+        "agreement": meta["agreement"],
+        "self_repair": None if repair is None else repair_document(repair, result.tables["compensation"]),
     }
 
 
@@ -264,20 +283,22 @@ def task_fields(task, clean) -> dict:
     }
 
 
-def repair_document(repair: SelfRepair) -> dict:
-    """The `self_repair` object: the ablated set, its total and direct effects, the compensation table."""
+def repair_document(repair: dict, compensation: pd.DataFrame) -> dict:
+    """The `self_repair` object of a circuit document from a self_repair Result's meta and frame: the ablated
+    set, its total and direct effects, the compensation table."""
+    keys = (
+        "ablated",
+        "method",
+        "unit",
+        "total_effect",
+        "logit_total_effect",
+        "direct_effect",
+        "direct_effect_ablated",
+        "rest_change",
+        "sentence",
+    )
+    rows = compensation[COMPENSATION_COLUMNS].itertuples(index=False)
     return {
-        "ablated": [str(h) for h in repair.ablated],
-        "method": repair.method,
-        "unit": repair.unit,
-        "total_effect": repair.total_effect,
-        "logit_total_effect": repair.logit_total_effect,
-        "direct_effect": repair.direct_effect,
-        "direct_effect_ablated": repair.direct_effect_ablated,
-        "rest_change": repair.rest_change,
-        "sentence": repair.sentence(),
-        "compensation": [
-            {"head": r.head, "clean": r.clean, "ablated": r.ablated, "change": r.change}
-            for r in repair.compensation().itertuples()
-        ],
+        **{key: repair[key] for key in keys},
+        "compensation": [{"head": r.head, "clean": r.clean, "ablated": r.ablated, "change": r.change} for r in rows],
     }

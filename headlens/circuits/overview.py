@@ -66,7 +66,8 @@ def task_document(loaded, task, labels: dict[Head, list[str]], composition: pd.D
         movers = [h for h, names in labels.items() if "name_mover" in names]
         movers = movers or [Head(int(r.layer), int(r.head_index)) for r in heads.head(MOVERS * 4).itertuples()]
         movers = sorted(movers, key=lambda h: -clean.head(h))[:MOVERS]
-        repair = repair_document(self_repair(loaded, task, movers, "zero", seed, clean=clean))
+        found = self_repair(loaded, task, movers, "zero", seed, clean=clean)
+        repair = repair_document(found.meta, found.frame)
     return {
         "task": task_fields(task, clean),
         "method": "zero",

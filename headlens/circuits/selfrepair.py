@@ -10,6 +10,10 @@ in the clean run and in the ablated run, and the change, largest |change| first.
 the ablated run's linear metric minus the clean one's equals the set's own change plus every other head's
 plus the rest's (embeddings, MLPs, biases), each from its own run's frozen norms.
 
+`self_repair` returns a headlens.Result (kind "self_repair"): `.frame` the compensation table, `.meta` the
+figures (REPAIR_META); `measure_repair` returns the internal `SelfRepair` it is built from (both runs'
+decompositions), which `headlens circuit` reuses.
+
 What the set's z becomes (`method`, as `headlens ablate --method`, headlens.ablation.replace):
 - zero: 0;
 - mean: its mean over every real position of the reference set: the task's corrupted run where it has
@@ -29,10 +33,27 @@ from headlens.ablation.replace import capture_z, replacements
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.errors import ConfigError
 from headlens.heads import Head
+from headlens.results import Result
 
 METHODS = ("zero", "mean", "resample")
 SHOWN = 2  # compensating heads named in the sentence
 COMPENSATION_COLUMNS = ["head", "clean", "ablated", "change"]
+# A self_repair Result's meta, in this order (the `self_repair` object of a circuit document reads them).
+REPAIR_META = (
+    "ablated",  # the set's heads ("L.H")
+    "method",  # zero | mean | resample
+    "unit",  # the metric's unit ("logits", "nats")
+    "metric",  # the task's metric's name
+    "clean_metric",  # the metric in the clean run
+    "ablated_metric",  # the metric with the set ablated
+    "total_effect",  # ablated_metric - clean_metric
+    "logit_total_effect",  # the change of the metric's linear part
+    "direct_effect",  # what the set writes directly in the clean run
+    "direct_effect_ablated",  # what it writes once ablated
+    "rest_change",  # the embeddings', MLPs' and biases' change
+    "compensators",  # the SHOWN heads making up most for the set (same sign as its lost direct effect)
+    "sentence",  # the claim in words, with its figures
+)
 
 
 @dataclass
@@ -133,6 +154,36 @@ def replacement_for(loaded, task, heads: list[Head], method: str, seed: int = 0)
 
 
 def self_repair(
+    loaded, task, heads: list[Head], method: str = "zero", seed: int = 0, clean: Decomposition | None = None
+) -> Result:
+    """The set `heads` ablated by `method` on `task` (see the module docstring): a Result of kind "self_repair",
+    `.frame` every other head's direct effect clean and ablated and the change (COMPENSATION_COLUMNS, largest
+    |change| first), `.meta` the figures (REPAIR_META). `clean` reuses a clean run already decomposed.
+    ConfigError for an empty set or a head outside the model."""
+    return repair_result(measure_repair(loaded, task, heads, method, seed, clean))
+
+
+def repair_result(repair: SelfRepair) -> Result:
+    """`repair` as a self_repair Result (see `self_repair`)."""
+    figures = {
+        "ablated": [str(h) for h in repair.ablated],
+        "method": repair.method,
+        "unit": repair.unit,
+        "metric": repair.metric_name,
+        "clean_metric": repair.clean.metric,
+        "ablated_metric": repair.after.metric,
+        "total_effect": repair.total_effect,
+        "logit_total_effect": repair.logit_total_effect,
+        "direct_effect": repair.direct_effect,
+        "direct_effect_ablated": repair.direct_effect_ablated,
+        "rest_change": repair.rest_change,
+        "compensators": list(repair.compensators()["head"]),
+        "sentence": repair.sentence(),
+    }
+    return Result("self_repair", repair.compensation(), {key: figures[key] for key in REPAIR_META})
+
+
+def measure_repair(
     loaded, task, heads: list[Head], method: str = "zero", seed: int = 0, clean: Decomposition | None = None
 ) -> SelfRepair:
     """The set `heads` ablated by `method` on `task`: the clean and ablated decompositions (`clean` reuses a
