@@ -79,7 +79,6 @@ def _syncs_per_batch(capture, device: str, n_batches: int) -> float:
 
 def _rows(args, dtype: str) -> dict:
     from headlens.ablation import sweep_heads
-    from headlens.arch import adapter_for
     from headlens.capture import iter_batches, run_capture
     from headlens.heads import Head
     from headlens.scores.positional import (
@@ -92,7 +91,7 @@ def _rows(args, dtype: str) -> dict:
     loaded = _model(args, dtype)
     n, h = loaded.spec.n_layers, loaded.spec.n_heads
     ids = torch.randint(1000, 10000, (2 * BATCH, args.tokens))  # [batch, pos]: two batches
-    adapter = adapter_for(loaded.model)
+    adapter = loaded.adapter
 
     def forward():
         with torch.no_grad():

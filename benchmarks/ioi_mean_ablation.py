@@ -29,7 +29,6 @@ import torch
 from name_mover_ablation import disjoint_sets  # benchmarks/ is on sys.path when run as a script
 
 from headlens.ablation.replace import ablation_hooks
-from headlens.arch import adapter_for
 from headlens.heads import Head, parse_heads
 from headlens.load.models import load_model
 from headlens.scores.name_mover import ioi_prompts, name_mover_scores, name_tokens
@@ -50,7 +49,7 @@ def abc_means(loaded, groups: dict[tuple, list[dict]], seed: int = 1) -> dict[tu
     """Per template, per layer, z averaged over the ABC versions of its prompts: [pos, head, d_head]."""
     names = sorted(set(name_tokens(loaded.tokenizer).values()))
     gen = torch.Generator().manual_seed(seed)
-    adapter = adapter_for(loaded.model)
+    adapter = loaded.adapter
     means: dict = {}
     for key, group in groups.items():
         rows = []
@@ -84,7 +83,7 @@ def _mean_z(model, adapter, ids: torch.Tensor) -> dict[int, torch.Tensor]:
 
 def clean_z(loaded, groups, heads: list[Head]) -> dict[tuple, dict[Head, torch.Tensor]]:
     """Per template, each head's z on the clean prompts: [batch, pos, d_head]."""
-    adapter = adapter_for(loaded.model)
+    adapter = loaded.adapter
     found: dict = {}
     for key, group in groups.items():
         store: dict[int, torch.Tensor] = {}

@@ -14,7 +14,6 @@ from headlens.ablation import gradients
 from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.gradients import _clean_pass, _qk_correction
 from headlens.ablation.replace import ablation_hooks, layer_replacement, replacements
-from headlens.arch import adapter_for
 from headlens.heads import Head
 from headlens.load.models import build_model
 from tests.helpers.families import build_family
@@ -61,7 +60,7 @@ def per_head_fix(loaded, evalset, rows: slice, clean: dict, reps) -> tuple[torch
     """The QK fix of every head, one ablated head and one later layer at a time: [layer, head], and
     the bound on its rounding: the model's eager attention takes its softmax in float32 (each weight
     within eps32 of the float64 one, relative), so each z is within eps32 * max|v| per element."""
-    adapter, model = adapter_for(loaded.model), loaded.model
+    adapter, model = loaded.adapter, loaded.model
     ctx, mask = clean["ctx"], evalset.mask[rows]
     out = torch.zeros(adapter.n_layers, adapter.n_heads, dtype=torch.float64)
     bound = torch.zeros_like(out)

@@ -4,6 +4,9 @@ alone layer by layer), their statistics (bootstrap, random controls), heads by r
 estimates (attribution patching, AtP*, GradDrop, head importance), pruning curves and the resumable
 sweep store.
 
+The hooks that put z in place (headlens.ablation.replace: `ablation_hooks`, `z_edit_hooks`) are the stage's
+own plumbing on the Hugging Face model, imported from that module; the public functions take a loaded model.
+
 Public names are re-exported here. The exact ablation's are imported with the package; the gradient
 estimates' and pruning's (approx, prune and the gradients they read) when first asked for, through the
 module's `__getattr__` (headlens.lazy_getattr, PEP 562), so an exact ablation loads no gradient code.
@@ -15,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from headlens import lazy_getattr
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.ablation.replace import ablation_hooks
 
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.ablation.approx import agreement, approx_sweep
@@ -30,7 +32,6 @@ if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name t
 
 __all__ = [
     "ablate_heads",
-    "ablation_hooks",
     "agreement",
     "approx_sweep",
     "prune_curve",

@@ -1,5 +1,9 @@
 """One adapter per model family; `adapter_for(model)` picks it from the config's `model_type`.
 
+An adapter is a stateless view of a Hugging Face model (the model and its config, read on demand), so
+`adapter_for` builds one per call and never writes to the model; a `LoadedModel` holds its model's adapter
+(`loaded.adapter`, headlens.load.models), which is what code holding a loaded model uses.
+
 The table names each family's module and class; a family's module is imported when the first model of
 that family is adapted, so a GPT-2 run loads no rotary or Llama code (as transformers' auto classes
 import a model's module only when it is asked for).
@@ -43,13 +47,9 @@ def adapter_class(model_type: str | None) -> type[Adapter]:
 
 
 def adapter_for(model) -> Adapter:
-    """The adapter of a Hugging Face causal LM, cached on the model."""
-    cached = getattr(model, "_headlens_adapter", None)
-    if cached is not None:
-        return cached
-    adapter = adapter_class(getattr(model.config, "model_type", None))(model)
-    model._headlens_adapter = adapter  # a plain attribute (not a Module): nn.Module stores it as is
-    return adapter
+    """A new adapter of a Hugging Face causal LM (the model is left as it is). UnsupportedModelError for a
+    family without one."""
+    return adapter_class(getattr(model.config, "model_type", None))(model)
 
 
 __all__ = [

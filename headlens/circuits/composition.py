@@ -195,7 +195,7 @@ def composition_scores(
     as (receiver layer, receiver head, sender layer, sender head, via). `dtype` of the Gram
     products (float32: scores within ~1e-3 of float64 near 0, closer above). Its meta: `model`, `measure`
     ("composition"), the baseline's `baseline_mean`, `baseline_std`, `baseline_samples` and `seed`."""
-    adapter = adapter_for(loaded.model)
+    adapter = loaded.adapter
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
     scores = composition_tensor(loaded.model, dtype)  # [layer, head, layer, head, via]
     keep_send = _mask(senders, n_layers, n_heads)  # [layer, head]

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 from headlens.ablation.evalset import batches
-from headlens.arch import adapter_for
 from headlens.heads import Head
 from headlens.load.devices import onloaded
 from headlens.scores.direct_logit import attn_out_scale, centre, heads_written, readout
@@ -54,7 +53,7 @@ def decompose(loaded, task, replacement: dict[Head, torch.Tensor | None] | None 
     """The direct effects of one run of `task` (see the module docstring); `replacement` maps heads to what
     their z becomes (None: zero; else a tensor broadcastable to [n_seq, pos, d_head] over the task's
     sequences): their outputs are replaced in the run and their direct effects are those of the replacement."""
-    model, adapter = loaded.model, adapter_for(loaded.model)
+    model, adapter = loaded.model, loaded.adapter
     device = next(model.parameters()).device
     parts: list[dict] = []
     for rows in batches(task.tokens.shape[0], batch):

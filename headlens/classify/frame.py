@@ -21,7 +21,6 @@ from dataclasses import fields
 import pandas as pd
 import torch
 
-from headlens.arch import adapter_for
 from headlens.classify import kinds
 from headlens.classify.labels import ClassifyConfig, label_head
 from headlens.classify.runs import (
@@ -113,7 +112,7 @@ def window_reach(loaded, info: dict) -> dict | None:
     and the longest probe sequence run. Keys beyond a layer's window get no attention (the patterns
     respect it), so a probe longer than the window measures those heads only inside it. None on
     models without a window."""
-    adapter = adapter_for(loaded.model)
+    adapter = loaded.adapter
     windows = {
         layer: window for layer in range(adapter.n_layers) if (window := adapter.sliding_window(layer)) is not None
     }

@@ -15,14 +15,14 @@ import contextlib
 import copy
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
 
-from headlens.arch import adapter_for, check_supported, kv_group
+from headlens.arch import Adapter, adapter_for, check_supported, kv_group
 from headlens.errors import ModelLoadError
 from headlens.files import shipped_path
 from headlens.load.devices import placement_kwargs, resolve_device, resolve_dtype
@@ -67,10 +67,19 @@ class LoadedModel:
     path: Path | None = None  # the local directory the weights were read from, if any
     display_name: str = ""  # a short name for titles ("smollm2", a folder's name); "" -> `name`
     source: ModelSource | None = None  # the GGUF the weights were dequantized from, if any
+    _adapter: Adapter | None = field(default=None, init=False, repr=False, compare=False)  # `adapter`'s
 
     def __post_init__(self):
         if not self.display_name:
             self.display_name = str(self.name)
+
+    @property
+    def adapter(self) -> Adapter:
+        """The model's architecture adapter (headlens.arch), built on first use and kept while `model` is the
+        same object."""
+        if self._adapter is None or self._adapter.model is not self.model:
+            self._adapter = adapter_for(self.model)
+        return self._adapter
 
     @property
     def bos_token_id(self) -> int:
