@@ -97,11 +97,11 @@ def show(result, heads=None, lang: str = "en") -> None:
     """Display a result inline in a Jupyter or VS Code notebook, self-contained (no network).
 
     `result`: a Result of classify_heads (score heatmaps + label table), sweep_heads (heatmap), ablate_heads
-    (delta with its 95% CI; a list of them too), prune_curve or validate_model, load_training_log's (log,
-    heads) pair, or a sample_patterns dict (the interactive attention viewer; `heads`, a classify_heads
-    Result, names the labelled heads in its menu). `lang`: "en" or "es", the language of the prose.
-    TypeError for anything else; RuntimeError outside IPython. For an object that renders as the last
-    expression of a cell, use `view(result)`.
+    (delta with its 95% CI; a list of them too), prune_curve, validate_model, the circuits' functions (edge
+    tables, circuit, self_repair), load_training_log's (log, heads) pair, or a sample_patterns dict (the
+    interactive attention viewer; `heads`, a classify_heads Result, names the labelled heads in its menu).
+    `lang`: "en" or "es", the language of the prose. TypeError for anything else; RuntimeError outside
+    IPython. For an object that renders as the last expression of a cell, use `view(result)`.
 
     headlens.reports is imported here, not at the top of this module: imports point cli -> reports ->
     headlens, and reports imports headlens, so a top-level import would make a cycle and load matplotlib

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import torch
 
-from headlens.arch import adapter_for
 from headlens.errors import ConfigError
 from headlens.scores.direct_logit import head_direct_effects
 from headlens.scores.ov_circuit import own_ranks
@@ -139,7 +138,7 @@ def ioi_run(loaded, prompts: list[dict]) -> dict:
         ids[row, : len(p["ids"])], mask[row, : len(p["ids"])] = torch.tensor(p["ids"]), 1
     last = mask.sum(1) - 1  # [batch]
     ends = torch.unique(last)  # [n_ends] the positions whose logits are read (the LM head runs on these only)
-    adapter = adapter_for(model)
+    adapter = loaded.adapter
     at_end = _EndCapture(adapter, last)
     with torch.no_grad(), adapter.hooks() as hooks:
         at_end.register(hooks)

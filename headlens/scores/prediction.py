@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from headlens.arch import adapter_for
 from headlens.scores.name_mover import _EndCapture
 
 
@@ -26,7 +25,7 @@ def prediction_direct_effects(
     [n_layers, n_heads], each head's direct effect on that same quantity.
     """
     model = loaded.model
-    adapter = adapter_for(model)
+    adapter = loaded.adapter
     device = next(model.parameters()).device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, pos]
     at_position = _EndCapture(adapter, torch.tensor([position]))

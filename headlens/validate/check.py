@@ -189,7 +189,7 @@ def compare_attention(loaded: LoadedModel, batch: Batch) -> pd.DataFrame:
     """Run the comparison on one right-padded batch; one row per layer x quantity x reference."""
     model = loaded.model
     mask = batch.mask.to(next(model.parameters()).device)  # [batch, pos]
-    adapter = adapter_for(model)
+    adapter = loaded.adapter
     references = {"hf_eager": _capture_hf(model, batch)}
     if adapter.family in TL_FAMILIES:
         references["transformer_lens"] = _capture_bridge(loaded, batch)
