@@ -61,6 +61,9 @@ CIRCUIT_META = (
     "agreement",  # attribution vs exact path patching (with `approx`), else None
     "self_repair",  # the self_repair Result's meta (with `ablate`), else None
 )
+# The self_repair meta a circuit document's `self_repair` object holds, in its order (then `compensation`).
+REPAIR_KEYS = ("ablated", "method", "unit", "total_effect", "logit_total_effect", "direct_effect")
+REPAIR_KEYS += ("direct_effect_ablated", "rest_change", "sentence")
 
 
 def circuit(
@@ -286,19 +289,8 @@ def task_fields(task, clean) -> dict:
 def repair_document(repair: dict, compensation: pd.DataFrame) -> dict:
     """The `self_repair` object of a circuit document from a self_repair Result's meta and frame: the ablated
     set, its total and direct effects, the compensation table."""
-    keys = (
-        "ablated",
-        "method",
-        "unit",
-        "total_effect",
-        "logit_total_effect",
-        "direct_effect",
-        "direct_effect_ablated",
-        "rest_change",
-        "sentence",
-    )
     rows = compensation[COMPENSATION_COLUMNS].itertuples(index=False)
     return {
-        **{key: repair[key] for key in keys},
+        **{key: repair[key] for key in REPAIR_KEYS},
         "compensation": [{"head": r.head, "clean": r.clean, "ablated": r.ablated, "change": r.change} for r in rows],
     }
