@@ -107,30 +107,40 @@ def cs_ov_vocab(
     was scored), `d_vocab`, `screen`, `sample`."""
     adapter = adapter_for(model)
     w_u = folded_unembed(adapter).detach().cpu()  # [d_model, d_vocab]
-    d_vocab = w_u.shape[1]
-    tokens = vocab_sample(d_vocab, seed, sample)  # [m]
+    tokens = vocab_sample(w_u.shape[1], seed, sample)  # [m]
+    resid = self_attention_embedding(adapter, tokens).detach()  # [m, d_model]
+    groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)])
+
+    def layer_hits(layer: int):
+        z = value_change(adapter, layer, resid).double().cpu()[:, groups]  # [m, head, d_head]
+        unembed = layer_unembeds(adapter, layer, w_u)  # [head, d_head, d_vocab]
+        return lambda heads, rows: (bottom_counts(z[rows, heads], unembed[heads], tokens[rows]) < BOTTOM_K).sum(-1)
+
+    with torch.no_grad():
+        return screened_shares(layer_hits, adapter, tokens, w_u.shape[1], screen, layers, "cs_ov_score")
+
+
+def screened_shares(layer_hits, adapter, tokens: torch.Tensor, d_vocab: int, screen: int, layers, name: str) -> dict:
+    """The two-stage share of the module docstring, for any per-token criterion. layer_hits(layer)
+    returns a function (heads [k] int64, rows slice of `tokens`) -> hits [k] int64. Returns `name`,
+    `n`, `ci_low`, `ci_high`, `se` [n_layers, n_heads] each and `exact`, `d_vocab`, `screen`, `sample`."""
     exact = len(tokens) == d_vocab
     first = len(tokens) if exact else min(screen, len(tokens))
-    resid = self_attention_embedding(adapter, tokens).detach()  # [m, d_model]
     shape = (adapter.n_layers, adapter.n_heads)
     hits, counted = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
-    groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)])
-    with torch.no_grad():
-        for layer in range(adapter.n_layers) if layers is None else layers:
-            z = value_change(adapter, layer, resid).double().cpu()[:, groups]  # [m, head, d_head]
-            unembed = layer_unembeds(adapter, layer, w_u)  # [head, d_head, d_vocab]
-            low = bottom_counts(z[:first], unembed, tokens[:first]) < BOTTOM_K  # [head, first]
-            hits[layer], counted[layer] = low.sum(-1), first
-            more = (hits[layer] > 0).nonzero().flatten().tolist() if not exact else []
-            if more and len(tokens) > first:
-                rest = bottom_counts(z[first:, more], unembed[more], tokens[first:]) < BOTTOM_K  # [k, m - first]
-                hits[layer, more] += rest.sum(-1)
-                counted[layer, more] = len(tokens)
+    every = torch.arange(adapter.n_heads)
+    for layer in range(adapter.n_layers) if layers is None else layers:
+        count = layer_hits(layer)
+        hits[layer], counted[layer] = count(every, slice(0, first)), first
+        more = (hits[layer] > 0).nonzero().flatten() if not exact else every[:0]  # [k]
+        if len(more) and len(tokens) > first:
+            hits[layer, more] += count(more, slice(first, len(tokens)))
+            counted[layer, more] = len(tokens)
     share = hits.double() / counted.double()  # [layer, head]
     low, high = wilson(hits, counted)
     se = torch.zeros_like(share) if exact else (share * (1 - share) / counted).sqrt()
     return {
-        "cs_ov_score": share,
+        name: share,
         "n": counted,
         "ci_low": low,
         "ci_high": high,
