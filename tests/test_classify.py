@@ -30,6 +30,7 @@ def _scores(**overrides) -> dict:
         "retrieval_score": 0.0,
         "successor_score": 0.0,
         "cs_ov_score": 0.0,
+        "cs_qk_score": 0.0,
         "predicted_attention": 0.0,
         "io_attention": 0.0,
         "s_attention": 0.0,
@@ -64,9 +65,11 @@ def test_labels_follow_the_published_rules():
     assert label_head(_scores(syntactic_score=0.09), config) == []
     both = label_head(_scores(prefix_matching_score=0.8, copying_score=0.9, retrieval_score=0.5), config)
     assert both == ["induction", "retrieval"]
-    # copy suppression needs both parts (McDougall et al. 2023): negative OV copying and attention on predicted copies
-    assert label_head(_scores(cs_ov_score=0.5, predicted_attention=0.3), config) == ["copy_suppression"]
-    assert label_head(_scores(cs_ov_score=0.9, predicted_attention=0.29), config) == []
+    # copy suppression needs both weight criteria (McDougall et al. 2023): OV (negative copying) and QK
+    # (attending to the predicted token); attention on predicted copies in text is evidence, never a gate
+    assert label_head(_scores(cs_ov_score=0.5, cs_qk_score=0.5), config) == ["copy_suppression"]
+    assert label_head(_scores(cs_ov_score=0.9, cs_qk_score=0.49, predicted_attention=0.9), config) == []
+    assert label_head(_scores(cs_ov_score=0.49, cs_qk_score=0.9), config) == []
     # name movers attend END -> IO (more than to S) and copy the name; negative movers write it down
     mover = {"io_attention": 0.2, "s_attention": 0.1, "name_copy_score": 0.5}
     assert label_head(_scores(**mover), config) == ["name_mover"]

@@ -40,8 +40,9 @@ def weights_digest(loaded) -> str:
 
 
 # Raised whenever a probe or score computes something else for the same weights and config (the
-# copy-suppression OV criterion over the vocabulary is 2), so that no cached classification outlives it.
-SCORES_VERSION = 2
+# copy-suppression OV criterion over the vocabulary is 2, its QK criterion 3), so that no cached
+# classification outlives it.
+SCORES_VERSION = 3
 
 
 def classification_key(loaded) -> str:

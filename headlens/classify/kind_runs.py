@@ -25,6 +25,7 @@ from headlens.scores.name_mover import (
 )
 from headlens.scores.ov_circuit import own_ranks
 from headlens.scores.ov_vocab import cs_ov_vocab
+from headlens.scores.qk_vocab import cs_qk_vocab
 from headlens.scores.rare_word import TOKEN_SHARE as RARE_TOKEN_SHARE
 from headlens.scores.rare_word import rare_sentences, rare_word_scores
 from headlens.scores.successor import successor_scores, successor_tasks
@@ -71,9 +72,10 @@ def probe_name_mover(run) -> ProbeResult:
 
 
 def probe_copy_suppression(run) -> ProbeResult:
-    """The classify probe (headlens.classify.kinds.PROBES["copy_suppression"]): `cs_ov_score` over the
-    vocabulary with its sampling standard error `cs_ov_score_std` (headlens.scores.ov_vocab: a fixed
-    cost, not the token budget's), `predicted_attention` and its `predicted_attention_std` across
+    """The classify probe (headlens.classify.kinds.PROBES["copy_suppression"]): `cs_ov_score` and
+    `cs_qk_score` over the vocabulary with their sampling standard errors `cs_ov_score_std`,
+    `cs_qk_score_std` (headlens.scores.ov_vocab, headlens.scores.qk_vocab: a fixed cost, not the token
+    budget's), `predicted_attention` and its `predicted_attention_std` across
     windows of the text, sized by the token budget. NaN predicted_attention (no label) when no
     position of the text counts."""
     loaded, budget = run.loaded, run.config.token_budget
@@ -81,7 +83,9 @@ def probe_copy_suppression(run) -> ProbeResult:
     n_windows = max(1, 2 * budget // window)
     windows = text_windows(loaded.tokenizer, run.haystack, window, loaded.bos_token_id, max_windows=n_windows)
     ov = cs_ov_vocab(loaded.model, seed=run.config.seed)  # over the vocabulary, not the text
+    qk = cs_qk_vocab(loaded.model, seed=run.config.seed)  # the same seeded tokens
     scores = {"cs_ov_score": ov["cs_ov_score"], "cs_ov_score_std": ov["se"]}  # [layer, head] each
+    scores.update(cs_qk_score=qk["cs_qk_score"], cs_qk_score_std=qk["se"])  # [layer, head] each
     try:
         attention, std, count = window_attention(loaded, windows)  # [layer, head] x 2
     except InputTextError:
@@ -93,6 +97,7 @@ def probe_copy_suppression(run) -> ProbeResult:
         "cs_ov_screen": ov["screen"],
         "cs_ov_exact": ov["exact"],
         "cs_ov_ci_max": float(((ov["ci_high"] - ov["ci_low"]) / 2).max()),
+        "cs_qk_ci_max": float(((qk["ci_high"] - qk["ci_low"]) / 2).max()),
         "cs_windows": len(windows),
         "cs_window": window,
         "cs_positions": count,

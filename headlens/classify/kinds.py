@@ -288,12 +288,15 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(
         "copy_suppression",
-        lambda s, c: s["cs_ov_score"] >= c.cs_ov_min and s["predicted_attention"] >= c.cs_attention_min,
-        ("cs_ov_score", "predicted_attention"),
+        lambda s, c: s["cs_ov_score"] >= c.cs_ov_min and s["cs_qk_score"] >= c.cs_qk_min,
+        ("cs_ov_score", "cs_qk_score", "predicted_attention"),
         "McDougall et al. 2023, arXiv 2310.04625",
         "#8c564b",
         scores=(
             Score("cs_ov_score", "copy_suppression", "cs_ov_score_std"),
+            Score("cs_qk_score", "copy_suppression", "cs_qk_score_std"),
+            # shown as evidence, not a cut-off: a behavioural mean on natural text, not the paper's
+            # quantity (headlens.scores.copy_suppression)
             Score("predicted_attention", "copy_suppression", "predicted_attention_std"),
         ),
         thresholds=(
@@ -302,14 +305,16 @@ KINDS: tuple[Kind, ...] = (
                 "cs_ov_min",
                 0.5,
                 "cs_ov_score",
-                "no published cut-off: most vocabulary tokens in their bottom 10 of W_U W_OV W_EE (chance 10/d_vocab)",
+                "McDougall et al.'s OV criterion (own logit in the bottom 10 of W_U W_OV W_EE); they give no"
+                " cut-off: most of the vocabulary (chance 10/d_vocab)",
             ),
             Threshold(
-                "cs_attention",
-                "cs_attention_min",
-                0.3,
-                "predicted_attention",
-                "no published cut-off: a third of attention on the predicted token's copies (even spread ~1/64)",
+                "cs_qk",
+                "cs_qk_min",
+                0.5,
+                "cs_qk_score",
+                "McDougall et al.'s QK criterion (own key in the top 10 of W_U^T W_Q W_K^T W_EE^T); they give"
+                " no cut-off: most of the vocabulary (chance 10/d_vocab), as for the OV criterion",
             ),
         ),
     ),

@@ -104,7 +104,7 @@ class ClassifyConfig(ProbeConfig):
     retrieval_min: float = DEFAULTS["retrieval_min"]
     successor_min: float = DEFAULTS["successor_min"]
     cs_ov_min: float = DEFAULTS["cs_ov_min"]
-    cs_attention_min: float = DEFAULTS["cs_attention_min"]
+    cs_qk_min: float = DEFAULTS["cs_qk_min"]
     io_attention_min: float = DEFAULTS["io_attention_min"]
     name_copy_min: float = DEFAULTS["name_copy_min"]
     rare_word_min: float = DEFAULTS["rare_word_min"]

@@ -1,39 +1,41 @@
 """Copy-suppression (negative) heads: attend to the token the model predicts, and lower its logit.
 
 McDougall et al. 2023, "Copy Suppression: Comprehensively Understanding an Attention Head"
-(arXiv 2310.04625; GPT-2 small 10.7, also 11.10). Two parts, both measured:
-- OV, negative copying through the full circuit W_U W_OV W_EE, over the vocabulary
-  (headlens.scores.ov_vocab, the paper's W_EE): `cs_ov_score` = share of the vocabulary's tokens
-  whose own logit ranks in the bottom BOTTOM_K = 10 of their column (a random map puts a token there
-  with chance 10 / d_vocab); exact up to 2,401 tokens, else a seeded sample of the vocabulary with a
-  95% interval of at most +-0.02;
-- QK, on natural text: at query positions where the model's own top-1 prediction is the true
-  next token and already occurs earlier in the context (the naive copying copy suppression acts
-  on), `predicted_attention` = the head's attention mass on those earlier copies (mean over such
-  positions; position 0, the BOS sink, is not a copy). Requiring a correct prediction keeps the
-  positions where the model predicts from its context, not from a guess spread over it.
-A head is a copy-suppression head when cs_ov_score >= CS_OV_MIN and predicted_attention >=
-CS_ATTENTION_MIN. The paper fixes neither cut-off; ours: CS_OV_MIN = 0.5 (most tokens suppress
-themselves, as for 10.7) and CS_ATTENTION_MIN = 0.3 (a third of the head's attention on the
-predicted token's copies, where a head spreading attention evenly over a 64-token window puts
-about 1/64 per copy).
+(arXiv 2310.04625; GPT-2 small 10.7, also 11.10). Their weights-based evidence has two halves, both
+scored here over the vocabulary with the paper's effective embedding W_EE (layer 0's attention
+locked on the token, then MLP0) and the same seeded tokens:
+- OV (headlens.scores.ov_vocab): `cs_ov_score` = share of the vocabulary's tokens whose own logit
+  ranks in the bottom BOTTOM_K = 10 of their column of W_U W_OV W_EE (attending to t writes t down);
+- QK (headlens.scores.qk_vocab): `cs_qk_score` = share of tokens whose own key ranks in the top
+  TOP_K = 10 of their row of W_U^T W_Q W_K^T W_EE^T, the query built from t's unembedding (the
+  residual stream predicting t), the keys from every token's W_EE (predicting t, the head attends
+  back to copies of t). Rotary families are scored without rotation, the score at relative offset 0
+  (qk_vocab's docstring); on SmolLM2 24.4 and 23.3 the share moves by <= 0.01 at offsets 1, 8 and 64.
+A random head puts a token there with chance 10 / d_vocab for either half. Each is exact up to
+2,401 tokens, else a seeded sample of the vocabulary with a 95% interval of at most +-0.02.
+A head is a copy-suppression head when cs_ov_score >= CS_OV_MIN and cs_qk_score >= CS_QK_MIN. The
+paper reports how far 10.7 meets each criterion but fixes no cut-off; ours is 0.5 for both: most of
+the vocabulary, as for 10.7, where a random head scores ~0.0002 (10 / 50,257).
 
-What the attention part measures (SmolLM2, 16 windows of 64 tokens of the default text, 177 counted
-positions): `predicted_attention` is a behavioural mean over every natural-text position whose final,
-correct top-1 prediction occurs earlier, not McDougall et al.'s quantity. Their QK evidence is read
-from the weights (the QK circuit with the unembedding of a predicted token as the query and W_EE as
-the keys: does a token's own key rank first) and their behavioural examples are positions where
-earlier layers predict a token strongly (IOI: 24.4 puts 0.61 of its attention on the indirect object
-where the model predicts it). On natural text SmolLM2's 24.4 and 23.3 rest on the BOS sink (0.60 and
-0.73 of their attention) and put 0.043 and 0.027 on the predicted token's copies; taking the
-prediction from the logit lens at the head's input instead (any, wrong ones only, or confidence >= 0.9)
-gives 0.015-0.022. So CS_ATTENTION_MIN = 0.3 on this probe is not the paper's criterion, and neither
-head meets it although both meet the paper's OV criterion (24.4 0.578, 23.3 0.561 over the vocabulary);
-the weights-based QK criterion is not measured here.
+SmolLM2-135M (BENCHMARKS.md): the OV criterion singles out 24.4 (0.578) and 23.3 (0.561), every other
+head <= 0.09; the QK criterion does not follow: 24.4 scores 0.125 (median rank of its own key 481 of
+49,152) and 23.3 0.005 (median rank 12,439), so neither is a copy-suppression head by both published
+criteria, and the report does not name them so.
 
-The classify probe (`probe_copy_suppression`, headlens.classify.kind_runs): the QK part reads windows
-of the text probe's first tokens (its haystack, already tokenized), at most 2 x token_budget tokens;
-the OV part's cost is fixed by the vocabulary (SmolLM2: ~1.4 TFLOP, 1.5-2 min on 2 loaded cores).
+`predicted_attention`, shown beside the two as evidence and never a cut-off, is a behavioural mean on
+natural text: at query positions where the model's own top-1 prediction is the true next token and
+already occurs earlier in the window (position 0, the BOS sink, is not a copy), the head's attention
+mass on those earlier copies. It is not McDougall et al.'s quantity: their QK evidence is the weights'
+circuit above, and their behavioural examples are positions where earlier layers predict a token
+strongly (IOI: SmolLM2's 24.4 puts 0.61 of its attention on the indirect object where the model
+predicts it). On natural text (16 windows of 64 tokens of the default text, 177 counted positions)
+SmolLM2's 24.4 and 23.3 rest on the BOS sink (0.60 and 0.73 of their attention) and put 0.043 and
+0.027 on the predicted token's copies; taking the prediction from the logit lens at the head's input
+instead (any, wrong ones only, or confidence >= 0.9) gives 0.015-0.022.
+
+The classify probe (`probe_copy_suppression`, headlens.classify.kind_runs): the attention part reads
+windows of the text probe's first tokens (its haystack, already tokenized), at most 2 x token_budget
+tokens; the OV and QK parts' cost is fixed by the vocabulary (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ import torch
 from headlens.errors import InputTextError
 from headlens.probes.inputs import text_windows
 from headlens.scores.ov_vocab import BOTTOM_K, cs_ov_vocab
+from headlens.scores.qk_vocab import cs_qk_vocab
 
 CS_OV_MIN = 0.5  # share of tokens (ours; see the module docstring)
-CS_ATTENTION_MIN = 0.3  # attention mass on the predicted token's earlier copies (ours)
+CS_QK_MIN = 0.5  # share of tokens (ours; see the module docstring)
 WINDOW = 64  # tokens per natural-text window (BOS included)
 MAX_WINDOWS = 8
 
@@ -114,17 +117,18 @@ def window_attention(loaded, windows: list[list[int]]) -> tuple[torch.Tensor, to
 
 
 def copy_suppression_scores(loaded, text: str, seed: int = 0, window: int = WINDOW) -> dict:
-    """`cs_ov_score` and `predicted_attention` of every head ([n_layers, n_heads] float64 each),
-    `copy_suppression` (bool, both cut-offs met), and `n_tokens` [n_layers, n_heads] of the vocabulary
-    scored for the OV part."""
+    """`cs_ov_score`, `cs_qk_score` and `predicted_attention` of every head ([n_layers, n_heads]
+    float64 each), `copy_suppression` (bool, both weight criteria met), and `n_tokens` [n_layers,
+    n_heads] of the vocabulary scored for the OV part (the QK part's in `n_qk_tokens`)."""
     window = min(window, loaded.spec.n_ctx)
     windows = text_windows(loaded.tokenizer, text, window, loaded.bos_token_id, max_windows=MAX_WINDOWS)
-    vocab = cs_ov_vocab(loaded.model, seed=seed)
-    ov = vocab["cs_ov_score"]  # [layer, head]
-    attention = text_attention(loaded, windows)  # [layer, head]
+    ov_run, qk_run = cs_ov_vocab(loaded.model, seed=seed), cs_qk_vocab(loaded.model, seed=seed)
+    ov, qk = ov_run["cs_ov_score"], qk_run["cs_qk_score"]  # [layer, head] each
     return {
         "cs_ov_score": ov,
-        "predicted_attention": attention,
-        "n_tokens": vocab["n"],
-        "copy_suppression": (ov >= CS_OV_MIN) & (attention >= CS_ATTENTION_MIN),
+        "cs_qk_score": qk,
+        "predicted_attention": text_attention(loaded, windows),  # [layer, head]
+        "n_tokens": ov_run["n"],
+        "n_qk_tokens": qk_run["n"],
+        "copy_suppression": (ov >= CS_OV_MIN) & (qk >= CS_QK_MIN),
     }
