@@ -14,7 +14,7 @@ from headlens.classify.kinds import KINDS
 from headlens.load.models import build_model
 from headlens.scores.ov_vocab import CI_HALF_WIDTH, SCREEN, VOCAB_SAMPLE, cs_ov_vocab, vocab_sample
 from headlens.scores.qk_vocab import TOP_K, cs_qk_vocab
-from tests.helpers.families import family_configs
+from tests.helpers.families import build_family, family_configs
 from tests.helpers.llama_ov import load_smollm2
 
 LAYER = 2  # the layer the heads below are planted in; query heads 0-3 read key/value head 0
@@ -155,3 +155,67 @@ def test_smollm2_heads_that_suppress_do_not_attend_to_the_prediction():
             ours = cs_qk_vocab(smollm2.model, sample=CHECKED, screen=CHECKED, layers=[layer])
             assert abs(float(ours["cs_qk_score"][layer, head]) - float(truth)) <= ROUNDING / CHECKED, (layer, head)
             assert float(got["ci_high"][layer, head]) < 0.5, (layer, head)
+
+
+# Gemma 3: (1 + w) RMSNorms, the embedding scaled by sqrt(d_model), a norm on the attention output and
+# around the MLP, per-head query and key norms, 4 query heads over 1 key/value head -----------------------
+GEMMA_TOKENS = 200  # sampled tokens, every head scored on all of them (screen = sample)
+
+
+def _gemma_rms(x, norm):
+    x = x.double()
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * (1 + norm.weight.double())
+
+
+def manual_gemma_w_ee(model, tokens):
+    """Gemma 3's W_EE, layer 0's attention locked on the token itself, from its modules' weights: [n, d_model]."""
+    cfg, block = model.config, model.model.layers[0]
+    x = model.model.embed_tokens.weight[tokens].double() * cfg.hidden_size**0.5  # [n, d_model]
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    v = (_gemma_rms(x, block.input_layernorm) @ block.self_attn.v_proj.weight.double().T).view(
+        len(tokens), -1, cfg.head_dim
+    )
+    z = v.repeat_interleave(group, dim=1).flatten(1)  # [n, heads * d_head]
+    mid = x + _gemma_rms(z @ block.self_attn.o_proj.weight.double().T, block.post_attention_layernorm)
+    h = _gemma_rms(mid, block.pre_feedforward_layernorm).float()
+    mlp = block.mlp
+    out = mlp.down_proj(torch.nn.functional.gelu(mlp.gate_proj(h), approximate="tanh") * mlp.up_proj(h))
+    return mid + _gemma_rms(out, block.post_feedforward_layernorm)  # [n, d_model]
+
+
+def manual_gemma_above(model, tokens, layer, w_ee):
+    """Keys above each token's own in its row, every head of `layer` (Gemma 3, unrotated): [head, n]."""
+    cfg, inner = model.config, model.model
+    attn, norm = inner.layers[layer].self_attn, inner.layers[layer].input_layernorm
+    w_u = model.lm_head.weight.double() * (1 + inner.norm.weight.double())  # [d_vocab, d_model]
+    u = (w_u - w_u.mean(0))[tokens]  # [n, d_model]
+    u = u / u.pow(2).mean(-1, keepdim=True).sqrt()
+    q = (_gemma_rms(u, norm) @ attn.q_proj.weight.double().T).view(len(tokens), -1, cfg.head_dim)  # [n, head, d]
+    k = (_gemma_rms(w_ee, norm) @ attn.k_proj.weight.double().T).view(len(w_ee), -1, cfg.head_dim)  # [V, kv, d]
+    q, k = _gemma_rms(q, attn.q_norm), _gemma_rms(k, attn.k_norm)
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    out = []
+    for head in range(cfg.num_attention_heads):
+        scores = q[:, head] @ k[:, head // group].T  # [n, d_vocab]
+        out.append((scores > scores.gather(-1, tokens[:, None])).sum(-1))
+    return torch.stack(out)  # [head, n]
+
+
+@pytest.mark.slow
+def test_gemma3_is_scored_as_its_weights_compute():
+    """Every layer's key head made query head 0's projection and norm, so head 0 ranks a token's own key
+    high for some of the tokens (its scores are not all 0, as a random head's are), the others stay random."""
+    loaded = build_family("gemma3_text-mqa", seed=3)
+    d_head = loaded.model.config.head_dim
+    with torch.no_grad():
+        for block in loaded.model.model.layers:
+            block.self_attn.k_proj.weight.copy_(block.self_attn.q_proj.weight[:d_head])
+            block.self_attn.k_norm.weight.copy_(block.self_attn.q_norm.weight)
+    got = cs_qk_vocab(loaded.model, sample=GEMMA_TOKENS, screen=GEMMA_TOKENS)
+    assert float(got["cs_qk_score"][:, 0].min()) > 0.05
+    tokens = vocab_sample(loaded.spec.d_vocab)[:GEMMA_TOKENS]
+    with torch.no_grad():
+        w_ee = manual_gemma_w_ee(loaded.model, torch.arange(loaded.spec.d_vocab))  # [d_vocab, d_model]
+        for layer in range(loaded.spec.n_layers):
+            truth = (manual_gemma_above(loaded.model, tokens, layer, w_ee) < TOP_K).double().mean(-1)  # [head]
+            assert (got["cs_qk_score"][layer] - truth).abs().max() <= ROUNDING / GEMMA_TOKENS, layer
