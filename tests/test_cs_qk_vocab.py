@@ -40,7 +40,7 @@ def manual_w_ee(model, tokens):
     return mid + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)).double()
 
 
-def manual_above(model, tokens, layer, head):
+def manual_above(model, tokens, layer, head, w_ee=None):
     """How many vocabulary keys score above each token's own key in its row of W_U^T W_Q W_K^T W_EE^T,
     the query from the token's centred unembedding column (final-norm gain folded), unrotated: [n]."""
     cfg, inner = model.config, model.model
@@ -51,7 +51,7 @@ def manual_above(model, tokens, layer, head):
     u = u / u.pow(2).mean(-1, keepdim=True).sqrt()
     q = _rms(u, norm) @ attn.q_proj.weight.double()[head * d_head : (head + 1) * d_head].T  # [n, d_head]
     kv = head // group
-    w_ee = manual_w_ee(model, torch.arange(cfg.vocab_size))  # [d_vocab, d_model]
+    w_ee = manual_w_ee(model, torch.arange(cfg.vocab_size)) if w_ee is None else w_ee  # [d_vocab, d_model]
     k = _rms(w_ee, norm) @ attn.k_proj.weight.double()[kv * d_head : (kv + 1) * d_head].T  # [d_vocab, d_head]
     scores = q @ k.T  # [n, d_vocab]
     return (scores > scores.gather(-1, tokens[:, None])).sum(-1)  # [n]
@@ -148,11 +148,12 @@ def test_smollm2_heads_that_suppress_do_not_attend_to_the_prediction():
     on CHECKED tokens, and its 95% interval lies below the cut-off."""
     smollm2 = load_smollm2()
     got = cs_qk_vocab(smollm2.model, layers=[23, 24])
+    ours = cs_qk_vocab(smollm2.model, sample=CHECKED, screen=CHECKED, layers=[23, 24])
     tokens = vocab_sample(smollm2.spec.d_vocab)[:CHECKED]
     with torch.no_grad():
+        w_ee = manual_w_ee(smollm2.model, torch.arange(smollm2.spec.d_vocab))  # [d_vocab, d_model]
         for layer, head in OV_HEADS:
-            truth = (manual_above(smollm2.model, tokens, layer, head) < TOP_K).double().mean()
-            ours = cs_qk_vocab(smollm2.model, sample=CHECKED, screen=CHECKED, layers=[layer])
+            truth = (manual_above(smollm2.model, tokens, layer, head, w_ee) < TOP_K).double().mean()
             assert abs(float(ours["cs_qk_score"][layer, head]) - float(truth)) <= ROUNDING / CHECKED, (layer, head)
             assert float(got["ci_high"][layer, head]) < 0.5, (layer, head)
 
