@@ -22,6 +22,8 @@ The circuit, as the authors compute it and as each family's attention reads its 
   content-only score the paper's position-free circuit measures, and rotation at a nonzero offset
   would add a position term the GPT-2 criterion does not have. The rotary scale (Gemma's, YaRN's)
   multiplies every score of a row alike and leaves the ranks unchanged.
+  Measured at offsets 1, 8 and 64 (benchmarks/bench_cs_qk.py): SmolLM2's heads move by <= 0.01,
+  Gemma 3 270M's by up to +0.075 (BENCHMARKS.md).
 TOP_K = 10 is the OV criterion's k (the bottom 10 of a column); a random head ranks a token's own
 key there with chance 10 / d_vocab. Sampling, screening and the 95% Wilson interval are
 headlens.scores.ov_vocab's (screened_shares): exact up to VOCAB_SAMPLE tokens, else a seeded sample
