@@ -238,6 +238,7 @@ def test_prune_command(small_model_dir, text_file):
     assert "not recorded" not in page and '<a href="#ablation">Pruning</a>' in page
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_path):
     """A real kill (SIGKILL) of a sweep subprocess mid-run, then --resume."""
     args = ["ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat"]
