@@ -148,6 +148,7 @@ def test_sources_name_the_given_text_when_it_is_long_enough(small_frame, small_c
         assert (small_frame[column] == small_classification.meta["sources"][probe]).all()
 
 
+@pytest.mark.slow
 def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text(small_model):
     text = "Hello world"
     assert len(small_model.tokenizer(text, add_special_tokens=False)["input_ids"]) == 2

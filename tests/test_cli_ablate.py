@@ -109,6 +109,7 @@ def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
     assert f"headlens: wrote {report}" in result.stderr
 
 
+@pytest.mark.slow
 def test_approx_check_reports_agreement(small_model_dir):
     result = run(
         "ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat", "--approx", "--check"
