@@ -334,6 +334,7 @@ def test_approx_json_is_one_document(small_model_dir):
 # light imports --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_importing_the_ablation_package_does_not_import_the_classifier():
     code = (
         "import sys, headlens.ablation, headlens.ablation.roles, headlens.ablation.ablate; "
