@@ -33,12 +33,13 @@ test: $(STAMP) models
 	$(MAKE) typecheck
 	$(BIN)/python -m pytest -q tests
 
-# Everything except the `slow`, `browser` and `notebook` tests: the edit-test loop (one planted-ground-truth
-# test stays in it: tests/test_planted.py).
+# The edit-test loop, within 5 minutes on 2 cores: everything except the `slow`, `browser`, `notebook` and
+# `real` (pulled-model) tests, with at least one quick test per stage (one planted-ground-truth test stays in
+# it: tests/test_planted.py). Stops at the first failure and names its 10 slowest tests. `make test` runs all.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q tests -m "not slow and not browser and not notebook"
+	$(BIN)/python -m pytest -q -x --durations=10 tests -m "not slow and not browser and not notebook and not real"
 
 # Smoke runs of the benchmark scripts (tests/test_benchmarks_smoke.py, marked `slow`): each at its smallest
 # sizes on the tiny model or random weights. `bench-smoke-all` adds the minutes-long ones, which are not part of

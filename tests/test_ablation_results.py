@@ -151,6 +151,7 @@ def test_a_sweep_of_another_metric_is_drawn_in_its_unit():
 # each vs all --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_each_and_all_are_two_experiments(small_model_dir, small_model):
     from headlens.ablation import ablate_heads
 
@@ -314,6 +315,7 @@ def test_ctrl_c_during_a_sweep_says_what_was_saved_and_exits_130(small_model_dir
 # one JSON document per command ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_prune_json_is_one_document(small_model_dir):
     result = run("prune", small_model_dir, "--step-fraction", "0.5", "--no-roles", "--format", "json")
     assert result.exit_code == 0, result.output
@@ -332,6 +334,7 @@ def test_approx_json_is_one_document(small_model_dir):
 # light imports --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_importing_the_ablation_package_does_not_import_the_classifier():
     code = (
         "import sys, headlens.ablation, headlens.ablation.roles, headlens.ablation.ablate; "

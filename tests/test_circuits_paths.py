@@ -128,6 +128,7 @@ def test_path_patching_equals_the_independent_computation(small, method):
         assert max(abs(v) for key, v in expected.items() if key[2] == via) > 20 * EFFECT_ATOL, via
 
 
+@pytest.mark.slow
 def test_planted_source_feeds_the_induction_keys_and_the_decoy_does_not():
     planted = build_planted_decoy(decoy_seeds(1)[0])
     ind = Head(*planted.positions["induction"])

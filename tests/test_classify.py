@@ -151,6 +151,7 @@ def test_sources_name_the_given_text_when_it_is_long_enough(small_frame, small_c
         assert (small_frame[column] == small_classification.meta["sources"][probe]).all()
 
 
+@pytest.mark.slow
 def test_a_two_token_text_is_scored_and_the_haystack_comes_from_the_shipped_text(small_model):
     text = "Hello world"
     assert len(small_model.tokenizer(text, add_special_tokens=False)["input_ids"]) == 2
@@ -225,6 +226,7 @@ def test_cli_json_has_every_score_and_out_writes_both_files(small_model_dir, tex
     assert not list(out.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_cli_table_is_deterministic_under_seed(small_model_dir, text_file):
     args = [
         str(small_model_dir),
@@ -291,6 +293,7 @@ def test_cli_bad_options_are_one_line_exit_2(small_model_dir, text_file, args, m
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_token_budget_sizes_every_probe(small_model):
     config = ClassifyConfig(n_seq=2, max_windows=2, seq_len=10, token_budget=32)
     info = classify_heads(small_model, text=PLANTED_TEXT, config=config).meta["probes"]
@@ -310,6 +313,7 @@ def test_the_token_budget_sizes_every_probe(small_model):
     assert 32 < longer["longest_needle_prompt"] <= 128  # long-context needles stay available
 
 
+@pytest.mark.slow
 def test_cli_says_when_a_budget_cut_the_context(small_model_dir, text_file):
     args = [str(small_model_dir), "--text", str(text_file), "--n-seq", "2", "--max-windows", "2", "--no-progress"]
     cut = _run([*args, "--token-budget", "64", "--no-needles"])
@@ -357,6 +361,7 @@ def test_cli_report_writes_html_with_the_heads(small_model_dir, text_file, tmp_p
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_cli_report_in_spanish(small_model_dir, text_file, tmp_path):
     report = tmp_path / "informe.html"
     result = _run(
@@ -381,6 +386,7 @@ def test_cli_report_in_spanish(small_model_dir, text_file, tmp_path):
     assert '<html lang="es">' in html and "Puntuaciones y etiquetas de las cabezas" in html
 
 
+@pytest.mark.slow
 def test_cli_short_text_notes_where_the_haystack_came_from(small_model_dir, tmp_path):
     path = tmp_path / "short.txt"
     path.write_text("Hello world", encoding="utf-8")

@@ -109,6 +109,7 @@ def test_sweep_json_one_object_per_head(small_model_dir, tmp_path):
     assert f"headlens: wrote {report}" in result.stderr
 
 
+@pytest.mark.slow
 def test_approx_check_reports_agreement(small_model_dir):
     result = run(
         "ablate", "--model", str(small_model_dir), "--heads", "all", "--metric", "repeat", "--approx", "--check"
@@ -238,6 +239,7 @@ def test_prune_command(small_model_dir, text_file):
     assert "not recorded" not in page and '<a href="#ablation">Pruning</a>' in page
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_path):
     """A real kill (SIGKILL) of a sweep subprocess mid-run, then --resume."""
     args = ["ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat"]

@@ -80,6 +80,7 @@ def test_the_json_holds_every_head_edge_and_the_compensation_table(ioi_doc, smal
         assert row["change"] == pytest.approx(row["ablated"] - row["clean"])
 
 
+@pytest.mark.slow
 def test_the_table_and_the_report(small_model_dir, labels_file, tmp_path):
     page = tmp_path / "circuit.html"
     args = ["circuit", str(small_model_dir), "--task", "induction", "--labels", labels_file, "--ablate", "1.2"]

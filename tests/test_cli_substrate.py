@@ -71,6 +71,7 @@ def test_validate_json(runner, small_model_dir, short_text):
     assert set(payload["rows"][0]) == {"layer", "quantity", "reference", "max_abs_error", "tolerance", "passed"}
 
 
+@pytest.mark.slow
 def test_validate_exits_1_when_a_weight_is_perturbed(runner, small_model_dir, short_text, monkeypatch):
     """Proof the check can fail: mha.py gets a wrong W_QKV for layer 0 -> exit 1, table still printed."""
     from headlens.arch.mha import CausalSelfAttention
@@ -183,6 +184,7 @@ def test_every_usage_error_is_one_line(args, needle):
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("headlens: error:"), proc.stderr
 
 
+@pytest.mark.slow
 def test_model_is_positional_with_a_model_alias():
     """`heads SPEC MODEL` and `heads SPEC --model MODEL` parse the same heads against the same model."""
     runner = CliRunner()

@@ -44,6 +44,7 @@ def test_folder_and_jsonl_stream_the_documents_in_order(folder, jsonl):
         assert list(corpus) == DOCS  # iterable again
 
 
+@pytest.mark.slow
 def test_a_folder_and_a_jsonl_score_like_the_documents_fed_one_by_one(small_model, folder, jsonl, one_thread):
     reference = classify_heads(small_model, iter(DOCS), CONFIG)  # a plain iterator: no length needed
     for corpus in (Corpus(folder), Corpus(jsonl)):
@@ -166,6 +167,7 @@ def test_a_corpus_evalset_stops_reading_at_the_window_cap(small_model, folder):
     assert evalset.input_ids.shape[0] == 2 and "capped" in evalset.description
 
 
+@pytest.mark.slow
 def test_cli_ablate_and_prune_read_a_folder_and_refuse_it_for_the_needle_metric(small_model_dir, folder, jsonl):
     from click.testing import CliRunner
 

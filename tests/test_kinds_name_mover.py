@@ -254,8 +254,9 @@ def test_smollm2_removing_the_movers_direct_path_lowers_the_logit_diff_more_than
     """Wang et al.'s path-patching view of name movers: remove only the labelled heads' direct path to the
     logits (their END outputs taken out of the final residual, the final norm's scale frozen) and the
     IOI logit difference falls more than when the same number of random heads (from all heads but
-    the labelled ones) lose theirs; the negative movers' removal raises it more. The total effect
-    (every downstream head free to respond) is the xfail below: the model makes up for the movers."""
+    the labelled ones) lose theirs; the negative movers' removal raises it more. The total effect (every
+    downstream head free to respond) is small because the model makes up for the movers: the self-repair
+    tests below check that and which heads compensate."""
     prompts = scores["prompts"]
     parts = end_contributions(smollm2, prompts)  # [prompt, layer, head]
     effect = parts.mean(0)  # [layer, head]

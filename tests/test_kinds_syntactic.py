@@ -225,6 +225,7 @@ def test_smollm2_accuracy_matches_its_eager_attention(real_model, monkeypatch):
     assert torch.equal(ours, eager_relation_accuracy(loaded, sample))
 
 
+@pytest.mark.slow
 def test_the_probe_runs_only_when_a_treebank_is_asked_for(classify_cli):
     """Without --syntax the syntactic probe (the costliest) does not run and the note says how to run it;
     `--syntax sample` scores the shipped treebank."""

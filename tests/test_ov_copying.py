@@ -105,6 +105,7 @@ def test_grouped_query_families_against_their_raw_projections(name):
     assert torch.allclose(ov_copying_scores(model), _raw_projection_scores(model), atol=EIG_ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_layer_whose_norm_differs_in_form_reads_the_whole_vocabulary():
     """A layer-dependent epsilon breaks norm_L(x) = N(x) g_L: the shared product is refused and
     every layer reads the vocabulary itself, with the same scores as the raw projections."""

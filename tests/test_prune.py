@@ -45,6 +45,7 @@ def _gated_seq_losses(model, evalset: EvalSet, layer: int, head: int, value: flo
     return losses.sum(-1) / evalset.counted.sum(-1)
 
 
+@pytest.mark.slow
 def test_importance_matches_finite_differences(strong_model):
     evalset = text_evalset(strong_model, sample_text(200))
     keep = torch.ones(2, 4, dtype=torch.bool)

@@ -30,6 +30,7 @@ def _same_scores(a, b):
     assert torch.equal(a["std"].nan_to_num(-1.0), b["std"].nan_to_num(-1.0))
 
 
+@pytest.mark.slow
 def test_cached_decoding_equals_uncached_on_the_planted_model(one_thread):
     planted = build_planted(0)
     model, prompts = planted.loaded.model, cache_prompts(planted.loaded, PLANTED_TEXT)

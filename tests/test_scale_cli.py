@@ -28,6 +28,7 @@ def test_every_model_command_has_the_same_placement_options(runner, command):
         assert option in result.output, (command, option)
 
 
+@pytest.mark.slow
 def test_classify_reads_a_folder_and_a_jsonl_alike(runner, small_model_dir, tmp_path):
     docs = [sample_text(200, seed=1), sample_text(500, seed=2)]
     folder = tmp_path / "docs"
@@ -116,6 +117,7 @@ def test_largest_batch_halves_on_out_of_memory():
     assert tried == [64, 32, 16, 8]
 
 
+@pytest.mark.slow
 def test_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch):
     """A forward pass of more than 4 sequences 'runs out of memory': auto settles on 4."""
     import headlens.classify.runs
@@ -147,6 +149,7 @@ def test_bad_batch_size_is_one_line(runner, small_model_dir):
     )
 
 
+@pytest.mark.slow
 def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir, one_thread):
     """The batch size changes how sequences are grouped, not the results (float32 forward passes,
     float64 sums: equal to rounding). The prune reads 1,024 tokens (8 windows of 128: batches of 3, 3, 2
@@ -180,6 +183,7 @@ def test_ablate_and_prune_take_a_batch_size(runner, small_model_dir, one_thread)
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(*steps, strict=True)) < 1e-6
 
 
+@pytest.mark.slow
 def test_ablate_batch_size_auto_reports_its_choice(runner, small_model_dir, monkeypatch):
     """A forward pass of more than 4 sequences 'runs out of memory': auto settles on 4."""
     import headlens.ablation.ablate as ablate

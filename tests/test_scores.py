@@ -164,6 +164,7 @@ def test_copying_score_is_zero_for_an_output_the_unembedding_cannot_read():
 COPYING_ATOL = 1e-4
 
 
+@pytest.mark.slow
 def test_copying_reducer_equals_brute_force_over_the_vocabulary(small_model):
     """The streamed, factored copying score equals its definition computed from full logits."""
     from headlens.capture import CollectPatterns, iter_batches, run_capture
