@@ -120,9 +120,16 @@ def test_smollm2_text_attention_matches_a_loop_over_positions(smollm2):
 
 @pytest.mark.slow
 def test_classify_labels_the_planted_copy_suppression_head_alone_and_ablate_selects_it(planted):
-    planted, _ = planted
+    planted, scores = planted
     frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0)).frame
     assert labelled_heads(frame, "copy_suppression") == [planted.positions["copy_suppression"]]
+    # classify scores the QK half only in layers with a head at the OV cut-off; there it equals the
+    # every-layer scoring of copy_suppression_scores, elsewhere it is NaN (not scored)
+    qk = torch.tensor(frame.pivot(index="layer", columns="head", values="cs_qk_score").to_numpy())  # [layer, head]
+    gated = (scores["cs_ov_score"] >= CS_OV_MIN).any(-1)  # [layer]
+    assert gated.any() and not gated.all()
+    assert torch.isnan(qk[~gated]).all()
+    assert torch.equal(qk[gated], scores["cs_qk_score"][gated].to(qk.dtype))
     # no IOI circuit is planted here: no head moves names
     assert labelled_heads(frame, "name_mover") == labelled_heads(frame, "negative_name_mover") == []
     labels = {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}

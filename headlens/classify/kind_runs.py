@@ -71,11 +71,20 @@ def probe_name_mover(run) -> ProbeResult:
     return ProbeResult(scores, counts, facts, SOURCE_TEMPLATES)
 
 
+def qk_gate_layers(ov_score: torch.Tensor, ov_min: float) -> list[int]:
+    """The layers whose QK criterion is scored: those with a head whose OV score (ov_score [layer, head])
+    reaches the OV cut-off. A head is labelled only when both criteria hold, so the labels are those of
+    scoring every layer; elsewhere cs_qk_score is NaN (not scored), and a head there is not labelled
+    under a lower cs_ov cut-off applied later to the frame. The QK criterion ranks each token's key
+    among the whole vocabulary's, its cost per layer (headlens.scores.qk_vocab, BENCHMARKS.md)."""
+    return (ov_score >= ov_min).any(-1).nonzero().flatten().tolist()
+
+
 def probe_copy_suppression(run) -> ProbeResult:
     """The classify probe (headlens.classify.kinds.PROBES["copy_suppression"]): `cs_ov_score` and
     `cs_qk_score` over the vocabulary with their sampling standard errors `cs_ov_score_std`,
     `cs_qk_score_std` (headlens.scores.ov_vocab, headlens.scores.qk_vocab: a fixed cost, not the token
-    budget's), `predicted_attention` and its `predicted_attention_std` across
+    budget's; the QK criterion in qk_gate_layers only), `predicted_attention` and its `predicted_attention_std` across
     windows of the text, sized by the token budget. NaN predicted_attention (no label) when no
     position of the text counts."""
     loaded, budget = run.loaded, run.config.token_budget
@@ -83,7 +92,8 @@ def probe_copy_suppression(run) -> ProbeResult:
     n_windows = max(1, 2 * budget // window)
     windows = text_windows(loaded.tokenizer, run.haystack, window, loaded.bos_token_id, max_windows=n_windows)
     ov = cs_ov_vocab(loaded.model, seed=run.config.seed)  # over the vocabulary, not the text
-    qk = cs_qk_vocab(loaded.model, seed=run.config.seed)  # the same seeded tokens
+    qk_layers = qk_gate_layers(ov["cs_ov_score"], run.config.cs_ov_min)
+    qk = cs_qk_vocab(loaded.model, seed=run.config.seed, layers=qk_layers)  # the same seeded tokens
     scores = {"cs_ov_score": ov["cs_ov_score"], "cs_ov_score_std": ov["se"]}  # [layer, head] each
     scores.update(cs_qk_score=qk["cs_qk_score"], cs_qk_score_std=qk["se"])  # [layer, head] each
     try:
@@ -97,7 +107,8 @@ def probe_copy_suppression(run) -> ProbeResult:
         "cs_ov_screen": ov["screen"],
         "cs_ov_exact": ov["exact"],
         "cs_ov_ci_max": float(((ov["ci_high"] - ov["ci_low"]) / 2).max()),
-        "cs_qk_ci_max": float(((qk["ci_high"] - qk["ci_low"]) / 2).max()),
+        "cs_qk_ci_max": float(((qk["ci_high"] - qk["ci_low"]) / 2).nan_to_num(0.0).max()),
+        "cs_qk_layers": qk_layers,
         "cs_windows": len(windows),
         "cs_window": window,
         "cs_positions": count,

@@ -16,7 +16,9 @@ A random head puts a token there with chance 10 / d_vocab for either half. Each 
 2,401 tokens, else a seeded sample of the vocabulary with a 95% interval of at most +-0.02.
 A head is a copy-suppression head when cs_ov_score >= CS_OV_MIN and cs_qk_score >= CS_QK_MIN. The
 paper reports how far 10.7 meets each criterion but fixes no cut-off; ours is 0.5 for both: most of
-the vocabulary, as for 10.7, where a random head scores ~0.0002 (10 / 50,257).
+the vocabulary, as for 10.7, where a random head scores ~0.0002 (10 / 50,257). classify scores the
+QK half only in the layers where some head meets the OV cut-off (headlens.classify.kind_runs.qk_gate_layers;
+the labels are the same, cs_qk_score is NaN elsewhere); `copy_suppression_scores` scores every layer.
 
 SmolLM2-135M (BENCHMARKS.md): the OV criterion singles out 24.4 (0.578) and 23.3 (0.561), every other
 head <= 0.09; the QK criterion does not follow: 24.4 scores 0.125 (median rank of its own key 481 of

@@ -124,7 +124,8 @@ def cs_qk_vocab(
     tokens = vocab_sample(w_u.shape[1], seed, sample)  # [m]
     groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)])  # [head]
     with torch.no_grad():
-        w_ee = vocab_embedding(adapter)  # [d_vocab, d_model]
+        # [d_vocab, d_model]; not built when no layer is scored
+        w_ee = vocab_embedding(adapter) if layers is None or len(layers) else w_u.new_empty(0, w_u.shape[0])
         query_resid = query_inputs(w_u, tokens)  # [m, d_model]
 
         def layer_hits(layer: int):
