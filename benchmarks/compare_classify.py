@@ -14,6 +14,7 @@ import argparse
 import sys
 
 import numpy as np
+import pandas as pd
 
 from headlens.classify.cache import read_classification
 
@@ -30,7 +31,7 @@ def compare(old, new) -> tuple[list[str], list[tuple[str, float, str]]]:
     ]
     columns = []
     for column in old.columns:
-        if column not in new.columns or not np.issubdtype(old[column].dtype, np.number):
+        if column not in new.columns or not pd.api.types.is_numeric_dtype(old[column]):
             continue
         a, b = old[column].to_numpy(float), new[column].to_numpy(float)
         nan_mismatch = np.isnan(a) != np.isnan(b)
