@@ -85,6 +85,7 @@ def run_once(bin_dir: Path, name: str, out: Path) -> dict:
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
         "peak_mb": round(usage.ru_maxrss / 1024),  # Linux: KiB
         "load": load,
+        "out": str(out),
         "report_bytes": (out / "report.html").stat().st_size if (out / "report.html").exists() else None,
         "tail": tail,
     }
@@ -97,10 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(COMMANDS), default=list(COMMANDS))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also append one JSON line per run here")
+    parser.add_argument("--keep", type=Path, help="keep the runs' outputs in this folder")
     args = parser.parse_args(argv)
     checkouts = [b for b in (args.old, args.new) if b is not None]
     rows = []
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = str(args.keep or tmp)
         for name in args.only:
             for bin_dir in checkouts:
                 if COMMANDS[name][2]:

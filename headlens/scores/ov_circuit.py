@@ -87,8 +87,8 @@ def own_ranks(model, token_ids: torch.Tensor, resid: torch.Tensor | None = None)
         mine = own[layer, ..., None]  # [head, n, 1]
         for start in range(0, w_t.shape[0], VOCAB_CHUNK):
             logits = torch.nn.functional.linear(rows, w_t[start : start + VOCAB_CHUNK])  # [head, n, chunk]
-            above[layer] += (logits > mine).sum(-1)
-            below[layer] += (logits < mine).sum(-1)
+            above[layer] += (logits > mine).sum(-1, dtype=torch.int32)  # int32: twice as fast as bool's int64 sum
+            below[layer] += (logits < mine).sum(-1, dtype=torch.int32)
             inside = (ids >= start) & (ids < start + logits.shape[-1])  # [n]: own column in this chunk
             if bool(inside.any()):
                 cols = (ids[inside] - start)[None, :, None].expand(logits.shape[0], -1, 1)  # [head, m, 1]
