@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from headlens.classify import SCORE_COLUMNS, SOURCE_COLUMNS, ClassifyConfig, classify_heads
+from headlens.classify import SCORE_COLUMNS, SOURCE_COLUMNS, ClassifyConfig, classify_heads, kinds
 from headlens.classify.labels import LABELS, config_with_thresholds, label_head, rank_heads
 from headlens.cli.main import cli
 from headlens.errors import ConfigError
@@ -401,3 +401,15 @@ def test_cli_short_text_notes_where_the_haystack_came_from(small_model_dir, tmp_
 def test_cli_report_to_a_directory_fails_before_work(small_model_dir, text_file, tmp_path):
     result = _run([str(small_model_dir), "--text", str(text_file), "--report", str(tmp_path)])
     assert result.exit_code == 2 and "is a directory" in result.stderr
+
+
+def test_progress_counts_the_probes_and_shows_the_vocabulary_passes(capsys, tiny_classified):
+    """With progress on, stderr carries a bar counting the registry's probes to the last, and the
+    copy-suppression OV criterion's bar over the layers; the labels are those of a run without bars."""
+    loaded, frame = tiny_classified
+    result = classify_heads(loaded, progress=True)
+    err = capsys.readouterr().err
+    n = len(kinds.PROBES)
+    assert "classify: 100%" in err and f"{n}/{n}" in err
+    assert f"cs_ov_score:   0%|          | 0/{loaded.spec.n_layers}" in err  # its bar over the layers
+    assert result.frame["labels"].tolist() == frame["labels"].tolist()

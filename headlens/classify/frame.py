@@ -20,6 +20,7 @@ from dataclasses import fields
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from headlens.classify import kinds
 from headlens.classify.labels import ClassifyConfig, label_head
@@ -88,7 +89,7 @@ def classify_heads(
         probe_sizes(loaded.spec.n_ctx, config),
         progress,
     )
-    results = {name: probe.run(run) for name, probe in kinds.PROBES.items()}
+    results = run_probes(run)
     info = {key: value for result in results.values() for key, value in result.facts.items()}
     info["sizes"] = run.sizes
     frame = _to_frame(results, loaded.spec)
@@ -105,6 +106,18 @@ def classify_heads(
         "config": {f.name: getattr(config, f.name) for f in fields(config)},
     }
     return Result("heads", frame, meta)
+
+
+def run_probes(run: ProbeRun) -> dict:
+    """Every probe of the registry in its order -> {probe: ProbeResult}. With `run.progress`, a bar on
+    stderr counts the probes and names the one running; a probe's own passes (windows, batches,
+    layers) show beneath it with tqdm's estimate of their time left."""
+    results = {}
+    bar = tqdm(kinds.PROBES.items(), desc="classify", unit="probe", total=len(kinds.PROBES), disable=not run.progress)
+    for name, probe in bar:
+        bar.set_postfix_str(name)
+        results[name] = probe.run(run)
+    return results
 
 
 def window_reach(loaded, info: dict) -> dict | None:

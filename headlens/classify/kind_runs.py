@@ -91,9 +91,9 @@ def probe_copy_suppression(run) -> ProbeResult:
     window = min(WINDOW, run.sizes["window"])
     n_windows = max(1, 2 * budget // window)
     windows = text_windows(loaded.tokenizer, run.haystack, window, loaded.bos_token_id, max_windows=n_windows)
-    ov = cs_ov_vocab(loaded.model, seed=run.config.seed)  # over the vocabulary, not the text
+    ov = cs_ov_vocab(loaded.model, seed=run.config.seed, progress=run.progress)  # over the vocabulary, not the text
     qk_layers = qk_gate_layers(ov["cs_ov_score"], run.config.cs_ov_min)
-    qk = cs_qk_vocab(loaded.model, seed=run.config.seed, layers=qk_layers)  # the same seeded tokens
+    qk = cs_qk_vocab(loaded.model, seed=run.config.seed, layers=qk_layers, progress=run.progress)  # same tokens
     scores = {"cs_ov_score": ov["cs_ov_score"], "cs_ov_score_std": ov["se"]}  # [layer, head] each
     scores.update(cs_qk_score=qk["cs_qk_score"], cs_qk_score_std=qk["se"])  # [layer, head] each
     try:

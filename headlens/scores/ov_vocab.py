@@ -29,6 +29,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from headlens.arch import adapter_for
 from headlens.load.devices import onloaded
@@ -103,12 +104,17 @@ def bottom_hits(z: torch.Tensor, unembed: torch.Tensor, tokens: torch.Tensor, k:
 
 
 def cs_ov_vocab(
-    model, seed: int = 0, screen: int = SCREEN, sample: int = VOCAB_SAMPLE, layers: Sequence[int] | None = None
+    model,
+    seed: int = 0,
+    screen: int = SCREEN,
+    sample: int = VOCAB_SAMPLE,
+    layers: Sequence[int] | None = None,
+    progress: bool = False,
 ) -> dict:
     """The OV criterion of every head over the vocabulary (module docstring): `cs_ov_score`, `n` (tokens
     scored), `ci_low`, `ci_high` (95% Wilson), `se` (sqrt(p(1-p)/n), 0 when exact), each [n_layers,
     n_heads] (NaN, n = 0 outside `layers` when only some are asked for); `exact` (the whole vocabulary
-    was scored), `d_vocab`, `screen`, `sample`."""
+    was scored), `d_vocab`, `screen`, `sample`. `progress`: a bar over the layers on stderr."""
     adapter = adapter_for(model)
     w_u = folded_unembed(adapter).detach().cpu().float()  # [d_model, d_vocab], converted once for every layer
     tokens = vocab_sample(w_u.shape[1], seed, sample)  # [m]
@@ -121,19 +127,23 @@ def cs_ov_vocab(
         return lambda heads, rows: bottom_hits(z[rows, heads], unembed[heads], tokens[rows]).sum(-1)
 
     with torch.no_grad():
-        return screened_shares(layer_hits, adapter, tokens, w_u.shape[1], screen, layers, "cs_ov_score")
+        return screened_shares(layer_hits, adapter, tokens, w_u.shape[1], screen, layers, "cs_ov_score", progress)
 
 
-def screened_shares(layer_hits, adapter, tokens: torch.Tensor, d_vocab: int, screen: int, layers, name: str) -> dict:
+def screened_shares(
+    layer_hits, adapter, tokens: torch.Tensor, d_vocab: int, screen: int, layers, name: str, progress: bool = False
+) -> dict:
     """The two-stage share of the module docstring, for any per-token criterion. layer_hits(layer)
     returns a function (heads [k] int64, rows slice of `tokens`) -> hits [k] int64. Returns `name`,
-    `n`, `ci_low`, `ci_high`, `se` [n_layers, n_heads] each and `exact`, `d_vocab`, `screen`, `sample`."""
+    `n`, `ci_low`, `ci_high`, `se` [n_layers, n_heads] each and `exact`, `d_vocab`, `screen`, `sample`.
+    `progress`: a bar over the layers (named `name`, with tqdm's estimate of the time left) on stderr."""
     exact = len(tokens) == d_vocab
     first = len(tokens) if exact else min(screen, len(tokens))
     shape = (adapter.n_layers, adapter.n_heads)
     hits, counted = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
     every = torch.arange(adapter.n_heads)
-    for layer in range(adapter.n_layers) if layers is None else layers:
+    chosen = range(adapter.n_layers) if layers is None else layers
+    for layer in tqdm(chosen, desc=name, unit="layer", leave=False, disable=not progress):
         count = layer_hits(layer)
         hits[layer], counted[layer] = count(every, slice(0, first)), first
         more = (hits[layer] > 0).nonzero().flatten() if not exact else every[:0]  # [k]

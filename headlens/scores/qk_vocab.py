@@ -114,11 +114,17 @@ def own_in_top(queries: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor) 
 
 
 def cs_qk_vocab(
-    model, seed: int = 0, screen: int = SCREEN, sample: int = VOCAB_SAMPLE, layers: Sequence[int] | None = None
+    model,
+    seed: int = 0,
+    screen: int = SCREEN,
+    sample: int = VOCAB_SAMPLE,
+    layers: Sequence[int] | None = None,
+    progress: bool = False,
 ) -> dict:
     """The QK criterion of every head over the vocabulary (module docstring): `cs_qk_score`, `n`,
     `ci_low`, `ci_high`, `se` [n_layers, n_heads] (NaN, n = 0 outside `layers`), `exact`, `d_vocab`,
-    `screen`, `sample`, as headlens.scores.ov_vocab.cs_ov_vocab (the same seeded tokens)."""
+    `screen`, `sample`, as headlens.scores.ov_vocab.cs_ov_vocab (the same seeded tokens). `progress`: a
+    bar over the layers on stderr."""
     adapter = adapter_for(model)
     w_u = folded_unembed(adapter).detach().cpu()  # [d_model, d_vocab]
     tokens = vocab_sample(w_u.shape[1], seed, sample)  # [m]
@@ -135,4 +141,4 @@ def cs_qk_vocab(
                 [own_in_top(queries[rows, h], keys[groups[h]], tokens[rows]).sum() for h in heads.tolist()]
             )  # [k]
 
-        return screened_shares(layer_hits, adapter, tokens, w_u.shape[1], screen, layers, "cs_qk_score")
+        return screened_shares(layer_hits, adapter, tokens, w_u.shape[1], screen, layers, "cs_qk_score", progress)
