@@ -74,6 +74,8 @@ def test_clean_run_cached_and_keyed_by_weights(tiny, own_cache):
     assert len(files) == 1
     again = ablate_heads(tiny, HEADS, tokens=1024).meta
     assert again == first  # the cached clean run gives the same numbers
+    files[0].write_bytes(b"not a tensor file")  # a damaged entry: the clean run again, the same numbers
+    assert ablate_heads(tiny, HEADS, tokens=1024).meta == first
     digest = model_digest(tiny)
     weight = tiny.model.get_input_embeddings().weight
     with torch.no_grad():

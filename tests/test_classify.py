@@ -403,9 +403,11 @@ def test_cli_report_to_a_directory_fails_before_work(small_model_dir, text_file,
     assert result.exit_code == 2 and "is a directory" in result.stderr
 
 
-def test_progress_counts_the_probes_and_shows_the_vocabulary_passes(capsys, tiny_classified):
+def test_progress_counts_the_probes_and_shows_the_vocabulary_passes(capsys, tiny_classified, tmp_path, monkeypatch):
     """With progress on, stderr carries a bar counting the registry's probes to the last, and the
-    copy-suppression OV criterion's bar over the layers; the labels are those of a run without bars."""
+    copy-suppression OV criterion's bar over the layers (an empty cache: the criteria are computed);
+    the labels are those of a run without bars."""
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path))
     loaded, frame = tiny_classified
     result = classify_heads(loaded, progress=True)
     err = capsys.readouterr().err

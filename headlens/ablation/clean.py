@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,7 +74,7 @@ def read_clean(key: str, n_scored: int) -> torch.Tensor | None:
         return None
     try:
         values = torch.load(_path(key), weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError):
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):
         return None
     if not isinstance(values, torch.Tensor) or values.shape != (n_scored,) or not values.is_floating_point():
         return None

@@ -9,6 +9,7 @@ import torch
 
 from headlens.classify import kinds
 from headlens.classify.runs import ProbeResult
+from headlens.classify.vocab_cache import cached_criteria
 from headlens.errors import ConfigError, InputTextError
 from headlens.probes.inputs import text_windows
 from headlens.scores.copy_suppression import WINDOW, window_attention
@@ -80,22 +81,50 @@ def qk_gate_layers(ov_score: torch.Tensor, ov_min: float) -> list[int]:
     return (ov_score >= ov_min).any(-1).nonzero().flatten().tolist()
 
 
+def vocab_criteria(run) -> dict:
+    """Copy suppression's OV criterion in every layer and its QK criterion in qk_gate_layers, over the
+    vocabulary (headlens.scores.ov_vocab, qk_vocab; the same seeded tokens): scores, standard errors and
+    95% half-widths [layer, head] (headlens.classify.vocab_cache.TENSORS) and the facts classify reports."""
+    model, seed = run.loaded.model, run.config.seed
+    ov = cs_ov_vocab(model, seed=seed, progress=run.progress)  # [layer, head] each
+    layers = qk_gate_layers(ov["cs_ov_score"], run.config.cs_ov_min)
+    qk = cs_qk_vocab(model, seed=seed, layers=layers, progress=run.progress)  # [layer, head] each
+    ov_half, qk_half = (ov["ci_high"] - ov["ci_low"]) / 2, (qk["ci_high"] - qk["ci_low"]) / 2  # [layer, head]
+    facts = {
+        "cs_ov_tokens": ov["sample"],
+        "cs_ov_screen": ov["screen"],
+        "cs_ov_exact": ov["exact"],
+        "cs_ov_ci_max": float(ov_half.max()),
+        "cs_qk_ci_max": float(qk_half.nan_to_num(0.0).max()),
+        "cs_qk_layers": layers,
+    }
+    return {
+        "cs_ov_score": ov["cs_ov_score"],
+        "cs_qk_score": qk["cs_qk_score"],
+        "ov_se": ov["se"],
+        "qk_se": qk["se"],
+        "ov_ci_half": ov_half,
+        "qk_ci_half": qk_half,
+        "facts": facts,
+    }
+
+
 def probe_copy_suppression(run) -> ProbeResult:
     """The classify probe (headlens.classify.kinds.PROBES["copy_suppression"]): `cs_ov_score` and
     `cs_qk_score` over the vocabulary with their sampling standard errors `cs_ov_score_std`,
     `cs_qk_score_std` (headlens.scores.ov_vocab, headlens.scores.qk_vocab: a fixed cost, not the token
-    budget's; the QK criterion in qk_gate_layers only), `predicted_attention` and its `predicted_attention_std` across
+    budget's; the QK criterion in qk_gate_layers only; both kept in headlens's cache by
+    headlens.classify.vocab_cache), `predicted_attention` and its `predicted_attention_std` across
     windows of the text, sized by the token budget. NaN predicted_attention (no label) when no
     position of the text counts."""
     loaded, budget = run.loaded, run.config.token_budget
     window = min(WINDOW, run.sizes["window"])
     n_windows = max(1, 2 * budget // window)
     windows = text_windows(loaded.tokenizer, run.haystack, window, loaded.bos_token_id, max_windows=n_windows)
-    ov = cs_ov_vocab(loaded.model, seed=run.config.seed, progress=run.progress)  # over the vocabulary, not the text
-    qk_layers = qk_gate_layers(ov["cs_ov_score"], run.config.cs_ov_min)
-    qk = cs_qk_vocab(loaded.model, seed=run.config.seed, layers=qk_layers, progress=run.progress)  # same tokens
-    scores = {"cs_ov_score": ov["cs_ov_score"], "cs_ov_score_std": ov["se"]}  # [layer, head] each
-    scores.update(cs_qk_score=qk["cs_qk_score"], cs_qk_score_std=qk["se"])  # [layer, head] each
+    config = run.config
+    vocab = cached_criteria(loaded, config.seed, config.cs_ov_min, lambda: vocab_criteria(run))
+    scores = {"cs_ov_score": vocab["cs_ov_score"], "cs_ov_score_std": vocab["ov_se"]}  # [layer, head] each
+    scores.update(cs_qk_score=vocab["cs_qk_score"], cs_qk_score_std=vocab["qk_se"])  # [layer, head] each
     try:
         attention, std, count = window_attention(loaded, windows)  # [layer, head] x 2
     except InputTextError:
@@ -103,12 +132,7 @@ def probe_copy_suppression(run) -> ProbeResult:
         std = attention.clone()
     scores.update(predicted_attention=attention, predicted_attention_std=std)
     facts = {
-        "cs_ov_tokens": ov["sample"],
-        "cs_ov_screen": ov["screen"],
-        "cs_ov_exact": ov["exact"],
-        "cs_ov_ci_max": float(((ov["ci_high"] - ov["ci_low"]) / 2).max()),
-        "cs_qk_ci_max": float(((qk["ci_high"] - qk["ci_low"]) / 2).nan_to_num(0.0).max()),
-        "cs_qk_layers": qk_layers,
+        **vocab["facts"],
         "cs_windows": len(windows),
         "cs_window": window,
         "cs_positions": count,

@@ -1,0 +1,81 @@
+"""Copy suppression's two vocabulary criteria (headlens.scores.ov_vocab, headlens.scores.qk_vocab), computed
+once per model and kept in headlens's cache.
+
+Both read only the weights: the same model, seed, OV cut-off (which gates the QK layers), dtype and device
+give the same tensors, and on a large vocabulary they are most of classify's time (Gemma 3 270M: ~150 of
+~200 s, BENCHMARKS.md). The entry is `<cache root>/vocab-criteria/<key>.pt`, the key the sha256 of the
+weights' digest (headlens.classify.cache.weights_digest), those settings, the sample sizes and
+SCORES_VERSION; written to a temporary file and renamed into place, read back with
+`torch.load(weights_only=True)`; an entry that does not read back as the expected tensors is computed
+again. Setting NO_CACHE_ENV (to anything) neither reads nor writes entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from headlens.classify.cache import SCORES_VERSION, weights_digest
+from headlens.load.cache import cache_root
+from headlens.scores.ov_vocab import SCREEN, VOCAB_SAMPLE
+
+CACHE_DIR = "vocab-criteria"
+NO_CACHE_ENV = "HEADLENS_NO_VOCAB_CACHE"
+TENSORS = ("cs_ov_score", "cs_qk_score", "ov_se", "qk_se", "ov_ci_half", "qk_ci_half")
+
+
+def vocab_key(loaded, seed: int, ov_min: float) -> str:
+    """The cache key of `loaded`'s vocabulary criteria under `seed` and the OV cut-off `ov_min`."""
+    param = next(loaded.model.parameters())
+    facts = {
+        "weights": weights_digest(loaded),
+        "seed": seed,
+        "ov_min": ov_min,
+        "dtype": str(param.dtype),
+        "device": param.device.type,
+        "sample": [SCREEN, VOCAB_SAMPLE],
+        "scores": SCORES_VERSION,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def cached_criteria(loaded, seed: int, ov_min: float, compute: Callable[[], dict]) -> dict:
+    """The criteria dict `compute()` returns (TENSORS [n_layers, n_heads] float64, plus JSON-ready facts under
+    "facts"): from the cache when an entry reads back whole, else computed now and kept."""
+    if os.environ.get(NO_CACHE_ENV):
+        return compute()
+    path = cache_root() / CACHE_DIR / f"{vocab_key(loaded, seed, ov_min)}.pt"
+    shape = (loaded.spec.n_layers, loaded.spec.n_heads)
+    try:
+        entry = torch.load(path, weights_only=True)
+        if all(isinstance(entry[name], torch.Tensor) and entry[name].shape == shape for name in TENSORS):
+            return {**{name: entry[name] for name in TENSORS}, "facts": json.loads(entry["facts"])}
+    except (OSError, RuntimeError, ValueError, EOFError, KeyError, TypeError, pickle.UnpicklingError):
+        pass
+    result = compute()
+    _write(path, {**{name: result[name].double().cpu() for name in TENSORS}, "facts": json.dumps(result["facts"])})
+    return result
+
+
+def _write(path: Path, entry: dict) -> None:
+    """Temporary file, then os.replace; a cache that cannot be written is skipped (classify does not need it)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(entry, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
