@@ -14,7 +14,9 @@ Commands (`--only` picks some, by name):
 - ablate-cached: the same with the clean run cached (a warm-up run fills the cache first);
 - ablate-induction: `ablate smollm2 --heads induction --control random:20` (the classification the role
   needs is cached by a warm-up run);
-- classify-smollm2, classify-gemma: `classify MODEL --format csv --out DIR`;
+- classify-smollm2, classify-gemma: `classify MODEL --format csv --out DIR` with copy suppression's vocabulary
+  criteria computed (HEADLENS_NO_VOCAB_CACHE); classify-smollm2-cached, classify-gemma-cached: the same with
+  them cached by a warm-up run (headlens.classify.vocab_cache);
 - report: `report smollm2 --out FILE` (`make demo` without the pull of an already pulled model).
 """
 
@@ -49,13 +51,23 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str], bool]] = {
     ),
     "classify-smollm2": (
         ["headlens", "classify", "smollm2", "--no-progress", "--format", "csv", "--out", "{out}"],
-        {},
+        {"HEADLENS_NO_VOCAB_CACHE": "1"},
         False,
+    ),
+    "classify-smollm2-cached": (
+        ["headlens", "classify", "smollm2", "--no-progress", "--format", "csv", "--out", "{out}"],
+        {},
+        True,
     ),
     "classify-gemma": (
         ["headlens", "classify", "gemma3-270m", "--no-progress", "--format", "csv", "--out", "{out}"],
-        {},
+        {"HEADLENS_NO_VOCAB_CACHE": "1"},
         False,
+    ),
+    "classify-gemma-cached": (
+        ["headlens", "classify", "gemma3-270m", "--no-progress", "--format", "csv", "--out", "{out}"],
+        {},
+        True,
     ),
     "report": (["headlens", "report", "smollm2", "--no-progress", "--out", "{out}/report.html"], {}, False),
 }
