@@ -7,7 +7,8 @@ give the same tensors, and on a large vocabulary they are most of classify's tim
 weights' digest (headlens.classify.cache.weights_digest), those settings, the sample sizes and
 SCORES_VERSION; written to a temporary file and renamed into place, read back with
 `torch.load(weights_only=True)`; an entry that does not read back as the expected tensors is computed
-again. Setting NO_CACHE_ENV (to anything) neither reads nor writes entries.
+again. Setting NO_CACHE_ENV (to anything) neither reads nor writes entries, nor does a model whose weights
+accelerate offloaded (their digest would need every offloaded weight read back).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def vocab_key(loaded, seed: int, ov_min: float) -> str:
 def cached_criteria(loaded, seed: int, ov_min: float, compute: Callable[[], dict]) -> dict:
     """The criteria dict `compute()` returns (TENSORS [n_layers, n_heads] float64, plus JSON-ready facts under
     "facts"): from the cache when an entry reads back whole, else computed now and kept."""
-    if os.environ.get(NO_CACHE_ENV):
-        return compute()
+    if os.environ.get(NO_CACHE_ENV) or any(p.device.type == "meta" for p in loaded.model.parameters()):
+        return compute()  # off, or weights accelerate offloaded (not in memory to digest): computed
     path = cache_root() / CACHE_DIR / f"{vocab_key(loaded, seed, ov_min)}.pt"
     shape = (loaded.spec.n_layers, loaded.spec.n_heads)
     try:
