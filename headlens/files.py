@@ -57,8 +57,8 @@ def shipped_path(name: str) -> Path:
     return Path(str(resources.files("headlens") / "data" / name))
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write `text` to a temp file in the same folder, fsync, then os.replace.
+def write_atomic(path: str | Path, text: str | bytes) -> None:
+    """Write `text` (str: UTF-8; bytes: as they are) to a temp file in the same folder, fsync, then os.replace.
 
     The old file (if any) survives any failure and the temp file is removed; the new file gets
     the usual umask-based mode (mkstemp alone would leave it 0600). An OSError (unwritable folder,
@@ -74,10 +74,20 @@ def write_atomic(path: str | Path, text: str) -> None:
         raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _write(path: Path, text: str) -> None:
+def write_cache_entry(path: Path, data: bytes) -> None:
+    """A cache entry under headlens's cache, written by write_atomic with its folder made. One that cannot
+    be written is skipped: a cache is never needed for the answer."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, data)
+    except (OSError, OutputPathError):
+        return
+
+
+def _write(path: Path, text: str | bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

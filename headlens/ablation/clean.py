@@ -17,9 +17,9 @@ cache or computing them in the same pass (as one more set, with no heads) and ca
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +27,7 @@ import torch
 
 from headlens.ablation.stacked import set_values
 from headlens.arch.context import NO_PATTERN
-from headlens.files import cache_root
+from headlens.files import cache_root, write_cache_entry
 from headlens.heads import Head
 from headlens.load.devices import onloaded
 
@@ -82,24 +82,13 @@ def read_clean(key: str, n_scored: int) -> torch.Tensor | None:
 
 
 def write_clean(key: str, values: torch.Tensor) -> None:
-    """Keep the clean values [n_scored] (temporary file, then os.replace); a cache that cannot be
-    written is skipped (the run does not need it)."""
+    """Keep the clean values [n_scored] (headlens.files.write_atomic); a cache that cannot be written is
+    skipped (the run does not need it)."""
     if os.environ.get(NO_CACHE_ENV):
         return
-    path = _path(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(values.detach().double().cpu().clone(), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    torch.save(values.detach().double().cpu().clone(), buffer)
+    write_cache_entry(_path(key), buffer.getvalue())
 
 
 def clean_values(loaded, evalset, batch_size: int | None, on_pass=None) -> torch.Tensor:

@@ -14,17 +14,16 @@ accelerate offloaded (their digest would need every offloaded weight read back).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pickle
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from headlens.classify.cache import SCORES_VERSION, weights_digest
-from headlens.load.cache import cache_root
+from headlens.files import cache_root, write_cache_entry
 from headlens.scores.ov_vocab import SCREEN, VOCAB_SAMPLE
 
 CACHE_DIR = "vocab-criteria"
@@ -61,22 +60,8 @@ def cached_criteria(loaded, seed: int, ov_min: float, compute: Callable[[], dict
     except (OSError, RuntimeError, ValueError, EOFError, KeyError, TypeError, pickle.UnpicklingError):
         pass
     result = compute()
-    _write(path, {**{name: result[name].double().cpu() for name in TENSORS}, "facts": json.dumps(result["facts"])})
+    entry = {**{name: result[name].double().cpu() for name in TENSORS}, "facts": json.dumps(result["facts"])}
+    buffer = io.BytesIO()
+    torch.save(entry, buffer)
+    write_cache_entry(path, buffer.getvalue())
     return result
-
-
-def _write(path: Path, entry: dict) -> None:
-    """Temporary file, then os.replace; a cache that cannot be written is skipped (classify does not need it)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(entry, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
