@@ -11,28 +11,10 @@ import torch
 from headlens.load.models import build_model
 from headlens.scores.ov_vocab import BOTTOM_K, CI_HALF_WIDTH, SCREEN, VOCAB_SAMPLE, cs_ov_vocab, vocab_sample
 from tests.helpers.families import family_configs
-from tests.helpers.llama_ov import load_smollm2
+from tests.helpers.llama_ov import load_smollm2, manual_w_ee, rms64
 
 PLANTED = (2, 1)  # layer, head planted to write minus the token it reads (negative copying)
 ROUNDING = 2  # float32 here vs float64 in the test: at most this many tokens may flip at the 10th rank
-
-
-def _rms(x, norm):
-    x = x.double()
-    return norm.weight.double() * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-
-
-def manual_w_ee(model, tokens):
-    """W_EE = x + attn0(x) + MLP0(...), every layer-0 head attending to the token itself: [n, d_model]."""
-    cfg, block = model.config, model.model.layers[0]
-    d_head, group = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
-    x = model.model.embed_tokens.weight[tokens].double()  # [n, d_model]
-    v = (_rms(x, block.input_layernorm) @ block.self_attn.v_proj.weight.double().T).view(len(tokens), -1, d_head)
-    z = v.repeat_interleave(group, dim=1).flatten(1)  # [n, heads * d_head]: each query head's value
-    mid = x + z @ block.self_attn.o_proj.weight.double().T  # [n, d_model]
-    h = _rms(mid, block.post_attention_layernorm).float()
-    mlp = block.mlp
-    return mid + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)).double()
 
 
 def manual_below(model, tokens, layer, head):
@@ -40,7 +22,7 @@ def manual_below(model, tokens, layer, head):
     cfg, inner = model.config, model.model
     d_head, group = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
     attn = inner.layers[layer].self_attn
-    normed = _rms(manual_w_ee(model, tokens), inner.layers[layer].input_layernorm)  # [n, d_model]
+    normed = rms64(manual_w_ee(model, tokens), inner.layers[layer].input_layernorm)  # [n, d_model]
     kv = head // group
     v = normed @ attn.v_proj.weight.double()[kv * d_head : (kv + 1) * d_head].T  # [n, d_head]
     out = v @ attn.o_proj.weight.double()[:, head * d_head : (head + 1) * d_head].T  # [n, d_model]

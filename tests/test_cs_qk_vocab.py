@@ -15,29 +15,11 @@ from headlens.load.models import build_model
 from headlens.scores.ov_vocab import CI_HALF_WIDTH, SCREEN, VOCAB_SAMPLE, cs_ov_vocab, vocab_sample
 from headlens.scores.qk_vocab import TOP_K, cs_qk_vocab
 from tests.helpers.families import build_family, family_configs
-from tests.helpers.llama_ov import load_smollm2
+from tests.helpers.llama_ov import load_smollm2, manual_w_ee, rms64
 
 LAYER = 2  # the layer the heads below are planted in; query heads 0-3 read key/value head 0
 CS, QK_ONLY, OV_ONLY = 1, 2, 3  # copy suppression (both), attends to the prediction only, suppresses only
 ROUNDING = 2  # float32 there vs float64 here: at most this many tokens may flip at the 10th rank
-
-
-def _rms(x, norm):
-    x = x.double()
-    return norm.weight.double() * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-
-
-def manual_w_ee(model, tokens):
-    """W_EE = x + attn0(x) + MLP0(...), every layer-0 head attending to the token itself: [n, d_model]."""
-    cfg, block = model.config, model.model.layers[0]
-    d_head, group = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
-    x = model.model.embed_tokens.weight[tokens].double()  # [n, d_model]
-    v = (_rms(x, block.input_layernorm) @ block.self_attn.v_proj.weight.double().T).view(len(tokens), -1, d_head)
-    z = v.repeat_interleave(group, dim=1).flatten(1)  # [n, heads * d_head]: each query head's value
-    mid = x + z @ block.self_attn.o_proj.weight.double().T  # [n, d_model]
-    h = _rms(mid, block.post_attention_layernorm).float()
-    mlp = block.mlp
-    return mid + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)).double()
 
 
 def manual_above(model, tokens, layer, head, w_ee=None):
@@ -49,10 +31,10 @@ def manual_above(model, tokens, layer, head, w_ee=None):
     w_u = model.lm_head.weight.double() * inner.norm.weight.double()  # [d_vocab, d_model]
     u = (w_u - w_u.mean(0))[tokens]  # [n, d_model]
     u = u / u.pow(2).mean(-1, keepdim=True).sqrt()
-    q = _rms(u, norm) @ attn.q_proj.weight.double()[head * d_head : (head + 1) * d_head].T  # [n, d_head]
+    q = rms64(u, norm) @ attn.q_proj.weight.double()[head * d_head : (head + 1) * d_head].T  # [n, d_head]
     kv = head // group
     w_ee = manual_w_ee(model, torch.arange(cfg.vocab_size)) if w_ee is None else w_ee  # [d_vocab, d_model]
-    k = _rms(w_ee, norm) @ attn.k_proj.weight.double()[kv * d_head : (kv + 1) * d_head].T  # [d_vocab, d_head]
+    k = rms64(w_ee, norm) @ attn.k_proj.weight.double()[kv * d_head : (kv + 1) * d_head].T  # [d_vocab, d_head]
     scores = q @ k.T  # [n, d_vocab]
     return (scores > scores.gather(-1, tokens[:, None])).sum(-1)  # [n]
 

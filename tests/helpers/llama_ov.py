@@ -49,3 +49,23 @@ def manual_ov_logits(model, tokens, columns, layer):
     w_o = attn.o_proj.weight.double().T.view(cfg.num_attention_heads, d_head, -1)  # [head, d_head, d_model]
     w_u = (model.lm_head.weight.double() * inner.norm.weight.double())[columns].T  # [d_model, c]
     return torch.stack([v[:, hd // group] @ w_o[hd] @ w_u for hd in range(cfg.num_attention_heads)])
+
+
+def rms64(x, norm):
+    """RMSNorm in float64: norm.weight * x / sqrt(mean(x^2) + eps)."""
+    x = x.double()
+    return norm.weight.double() * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+
+
+def manual_w_ee(model, tokens):
+    """W_EE = x + attn0(x) + MLP0(...) of a Llama-type model, every layer-0 head attending to the token
+    itself (McDougall et al.'s effective embedding), from the raw weights in float64: [n, d_model]."""
+    cfg, block = model.config, model.model.layers[0]
+    d_head, group = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    x = model.model.embed_tokens.weight[tokens].double()  # [n, d_model]
+    v = (rms64(x, block.input_layernorm) @ block.self_attn.v_proj.weight.double().T).view(len(tokens), -1, d_head)
+    z = v.repeat_interleave(group, dim=1).flatten(1)  # [n, heads * d_head]: each query head's value
+    mid = x + z @ block.self_attn.o_proj.weight.double().T  # [n, d_model]
+    h = rms64(mid, block.post_attention_layernorm).float()
+    mlp = block.mlp
+    return mid + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)).double()
