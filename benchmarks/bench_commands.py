@@ -49,26 +49,15 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str], bool]] = {
         {},
         True,
     ),
-    "classify-smollm2": (
-        ["headlens", "classify", "smollm2", "--no-progress", "--format", "csv", "--out", "{out}"],
-        {"HEADLENS_NO_VOCAB_CACHE": "1"},
-        False,
-    ),
-    "classify-smollm2-cached": (
-        ["headlens", "classify", "smollm2", "--no-progress", "--format", "csv", "--out", "{out}"],
-        {},
-        True,
-    ),
-    "classify-gemma": (
-        ["headlens", "classify", "gemma3-270m", "--no-progress", "--format", "csv", "--out", "{out}"],
-        {"HEADLENS_NO_VOCAB_CACHE": "1"},
-        False,
-    ),
-    "classify-gemma-cached": (
-        ["headlens", "classify", "gemma3-270m", "--no-progress", "--format", "csv", "--out", "{out}"],
-        {},
-        True,
-    ),
+    **{
+        f"classify-{short}{'-cached' if cached else ''}": (
+            ["headlens", "classify", model, "--no-progress", "--format", "csv", "--out", "{out}"],
+            {} if cached else {"HEADLENS_NO_VOCAB_CACHE": "1"},  # first run: the vocabulary criteria computed
+            cached,  # cached: a warm-up run fills headlens.classify.vocab_cache
+        )
+        for short, model in (("smollm2", "smollm2"), ("gemma", "gemma3-270m"))
+        for cached in (False, True)
+    },
     "report": (["headlens", "report", "smollm2", "--no-progress", "--out", "{out}/report.html"], {}, False),
 }
 
