@@ -17,7 +17,8 @@ Commands (`--only` picks some, by name):
 - classify-smollm2, classify-gemma: `classify MODEL --format csv --out DIR` with copy suppression's vocabulary
   criteria computed (HEADLENS_NO_VOCAB_CACHE); classify-smollm2-cached, classify-gemma-cached: the same with
   them cached by a warm-up run (headlens.classify.vocab_cache);
-- report: `report smollm2 --out FILE` (`make demo` without the pull of an already pulled model).
+- report: `report smollm2 --out FILE` as `make demo` runs it on a fresh machine (the pull of an already pulled
+  model left out): the vocabulary criteria and the clean runs computed, not read from headlens's cache.
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str], bool]] = {
         for short, model in (("smollm2", "smollm2"), ("gemma", "gemma3-270m"))
         for cached in (False, True)
     },
-    "report": (["headlens", "report", "smollm2", "--no-progress", "--out", "{out}/report.html"], {}, False),
+    "report": (
+        ["headlens", "report", "smollm2", "--no-progress", "--out", "{out}/report.html"],
+        {"HEADLENS_NO_VOCAB_CACHE": "1", "HEADLENS_NO_CLEAN_CACHE": "1"},  # a fresh machine's first report
+        False,
+    ),
 }
 
 
