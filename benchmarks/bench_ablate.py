@@ -8,7 +8,7 @@ peak memory is its own (VmHWM reset through /proc/self/clear_refs after setup):
 - tl_loop: TransformerLens bridge `run_with_hooks(return_type="loss")`, zeroing hook_z[:, :, h],
   one full forward per head, written the usual way;
 - attribution: attribution patching (one forward + one backward);
-- passes: heads stacked per forward pass (1, 2, 4) on layer 9's heads, to pick HEADS_PER_PASS;
+- passes: heads stacked per forward pass (1, 2, 4) on layer 9's heads (the default: sweep.stack_count);
 - tiny: exact vs attribution on the shipped tiny model, if it is there.
 
 Run: nice -n 10 .venv/bin/python benchmarks/bench_ablate.py  (prints a markdown summary)
@@ -93,13 +93,13 @@ def sweep_flops(spec, n_seq: int, pos: int, n_counted: int) -> float:
 
 
 def section_exact(heads_per_pass: int | None = None, layer: int | None = None) -> dict:
-    from headlens.ablation.sweep import HEADS_PER_PASS, base_sums, sweep_sums
+    from headlens.ablation.sweep import base_sums, stack_count, sweep_sums
     from headlens.heads import Head, all_heads
 
     loaded, evalset = _setup()
     spec = loaded.spec
     heads = all_heads(spec.n_layers, spec.n_heads) if layer is None else [Head(layer, h) for h in range(spec.n_heads)]
-    k = heads_per_pass or HEADS_PER_PASS
+    k = heads_per_pass or stack_count(evalset)
     _hwm_reset()
     rss0 = _rss_mb()
     start, cpu = time.perf_counter(), time.process_time()

@@ -33,7 +33,7 @@ from headlens.ablation.roles import model_labels, resolve_heads, role_name
 from headlens.ablation.stacked import unit_sums_of
 from headlens.ablation.stats import control_design, control_summary, head_seed, summarize
 from headlens.ablation.store import SweepInterrupted, SweepStore
-from headlens.ablation.sweep import sweep_sums
+from headlens.ablation.sweep import head_groups, stack_count, sweep_sums
 from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
 from headlens.errors import ConfigError, HeadlensError
 from headlens.heads import Head, all_heads
@@ -222,9 +222,10 @@ def sweep_heads(
         }
         store = _open_store(out, manifest, resume)
     rows = {h: r for h, r in (store.done.items() if store else []) if h in heads}
-    # many processes: this rank's share of the pending heads, the rest skipped (the groups stacked
-    # in one pass are fixed by `heads` alone, so every rank computes its rows as one process would)
-    todo = list(distributed.shard(h for h in heads if h not in rows))
+    # many processes: this rank's share of the pending passes (the heads one pass stacks are fixed by
+    # `heads` alone, so every rank computes its rows as one process would, and no pass runs twice)
+    groups = [g for g in head_groups(heads, stack_count(evalset, batch_size)) if any(h not in rows for h in g)]
+    todo = [h for group in distributed.shard(groups) for h in group if h not in rows]
     skip = set(heads) - set(todo)
     if todo:
         try:

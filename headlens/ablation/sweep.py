@@ -22,17 +22,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE
+from headlens.ablation.evalset import BATCH_SIZE, BATCH_TOKENS
 from headlens.ablation.metrics import position_values
 from headlens.ablation.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.arch import adapter_for
 from headlens.arch.context import NO_PATTERN, attention_implementation
 from headlens.heads import Head
 from headlens.load.devices import is_offloaded, onloaded
-
-# Ablations stacked into one forward pass: on CPU stacking did not pay (benchmarks/bench_ablate.py,
-# BENCHMARKS.md).
-HEADS_PER_PASS = 1
 
 
 def scored_values(
@@ -83,6 +79,27 @@ def base_sums(model, evalset, batch_size: int | None = BATCH_SIZE) -> torch.Tens
     return total
 
 
+def stack_count(evalset, batch_size: int | None = BATCH_SIZE) -> int:
+    """Heads of a layer whose ablations one pass stacks as copies of the batch: as many copies of the
+    widest pass (sequences x positions) as BATCH_TOKENS rows hold, at least one. A stacked pass so
+    holds the activations of a default batch at most, and a short evaluation set (128 tokens: 9
+    heads in 2 passes instead of 9) runs matrix products of ~1,000 rows, at the rate of full ones,
+    with the per-pass costs (hooks, calls, the metric's reductions) paid per pass, not per head."""
+    widest = max(evalset.batch(rows)[0].numel() for rows in evalset.row_batches(batch_size))
+    return max(1, BATCH_TOKENS // max(1, widest))
+
+
+def head_groups(heads: Sequence[Head], per_pass: int) -> list[list[Head]]:
+    """The heads each pass stacks: `heads` by layer, each layer's in the fewest passes of at most
+    `per_pass` heads, their sizes as even as can be (9 heads at 8 a pass: 5 and 4)."""
+    groups = []
+    for layer_heads in heads_by_layer(sorted(heads)).values():
+        passes = -(-len(layer_heads) // per_pass)  # ceil
+        size = -(-len(layer_heads) // passes)
+        groups += [layer_heads[start : start + size] for start in range(0, len(layer_heads), size)]
+    return groups
+
+
 def sweep_sums(
     model,
     evalset,
@@ -91,38 +108,36 @@ def sweep_sums(
     on_head: Callable[[Head, torch.Tensor], None],
     skip: set[Head] | frozenset = frozenset(),
     batch_size: int | None = BATCH_SIZE,
-    heads_per_pass: int = HEADS_PER_PASS,
+    heads_per_pass: int | None = None,
     bar=None,
 ) -> None:
     """Ablate each head of `heads` alone; call on_head(head, per-unit sums of the metric [n_units]).
 
-    `skip`: heads already done (resume). Groups of `heads_per_pass` heads are fixed by `heads`
-    alone, so a resumed sweep stacks the same copies and gives bit-identical rows.
+    `heads_per_pass` heads of a layer are stacked in one pass (None: `stack_count`). `skip`: heads
+    already done (resume). The groups are fixed by `heads` alone (head_groups), so a resumed sweep
+    stacks the same copies and gives bit-identical rows.
     """
-    by_layer = heads_by_layer(sorted(heads))
-    pending = {layer for layer, hs in by_layer.items() if any(h not in skip for h in hs)}
-    if not pending:
+    per_pass = stack_count(evalset, batch_size) if heads_per_pass is None else heads_per_pass
+    groups = [g for g in head_groups(heads, per_pass) if any(h not in skip for h in g)]
+    if not groups:
         return
     adapter = adapter_for(model)
     rows_list = evalset.row_batches(batch_size)
     with torch.no_grad(), attention_implementation(model, NO_PATTERN):
         ctxs = [adapter.context(*evalset.batch(rows)) for rows in rows_list]
         states = [adapter.embed_tokens(ctx) for ctx in ctxs]  # residual entering the current layer
-        for layer in range(max(pending) + 1):
+        last = groups[-1][0].layer
+        for layer in range(last + 1):
             attn = [adapter.attention(layer, state, ctx) for ctx, state in zip(ctxs, states, strict=True)]  # (z, out)
-            if layer in pending:
-                layer_heads = by_layer[layer]
-                for start in range(0, len(layer_heads), heads_per_pass):
-                    group = layer_heads[start : start + heads_per_pass]
-                    if all(h in skip for h in group):
-                        continue
-                    sums = _group_sums(adapter, evalset, ctxs, rows_list, states, attn, reps[layer], group)
-                    for head, head_sums in zip(group, sums, strict=True):
-                        if head not in skip:
-                            on_head(head, head_sums)
-                            if bar is not None:
-                                bar.update(1)
-            states = [adapter.finish_block(layer, state, out) for state, (_, out) in zip(states, attn, strict=True)]
+            for group in (g for g in groups if g[0].layer == layer):
+                sums = _group_sums(adapter, evalset, ctxs, rows_list, states, attn, reps[layer], group)
+                for head, head_sums in zip(group, sums, strict=True):
+                    if head not in skip:
+                        on_head(head, head_sums)
+                        if bar is not None:
+                            bar.update(1)
+            if layer < last:  # the residual entering the next layer
+                states = [adapter.finish_block(layer, s, out) for s, (_, out) in zip(states, attn, strict=True)]
 
 
 def _ablated_out(
