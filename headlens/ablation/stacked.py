@@ -23,9 +23,9 @@ from headlens.arch import adapter_for
 from headlens.arch.context import NO_PATTERN, attention_implementation
 from headlens.heads import Head
 
-# Sets stacked as batch copies per forward pass: the same FLOPs in fewer, larger calls. Control sets
-# run over whole batches of up to 1,024 tokens, where four per pass gained 3.5%, inside the spread
-# (BENCHMARKS.md); the single-head sweep stacks by its row budget (headlens.ablation.sweep.stack_count).
+# Sets stacked as batch copies per forward pass: the same FLOPs in fewer, larger calls. Four control
+# sets a pass gained 3.5% on a role experiment, inside the spread (BENCHMARKS.md), so one a pass; the
+# single-head sweep stacks by its row budget (headlens.ablation.sweep.stack_count).
 SETS_PER_PASS = 1
 
 
