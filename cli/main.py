@@ -16,6 +16,7 @@ import click
 
 from headlens import __version__
 from headlens.bounds import printable
+from headlens.cli.allocator import keep_freed_memory
 from headlens.errors import HeadlensError
 
 EXIT_BAD_INPUT = 2
@@ -83,6 +84,7 @@ def cli() -> None:
 
 
 def main() -> None:
+    keep_freed_memory()  # tensors of a forward pass reuse freed memory instead of page-faulting it in again
     cli(prog_name="headlens")
 
 

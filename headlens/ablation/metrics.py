@@ -138,7 +138,7 @@ def unembed_losses(hidden: torch.Tensor, lm_head, targets: torch.Tensor, chunk: 
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (flat, weight, bias)):
             flat_targets = torch.broadcast_to(targets, hidden.shape[:-1]).reshape(-1)  # [rows]
             return _ChunkedCrossEntropy.apply(flat, weight, bias, flat_targets, chunk).view(hidden.shape[:-1])
-        lse = _chunked_logsumexp(flat, weight, bias, chunk).view(hidden.shape[:-1])  # [..., n]
+        lse = _scratch_logsumexp(flat, weight, bias, chunk).view(hidden.shape[:-1])  # [..., n]
         return lse - target_logits(hidden, weight, bias, targets)
 
 
@@ -158,6 +158,32 @@ def _chunked_logsumexp(flat, weight, bias, chunk: int, keep: torch.Tensor | None
             keep[:, start : start + chunk] = part
         lses.append(torch.logsumexp(part, dim=-1))  # [rows]
     return torch.logsumexp(torch.stack(lses, dim=-1), dim=-1)  # [rows]
+
+
+def _scratch_logsumexp(flat, weight, bias, chunk: int) -> torch.Tensor:
+    """logsumexp over the vocabulary, [rows], without grad: the same products and reductions as
+    `_chunked_logsumexp`, each chunk's logits written into one scratch tensor reused by every chunk
+    (no [rows, chunk] tensor allocated per chunk, nor a second one for the shifted exponentials)."""
+    rows, width = flat.shape[0], min(chunk, weight.shape[0])
+    scratch = torch.empty(rows * width, dtype=flat.dtype, device=flat.device)  # [rows * chunk]
+    lses = []
+    for start in range(0, weight.shape[0], chunk):
+        part_weight = weight[start : start + chunk]  # [chunk, d_model]
+        part = scratch[: rows * part_weight.shape[0]].view(rows, -1)  # [rows, chunk]
+        if bias is None:  # the products F.linear computes (mm, or addmm with a bias)
+            torch.mm(flat, part_weight.t(), out=part)
+        else:
+            torch.addmm(bias[start : start + chunk], flat, part_weight.t(), out=part)
+        lses.append(logsumexp_(part.to(torch.promote_types(part.dtype, torch.float32))))  # [rows]
+    return torch.logsumexp(torch.stack(lses, dim=-1), dim=-1)  # [rows]
+
+
+def logsumexp_(values: torch.Tensor) -> torch.Tensor:
+    """torch.logsumexp(values, dim=-1) in the same steps (the row maximum, infinite maxima taken as 0,
+    the shifted exponentials summed), overwriting `values` [rows, n] with its shifted exponentials: [rows]."""
+    maxes = values.amax(-1, keepdim=True)  # [rows, 1]
+    maxes.masked_fill_(maxes.abs() == float("inf"), 0.0)
+    return values.sub_(maxes).exp_().sum(-1).log_().add_(maxes[:, 0])  # [rows]
 
 
 def target_logits(hidden, weight, bias, targets) -> torch.Tensor:
