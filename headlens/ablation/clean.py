@@ -27,6 +27,7 @@ import torch
 
 from headlens.ablation.stacked import set_values
 from headlens.arch.context import NO_PATTERN
+from headlens.arch.kernels import onednn_available
 from headlens.files import cache_root, write_cache_entry
 from headlens.heads import Head
 from headlens.load.devices import onloaded
@@ -70,7 +71,7 @@ def clean_key(loaded, evalset, batches: Sequence[slice]) -> str:
     param = next(loaded.model.parameters())
     cuts = [(b.start, b.stop) for b in batches]
     text = f"{CACHE_VERSION}|{model_digest(loaded)}|{evalset.data_hash}|{evalset.metric}|{param.dtype}|"
-    text += f"{param.device.type}|{NO_PATTERN}|{cuts}"
+    text += f"{param.device.type}|{NO_PATTERN}|onednn={onednn_available()}|{cuts}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

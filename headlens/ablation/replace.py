@@ -19,7 +19,7 @@ import torch
 
 from headlens.ablation.evalset import cut_padding, row_batches
 from headlens.arch import adapter_for
-from headlens.arch.context import NO_PATTERN, attention_implementation
+from headlens.arch.kernels import no_pattern_kernels
 from headlens.errors import ConfigError
 from headlens.heads import Head
 
@@ -36,7 +36,7 @@ def capture_z(
     """Run a set of sequences layer by layer; call on_z(layer, rows, z [batch, width, head, d_head]),
     width the batch's own (cut_padding)."""
     adapter = adapter_for(model)
-    with torch.no_grad(), attention_implementation(model, NO_PATTERN):
+    with torch.no_grad(), no_pattern_kernels(model):
         for rows in row_batches(mask, batch_size):
             ctx = adapter.context(*cut_padding(input_ids[rows], mask[rows]))
             resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]

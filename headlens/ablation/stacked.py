@@ -20,7 +20,7 @@ from headlens.ablation.evalset import BATCH_SIZE
 from headlens.ablation.replace import Replacement, heads_by_layer, layer_replacement
 from headlens.ablation.sweep import resid_values
 from headlens.arch import adapter_for
-from headlens.arch.context import NO_PATTERN, attention_implementation
+from headlens.arch.kernels import no_pattern_kernels
 from headlens.heads import Head
 
 # Sets stacked as batch copies per forward pass: the same FLOPs in fewer, larger calls. Four control
@@ -73,7 +73,7 @@ def set_values(
     first = first_layer(head_sets, adapter.n_layers)
     out = torch.zeros(len(head_sets), evalset.n_tokens, dtype=torch.float64)  # [n_sets, n_scored]
     at = 0
-    with torch.no_grad(), attention_implementation(model, NO_PATTERN):
+    with torch.no_grad(), no_pattern_kernels(model):
         for rows in evalset.row_batches(batch_size):
             ctx = adapter.context(*evalset.batch(rows))
             clean = adapter.embed_tokens(ctx)  # [batch, pos, d_model]

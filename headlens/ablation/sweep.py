@@ -26,7 +26,7 @@ from headlens.ablation.evalset import BATCH_SIZE, BATCH_TOKENS
 from headlens.ablation.metrics import position_values
 from headlens.ablation.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.arch import adapter_for
-from headlens.arch.context import NO_PATTERN, attention_implementation
+from headlens.arch.kernels import no_pattern_kernels
 from headlens.heads import Head
 from headlens.load.devices import is_offloaded, onloaded
 
@@ -69,7 +69,7 @@ def base_sums(model, evalset, batch_size: int | None = BATCH_SIZE) -> torch.Tens
     """Per-unit sums of the metric's values for the unablated model, run block by block: [n_units]."""
     adapter = adapter_for(model)
     total = torch.zeros(evalset.n_units, dtype=torch.float64)  # [n_units]
-    with torch.no_grad(), attention_implementation(model, NO_PATTERN):
+    with torch.no_grad(), no_pattern_kernels(model):
         for rows in evalset.row_batches(batch_size):
             ctx = adapter.context(*evalset.batch(rows))
             resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
@@ -123,7 +123,7 @@ def sweep_sums(
         return
     adapter = adapter_for(model)
     rows_list = evalset.row_batches(batch_size)
-    with torch.no_grad(), attention_implementation(model, NO_PATTERN):
+    with torch.no_grad(), no_pattern_kernels(model):
         ctxs = [adapter.context(*evalset.batch(rows)) for rows in rows_list]
         states = [adapter.embed_tokens(ctx) for ctx in ctxs]  # residual entering the current layer
         last = groups[-1][0].layer

@@ -18,7 +18,7 @@ from headlens.ablation.replace import replacements
 from headlens.ablation.roles import resolve_heads
 from headlens.ablation.sweep import ablated_hidden, scored_values
 from headlens.arch import adapter_for
-from headlens.arch.context import NO_PATTERN, attention_implementation
+from headlens.arch.kernels import no_pattern_kernels
 from headlens.errors import ConfigError
 from headlens.load.devices import onloaded
 
@@ -80,7 +80,7 @@ def _losses_and_top(model, evalset, heads, reps, position: int, top_k: int) -> t
     at `position` of the first window, with `heads` ablated."""
     adapter = adapter_for(model)
     values, top = [], []
-    with torch.no_grad(), attention_implementation(model, NO_PATTERN):  # the kernel ablate_heads runs on
+    with torch.no_grad(), no_pattern_kernels(model):  # the kernel ablate_heads runs on
         for rows in evalset.row_batches(None):
             hidden = ablated_hidden(model, evalset, rows, heads, reps)  # [batch, width, d_model]
             seq, pos = torch.nonzero(evalset.counted[rows].to(hidden.device), as_tuple=True)  # scored pairs
