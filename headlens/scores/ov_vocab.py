@@ -21,7 +21,7 @@ Cost: W_OV has rank d_head, so a head's logits are z W_O W_U with z = the value 
 [d_head]. headlens.scores.ov_rows decides most tokens on every 32nd column of W_U (exactly: a
 rounding margin keeps the outcome a whole row would give) and scans the whole vocabulary only for the
 rest, each block by the cheaper of z (W_O W_U) and (z W_O) W_U; W_O W_U is never formed for a whole
-vocabulary at once. Gemma 3 270M (72 heads, d_vocab 262,144): forming it for every head was ~6 TFLOP.
+vocabulary at once (forming it for all 72 heads of Gemma 3 270M, d_vocab 262,144, would be ~6 TFLOP).
 """
 
 from __future__ import annotations
