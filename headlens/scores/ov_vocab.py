@@ -18,9 +18,10 @@ sample of the vocabulary, in two nested stages, with a 95% Wilson interval per h
 (Which heads go on depends on the screen, so the stated interval is a close, not exact, 95%.)
 
 Cost: W_OV has rank d_head, so a head's logits are z W_O W_U with z = the value of W_EE(t)
-[d_head]: one [d_head, d_vocab] product A = W_O W_U per head (2 d_head d_model d_vocab FLOPs), then
-2 d_head d_vocab FLOPs per token, instead of 2 d_model d_vocab per token through the residual
-stream. SmolLM2 (270 heads, d_vocab 49,152): ~1.0 TFLOP for all A, ~0.2 TFLOP for the screen.
+[d_head]. headlens.scores.ov_rows decides most tokens on every 32nd column of W_U (exactly: a
+rounding margin keeps the outcome a whole row would give) and scans the whole vocabulary only for the
+rest, each block by the cheaper of z (W_O W_U) and (z W_O) W_U; W_O W_U is never formed for a whole
+vocabulary at once (forming it for all 72 heads of Gemma 3 270M, d_vocab 262,144, would be ~6 TFLOP).
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from tqdm.auto import tqdm
 from headlens.arch import adapter_for
 from headlens.load.devices import onloaded
 from headlens.scores.ov_copying import folded_unembed, value_change
+from headlens.scores.ov_rows import filtered_hits, prepare
 
 BOTTOM_K = 10  # the token's own logit among the 10 lowest of its column
 VOCAB_SAMPLE = 2401  # tokens of the full sample: Wilson 95% half-width <= 0.020 at any share
 SCREEN = 96  # tokens every head is scored on: 0 of 96 gives [0, 0.039]
 CI_HALF_WIDTH = 0.02
 Z_95 = 1.959964
-TOKEN_CHUNK = 64  # tokens per logits block ([head, chunk, d_vocab] float32)
 
 
 def wilson(hits: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,10 +73,10 @@ def self_attention_embedding(adapter, token_ids: torch.Tensor) -> torch.Tensor:
         return adapter.finish_block(0, x, attn[:, None])[:, 0]  # [n, d_model] (a norm on attn0 applied there)
 
 
-def layer_unembeds(adapter, layer: int, w_u: torch.Tensor) -> torch.Tensor:
-    """A = W_O^h W_U of every query head of `layer`, with a norm on the attention output (its gain) and
-    LayerNorm's centring folded into W_O as headlens.scores.ov_circuit.head_outputs applies them:
-    [head, d_head, d_vocab] float32. w_u: the folded unembedding [d_model, d_vocab]."""
+def folded_w_o(adapter, layer: int) -> torch.Tensor:
+    """W_O of every query head of `layer`, with a norm on the attention output (its gain) and
+    LayerNorm's centring folded in as headlens.scores.ov_circuit.head_outputs applies them:
+    [head, d_head, d_model] float64 (cpu). z @ folded_w_o @ the folded unembedding are a head's logits."""
     with onloaded(adapter.z_module(layer)):
         w_o = adapter.w_o(layer).detach().double().cpu()  # [head, d_head, d_model]
     gain = adapter.attn_out_gain(layer)
@@ -83,24 +84,7 @@ def layer_unembeds(adapter, layer: int, w_u: torch.Tensor) -> torch.Tensor:
         w_o = w_o * gain.detach().double().cpu()  # [head, d_head, d_model]
     if adapter.final_norm_centres:
         w_o = w_o - w_o.mean(-1, keepdim=True)  # LayerNorm's centring
-    return w_o.float() @ w_u.float()  # [head, d_head, d_vocab]
-
-
-def bottom_hits(z: torch.Tensor, unembed: torch.Tensor, tokens: torch.Tensor, k: int = BOTTOM_K) -> torch.Tensor:
-    """Whether fewer than k vocabulary entries lie strictly below each token's own logit, per head: z [n,
-    head, d_head] (the tokens' values), unembed [head, d_head, d_vocab], tokens [n] -> [head, n] bool. The
-    own logit is read from the same product, so the token never counts against itself. Fewer than k
-    entries lie below x exactly when x is at most the k-th smallest entry of its row (x among them):
-    one top-k pass per row instead of a count over the row (3x less time on 2 CPU cores)."""
-    k = min(k, unembed.shape[-1])  # a vocabulary of at most k tokens: every token is in its bottom k
-    hits = []
-    for start in range(0, len(tokens), TOKEN_CHUNK):
-        part = z[start : start + TOKEN_CHUNK].transpose(0, 1).float()  # [head, chunk, d_head]
-        logits = part @ unembed  # [head, chunk, d_vocab]
-        cols = tokens[start : start + TOKEN_CHUNK][None, :, None].expand(logits.shape[0], -1, 1)  # [head, chunk, 1]
-        kth = logits.topk(k, dim=-1, largest=False).values.amax(-1)  # [head, chunk]: the k-th smallest
-        hits.append(logits.gather(-1, cols)[..., 0] <= kth)  # [head, chunk]
-    return torch.cat(hits, 1)  # [head, n]
+    return w_o
 
 
 def cs_ov_vocab(
@@ -116,18 +100,19 @@ def cs_ov_vocab(
     n_heads] (NaN, n = 0 outside `layers` when only some are asked for); `exact` (the whole vocabulary
     was scored), `d_vocab`, `screen`, `sample`. `progress`: a bar over the layers on stderr."""
     adapter = adapter_for(model)
-    w_u = folded_unembed(adapter).detach().cpu().float()  # [d_model, d_vocab], converted once for every layer
-    tokens = vocab_sample(w_u.shape[1], seed, sample)  # [m]
+    unembed = prepare(folded_unembed(adapter).detach().cpu())  # [d_model, d_vocab], converted once for every layer
+    d_vocab = unembed.w_u.shape[1]
+    tokens = vocab_sample(d_vocab, seed, sample)  # [m]
     resid = self_attention_embedding(adapter, tokens).detach()  # [m, d_model]
     groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)])
 
     def layer_hits(layer: int):
         z = value_change(adapter, layer, resid).double().cpu()[:, groups]  # [m, head, d_head]
-        unembed = layer_unembeds(adapter, layer, w_u)  # [head, d_head, d_vocab]
-        return lambda heads, rows: bottom_hits(z[rows, heads], unembed[heads], tokens[rows]).sum(-1)
+        w_o = folded_w_o(adapter, layer)  # [head, d_head, d_model]
+        return lambda heads, rows: filtered_hits(z[rows, heads], w_o[heads], unembed, tokens[rows], BOTTOM_K).sum(-1)
 
     with torch.no_grad():
-        return screened_shares(layer_hits, adapter, tokens, w_u.shape[1], screen, layers, "cs_ov_score", progress)
+        return screened_shares(layer_hits, adapter, tokens, d_vocab, screen, layers, "cs_ov_score", progress)
 
 
 def screened_shares(
