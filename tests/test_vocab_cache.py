@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from headlens.classify import ClassifyConfig, classify_heads, kind_runs, vocab_cache
+from headlens.load.locate import ModelSource
 from headlens.load.models import load_model
 
 
@@ -60,3 +62,14 @@ def test_another_ov_cut_off_or_the_switch_computes_again(tiny, counted, monkeypa
     monkeypatch.setenv(vocab_cache.NO_CACHE_ENV, "1")
     classify_heads(tiny, config=ClassifyConfig(n_seq=2, max_windows=2, needles=False))
     assert len(calls) == 3
+
+
+def test_a_model_edited_after_loading_gets_its_own_entry():
+    """The key reads the weights in memory, not only the file they came from: a GGUF-sourced model
+    (its source's sha256 unchanged) with one weight edited is keyed apart."""
+    loaded = load_model("tiny")
+    loaded.source = ModelSource(format="gguf", quantization="F32", sha256="0" * 64, file="x.gguf")
+    before = vocab_cache.vocab_key(loaded, 0, 0.5)
+    with torch.no_grad():
+        next(loaded.model.parameters()).view(-1)[0] += 1.0  # one weight edited in place
+    assert vocab_cache.vocab_key(loaded, 0, 0.5) != before

@@ -2,7 +2,7 @@
 
 The clean run's metric value at every scored position (`EvalSet.counted`, row-major) depends only on
 the model's weights, the set, the dtype, the device and how the set is cut into forward passes. Its
-cache key hashes all of them: the model's digest (`model_digest`: the GGUF's sha256 or the folder it
+cache key hashes all of them: the model's digest (headlens.load.devices.model_digest: the GGUF's sha256 or the folder it
 was read from, the config, and every parameter's name, shape, dtype and checksum, the sha256 of its
 bytes on CPU, so a model edited in memory gets its own key), the set's digest (`EvalSet.data_hash`),
 the metric, the attention kernel, the passes' slices and CACHE_VERSION. Entries are
@@ -30,40 +30,11 @@ from headlens.arch.context import NO_PATTERN
 from headlens.arch.kernels import onednn_available
 from headlens.files import cache_root, write_cache_entry
 from headlens.heads import Head
-from headlens.load.devices import onloaded
+from headlens.load.devices import model_digest
 
 CACHE_DIR = "clean-runs"
 CACHE_VERSION = 1
 NO_CACHE_ENV = "HEADLENS_NO_CLEAN_CACHE"  # set (to anything): neither read nor write clean runs
-
-
-def model_digest(loaded) -> str:
-    """A digest of what the model computes: where its weights came from, its config, and a checksum
-    of every parameter and buffer as it is in memory now (tensor_checksum)."""
-    model = loaded.model
-    source = loaded.source.sha256 if loaded.source is not None else str(loaded.path or loaded.name)
-    digest = hashlib.sha256(f"{source}|{model.config.to_json_string()}".encode())
-    with torch.no_grad():
-        for prefix, module in model.named_modules():
-            with onloaded(module):  # an offloaded module's weights are read where accelerate keeps them
-                own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-                for name, tensor in own:
-                    digest.update(f"{prefix}.{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
-                    digest.update(tensor_checksum(tensor.detach()))
-    return digest.hexdigest()
-
-
-def tensor_checksum(tensor: torch.Tensor) -> bytes:
-    """On CPU the sha256 of the tensor's bytes (every bit counts; ~3x faster than float64 sums, which
-    convert every element); elsewhere, not to copy the weights to the host, the float64 sum and sum of
-    squares computed on the device (no content for integer tensors)."""
-    if tensor.device.type == "cpu":
-        return hashlib.sha256(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data).digest()
-    if not tensor.is_floating_point():
-        return b""
-    total = float(torch.sum(tensor, dtype=torch.float64))
-    square = float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
-    return f"{total!r}|{square!r}".encode()
 
 
 def clean_key(loaded, evalset, batches: Sequence[slice]) -> str:

@@ -4,7 +4,8 @@ once per model and kept in headlens's cache.
 Both read only the weights: the same model, seed, OV cut-off (which gates the QK layers), dtype and device
 give the same tensors, and on a large vocabulary they are over half of classify's time (Gemma 3 270M: 105 s
 computed, 46 s cached, BENCHMARKS.md). The entry is `<cache root>/vocab-criteria/<key>.pt`, the key the sha256 of the
-weights' digest (headlens.classify.cache.weights_digest), those settings, the sample sizes and
+weights' digest as they are in memory (headlens.load.devices.model_digest: a model edited after loading gets
+its own entry), those settings, the sample sizes and
 SCORES_VERSION; written to a temporary file and renamed into place, read back with
 `torch.load(weights_only=True)`; an entry that does not read back as the expected tensors is computed
 again. Setting NO_CACHE_ENV (to anything) neither reads nor writes entries, nor does a model whose weights
@@ -22,8 +23,9 @@ from collections.abc import Callable
 
 import torch
 
-from headlens.classify.cache import SCORES_VERSION, weights_digest
+from headlens.classify.cache import SCORES_VERSION
 from headlens.files import cache_root, write_cache_entry
+from headlens.load.devices import model_digest
 from headlens.scores.ov_vocab import SCREEN, VOCAB_SAMPLE
 
 CACHE_DIR = "vocab-criteria"
@@ -35,7 +37,7 @@ def vocab_key(loaded, seed: int, ov_min: float) -> str:
     """The cache key of `loaded`'s vocabulary criteria under `seed` and the OV cut-off `ov_min`."""
     param = next(loaded.model.parameters())
     facts = {
-        "weights": weights_digest(loaded),
+        "weights": model_digest(loaded),
         "seed": seed,
         "ov_min": ov_min,
         "dtype": str(param.dtype),

@@ -1,9 +1,12 @@
 """Where a model runs and in what precision: device and dtype names, and accelerate's big-model
-placement (`device_map`), resolved once at load time (headlens.load.models.load_model)."""
+placement (`device_map`), resolved once at load time (headlens.load.models.load_model); and
+`model_digest`, a digest of the weights as they are in memory now, wherever they are placed (the key
+of headlens's caches of computed values)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
 import torch
 
@@ -108,3 +111,32 @@ def with_largest_batch(run, start: int = AUTO_BATCH_START):
         return run(batch_size)
 
     return attempt(), tried[-1]
+
+
+def model_digest(loaded) -> str:
+    """A digest of what the model computes: where its weights came from, its config, and a checksum
+    of every parameter and buffer as it is in memory now (tensor_checksum)."""
+    model = loaded.model
+    source = loaded.source.sha256 if loaded.source is not None else str(loaded.path or loaded.name)
+    digest = hashlib.sha256(f"{source}|{model.config.to_json_string()}".encode())
+    with torch.no_grad():
+        for prefix, module in model.named_modules():
+            with onloaded(module):  # an offloaded module's weights are read where accelerate keeps them
+                own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+                for name, tensor in own:
+                    digest.update(f"{prefix}.{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
+                    digest.update(tensor_checksum(tensor.detach()))
+    return digest.hexdigest()
+
+
+def tensor_checksum(tensor: torch.Tensor) -> bytes:
+    """On CPU the sha256 of the tensor's bytes (every bit counts; ~3x faster than float64 sums, which
+    convert every element); elsewhere, not to copy the weights to the host, the float64 sum and sum of
+    squares computed on the device (no content for integer tensors)."""
+    if tensor.device.type == "cpu":
+        return hashlib.sha256(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data).digest()
+    if not tensor.is_floating_point():
+        return b""
+    total = float(torch.sum(tensor, dtype=torch.float64))
+    square = float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+    return f"{total!r}|{square!r}".encode()
