@@ -13,7 +13,7 @@ from headlens.classify import ClassifyConfig
 from headlens.classify.kinds import KINDS
 from headlens.load.models import build_model
 from headlens.scores.ov_vocab import CI_HALF_WIDTH, SCREEN, VOCAB_SAMPLE, cs_ov_vocab, vocab_sample
-from headlens.scores.qk_vocab import TOP_K, cs_qk_vocab
+from headlens.scores.qk_vocab import KEY_BLOCK, QUERY_CHUNK, TOP_K, cs_qk_vocab, own_in_top
 from tests.helpers.families import build_family, family_configs
 from tests.helpers.llama_ov import load_smollm2, manual_w_ee, rms64
 
@@ -64,6 +64,25 @@ def planted_model(vocab: int):
         for head in (CS, OV_ONLY):
             attn.o_proj.weight[:, head * d_head : (head + 1) * d_head] = -3.0 * w_v.T
     return loaded
+
+
+def test_own_in_top_scans_every_key_block_as_the_whole_score_matrix_does():
+    """own_in_top against every key's score written out at once, on a vocabulary of several KEY_BLOCKs
+    (not a multiple of it) and more than two QUERY_CHUNKs of tokens whose queries lean on their own key
+    by seeded random amounts, so that the counts of keys above fall on both sides of TOP_K."""
+    gen = torch.Generator().manual_seed(0)
+    d_vocab, d_head, n = 2 * KEY_BLOCK + 1234, 16, 2 * QUERY_CHUNK + 37
+    keys = torch.randn(d_vocab, d_head, generator=gen, dtype=torch.float64)  # [d_vocab, d_head]
+    tokens = torch.randperm(d_vocab, generator=gen)[:n]  # [n]
+    lean = torch.rand(n, 1, generator=gen, dtype=torch.float64) * 1.5  # [n, 1]
+    queries = lean * keys[tokens] + torch.randn(n, d_head, generator=gen, dtype=torch.float64)  # [n, d_head]
+    scores = queries @ keys.T  # [n, d_vocab]
+    own = scores.gather(-1, tokens[:, None])  # [n, 1]
+    above = (scores > own).sum(-1)  # [n]: the own column is never above itself
+    assert (above < TOP_K).sum() >= 10 and (above >= TOP_K).sum() >= 10  # both outcomes
+    assert ((above >= TOP_K - 3) & (above <= TOP_K + 3)).sum() >= 3  # some near the boundary
+    assert (tokens >= 2 * KEY_BLOCK).any()  # own keys in the last, partial block too
+    assert torch.equal(own_in_top(queries, keys, tokens), above < TOP_K)
 
 
 def test_small_vocabulary_is_scored_exactly_against_the_raw_weights():

@@ -34,7 +34,7 @@ from headlens.classify.runs import (
     resolve_text,
 )
 from headlens.results import Result
-from headlens.scores.ov_copying import sign_disagreements
+from headlens.scores.ov_copying import folding_once, sign_disagreements
 
 __all__ = [
     "SCORE_COLUMNS",
@@ -114,9 +114,10 @@ def run_probes(run: ProbeRun) -> dict:
     layers) show beneath it with tqdm's estimate of their time left."""
     results = {}
     bar = tqdm(kinds.PROBES.items(), desc="classify", unit="probe", total=len(kinds.PROBES), disable=not run.progress)
-    for name, probe in bar:
-        bar.set_postfix_str(name)
-        results[name] = probe.run(run)
+    with folding_once():  # the weights are fixed for the run: the folded unembedding is made once
+        for name, probe in bar:
+            bar.set_postfix_str(name)
+            results[name] = probe.run(run)
     return results
 
 

@@ -25,6 +25,10 @@ the vocabulary through its value projection and makes W_U (W_E W_V) itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 
 from headlens.arch import adapter_for, get_module
@@ -133,13 +137,41 @@ def _ratio(base: torch.Tensor, change: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, (base * change).sum(0) / den.clamp_min(1e-300), 0.0).float()
 
 
+# Inside `folding_once()`: the folded unembeddings made so far, {key: (source tensors, folded)}; the
+# unembedding and final-norm tensors are held so that their ids stay theirs while the entry lives.
+_FOLDED: ContextVar[dict | None] = ContextVar("folded_unembed", default=None)
+
+
+@contextmanager
+def folding_once() -> Iterator[None]:
+    """Within this block folded_unembed makes each model's folded unembedding once and hands the same
+    tensor to every later caller (read-only), as long as the unembedding and the final norm's parameters
+    are the same tensors, unchanged in place (their version counters). For Gemma 3's [262,144 x 640]
+    unembedding the fold is ~1.5 s and classify's probes ask for it five times. Outside the block
+    every call makes its own."""
+    token = _FOLDED.set({})
+    try:
+        yield
+    finally:
+        _FOLDED.reset(token)
+
+
 def folded_unembed(adapter) -> torch.Tensor:
-    """The unembedding with the final norm's gain folded in: [d_model, d_vocab] (float64)."""
+    """The unembedding with the final norm's gain folded in: [d_model, d_vocab] (float64). Made once per
+    model inside folding_once(); callers do not modify it in place."""
+    memo = _FOLDED.get()
     with onloaded(adapter.unembed()), onloaded(adapter.final_norm()):
-        w_u = adapter.unembed().weight.detach().double()  # [d_vocab, d_model]
+        weight = adapter.unembed().weight  # [d_vocab, d_model]
+        sources = (weight, *adapter.final_norm().parameters())  # what the fold is made from (a gain may be 1 + w)
+        key = tuple((id(t), t._version, str(t.device)) for t in sources)
+        if memo is not None and key in memo:
+            return memo[key][1]
+        w_u = weight.detach().double()  # [d_vocab, d_model]
         gain = adapter.final_norm_gain()
         if gain is not None:
             w_u = w_u * gain.detach().double()  # [d_vocab, d_model]
+    if memo is not None:
+        memo[key] = (sources, w_u.T)
     return w_u.T
 
 

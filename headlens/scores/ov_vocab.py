@@ -63,13 +63,15 @@ def vocab_sample(d_vocab: int, seed: int = 0, n: int = VOCAB_SAMPLE) -> torch.Te
 def self_attention_embedding(adapter, token_ids: torch.Tensor) -> torch.Tensor:
     """W_EE with layer 0's attention locked on the token itself (module docstring): [n, d_model]."""
     embed = adapter.embed()
-    groups = [adapter.kv_group(h) for h in range(adapter.n_heads)]
+    groups = torch.tensor([adapter.kv_group(h) for h in range(adapter.n_heads)])  # [head]
     with torch.no_grad():
         x = embed(token_ids.to(embed.weight.device)[:, None])  # [n, 1, d_model]
-        z = value_change(adapter, 0, x[:, 0]).double()[:, groups]  # [n, head, d_head]
+        z = value_change(adapter, 0, x[:, 0]).double()  # [n, kv_head, d_head]
         with onloaded(adapter.z_module(0)):
             w_o = adapter.w_o(0).detach().double().to(z.device)  # [head, d_head, d_model]
-        attn = torch.einsum("nhd,hdm->nm", z, w_o).to(x.dtype)  # [n, d_model]: every head on itself
+        # the query heads of a key/value group read the same value: their W_O summed first (float64)
+        shared = w_o.new_zeros(z.shape[1], *w_o.shape[1:]).index_add_(0, groups.to(z.device), w_o)
+        attn = (z.flatten(1) @ shared.flatten(0, 1)).to(x.dtype)  # [n, d_model]: every head on itself
         return adapter.finish_block(0, x, attn[:, None])[:, 0]  # [n, d_model] (a norm on attn0 applied there)
 
 

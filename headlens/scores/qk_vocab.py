@@ -47,13 +47,13 @@ from headlens.scores.ov_vocab import SCREEN, VOCAB_SAMPLE, screened_shares, self
 TOP_K = 10  # the own key among the 10 highest of its row
 KEY_CHUNK = 4096  # vocabulary rows per pass through layer 0 and a layer's key projection
 QUERY_CHUNK = 64  # query tokens per scores block ([chunk, d_vocab] float32 per head)
-FIRST_PART = 8  # the share 1 / FIRST_PART of the keys every query token meets first (own_in_top)
+KEY_BLOCK = 8192  # keys per step of own_in_top's scan ([QUERY_CHUNK, KEY_BLOCK] float32 scores: 2 MB)
 
 
 def query_inputs(w_u: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """The query side's residual vectors: each token's centred unembedding column scaled to unit rms,
     w_u [d_model, d_vocab] (gain folded) -> [n, d_model] float64."""
-    cols = (w_u - w_u.mean(1, keepdim=True))[:, tokens].T.double()  # [n, d_model]
+    cols = (w_u[:, tokens] - w_u.mean(1, keepdim=True)).T.double()  # [n, d_model]: the picked columns, centred
     return cols / cols.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30)
 
 
@@ -91,25 +91,27 @@ def project(adapter, layer: int, resid: torch.Tensor, row: int) -> torch.Tensor:
 def own_in_top(queries: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Whether fewer than TOP_K vocabulary keys score strictly above each token's own key, for one head:
     queries [n, d_head] (the tokens' queries), keys [d_vocab, d_head] (its key head), tokens [n] ->
-    [n] bool. The own key's column is left out of the count. Each block of queries first meets the
-    first d_vocab // FIRST_PART keys: a token with TOP_K keys above it there already fails, and only
-    the rest are scored against the whole vocabulary (the answer is the same; most tokens of a head
-    that is not a copy suppressor fail in the first part)."""
-    part = max(TOP_K, len(keys) // FIRST_PART)
+    [n] bool. The own key's column is left out of the count. Each block of QUERY_CHUNK queries meets
+    the keys KEY_BLOCK at a time (the scores stay in cache while they are compared), counting the keys
+    above; a token with TOP_K above it already fails and leaves the scan (most tokens of a head that
+    is not a copy suppressor leave in the first block). A token that counts is scanned to the end."""
     out = []
     for start in range(0, len(tokens), QUERY_CHUNK):
         query, token = queries[start : start + QUERY_CHUNK], tokens[start : start + QUERY_CHUNK]  # [c, d_head], [c]
         own = (query * keys[token]).sum(-1, keepdim=True)  # [c, 1]
-        first = query @ keys[:part].T  # [c, part]
-        undecided = ((first > own) & (token[:, None] != torch.arange(part))).sum(-1) < TOP_K  # [c]
-        hit = torch.zeros(len(token), dtype=torch.bool)  # [c]
-        if undecided.any():
-            scores = query[undecided] @ keys.T  # [u, d_vocab]
-            above = (scores > own[undecided]).sum(-1) - (
-                scores.gather(-1, token[undecided, None]) > own[undecided]
-            ).sum(-1)
-            hit[undecided] = above < TOP_K  # [u]
-        out.append(hit)
+        above = torch.zeros(len(token), dtype=torch.int32)  # [c]
+        live = torch.arange(len(token))  # [l]: tokens still open
+        for first in range(0, len(keys), KEY_BLOCK):
+            block = keys[first : first + KEY_BLOCK]  # [b, d_head]
+            scores, mine, ids = query[live] @ block.T, own[live], token[live]  # [l, b], [l, 1], [l]
+            count = (scores > mine).sum(-1, dtype=torch.int32)  # [l]
+            inside = ((ids >= first) & (ids < first + len(block))).nonzero().flatten()  # own column in this block
+            count[inside] -= (scores[inside, ids[inside] - first] > mine[inside, 0]).int()
+            above[live] += count
+            live = live[above[live] < TOP_K]  # [l']
+            if not len(live):
+                break
+        out.append(above < TOP_K)
     return torch.cat(out)  # [n]
 
 
