@@ -19,7 +19,7 @@ from headlens.scores.copy_suppression import (
     negative_copy_share,
     predicted_attention,
 )
-from headlens.scores.ov_circuit import ov_logits, own_ranks
+from headlens.scores.ov_circuit import ov_logits, own_extremes, own_ranks
 from tests.helpers.families import build_family
 from tests.helpers.kinds_checks import check_text_attention_loop_over_positions
 from tests.helpers.llama_ov import manual_ov_logits
@@ -47,6 +47,33 @@ def test_own_ranks_count_the_rest_of_the_vocabulary_as_a_float64_ranking_does(fa
     # float32 against float64: a count moves only by logits within rounding of the token's own
     assert (above - ((logits > own) & others).sum(-1)).abs().max() <= 2
     assert (below - ((logits < own) & others).sum(-1)).abs().max() <= 2
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "gemma3_text-mqa"])
+def test_own_extremes_agree_with_a_float64_ranking_of_every_logit(family):
+    """own_extremes (float32, rows leaving the scan once k tokens lie above and k below) against the
+    float64 logits of ov_logits ranked here, at k = 10 (random weights: no token in an extreme) and at
+    k = an eighth of the vocabulary (many tokens in an extreme, many leaving early); rows that a logit
+    within float32 rounding of the token's own could move across k are left out, and most rows are
+    decided."""
+    loaded = build_family(family, seed=3)
+    vocab = torch.arange(loaded.spec.d_vocab)  # [d_vocab]
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.cat(
+        [torch.tensor([0, loaded.spec.d_vocab - 1]), torch.randperm(loaded.spec.d_vocab, generator=gen)[:30]]
+    )
+    logits = ov_logits(loaded.model, tokens, vocab)  # [layer, head, n, d_vocab] float64
+    own = logits[..., torch.arange(len(tokens)), tokens][..., None]  # [layer, head, n, 1]
+    others = vocab != tokens[:, None]  # [n, d_vocab]
+    tol = 1e-4 * float(logits.abs().max())  # far above float32 rounding of these products
+    close = (((logits - own).abs() <= tol) & others).sum(-1)  # [layer, head, n]
+    for k in (10, loaded.spec.d_vocab // 8):
+        top, bottom = own_extremes(loaded.model, tokens, k)  # [layer, head, n] each
+        for got, count in ((top, ((logits > own) & others).sum(-1)), (bottom, ((logits < own) & others).sum(-1))):
+            decided = (count + close < k) | (count - close >= k)  # [layer, head, n]
+            assert decided.double().mean() > 0.9
+            assert torch.equal(got[decided], (count < k)[decided])
+    assert top.any() and bottom.any() and not top.all()  # at an eighth of the vocabulary: both outcomes
 
 
 def test_attention_on_the_predicted_tokens_copy():

@@ -24,7 +24,7 @@ from headlens.scores.name_mover import (
     ioi_run,
     name_tokens,
 )
-from headlens.scores.ov_circuit import own_ranks
+from headlens.scores.ov_circuit import own_extremes
 from headlens.scores.ov_vocab import cs_ov_vocab
 from headlens.scores.qk_vocab import cs_qk_vocab
 from headlens.scores.rare_word import TOKEN_SHARE as RARE_TOKEN_SHARE
@@ -61,12 +61,9 @@ def probe_name_mover(run) -> ProbeResult:
         return ProbeResult(scores, counts, {"ioi_missing": str(exc), **names, **counts}, SOURCE_TEMPLATES)
     result = ioi_run(loaded, prompts)
     names = torch.tensor(sorted(set(name_tokens(loaded.tokenizer).values())))  # [n_names]
-    above, below = own_ranks(loaded.model, names)  # [layer, head, n_names]
+    top, bottom = own_extremes(loaded.model, names, COPY_TOP_K)  # [layer, head, n_names] each
     scores = {key: result[key] for key in SCORE_KEYS}
-    scores.update(
-        name_copy_score=(above < COPY_TOP_K).double().mean(-1),
-        name_negative_copy_score=(below < COPY_TOP_K).double().mean(-1),
-    )
+    scores.update(name_copy_score=top.double().mean(-1), name_negative_copy_score=bottom.double().mean(-1))
     counts = {"n_ioi_prompts": len(prompts), "ioi_logit_diff": result["logit_diff"]}
     facts = {**counts, "ioi_correct_share": float((result["logit_diffs"] > 0).double().mean()), "ioi_names": len(names)}
     return ProbeResult(scores, counts, facts, SOURCE_TEMPLATES)

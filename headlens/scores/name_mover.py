@@ -38,7 +38,7 @@ import torch
 
 from headlens.errors import ConfigError
 from headlens.scores.direct_logit import head_direct_effects
-from headlens.scores.ov_circuit import own_ranks
+from headlens.scores.ov_circuit import own_extremes
 
 COPY_TOP_K = 5  # Wang et al.: the name among the top 5 logits of the head's OV output
 IO_ATTENTION_MIN = 0.2  # ours (see the module docstring)
@@ -215,8 +215,8 @@ def name_mover_scores(loaded, n: int = N_PROMPTS, seed: int = 0) -> dict:
     prompts = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed)
     result = ioi_run(loaded, prompts)
     names = torch.tensor(sorted(set(name_tokens(loaded.tokenizer).values())))  # [n_names]
-    above, below = own_ranks(loaded.model, names)  # [layer, head, n_names]
-    copy, negative = (above < COPY_TOP_K).double().mean(-1), (below < COPY_TOP_K).double().mean(-1)
+    top, bottom = own_extremes(loaded.model, names, COPY_TOP_K)  # [layer, head, n_names] each
+    copy, negative = top.double().mean(-1), bottom.double().mean(-1)
     attends = (result["io_attention"] >= IO_ATTENTION_MIN) & (result["io_attention"] > result["s_attention"])
     result.update(
         name_copy_score=copy,

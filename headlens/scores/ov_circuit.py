@@ -96,3 +96,40 @@ def own_ranks(model, token_ids: torch.Tensor, resid: torch.Tensor | None = None)
                 above[layer][:, inside] -= (self_logit > mine[:, inside]).squeeze(-1).long()
                 below[layer][:, inside] -= (self_logit < mine[:, inside]).squeeze(-1).long()
     return above.cpu(), below.cpu()
+
+
+def own_extremes(
+    model, token_ids: torch.Tensor, k: int, resid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether each token's own logit in its OV output is among the k largest and among the k smallest
+    of the vocabulary: (above < k, below < k) of own_ranks, each [n_layers, n_heads, n] bool, from the
+    same float32 products. A (head, token) row leaves the scan of the vocabulary's VOCAB_CHUNK-row
+    blocks once k tokens lie above it and k below (it is in neither extreme, whatever the rest holds);
+    a token in an extreme is scanned to the end. Most tokens of most heads leave in the first block."""
+    w_u = folded_unembed(adapter_for(model))  # [d_model, d_vocab]
+    outs = head_outputs(model, token_ids, resid)  # [layer, head, n, d_model]
+    w_t = w_u.T.to(outs.device).float().contiguous()  # [d_vocab, d_model]
+    ids = token_ids.to(outs.device)  # [n]
+    own = torch.einsum("lhnm,nm->lhn", outs.float(), w_t[ids])  # [layer, head, n]
+    n_layers, n_heads, n = own.shape
+    above = torch.zeros(n_layers, n_heads * n, dtype=torch.int32, device=own.device)  # [layer, head * n]
+    below = torch.zeros_like(above)
+    row_ids = ids.repeat(n_heads)  # [head * n]: the token of each (head, token) row
+    for layer in range(n_layers):
+        rows, mine = outs[layer].float().flatten(0, 1), own[layer].flatten()  # [head * n, d_model], [head * n]
+        live = torch.arange(len(rows), device=own.device)  # [l]: rows still open
+        for start in range(0, w_t.shape[0], VOCAB_CHUNK):
+            logits = torch.nn.functional.linear(rows[live], w_t[start : start + VOCAB_CHUNK])  # [l, chunk]
+            limit, token = mine[live, None], row_ids[live]  # [l, 1], [l]
+            up, down = (logits > limit).sum(-1, dtype=torch.int32), (logits < limit).sum(-1, dtype=torch.int32)
+            inside = ((token >= start) & (token < start + logits.shape[-1])).nonzero().flatten()  # own column here
+            self_logit = logits[inside, token[inside] - start]  # [i]
+            up[inside] -= (self_logit > limit[inside, 0]).int()
+            down[inside] -= (self_logit < limit[inside, 0]).int()
+            above[layer, live] += up
+            below[layer, live] += down
+            live = live[(above[layer, live] < k) | (below[layer, live] < k)]  # [l']
+            if not len(live):
+                break
+    shape = (n_layers, n_heads, n)
+    return (above < k).view(shape).cpu(), (below < k).view(shape).cpu()
