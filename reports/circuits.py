@@ -13,6 +13,8 @@ Every piece of prose comes from the catalogue (both languages).
 
 from __future__ import annotations
 
+import sys
+
 import networkx as nx
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -189,7 +191,25 @@ def circuit_graph(doc: dict) -> nx.DiGraph:
             for c in helpers:
                 add(c["head"])
                 graph.add_edge(source, c["head"], weight=c["change"], kind="backup")
-    return graph
+    return _in_head_order(graph)
+
+
+def _in_head_order(graph: nx.DiGraph) -> nx.DiGraph:
+    """The same graph with its nodes and edges in (layer, head) order, `logits` last. layout() stacks a
+    layer's nodes in the graph's node order and edges are drawn in edge order, so the picture depends on
+    which heads and edges are drawn, not on the order the document lists them in."""
+    ordered = nx.DiGraph()
+    ordered.add_nodes_from(sorted(graph.nodes(data=True), key=lambda item: _place(item[0])))
+    ordered.add_edges_from(sorted(graph.edges(data=True), key=lambda edge: (_place(edge[0]), _place(edge[1]))))
+    return ordered
+
+
+def _place(node: str) -> tuple[int, int]:
+    """(layer, head) of a head node "L.H"; the logits node after every layer."""
+    if node == "logits":
+        return (sys.maxsize, 0)
+    layer, head = node.split(".")
+    return (int(layer), int(head))
 
 
 def _weights_only(doc: dict) -> bool:
@@ -210,7 +230,7 @@ def graph_uri(doc: dict, lang: str) -> str:
     fig = Figure(figsize=(8, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    pos = nx.multipartite_layout(graph, subset_key="layer")
+    pos = layout(graph)
     colours = [
         COLOURS.get(graph.nodes[n]["role"], UNLABELLED if graph.nodes[n]["role"] == "unlabelled" else OTHER)
         for n in graph
@@ -234,6 +254,17 @@ def graph_uri(doc: dict, lang: str) -> str:
     ax.set_axis_off()
     fig.tight_layout()
     return figure_uri(fig)
+
+
+def layout(graph: nx.DiGraph) -> dict:
+    """Node -> (x, y): one column per layer, a layer's heads stacked in the graph's node order (head
+    order: circuit_graph). The columns are handed to networkx as lists: given the attribute name, it
+    groups nodes into sets, whose order follows the process's string hashing and so changes from run
+    to run."""
+    columns: dict[int, list[str]] = {}
+    for node, layer in graph.nodes(data="layer"):
+        columns.setdefault(layer, []).append(node)
+    return nx.multipartite_layout(graph, subset_key=columns)
 
 
 def _edge_word(kind: str, lang: str) -> str:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from headlens.reports.circuits import circuit_graph, circuit_section
+from headlens.reports.circuits import circuit_graph, circuit_section, graph_uri, layout
 
 
 def _doc(clean: float = 3.0) -> dict:
@@ -84,6 +89,49 @@ def test_the_graph_draws_measured_edges_direct_paths_and_backups():
     assert graph.edges["2.0", "logits"]["weight"] == 1.5
     assert graph.edges["1.1", "2.1"]["kind"] == "backup" and graph.edges["1.1", "2.0"]["kind"] == "backup"
     assert graph.nodes["2.0"]["role"] == "unlabelled" and graph.nodes["1.1"]["role"] == "name_mover"
+
+
+def test_the_drawing_does_not_depend_on_the_order_the_document_lists_heads_and_backups_in():
+    doc, shuffled = _doc(), _doc()
+    shuffled["heads"].reverse()  # four heads, fewer than GRAPH_HEADS: the same ones are drawn
+    shuffled["self_repair"]["compensation"][:2] = shuffled["self_repair"]["compensation"][1::-1]
+    graph = circuit_graph(shuffled)
+    assert list(graph.nodes) == ["0.0", "1.1", "2.0", "2.1", "logits"]  # by layer, then head
+    assert list(graph.edges) == list(circuit_graph(doc).edges)
+    assert graph_uri(shuffled, "en") == graph_uri(doc, "en")
+
+
+LAYOUT_CHECK = """
+import json
+from headlens.reports.circuits import circuit_graph, layout
+heads = [{"head": f"3.{h}", "labels": [], "direct_effect": 0.1 * h, "total_effect": None,
+          "large_unlabelled": False} for h in (4, 0, 6, 2, 5, 1)]
+doc = {"heads": heads, "edges": [], "self_repair": None}
+pos = layout(circuit_graph(doc))
+print(json.dumps({node: [float(v) for v in xy] for node, xy in pos.items()}))
+"""
+
+
+def test_a_layers_heads_are_stacked_in_head_order_whatever_the_string_hashing():
+    """Six heads of one layer laid out in two processes with different PYTHONHASHSEED: the same
+    positions, stacked by head index (networkx groups by an attribute into sets, whose order is the
+    hashing's: 1 chance in 720 of passing per process without the ordered columns)."""
+    runs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", LAYOUT_CHECK], env=env, capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout))
+    assert runs[0] == runs[1]
+    heads = [f"3.{h}" for h in range(7) if h != 3]
+    ys = [runs[0][node][1] for node in heads]
+    assert ys == sorted(ys) or ys == sorted(ys, reverse=True)  # monotone in the head index
+    assert len(set(ys)) == len(ys)
+
+
+def test_layout_is_one_column_per_layer():
+    pos = layout(circuit_graph(_doc()))
+    xs = {node: round(float(xy[0]), 9) for node, xy in pos.items()}
+    assert xs["2.0"] == xs["2.1"] and len({xs["0.0"], xs["1.1"], xs["2.0"], xs["logits"]}) == 4
 
 
 def test_no_ioi_circuit_is_drawn_where_the_model_does_not_do_the_task():
