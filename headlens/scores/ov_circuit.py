@@ -70,32 +70,10 @@ def own_ranks(model, token_ids: torch.Tensor, resid: torch.Tensor | None = None)
     `resid` [n, d_model] as head_outputs takes it) over the whole vocabulary:
     (above, below), each [n_layers, n_heads, n] int64: how many vocabulary tokens get a strictly
     larger (smaller) logit than the token itself. above < k: the token is in the top k. Ranked in
-    float32 (a full-vocabulary pass per head is the cost; float32 ties only where logits tie exactly).
-
-    The unembedding is read in VOCAB_CHUNK-row blocks whose logits stay in cache while they are
-    compared; the token's own column, counted by those comparisons against `own` (the same logit
-    from another matmul, so rounding may put it above or below), is taken back out."""
-    w_u = folded_unembed(adapter_for(model))  # [d_model, d_vocab]
-    outs = head_outputs(model, token_ids, resid)  # [layer, head, n, d_model]
-    w_t = w_u.T.to(outs.device).float().contiguous()  # [d_vocab, d_model]
-    ids = token_ids.to(outs.device)  # [n]
-    own = torch.einsum("lhnm,nm->lhn", outs.float(), w_t[ids])  # [layer, head, n]
-    above = torch.zeros(own.shape, dtype=torch.long, device=own.device)  # [layer, head, n]
-    below = torch.zeros_like(above)
-    for layer in range(outs.shape[0]):
-        rows = outs[layer].float()  # [head, n, d_model]
-        mine = own[layer, ..., None]  # [head, n, 1]
-        for start in range(0, w_t.shape[0], VOCAB_CHUNK):
-            logits = torch.nn.functional.linear(rows, w_t[start : start + VOCAB_CHUNK])  # [head, n, chunk]
-            above[layer] += (logits > mine).sum(-1, dtype=torch.int32)  # int32: twice as fast as bool's int64 sum
-            below[layer] += (logits < mine).sum(-1, dtype=torch.int32)
-            inside = (ids >= start) & (ids < start + logits.shape[-1])  # [n]: own column in this chunk
-            if bool(inside.any()):
-                cols = (ids[inside] - start)[None, :, None].expand(logits.shape[0], -1, 1)  # [head, m, 1]
-                self_logit = logits[:, inside].gather(-1, cols)  # [head, m, 1]
-                above[layer][:, inside] -= (self_logit > mine[:, inside]).squeeze(-1).long()
-                below[layer][:, inside] -= (self_logit < mine[:, inside]).squeeze(-1).long()
-    return above.cpu(), below.cpu()
+    float32 (a full-vocabulary pass per head is the cost; float32 ties only where logits tie exactly;
+    _count_around_own)."""
+    above, below = _count_around_own(model, token_ids, resid, None)
+    return above.long(), below.long()
 
 
 def own_extremes(
@@ -103,9 +81,19 @@ def own_extremes(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Whether each token's own logit in its OV output is among the k largest and among the k smallest
     of the vocabulary: (above < k, below < k) of own_ranks, each [n_layers, n_heads, n] bool, from the
-    same float32 products. A (head, token) row leaves the scan of the vocabulary's VOCAB_CHUNK-row
-    blocks once k tokens lie above it and k below (it is in neither extreme, whatever the rest holds);
-    a token in an extreme is scanned to the end. Most tokens of most heads leave in the first block."""
+    same float32 products. A (head, token) row leaves the scan once k tokens lie above it and k below
+    (it is in neither extreme, whatever the rest holds); a token in an extreme is scanned to the end.
+    Most tokens of most heads leave in the first block."""
+    above, below = _count_around_own(model, token_ids, resid, k)
+    return above < k, below < k
+
+
+def _count_around_own(model, token_ids: torch.Tensor, resid: torch.Tensor | None, k: int | None):
+    """(above, below) [n_layers, n_heads, n] int32 (cpu) of own_ranks. The unembedding is read in
+    VOCAB_CHUNK-row blocks whose logits stay in cache while they are compared; the token's own column,
+    counted by those comparisons against `own` (the same logit from another matmul, so rounding may
+    put it above or below), is taken back out. With `k`, a (head, token) row stops once both of its
+    counts reach k (its counts are then exact only up to k)."""
     w_u = folded_unembed(adapter_for(model))  # [d_model, d_vocab]
     outs = head_outputs(model, token_ids, resid)  # [layer, head, n, d_model]
     w_t = w_u.T.to(outs.device).float().contiguous()  # [d_vocab, d_model]
@@ -119,17 +107,20 @@ def own_extremes(
         rows, mine = outs[layer].float().flatten(0, 1), own[layer].flatten()  # [head * n, d_model], [head * n]
         live = torch.arange(len(rows), device=own.device)  # [l]: rows still open
         for start in range(0, w_t.shape[0], VOCAB_CHUNK):
-            logits = torch.nn.functional.linear(rows[live], w_t[start : start + VOCAB_CHUNK])  # [l, chunk]
+            picked = rows if k is None else rows[live]  # [l, d_model]
+            logits = torch.nn.functional.linear(picked, w_t[start : start + VOCAB_CHUNK])  # [l, chunk]
             limit, token = mine[live, None], row_ids[live]  # [l, 1], [l]
-            up, down = (logits > limit).sum(-1, dtype=torch.int32), (logits < limit).sum(-1, dtype=torch.int32)
+            up = (logits > limit).sum(-1, dtype=torch.int32)  # int32: twice as fast as bool's int64 sum
+            down = (logits < limit).sum(-1, dtype=torch.int32)
             inside = ((token >= start) & (token < start + logits.shape[-1])).nonzero().flatten()  # own column here
             self_logit = logits[inside, token[inside] - start]  # [i]
             up[inside] -= (self_logit > limit[inside, 0]).int()
             down[inside] -= (self_logit < limit[inside, 0]).int()
             above[layer, live] += up
             below[layer, live] += down
-            live = live[(above[layer, live] < k) | (below[layer, live] < k)]  # [l']
-            if not len(live):
-                break
+            if k is not None:
+                live = live[(above[layer, live] < k) | (below[layer, live] < k)]  # [l']
+                if not len(live):
+                    break
     shape = (n_layers, n_heads, n)
-    return (above < k).view(shape).cpu(), (below < k).view(shape).cpu()
+    return above.view(shape).cpu(), below.view(shape).cpu()
