@@ -19,6 +19,7 @@ from headlens.load.models import load_model
 from headlens.scores.ov_copying import folded_unembed
 from headlens.scores.ov_vocab import cs_ov_vocab, vocab_sample
 from headlens.scores.qk_vocab import cs_qk_vocab, own_in_top, project, query_inputs, vocab_embedding
+from headlens.scores.rank_scan import columns
 
 OFFSETS = (0, 1, 8, 64)
 SHOWN = 8  # heads listed per model, by QK score
@@ -50,6 +51,7 @@ def offset_shares(model, heads: list[tuple[int, int]], n_tokens: int) -> None:
         for layer, head in heads:
             query = project(adapter, layer, resid, 0)[:, head]  # [n, d_head]
             keys = project(adapter, layer, w_ee, 1)[:, adapter.kv_group(head)].contiguous()  # [d_vocab, d_head]
+            keys = columns(keys.T)  # [d_head, d_vocab]
             inv_freq = adapter.rotary_tables(layer)[0]
             shares = [float(own_in_top(rotated(query, inv_freq, o), keys, tokens).double().mean()) for o in OFFSETS]
             print(

@@ -1,6 +1,7 @@
-"""headlens.scores.ov_rows.filtered_hits (a filter on part of the vocabulary, then whole rows by the
-cheaper route) against every row of W_U W_OV W_EE written out here in float64 from a Llama model's raw
-weights: the same hits, with the filter deciding most rows and both full-row routes taken."""
+"""headlens.scores.ov_rows.filtered_hits (a filter on part of the vocabulary, then whole rows through
+the residual stream or, for many rows, W_O W_U on a bfloat16 screen) against every row of W_U W_OV
+W_EE written out here in float64 from a Llama model's raw weights: the same hits, with the filter
+deciding most rows and both whole-row scans taken."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def test_filtered_hits_equal_the_whole_rows(monkeypatch):
         z, w_o, w_u = raw_circuit(loaded.model, tokens, layer)
         below, gap = full_rows(z, w_o, w_u, tokens)
     assert float(gap.min()) > 1e-5  # no tie within float32 rounding: the hits are fixed by the arithmetic
-    decided, routes = [], []
-    undecided, through_residual = ov_rows.undecided, ov_rows.through_residual
+    decided, routes, products = [], [], []
+    undecided, through_residual, product_rows = ov_rows.undecided, ov_rows.through_residual, ov_rows.product_rows
 
     def spy_undecided(*args):
         out = undecided(*args)
@@ -62,7 +63,13 @@ def test_filtered_hits_equal_the_whole_rows(monkeypatch):
         return routes[-1]
 
     monkeypatch.setattr(ov_rows, "undecided", spy_undecided)
+
+    def spy_product(z, *args):
+        products.append(len(z))
+        return product_rows(z, *args)
+
     monkeypatch.setattr(ov_rows, "through_residual", spy_route)
+    monkeypatch.setattr(ov_rows, "product_rows", spy_product)
     got = ov_rows.filtered_hits(z, w_o, ov_rows.prepare(w_u), tokens, BOTTOM_K)  # [head, n]
     want = below < BOTTOM_K  # [head, n]
     assert torch.equal(got, want)
@@ -71,6 +78,7 @@ def test_filtered_hits_equal_the_whole_rows(monkeypatch):
     assert float(open_rows.double().mean()) < 0.25  # the filter decides most rows
     assert bool(open_rows[want].all())  # every hit went on to its whole row
     assert set(routes) == {True, False}  # both routes ran (through the residual, W_O W_U formed)
+    assert products  # a head's many open rows went to the bfloat16-screened scan of W_O W_U
 
 
 def test_a_tiny_vocabulary_counts_every_token():

@@ -7,17 +7,22 @@ entries lie strictly below its own entry (column t). Most rows are decided on a 
 - the filter (undecided) scores every row on every PART_STRIDE-th column of W_U (the own column left
   out of the count); a row with k or more of those entries below its own logit by more than the
   rounding margin (below) certainly does not count;
-- the rows left open are scanned over the whole vocabulary BLOCK columns at a time (whole_rows),
-  keeping each row's k smallest entries; the own entry is read from its block's product, so the token
-  never counts against itself, and a row leaves the scan as soon as k entries lie below its own logit
-  by more than the margin. A row that counts (the criterion's hits) is always scanned to the end.
+- the rows left open are scanned over the whole vocabulary BLOCK columns at a time (whole_rows). Few
+  rows go through the residual stream in float32, keeping each row's k smallest entries; the own
+  entry is read from its block's product, so the token never counts against itself, and a row leaves
+  the scan as soon as k entries lie below its own logit by more than the margin. Many rows (more than
+  the residual route's limit, below) meet A = W_O W_U [d_head, d_vocab], formed once for the head, in
+  headlens.scores.rank_scan: entries of -z A above the own one, screened in bfloat16 and checked in
+  float32 near the own entry, a row leaving at k. In the d_head basis of A the entries of a row
+  spread widely enough for the screen to decide nearly all of them, unlike the residual basis
+  (BENCHMARKS.md). A row that counts (the criterion's hits) is always scanned to the end.
 
 Routes (through_residual): n rows of a head cost 2 n d_model c FLOPs on c columns through the
 residual stream ((z W_O) W_U) and 2 d_head d_model c + 2 n d_head c by forming A = W_O W_U on those
 columns first (z A); the residual route is taken when n d_model <= d_head (d_model + n), i.e. n <=
 d_head d_model / (d_model - d_head) rows (SmolLM2: 72, Gemma 3 270M: 426). The filter (c = d_vocab
-/ PART_STRIDE, all the heads' rows of a chunk) and each block of a scan (c = BLOCK, the rows still
-open) choose alike.
+/ PART_STRIDE, all the heads' rows of a chunk), a head's whole-row scan (c = d_vocab, its open rows)
+and each block of the residual scan (c = BLOCK, the rows still open) choose alike.
 
 Rounding margin: every product here is float32 from the same float32 z, W_O and W_U, and a product
 of length d_model + d_head errs by at most gamma = n u / (1 - n u), n = d_model + d_head, u = 2^-24,
@@ -33,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from headlens.scores.rank_scan import columns, count_above
 
 PART_STRIDE = 32  # the filter reads every 32nd column of W_U
 BLOCK = 8192  # vocabulary columns per step of a whole-row scan ([rows, BLOCK] float32)
@@ -104,11 +111,14 @@ def undecided(z: torch.Tensor, w_o: torch.Tensor, unembed: Unembed, tokens: torc
 def whole_rows(z: torch.Tensor, w_o: torch.Tensor, w_u: torch.Tensor, tokens: torch.Tensor, threshold, k: int):
     """Whether fewer than k entries of each whole row z W_O W_U lie strictly below its own entry, for one
     head: z [u, d_head], w_o [d_head, d_model], w_u [d_model, d_vocab] (float32), tokens [u], threshold
-    [u] (below_threshold) -> [u] bool. The rows meet the vocabulary BLOCK columns at a time (each block
-    by the cheaper route, small enough to stay in cache), keeping each row's k smallest entries so far;
+    [u] (below_threshold) -> [u] bool. Rows past the residual route's limit go to product_rows;
+    the others meet the vocabulary BLOCK columns at a time through the residual stream (each block
+    small enough to stay in cache), keeping each row's k smallest entries so far;
     the own entry is read from its block's product, so the token never counts against itself, and a
     row counts when its own entry is at most the k-th smallest of the row (itself among them). A row
     whose k-th smallest so far is below its threshold certainly does not count and leaves the scan."""
+    if not through_residual(len(tokens), *w_o.shape):
+        return product_rows(z, w_o, w_u, tokens, k)
     smallest = torch.full((len(tokens), k), torch.inf)  # [u, k]
     own = torch.full((len(tokens),), torch.inf)  # [u]
     live = torch.arange(len(tokens))  # [l]: rows still open
@@ -123,6 +133,14 @@ def whole_rows(z: torch.Tensor, w_o: torch.Tensor, w_u: torch.Tensor, tokens: to
         if not len(live):
             break
     return own <= smallest[:, -1]  # [u]: a row that left the scan has own = inf or k entries below
+
+
+def product_rows(z: torch.Tensor, w_o: torch.Tensor, w_u: torch.Tensor, tokens: torch.Tensor, k: int):
+    """whole_rows for many rows of one head: A = W_O W_U formed once (w_o [d_head, d_model] @ w_u [d_model,
+    d_vocab] -> [d_head, d_vocab] float32), then headlens.scores.rank_scan counts the entries of each row
+    -z A above its own (z [u, d_head], tokens [u]), BLOCK columns at a time, a row leaving at k -> [u] bool."""
+    product = w_u.T @ w_o.T  # [d_vocab, d_head]: A's columns as rows, so that a column is read at once
+    return count_above(-z, columns(product.T), tokens, k, BLOCK) < k  # [u]
 
 
 def filtered_hits(z: torch.Tensor, w_o: torch.Tensor, unembed: Unembed, tokens: torch.Tensor, k: int) -> torch.Tensor:

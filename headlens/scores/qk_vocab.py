@@ -43,11 +43,11 @@ from headlens.arch import adapter_for, get_module
 from headlens.load.devices import onloaded
 from headlens.scores.ov_copying import folded_unembed
 from headlens.scores.ov_vocab import SCREEN, VOCAB_SAMPLE, screened_shares, self_attention_embedding, vocab_sample
+from headlens.scores.rank_scan import Columns, columns, count_above
 
 TOP_K = 10  # the own key among the 10 highest of its row
 KEY_CHUNK = 4096  # vocabulary rows per pass through layer 0 and a layer's key projection
-QUERY_CHUNK = 64  # query tokens per scores block ([chunk, d_vocab] float32 per head)
-KEY_BLOCK = 8192  # keys per step of own_in_top's scan ([QUERY_CHUNK, KEY_BLOCK] float32 scores: 2 MB)
+KEY_BLOCK = 8192  # keys per step of own_in_top's scan (headlens.scores.rank_scan)
 
 
 def query_inputs(w_u: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -88,31 +88,14 @@ def project(adapter, layer: int, resid: torch.Tensor, row: int) -> torch.Tensor:
     return torch.cat(outs)  # [n, heads, d_head]
 
 
-def own_in_top(queries: torch.Tensor, keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def own_in_top(queries: torch.Tensor, keys: Columns, tokens: torch.Tensor) -> torch.Tensor:
     """Whether fewer than TOP_K vocabulary keys score strictly above each token's own key, for one head:
-    queries [n, d_head] (the tokens' queries), keys [d_vocab, d_head] (its key head), tokens [n] ->
-    [n] bool. The own key's column is left out of the count. Each block of QUERY_CHUNK queries meets
-    the keys KEY_BLOCK at a time (the scores stay in cache while they are compared), counting the keys
-    above; a token with TOP_K above it already fails and leaves the scan (most tokens of a head that
-    is not a copy suppressor leave in the first block). A token that counts is scanned to the end."""
-    out = []
-    for start in range(0, len(tokens), QUERY_CHUNK):
-        query, token = queries[start : start + QUERY_CHUNK], tokens[start : start + QUERY_CHUNK]  # [c, d_head], [c]
-        own = (query * keys[token]).sum(-1, keepdim=True)  # [c, 1]
-        above = torch.zeros(len(token), dtype=torch.int32)  # [c]
-        live = torch.arange(len(token))  # [l]: tokens still open
-        for first in range(0, len(keys), KEY_BLOCK):
-            block = keys[first : first + KEY_BLOCK]  # [b, d_head]
-            scores, mine, ids = query[live] @ block.T, own[live], token[live]  # [l, b], [l, 1], [l]
-            count = (scores > mine).sum(-1, dtype=torch.int32)  # [l]
-            inside = ((ids >= first) & (ids < first + len(block))).nonzero().flatten()  # own column in this block
-            count[inside] -= (scores[inside, ids[inside] - first] > mine[inside, 0]).int()
-            above[live] += count
-            live = live[above[live] < TOP_K]  # [l']
-            if not len(live):
-                break
-        out.append(above < TOP_K)
-    return torch.cat(out)  # [n]
+    queries [n, d_head] (the tokens' queries), keys its key head's keys as columns (rank_scan.columns of
+    [d_head, d_vocab]), tokens [n] -> [n] bool. The own key's column is left out of the count.
+    headlens.scores.rank_scan counts the keys above, KEY_BLOCK at a time: a token with TOP_K above it
+    fails and leaves the scan (most tokens of a head that is not a copy suppressor leave in the first
+    block); a token that counts is scanned to the end."""
+    return count_above(queries.float(), keys, tokens, TOP_K, KEY_BLOCK) < TOP_K  # [n]
 
 
 def cs_qk_vocab(
@@ -138,9 +121,10 @@ def cs_qk_vocab(
 
         def layer_hits(layer: int):
             queries = project(adapter, layer, query_resid, 0)  # [m, head, d_head]
-            keys = project(adapter, layer, w_ee, 1).transpose(0, 1).contiguous()  # [kv_head, d_vocab, d_head]
+            keys = project(adapter, layer, w_ee, 1)  # [d_vocab, kv_head, d_head]
+            key_heads = [columns(keys[:, g].contiguous().T) for g in range(keys.shape[1])]  # [d_head, d_vocab] each
             return lambda heads, rows: torch.stack(
-                [own_in_top(queries[rows, h], keys[groups[h]], tokens[rows]).sum() for h in heads.tolist()]
+                [own_in_top(queries[rows, h], key_heads[groups[h]], tokens[rows]).sum() for h in heads.tolist()]
             )  # [k]
 
         return screened_shares(layer_hits, adapter, tokens, w_u.shape[1], screen, layers, "cs_qk_score", progress)
