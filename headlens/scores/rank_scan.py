@@ -8,9 +8,10 @@ matrix (a key head's keys transposed, or W_O W_U). The row's own entry e = x . c
 (elementwise products summed); an entry counts when it is strictly above e in float32, and the own
 column never counts.
 
-Each block of columns is first scored from x and c rounded to bfloat16: on CPUs with AVX512-BF16 (or
-AMX) that product runs 2-5x faster than float32's, most of all for the few rows a scan keeps open
-(BENCHMARKS.md). The screened entry s_j errs from x . c_j by at most
+Each block of columns is first scored from x and c rounded to bfloat16: on CPUs with AVX512-BF16 that
+product runs 2.2-2.9x float32's rate at the scan's shapes (benchmarks/bench_rank_scan.py,
+BENCHMARKS.md); elsewhere it may run slower, never less exactly. The screened entry s_j errs from
+x . c_j by at most
 
     3 u (1 + u)^3 sum_i |x_i| |c_ij|  +  gamma_d (1 + u)^2 sum_i |x_i| |c_ij|  <=  0.0139 |x| |c_j|
 
@@ -18,13 +19,15 @@ with u = 2^-8, bfloat16's unit roundoff (rounding x and c: 2u + u^2 per product,
 bfloat16 numbers are exact in float32; the sum rounded to bfloat16: u), gamma_d = d 2^-24 / (1 - d 2^-24)
 for the float32 accumulation (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.5;
 <= 2^-10 for d <= MAX_D) and Cauchy-Schwarz for the sum. A float32 entry errs from x . c_j by at most
-gamma_d |x| |c_j| more. An entry whose screened difference from e exceeds MARGIN |x| |c_j|, MARGIN =
-2^-6 = 0.0156, is therefore above (or below) e in float32 too (the slack over 0.0139 + 0.001 covers the
-float32 rounding of the comparison itself). An entry within the margin is computed again in float32,
-elementwise, or, for a row with more than FULL such entries in a block, by a float32 product of the
-row with the whole block; either way a near-tie within float32's rounding (gamma_d |x| |c_j|) falls as
-that float32 computation puts it. tests/test_rank_scan.py checks the bound against float64 on
-adversarial rows: a CPU whose bfloat16 product accumulated in bfloat16 fails it.
+gamma_d |x| |c_j| more. The columns go by increasing norm, and a block's margin for a row is MARGIN |x|
+times the block's largest |c_j|, MARGIN = 2^-6 = 0.0156 >= 0.0139 + 2^-10: a screened entry above the
+own entry plus the margin is above it in float32 too, one below the own entry less the margin is below
+it (the thresholds are rounded outward from float64, so the comparison adds no error). An entry
+within the margin is computed again in float32, elementwise, or, for a row with more than FULL such
+entries in a block, by a float32 product of the row with the whole block; either way a near-tie within
+float32's rounding (gamma_d |x| |c_j|) falls as that float32 computation puts it.
+tests/test_rank_scan.py checks the bound against float64 on adversarial rows: a CPU whose bfloat16
+product accumulated in bfloat16 fails it.
 
 The margin is relative to |x| |c_j|, so the screen decides most entries only where a row's entries
 spread by more than a few percent of |x| |c_j|: so they do for Gemma 3 270M's queries against keys and
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 MARGIN = 2.0**-6  # screened entries within MARGIN |x| |c_j| of the own entry are checked in float32
-BLOCK = 8192  # columns per step of a scan ([rows, BLOCK] float32 entries: 8 MB at 256 rows)
+BLOCK = 8192  # columns per step of a scan ([rows, BLOCK] bfloat16 entries: 4 MB at 256 rows)
 ROWS = 256  # rows per pass of a scan
 CHECK = 65536  # entries per float32 check ([CHECK, d] float32 gathered columns)
 FULL = 256  # a row with more open entries in a block is checked by one float32 product with the block
