@@ -70,7 +70,9 @@ def leaning_rows(gen, m: int, d: int, n: int, common: float = 0.0):
 
 @pytest.mark.parametrize("full, check", [(rank_scan.FULL, rank_scan.CHECK), (0, rank_scan.CHECK), (10**9, 3)])
 @pytest.mark.parametrize("common", [0.0, 8.0])
-def test_count_above_equals_a_float64_count(full, check, common, monkeypatch):
+@pytest.mark.parametrize("screen", [torch.bfloat16, torch.float32])  # float32: CPUs without native bfloat16
+def test_count_above_equals_a_float64_count(full, check, common, screen, monkeypatch):
+    monkeypatch.setattr(rank_scan, "SCREEN_DTYPE", screen)
     monkeypatch.setattr(rank_scan, "FULL", full)  # 0: every open row checked by a block product
     monkeypatch.setattr(rank_scan, "CHECK", check)  # 3: entry checks in many chunks
     gen = torch.Generator().manual_seed(1)

@@ -10,8 +10,9 @@ column never counts.
 
 Each block of columns is first scored from x and c rounded to bfloat16: on CPUs with AVX512-BF16 that
 product runs 2.2-2.9x float32's rate at the scan's shapes (benchmarks/bench_rank_scan.py,
-BENCHMARKS.md); elsewhere it may run slower, never less exactly. The screened entry s_j errs from
-x . c_j by at most
+BENCHMARKS.md). Where the CPU has neither AVX512-BF16 nor AMX, bfloat16 products would be emulated,
+so the screen is float32 there (SCREEN_DTYPE): the same margin, the same counts. The screened entry
+s_j errs from x . c_j by at most
 
     3 u (1 + u)^3 sum_i |x_i| |c_ij|  +  gamma_d (1 + u)^2 sum_i |x_i| |c_ij|  <=  0.0139 |x| |c_j|
 
@@ -52,12 +53,23 @@ FULL = 256  # a row with more open entries in a block is checked by one float32 
 MAX_D = 16384  # MARGIN covers float32 accumulation over at most this many terms
 
 
+def _screen_dtype() -> torch.dtype:
+    """bfloat16 where the CPU multiplies it natively (AVX512-BF16 or AMX tiles), else float32."""
+    native = [
+        getattr(torch.cpu, name, lambda: False) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
+    return torch.bfloat16 if any(check() for check in native) else torch.float32
+
+
+SCREEN_DTYPE = _screen_dtype()
+
+
 @dataclass(frozen=True)
 class Columns:
     """The columns as a scan reads them: `exact` [d, n] float32 in their own order; `order` [n] the
-    columns by increasing norm and `place` [n] each column's position there; `rounded` [d, n] bfloat16
-    and `norm` [n] float32 (each column's Euclidean norm, rounded up) in that order, so that a block's
-    largest norm bounds its columns' closely."""
+    columns by increasing norm and `place` [n] each column's position there; `rounded` [d, n]
+    (SCREEN_DTYPE) and `norm` [n] float32 (each column's Euclidean norm, rounded up) in that order, so
+    that a block's largest norm bounds its columns' closely."""
 
     exact: torch.Tensor
     order: torch.Tensor
@@ -78,7 +90,7 @@ def columns(matrix: torch.Tensor) -> Columns:
     norm = torch.cat([part.double().norm(dim=0) for part in exact.split(4096, dim=1)])  # [n] float64
     order = norm.argsort()  # [n]
     place = torch.empty_like(order).scatter_(0, order, torch.arange(len(order)))  # [n]
-    rounded = exact.T[order].bfloat16().T  # [d, n]: gathered as rows, fast for a transposed [n, d] matrix
+    rounded = exact.T[order].to(SCREEN_DTYPE).T  # [d, n]: gathered as rows, fast for a transposed [n, d] matrix
     return Columns(exact, order, place, rounded, _rounded(norm[order], up=True))
 
 
@@ -124,13 +136,13 @@ def _count_rows(x: torch.Tensor, cols: Columns, own: torch.Tensor, limit: int, b
     plus that margin counts, one within the margin either way is checked in float32."""
     mine = entries(x, cols, own)  # [m]
     reach = MARGIN * x.double().norm(dim=-1)  # [m] float64
-    rounded, place = x.bfloat16(), cols.place[own]  # [m, d], [m]: the own columns' positions
+    rounded, place = x.to(cols.rounded.dtype), cols.place[own]  # [m, d], [m]: the own columns' positions
     counts = torch.zeros(len(x), dtype=torch.long)  # [m]
     live = torch.arange(len(x))  # [l]: rows still open
     for first in range(0, cols.n, block):
         width, ids = min(block, cols.n - first), cols.order[first : first + block]  # ids [b]: the block's columns
         part = rounded if len(live) == len(x) else rounded[live]  # [l, d]
-        screened = part @ cols.rounded[:, first : first + width]  # [l, b] bfloat16
+        screened = part @ cols.rounded[:, first : first + width]  # [l, b] SCREEN_DTYPE
         margin = reach[live] * float(cols.norm[first + width - 1])  # [l] float64
         low = _rounded(mine[live].double() - margin, up=False)  # [l]
         inside = ((place[live] >= first) & (place[live] < first + width)).nonzero().flatten()  # own column here
