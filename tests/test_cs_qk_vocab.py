@@ -13,8 +13,8 @@ from headlens.classify import ClassifyConfig
 from headlens.classify.kinds import KINDS
 from headlens.load.models import build_model
 from headlens.scores.ov_vocab import CI_HALF_WIDTH, SCREEN, VOCAB_SAMPLE, cs_ov_vocab, vocab_sample
-from headlens.scores.qk_vocab import KEY_BLOCK, TOP_K, cs_qk_vocab, own_in_top
-from headlens.scores.rank_scan import ROWS, columns
+from headlens.scores.qk_vocab import TOP_K, cs_qk_vocab, own_in_top
+from headlens.scores.rank_scan import BLOCK, ROWS, columns
 from tests.helpers.families import build_family, family_configs
 from tests.helpers.llama_ov import load_smollm2, manual_w_ee, rms64
 
@@ -68,11 +68,12 @@ def planted_model(vocab: int):
 
 
 def test_own_in_top_scans_every_key_block_as_the_whole_score_matrix_does():
-    """own_in_top against every key's score written out at once, on a vocabulary of several KEY_BLOCKs
-    (not a multiple of it) and more than two scan passes (rank_scan.ROWS) of tokens whose queries lean on their own key
-    by seeded random amounts, so that the counts of keys above fall on both sides of TOP_K."""
+    """own_in_top against every key's score written out at once, on a vocabulary of several scan blocks
+    (rank_scan.BLOCK; not a multiple of it) and more than two scan passes (rank_scan.ROWS) of tokens whose
+    queries lean on their own key by seeded random amounts, so that the counts of keys above fall on both
+    sides of TOP_K."""
     gen = torch.Generator().manual_seed(0)
-    d_vocab, d_head, n = 2 * KEY_BLOCK + 1234, 16, 2 * ROWS + 37
+    d_vocab, d_head, n = 2 * BLOCK + 1234, 16, 2 * ROWS + 37
     keys = torch.randn(d_vocab, d_head, generator=gen, dtype=torch.float64)  # [d_vocab, d_head]
     tokens = torch.randperm(d_vocab, generator=gen)[:n]  # [n]
     lean = torch.rand(n, 1, generator=gen, dtype=torch.float64) * 1.5  # [n, 1]
@@ -82,7 +83,7 @@ def test_own_in_top_scans_every_key_block_as_the_whole_score_matrix_does():
     above = (scores > own).sum(-1)  # [n]: the own column is never above itself
     assert (above < TOP_K).sum() >= 10 and (above >= TOP_K).sum() >= 10  # both outcomes
     assert ((above >= TOP_K - 3) & (above <= TOP_K + 3)).sum() >= 3  # some near the boundary
-    assert (tokens >= 2 * KEY_BLOCK).any()  # own keys in the last, partial block too
+    assert (tokens >= 2 * BLOCK).any()  # own keys in the last, partial block too
     assert torch.equal(own_in_top(queries.float(), columns(keys.float().T), tokens), above < TOP_K)
 
 

@@ -47,7 +47,6 @@ from headlens.scores.rank_scan import Columns, columns, count_above
 
 TOP_K = 10  # the own key among the 10 highest of its row
 KEY_CHUNK = 4096  # vocabulary rows per pass through layer 0 and a layer's key projection
-KEY_BLOCK = 8192  # keys per step of own_in_top's scan (headlens.scores.rank_scan)
 
 
 def query_inputs(w_u: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -92,10 +91,10 @@ def own_in_top(queries: torch.Tensor, keys: Columns, tokens: torch.Tensor) -> to
     """Whether fewer than TOP_K vocabulary keys score strictly above each token's own key, for one head:
     queries [n, d_head] (the tokens' queries), keys its key head's keys as columns (rank_scan.columns of
     [d_head, d_vocab]), tokens [n] -> [n] bool. The own key's column is left out of the count.
-    headlens.scores.rank_scan counts the keys above, KEY_BLOCK at a time: a token with TOP_K above it
+    headlens.scores.rank_scan counts the keys above, a block at a time: a token with TOP_K above it
     fails and leaves the scan (most tokens of a head that is not a copy suppressor leave in the first
     block); a token that counts is scanned to the end."""
-    return count_above(queries.float(), keys, tokens, TOP_K, KEY_BLOCK) < TOP_K  # [n]
+    return count_above(queries.float(), keys, tokens, TOP_K) < TOP_K  # [n]
 
 
 def cs_qk_vocab(
