@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from headlens.classify.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
+from headlens.classify.stability import N_RESAMPLES, STABLE_MIN
 from headlens.cli.options import (
     SEED,
     batch_size_option,
@@ -97,6 +98,17 @@ def _check_seq_len(ctx, param, value):
     help=f"label threshold: {', '.join(th.name for th in THRESHOLDS)}",
 )
 @click.option(
+    "--strict",
+    is_flag=True,
+    help=f"keep only stable labels: those the head keeps in at least {STABLE_MIN:.0%} of the bootstrap resamples",
+)
+@click.option(
+    "--resamples",
+    type=click.IntRange(min=0),
+    default=None,
+    help=f"bootstrap resamples of the score intervals and label stabilities, 0 for none [default: {N_RESAMPLES}]",
+)
+@click.option(
     "--out",
     "out_file",
     type=click.Path(path_type=str),
@@ -136,6 +148,8 @@ def classify_command(
     no_needles,
     syntax_file,
     thresholds,
+    strict,
+    resamples,
     out_file,
     out_dir,
     fmt,
@@ -163,6 +177,8 @@ def classify_command(
         "token_budget": token_budget,
         "needle_budget": needle_budget,
         "syntax": syntax_file,
+        "resamples": resamples,
+        "strict": strict or None,
     }
     config = replace(
         ClassifyConfig(),
@@ -374,8 +390,9 @@ def _write_outputs(out, frame) -> None:
 
 
 def _csv(frame) -> str:
-    """CSV with labels joined by ';' (empty for none)."""
-    return frame.assign(labels=[";".join(labels) for labels in frame["labels"]]).to_csv(index=False)
+    """CSV with labels (and borderline labels) joined by ';' (empty for none)."""
+    lists = {column: [";".join(v) for v in frame[column]] for column in ("labels", "borderline") if column in frame}
+    return frame.assign(**lists).to_csv(index=False)
 
 
 def _json(frame) -> str:
@@ -391,11 +408,12 @@ def _render(frame, fmt: str) -> str:
         return _csv(frame).rstrip("\n")
     if fmt == "table":
         return _labelled_table(frame)
-    table = frame[["layer", "head", "labels", *TABLE_COLUMNS]].copy()
+    table = frame[["layer", "head", "labels", *_full_columns(frame)]].copy()
     table.insert(0, "head_id", [f"{layer}.{head}" for layer, head in zip(table["layer"], table["head"], strict=True)])
-    table["labels"] = [", ".join(labels) if labels else "-" for labels in table["labels"]]
+    table["labels"] = [_marked(labels, frame, i) for i, labels in enumerate(table["labels"])]
     table = table.drop(columns=["layer", "head"]).rename(columns={"head_id": "head"})
-    return table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="n/a")
+    text = table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="n/a")
+    return text + _borderline_line(frame)
 
 
 def _labelled_table(frame) -> str:
@@ -410,13 +428,44 @@ def _labelled_table(frame) -> str:
         evidence = dict.fromkeys(column for label in row.labels for column in BY_LABEL[label].evidence)
         values = {column: getattr(row, column, None) for column in evidence}
         shown = [f"{column} {value:.3g}" for column, value in values.items() if isinstance(value, (int, float))]
-        rows.append({"head": f"{row.layer}.{row.head}", "labels": ", ".join(row.labels), "scores": ", ".join(shown)})
+        labels = _marked(row.labels, frame, row.Index)
+        rows.append({"head": f"{row.layer}.{row.head}", "labels": labels, "scores": ", ".join(shown)})
     footer = f"{len(rows)} of {len(frame)} heads carry a label; --format full shows every head and score column"
+    footer += _borderline_line(frame)
     if not rows:
         return footer
     import pandas as pd
 
     return pd.DataFrame(rows).to_string(index=False, justify="left") + "\n" + footer
+
+
+BORDERLINE_MARK = "~"  # after a label whose stability is below STABLE_MIN
+
+
+def _marked(labels, frame, index) -> str:
+    """A head's labels joined, each borderline one marked with BORDERLINE_MARK ("-" for none)."""
+    weak = frame["borderline"].iloc[index] if "borderline" in frame else []
+    return ", ".join(label + (BORDERLINE_MARK if label in weak else "") for label in labels) or "-"
+
+
+def _borderline_line(frame) -> str:
+    """The line saying what the mark means, when some label carries it."""
+    if "borderline" not in frame or not any(
+        set(w) & set(v) for w, v in zip(frame["borderline"], frame["labels"], strict=True)
+    ):
+        return ""
+    return (
+        f"\n{BORDERLINE_MARK} borderline: the head keeps this label in fewer than {STABLE_MIN:.0%} of the bootstrap "
+        "resamples of its probes' units (<label>_stability); --strict keeps only stable labels"
+    )
+
+
+def _full_columns(frame) -> list[str]:
+    """The score columns of `--format full`: each table score with its 95% interval, then the stability of
+    every label some head carries."""
+    columns = [c for column in TABLE_COLUMNS for c in (column, f"{column}_lo", f"{column}_hi") if c in frame]
+    carried = dict.fromkeys(label for labels in frame["labels"] for label in labels)
+    return columns + [f"{label}_stability" for label in carried if f"{label}_stability" in frame]
 
 
 COMMANDS = [classify_command]

@@ -33,6 +33,7 @@ from headlens.classify.runs import (
     probe_sizes,
     resolve_text,
 )
+from headlens.classify.stability import add_columns
 from headlens.results import Result
 from headlens.scores.ov_copying import folding_once, sign_disagreements
 
@@ -67,7 +68,11 @@ def classify_heads(
     LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
     grouped-query group), the SCORE_COLUMNS (registry order), then evidence (`n_positions`,
     `n_repeat_positions`, `n_needle_tests` run, `n_needle_retrieved`, `n_needle_tokens`), the
-    `<score>_std` spreads across sequences / tests, then the SOURCE_COLUMNS. Its meta: `model` (the
+    `<score>_std` spreads across sequences / tests, then the SOURCE_COLUMNS; with `config.resamples` (the
+    default) the bootstrap's `<score>_lo` and `<score>_hi` (95% interval over the probe's units),
+    `<label>_stability` (share of resamples earning the label) and `borderline` (labels below
+    headlens.classify.stability.STABLE_MIN; dropped from `labels` with `config.strict`), described in
+    `meta["probes"]["stability"]` (headlens.classify.stability). Its meta: `model` (the
     model's name), `config` (the ClassifyConfig's fields, the thresholds the labels were given under), `probes`
     says what was run (windows used of windows available, repeats, ...) and `["sizes"]` the longest
     sequence of each probe under the token budget (headlens.classify.runs.probe_sizes);
@@ -94,6 +99,9 @@ def classify_heads(
     info["sizes"] = run.sizes
     frame = _to_frame(results, loaded.spec)
     frame.insert(2, "labels", [label_head(row, config) for row in frame.to_dict("records")])
+    if config.resamples:
+        units = {name: result.units for name, result in results.items() if result.units is not None}
+        info["stability"] = add_columns(frame, units, config)
     info["copying_sign_disagreements"] = sign_disagreements(frame)
     info["sliding_window"] = window_reach(loaded, info)
     sources = {name: results[name].source for name in SOURCE_COLUMNS}

@@ -129,25 +129,26 @@ PROBES: dict[str, Probe] = {  # run in this order: the text probe fills the need
 }
 
 
-# Label rules: NaN scores compare False and earn nothing.
+# Label rules: NaN scores compare False and earn nothing. Written with `&`, not `and`, so that one rule
+# labels a head's scalar scores and, elementwise, arrays of resampled scores (headlens.classify.stability).
 def _positional(s, c) -> bool:
     return s["positional_share"] >= c.positional_min
 
 
 def _induction(s, c) -> bool:
-    return s["prefix_matching_score"] >= c.prefix_matching_min and s["copying_score"] >= c.copying_min
+    return (s["prefix_matching_score"] >= c.prefix_matching_min) & (s["copying_score"] >= c.copying_min)
 
 
 def _anti_induction(s, c) -> bool:
-    return s["prefix_matching_score"] >= c.prefix_matching_min and s["copying_score"] <= -c.copying_min
+    return (s["prefix_matching_score"] >= c.prefix_matching_min) & (s["copying_score"] <= -c.copying_min)
 
 
 def _prefix_matching(s, c) -> bool:
-    return s["prefix_matching_score"] >= c.prefix_matching_min and abs(s["copying_score"]) < c.copying_min
+    return (s["prefix_matching_score"] >= c.prefix_matching_min) & (abs(s["copying_score"]) < c.copying_min)
 
 
 def _ioi_attends(s, c) -> bool:
-    return s["io_attention"] >= c.io_attention_min and s["io_attention"] > s["s_attention"]
+    return (s["io_attention"] >= c.io_attention_min) & (s["io_attention"] > s["s_attention"])
 
 
 VOITA = "Voita et al. 2019, arXiv 1905.09418"
@@ -156,7 +157,7 @@ OLSSON = "Olsson et al. 2022, arXiv 2209.11895"
 KINDS: tuple[Kind, ...] = (
     Kind(
         "previous_token",
-        lambda s, c: _positional(s, c) and s["positional_offset"] == -1,
+        lambda s, c: _positional(s, c) & (s["positional_offset"] == -1),
         ("positional_share", "prev_token_score"),
         VOITA,
         "#1f77b4",
@@ -164,7 +165,7 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(
         "current_token",
-        lambda s, c: _positional(s, c) and s["positional_offset"] == 0,
+        lambda s, c: _positional(s, c) & (s["positional_offset"] == 0),
         ("positional_share", "current_token_score"),
         VOITA,
         "#aec7e8",
@@ -288,7 +289,7 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(
         "copy_suppression",
-        lambda s, c: s["cs_ov_score"] >= c.cs_ov_min and s["cs_qk_score"] >= c.cs_qk_min,
+        lambda s, c: (s["cs_ov_score"] >= c.cs_ov_min) & (s["cs_qk_score"] >= c.cs_qk_min),
         ("cs_ov_score", "cs_qk_score", "predicted_attention"),
         "McDougall et al. 2023, arXiv 2310.04625",
         "#8c564b",
@@ -320,7 +321,7 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(
         "name_mover",
-        lambda s, c: _ioi_attends(s, c) and s["name_copy_score"] >= c.name_copy_min,
+        lambda s, c: _ioi_attends(s, c) & (s["name_copy_score"] >= c.name_copy_min),
         ("io_attention", "s_attention", "name_copy_score", "ioi_direct_effect"),
         IOI,
         "#17becf",
@@ -351,7 +352,7 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(
         "negative_name_mover",
-        lambda s, c: _ioi_attends(s, c) and s["name_negative_copy_score"] >= c.name_copy_min,
+        lambda s, c: _ioi_attends(s, c) & (s["name_negative_copy_score"] >= c.name_copy_min),
         ("io_attention", "s_attention", "name_negative_copy_score", "ioi_direct_effect"),
         IOI,
         "#ff9896",
