@@ -51,6 +51,13 @@ def _check_seq_len(ctx, param, value):
 
 @click.command("classify")
 @model_argument("tiny")
+@click.argument("compare_paths", nargs=-1, type=click.Path(path_type=str), metavar="[PATH...]")
+@click.option(
+    "--compare-texts",
+    is_flag=True,
+    help="classify on each PATH (default: the held-out English, Spanish and Python texts shipped with headlens) "
+    "and print, per role, the heads on each text, their Jaccard overlap and the heads that flip",
+)
 @text_option("the natural-text and needle probes' text, windows per document")
 @click.option("--seed", type=SEED, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
@@ -138,6 +145,8 @@ def _check_seq_len(ctx, param, value):
 def classify_command(
     ctx,
     model,
+    compare_paths,
+    compare_texts,
     text_path,
     seed,
     n_seq,
@@ -187,6 +196,11 @@ def classify_command(
     )
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
+    if compare_paths and not compare_texts:
+        raise click.UsageError(f"unexpected argument {compare_paths[0]!r}: text paths follow --compare-texts")
+    if compare_texts:
+        click.echo(_compare(model, compare_paths, config, placement, progress))
+        return
     text = open_text(text_path, stream=True) if text_path is not None else None
     if syntax_file not in (None, "sample"):
         from headlens.probes.treebank import read_conllu
@@ -241,6 +255,29 @@ def classify_command(
         )
         click.echo(f"headlens: wrote {written}", err=True)
     click.echo(_render(rank_heads(frame), fmt))
+
+
+def _compare(model, paths, config, placement, progress) -> str:
+    """--compare-texts: per role, the heads on each text, their Jaccard overlap and the flipping heads."""
+    from headlens.classify.compare import classify_texts, compare_labels, read_texts, shipped_documents
+    from headlens.load.models import load_model
+
+    texts = read_texts(paths) if paths else shipped_documents()  # a bad file fails here, before the model loads
+    if len(texts) < 2:
+        raise click.UsageError("--compare-texts needs at least two texts")
+    table = compare_labels(classify_texts(load_model(model, **placement), texts, config, progress))
+    if table.empty:
+        return "no head carries a role on any text"
+    for column in table.columns:
+        if column.startswith("heads_") or column in ("flips", "flip_scores"):
+            table[column] = [", ".join(v) or "-" for v in table[column]]
+    table["jaccard"] = [f"{v:.2f}" for v in table["jaccard"]]
+    table = table.drop(columns="flips")
+    return (
+        table.to_string(index=False, justify="left")
+        + "\nflip_scores: each flipping head's ranking score on "
+        + (", ".join(texts) + " in that order, beside its cut-off")
+    )
 
 
 def _notes(heads, text) -> None:

@@ -82,6 +82,13 @@ def classify_heads(
     Any text of at least MIN_TEXT_TOKENS tokens is scored as given; the needle probe takes its
     haystack from the shipped held-out text when the given text is too short for one.
     """
+    return classify_run(loaded, text, config, progress)[0]
+
+
+def classify_run(loaded, text=None, config: ClassifyConfig | None = None, progress: bool = False, reuse=None):
+    """classify_heads, also returning each probe's ProbeResult: (Result, {probe: ProbeResult}). `reuse`: such
+    results of an earlier run of the same model and config, taken as they are for the probes that do not
+    read the text (kinds.Probe.reads_text) instead of run again."""
     config = config or ClassifyConfig()
     documents = [resolve_text(text)] if text is None or isinstance(text, str) else text
     if iter(documents) is documents:  # a one-shot iterator: the later probes read the documents again
@@ -94,7 +101,7 @@ def classify_heads(
         probe_sizes(loaded.spec.n_ctx, config),
         progress,
     )
-    results = run_probes(run)
+    results = run_probes(run, reuse or {})
     info = {key: value for result in results.values() for key, value in result.facts.items()}
     info["sizes"] = run.sizes
     frame = _to_frame(results, loaded.spec)
@@ -113,10 +120,10 @@ def classify_heads(
         "sources": sources,
         "config": {f.name: getattr(config, f.name) for f in fields(config)},
     }
-    return Result("heads", frame, meta)
+    return Result("heads", frame, meta), results
 
 
-def run_probes(run: ProbeRun) -> dict:
+def run_probes(run: ProbeRun, reuse: dict) -> dict:
     """Every probe of the registry in its order -> {probe: ProbeResult}. With `run.progress`, a bar on
     stderr counts the probes and names the one running; a probe's own passes (windows, batches,
     layers) show beneath it with tqdm's estimate of their time left."""
@@ -125,7 +132,7 @@ def run_probes(run: ProbeRun) -> dict:
     with folding_once():  # the weights are fixed for the run: the folded unembedding is made once
         for name, probe in bar:
             bar.set_postfix_str(name)
-            results[name] = probe.run(run)
+            results[name] = reuse[name] if name in reuse and not probe.reads_text else probe.run(run)
     return results
 
 

@@ -54,6 +54,7 @@ class Probe:
     name: str
     function: str  # "module:function" of the probe, imported when it runs (this registry stays light)
     source_column: str | None  # frame column naming its input's source (None: reads the weights)
+    reads_text: bool = False  # reads the natural text (run again for each text --compare-texts reads)
 
     def run(self, run):
         """Run the probe on a headlens.classify.runs.ProbeRun; returns its ProbeResult."""
@@ -117,13 +118,16 @@ class Kind:
 
 
 PROBES: dict[str, Probe] = {  # run in this order: the text probe fills the needles' haystack
-    "text": Probe("text", "headlens.classify.runs:score_text", "text_source"),
+    "text": Probe("text", "headlens.classify.runs:score_text", "text_source", reads_text=True),
     "repeats": Probe("repeats", "headlens.classify.runs:score_repeats", "repeats_source"),
-    "needles": Probe("needles", "headlens.classify.runs:score_needles", "needles_source"),
+    "needles": Probe("needles", "headlens.classify.runs:score_needles", "needles_source", reads_text=True),
     "weights": Probe("weights", "headlens.classify.runs:score_weights", None),
     "successor": Probe("successor", "headlens.classify.kind_runs:probe_successor", None),
     "copy_suppression": Probe(
-        "copy_suppression", "headlens.classify.kind_runs:probe_copy_suppression", "copy_suppression_source"
+        "copy_suppression",
+        "headlens.classify.kind_runs:probe_copy_suppression",
+        "copy_suppression_source",
+        reads_text=True,
     ),
     "ioi": Probe("ioi", "headlens.classify.kind_runs:probe_name_mover", "ioi_source"),
 }
@@ -361,7 +365,7 @@ KINDS: tuple[Kind, ...] = (
 )
 
 # Rare-word and syntactic heads (Voita et al. 2019; Clark et al. 2019): their probes and kinds.
-PROBES["rare_word"] = Probe("rare_word", "headlens.classify.kind_runs:probe_rare_word", None)
+PROBES["rare_word"] = Probe("rare_word", "headlens.classify.kind_runs:probe_rare_word", None, reads_text=True)
 PROBES["syntactic"] = Probe("syntactic", "headlens.classify.kind_runs:probe_syntactic", "syntax_source")
 KINDS = KINDS + (
     Kind(
