@@ -122,3 +122,10 @@ def test_the_same_seed_gives_the_same_intervals_and_stabilities(tiny_runs):
         assert first[column].between(0.0, 1.0).all()
     for labels, row in zip(first["labels"], first.to_dict("records"), strict=True):
         assert row["borderline"] == [label for label in labels if row[f"{label}_stability"] < STABLE_MIN]
+
+
+def test_every_cut_off_names_its_origin():
+    for th in kinds.THRESHOLDS:
+        assert th.origin in kinds.ORIGINS, th.name
+        if th.origin == "paper":
+            assert " et al. " in th.note, th.name  # the paper it comes from

@@ -76,6 +76,13 @@ class Score:
     integer: bool = False  # stored as int (an offset), not float
 
 
+# Where a cut-off comes from. "paper": the value a paper labels with (its note cites it). "choice": no
+# paper gives one; the note says what the value means against chance. Neither was tuned on a model: the
+# planted models (tests/helpers/planted.py) check that every planted head clears its cut-off and no decoy
+# reaches one, and the report plots, per role, how many heads each nearby cut-off would label.
+ORIGINS = ("paper", "choice")
+
+
 @dataclass(frozen=True)
 class Threshold:
     """One labelling cut-off: a ClassifyConfig field, `--threshold name=VALUE`."""
@@ -86,6 +93,7 @@ class Threshold:
     column: str  # the score it cuts (drawn on that score's heatmap)
     note: str  # where the value comes from
     also: tuple[str, ...] = ()  # further score columns another kind's rule cuts at the same value
+    origin: str = "choice"  # ORIGINS: a paper's published cut-off, or our choice (the note says why)
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,7 @@ KINDS: tuple[Kind, ...] = (
                 0.9,
                 "positional_share",
                 "Voita et al. 2019: max weight at one relative offset for >= 90% of tokens",
+                origin="paper",
             ),
         ),
     ),
@@ -207,6 +216,7 @@ KINDS: tuple[Kind, ...] = (
                 0.3,
                 "first_token_score",
                 "Gu et al. 2024: a sink if mean A[t, 0] > 0.3",
+                origin="paper",
             ),
         ),
     ),
@@ -271,6 +281,7 @@ KINDS: tuple[Kind, ...] = (
                 0.1,
                 "retrieval_score",
                 "Wu et al. 2024: a retrieval head if its score > 0.1",
+                origin="paper",
             ),
         ),
     ),
@@ -402,6 +413,7 @@ KINDS = KINDS + (
                 0.1,
                 "syntactic_score",
                 "Voita et al. 2019: accuracy >= 10 points above the best fixed-offset baseline",
+                origin="paper",
             ),
         ),
     ),
