@@ -8,7 +8,8 @@ random tokens, where the previous token is known?
 2. `random_tokens`: the same positional probe (Voita argmax share, prev_token_score) on the repeated random
    token sequences the repeats probe reads (first repeat only: before any token repeats), for the watched
    heads.
-3. `precision` (with --precision): classify in float32 and bfloat16 on the default text; Jaccard per role and
+3. `seeds`: the default text at seed 0 and seed 1 (the random tokens and needles change).
+4. `precision` (with --precision): classify in float32 and bfloat16 on the default text; Jaccard per role and
    the heads whose label depends on the precision.
 
     .venv/bin/python benchmarks/label_agreement.py smollm2 --extra /usr/share/common-licenses/GPL-3 \
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from headlens.capture import iter_batches, run_capture
@@ -101,6 +103,8 @@ def main() -> None:
     out["watched"] = {name: _watched(result.frame, heads) for name, result in results.items()}
     out["random_tokens"] = random_token_positional(loaded, config, heads)
     print(json.dumps(out), flush=True)
+    other = classify_heads(loaded, config=replace(config, seed=1))
+    print(json.dumps({"model": args.model, "seeds": _table({"seed0": results["english"], "seed1": other})}), flush=True)
     if args.precision:
         low = classify_heads(load_model(args.model, dtype="bfloat16"), config=config)
         pair = {"float32": results["english"], "bfloat16": low}

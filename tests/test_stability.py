@@ -129,3 +129,17 @@ def test_every_cut_off_names_its_origin():
         assert th.origin in kinds.ORIGINS, th.name
         if th.origin == "paper":
             assert " et al. " in th.note, th.name  # the paper it comes from
+
+
+def test_each_rule_labels_arrays_as_it_labels_each_head():
+    """The rules read arrays of resampled scores elementwise: the same labels as one head's scalars."""
+    rng = np.random.default_rng(0)
+    config = ClassifyConfig()
+    scores = {s.column: rng.uniform(-1.0, 1.0, 64) for s in kinds.SCORES}
+    scores["positional_share"] = rng.uniform(0.8, 1.0, 64)
+    scores["positional_offset"] = rng.integers(-2, 1, 64).astype(float)
+    scores["retrieval_score"][::7] = np.nan  # NaN earns nothing
+    for kind in kinds.KINDS:
+        together = np.asarray(kind.rule(scores, config))
+        one_by_one = [bool(kind.rule({k: float(v[i]) for k, v in scores.items()}, config)) for i in range(64)]
+        assert together.tolist() == one_by_one, kind.label
