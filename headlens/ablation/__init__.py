@@ -1,11 +1,7 @@
-"""Ablation: evaluation sets (text, prompts, repeats, needles) and their metrics, what z becomes
-(zero / mean / resample) and the hooks that put it there, the exact sums (heads together, every head
-alone layer by layer), their statistics (bootstrap, random controls), heads by role, gradient
-estimates (attribution patching, AtP*, GradDrop, head importance), pruning curves and the resumable
-sweep store.
-
-The hooks that put z in place (headlens.ablation.replace: `ablation_hooks`, `z_edit_hooks`) are the stage's
-own plumbing on the Hugging Face model, imported from that module; the public functions take a loaded model.
+"""Ablation: removing heads on intervene's engine (headlens.intervene: evaluation sets, metrics, replacements,
+exact sums, stacked runs, statistics) — one set of heads at once (`ablate_heads`) or every head alone (the
+sweep, `sweep_heads`), heads by role, gradient estimates (attribution patching, AtP*, GradDrop, head
+importance), pruning curves and the resumable sweep store.
 
 Public names are re-exported here. The exact ablation's are imported with the package; the gradient
 estimates' and pruning's (approx, prune and the gradients they read) when first asked for, through the

@@ -4,7 +4,7 @@ An `EvalSpec` names what an ablation is measured on: the metric, its data (a tex
 prompts list, the needle tests' text), the reference text of mean / resample ablation, BOS, the
 needle tests' length and the token budget. `ablate_heads`, `sweep_heads`, `prune_curve` and the
 command line take one, as scikit-learn groups an estimator's parameters; `EvalSpec.build` makes
-the EvalSet (headlens.ablation.evalset).
+the EvalSet (headlens.intervene.evalset).
 
 Token budget (`tokens`): an ablation reads at most that many tokens of its set (None: all of it).
 Whole sequences are kept, evenly spaced over the set (text windows from the whole text, needle
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from headlens.ablation.evalset import EvalSet, build_evalset, eval_context
-from headlens.ablation.metrics import canonical_metric
 from headlens.errors import ConfigError
+from headlens.intervene.evalset import EvalSet, build_evalset, eval_context
+from headlens.intervene.metrics import canonical_metric
 
 # Tokens an ablation reads by default (`--tokens`). On SmolLM2 the 95% CI of a two-head ablation on
 # natural text is ~2.6x wider at 4,096 tokens than at all 28,141 (BENCHMARKS.md, "token budget"):
@@ -84,7 +84,7 @@ def choose_metric(role: str | None, metric: str | None) -> tuple[str, str | None
 class EvalSpec:
     """What an ablation is measured on (see the module docstring)."""
 
-    metric: str = "loss"  # headlens.ablation.metrics.METRICS (or an alias)
+    metric: str = "loss"  # headlens.intervene.metrics.METRICS (or an alias)
     text: Any = None  # a text, documents (headlens.probes.corpus.Corpus) or None: the shipped held-out text
     prompts: Any = None  # dicts from evalset.read_prompts, IOI (the built-in IOI prompts) or None
     reference: str | None = None  # the text mean / resample ablation draw z from; None: the set itself
