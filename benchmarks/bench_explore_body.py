@@ -97,5 +97,6 @@ def measure(mb: int, chunked: bool) -> str:
         f"(+{after['VmHWM'] - before['VmHWM']:.0f})"
     )
 
+
 if __name__ == "__main__":
     main()

@@ -85,8 +85,11 @@ def cookie_name(scope) -> str:
 
 
 def error(message: str, status: int) -> JSONResponse:
-    """`{"error": message}` on one line, with `status`."""
-    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status, headers=HEADERS)
+    """`{"error": message}` on one line, with `status`; after an oversized body the connection is closed, so the
+    server stops receiving the rest."""
+    headers = {**HEADERS, "Connection": "close"} if status == 413 else HEADERS
+    line = " ".join(str(message).split()).encode("utf-8", "backslashreplace").decode("utf-8")  # no lone surrogate
+    return JSONResponse({"error": line}, status_code=status, headers=headers)
 
 
 def _cut(text: str) -> str:
