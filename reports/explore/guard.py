@@ -34,7 +34,12 @@ from starlette.responses import JSONResponse, RedirectResponse
 
 MAX_BODY = 256 * 1024  # bytes of a request body at most (a 512-token text is far smaller)
 LOOPBACK_NAMES = ("localhost",)
-HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",  # app.py widens it for its page
+}
 SAFE_METHODS = ("GET", "HEAD")
 SAME_ORIGIN_FETCH = ("same-origin", "none")  # Sec-Fetch-Site values of the page's own calls, or typed URLs
 PORT = re.compile(r"[0-9]{1,5}")
