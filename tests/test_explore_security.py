@@ -309,7 +309,11 @@ def test_bad_indices_name_the_range_not_none_or_negative(inner, client, spy, run
         ("/api/direct", {"run": "x", "position": -1}, "field 'position' must be a whole number from 0, not -1"),
         ("/api/ablate", {"run": "x", "heads": ["0.0"], "method": "zero"}, "field 'position' is missing"),
         ("/api/ablate", {"run": "x", "heads": ["0.0"], "position": 1}, "field 'method' is missing"),
-        ("/api/ablate", {"heads": None, "method": "zero", "position": 1}, "field 'heads' must be"),
+        ("/api/ablate", {"run": "x", "heads": None, "method": "zero", "position": 1}, "field 'heads' must be"),
+        ("/api/ablate", {"run": "x", "heads": ["1" * 5000 + ".0"], "method": "zero", "position": 1}, "field 'heads'"),
+        ("/api/ablate", {"run": "x", "heads": ["².1"], "method": "zero", "position": 1}, "field 'heads' must be"),
+        ("/api/ablate", {"run": "x", "heads": ["0.-1"], "method": "zero", "position": 1}, "field 'heads' must be"),
+        ("/api/ablate", {"run": "x", "heads": "nonsense", "method": "zero", "position": 1}, "field 'heads' must be"),
     ],
 )
 def test_missing_or_mistyped_fields_are_named(inner, path, body, message):
@@ -393,7 +397,8 @@ FIELDS = st.fixed_dictionaries(
     optional={
         name: JSON | st.text(max_size=30) | st.integers(-3, 300)
         for name in ("text", "run", "heads", "method", "position", "target", "foil")
-    },
+    }
+    | {"heads": st.lists(st.from_regex(r"-?[0-9²]{1,6}\.[0-9²-]{1,3}", fullmatch=True), max_size=3) | JSON},
 )
 
 

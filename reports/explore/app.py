@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from headlens.classify.kinds import LABELS
 from headlens.errors import HeadlensError
 from headlens.reports.explore import guard
 from headlens.reports.explore.guard import MAX_BODY, Guard
@@ -43,6 +44,7 @@ STATIC = {
 }
 HEADERS = {**guard.HEADERS, "Content-Security-Policy": CSP}
 INDEX = re.compile(r"[0-9]{1,9}")  # a layer, head or position: ASCII digits only (str.isdigit takes "²")
+HEAD = re.compile(r"[0-9]{1,9}\.[0-9]{1,9}")  # "layer.head" as the page sends it
 MAX_DIGITS = 20  # digits of a JSON integer at most (positions are far smaller)
 
 
@@ -123,6 +125,16 @@ def _position(data) -> int:
     return value
 
 
+def _heads(data) -> str | list[str]:
+    """Field `heads`: a role's name, or a list of heads "L.H" (ASCII digits; the range is the Explorer's check)."""
+    heads = data.get("heads")
+    if isinstance(heads, str) and heads in LABELS:
+        return heads
+    if isinstance(heads, list) and all(isinstance(h, str) and HEAD.fullmatch(h) for h in heads):
+        return heads
+    raise BadRequest(f"field 'heads' must be a role ({', '.join(LABELS)}) or a list of heads like \"1.2\"")
+
+
 def _query_index(request: Request, name: str, bound: int | None = None) -> int:
     """Query parameter `name` as a whole number (ASCII digits), below `bound` when given."""
     value = request.query_params.get(name)
@@ -188,10 +200,7 @@ def create_app(explorer: Explorer, lang: str = "en", token: str | None = None, h
         )
 
     def ablate(request, data):
-        heads = data.get("heads")
-        if not (isinstance(heads, str) or (isinstance(heads, list) and all(isinstance(h, str) for h in heads))):
-            raise BadRequest("field 'heads' must be a role name or a list of heads like \"1.2\"")
-        return explorer.ablate(_field(data, "run", str), heads, _field(data, "method", str), _position(data))
+        return explorer.ablate(_field(data, "run", str), _heads(data), _field(data, "method", str), _position(data))
 
     def direct(request, data):
         return explorer.direct(
