@@ -386,6 +386,18 @@ def test_ctrl_c_stops_cleanly_with_exit_0(tmp_path):
     assert rest.strip().splitlines() == ["headlens explore: stopped"], rest
 
 
+def test_ctrl_c_before_serving_is_one_line_and_exit_130(monkeypatch):
+    from headlens.load import models
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_model", interrupted)
+    result = CliRunner().invoke(cli, ["explore", "tiny", "--port", "0"])
+    assert result.exit_code == 130 and result.output == "headlens explore: interrupted\n"
+    assert "Aborted" not in result.output
+
+
 # -- properties: arbitrary requests never get a 5xx; only loopback hosts and the own origin get through -------
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
