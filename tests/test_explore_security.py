@@ -66,6 +66,15 @@ def test_tokens_are_random_long_and_compared_in_constant_time(spy, monkeypatch):
     assert not guard.token_matches("\ud800", "abc")  # a lone surrogate is compared, not raised on
 
 
+def test_a_websocket_is_refused_even_with_the_token(client, app):
+    from starlette.websockets import WebSocketDisconnect
+
+    with pytest.raises(WebSocketDisconnect) as refusal:
+        with client.websocket_connect(f"/?token={app.token}"):
+            pass
+    assert refusal.value.code == 1008
+
+
 # -- Host: DNS rebinding ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "host",

@@ -13,7 +13,8 @@ In order, a request is refused when:
 - it changes state and is not `Content-Type: application/json` (415): a form or a text/plain "simple request"
   from another site never reaches the app;
 - it announces a body (`Content-Length`) over MAX_BODY bytes (413); a body without a length is counted as
-  it is read (app.py) and refused at the same cap.
+  it is read (app.py) and refused at the same cap;
+- it is a WebSocket (none is served): closed before the handshake.
 
 It also catches what the app did not: an unexpected exception becomes a JSON 500 and one line on stderr
 (`HEADLENS_DEBUG=1` prints the traceback), never uvicorn's traceback.
@@ -44,6 +45,7 @@ SAFE_METHODS = ("GET", "HEAD")
 SAME_ORIGIN_FETCH = ("same-origin", "none")  # Sec-Fetch-Site values of the page's own calls, or typed URLs
 PORT = re.compile(r"[0-9]{1,5}")
 DIGITS = re.compile(r"[0-9]{1,7}")  # a Content-Length worth reading: at most 7 digits
+WS_POLICY_VIOLATION = 1008  # the WebSocket close code of a refused connection (RFC 6455, 7.4.1)
 ECHO = 100  # characters of a refused value repeated in the message
 
 
@@ -108,10 +110,13 @@ class Guard:
         self.app, self.token, self.hosts = app, token, tuple(h.lower() for h in hosts)
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "websocket":  # none served: refused before the handshake
+            await receive()
+            await send({"type": "websocket.close", "code": WS_POLICY_VIOLATION})
+            return
         if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                await self.app(scope, receive, send)
-            return  # no websockets here
+            await self.app(scope, receive, send)
+            return
         response = self.refusal(scope)
         if response is not None:
             await response(scope, receive, send)
