@@ -33,6 +33,8 @@ from urllib.parse import urlencode, urlsplit
 from starlette.datastructures import Headers, QueryParams
 from starlette.responses import JSONResponse, RedirectResponse
 
+from headlens.bounds import printable
+
 MAX_BODY = 256 * 1024  # bytes of a request body at most (a 512-token text is far smaller)
 LOOPBACK_NAMES = ("localhost",)
 HEADERS = {
@@ -117,10 +119,6 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        response = self.refusal(scope)
-        if response is not None:
-            await response(scope, receive, send)
-            return
         await self.call_app(scope, receive, send)
 
     def refusal(self, scope):
@@ -164,7 +162,11 @@ class Guard:
         own = f"http://{host}".lower()
         origin = headers.get("origin")
         if origin is None and headers.get("referer") is not None:
-            parts = urlsplit(headers["referer"])
+            try:
+                parts = urlsplit(headers["referer"])
+            except ValueError:  # e.g. "http://[" (an unclosed IPv6 address)
+                referer = _cut(headers["referer"])
+                return error(f"a request from an unreadable origin (Referer {referer!r}) is refused", 403)
             origin = f"{parts.scheme}://{parts.netloc}"
         if origin is not None and origin.lower() != own:
             return error(f"a request from another origin ({_cut(origin)!r}) is refused", 403)
@@ -185,9 +187,10 @@ class Guard:
             await send(message)
 
         try:
-            await self.app(scope, receive, tracked)
-        except Exception as exc:  # the last guard: the app's own handlers answer every known cause
-            detail = f"{type(exc).__name__} in {scope['method']} {scope['path']}"
+            response = self.refusal(scope)
+            await (response or self.app)(scope, receive, tracked)
+        except Exception as exc:  # the last guard: the checks and the app's handlers answer every known cause
+            detail = printable(_cut(f"{type(exc).__name__} in {scope['method']} {scope['path']}"))
             print(f"headlens explore: internal error: {detail} (HEADLENS_DEBUG=1 shows the traceback)", file=sys.stderr)
             if os.environ.get("HEADLENS_DEBUG"):
                 traceback.print_exc()
