@@ -25,13 +25,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from headlens.capture import iter_batches, run_capture
+from previous_token_texts import probe_ids  # benchmarks/ is on sys.path when run as a script
+
 from headlens.classify import ClassifyConfig, classify_heads
 from headlens.classify.compare import classify_texts, compare_labels, shipped_documents
-from headlens.classify.runs import token_range
 from headlens.load.models import load_model
-from headlens.probes.inputs import read_text, repeated_random_tokens
-from headlens.scores.positional import ArgmaxOffsetReducer, prev_token_reducer
+from headlens.probes.inputs import random_token_range, read_text, repeated_random_tokens
 
 
 def _watched(frame, heads: list[tuple[int, int]]) -> dict:
@@ -50,30 +49,10 @@ def _watched(frame, heads: list[tuple[int, int]]) -> dict:
 
 
 def random_token_positional(loaded, config, heads) -> dict:
-    """Argmax share at offset -1 and prev_token_score on random tokens (the repeats probe's first copy)."""
-
-    class Run:  # what token_range reads
-        pass
-
-    run = Run()
-    run.loaded, run.config = loaded, config
-    low, high = token_range(run)
-    tokens = repeated_random_tokens(
-        config.n_seq, config.seq_len * 4, 1, low, high, loaded.bos_token_id, seed=config.seed
-    )
-    n, h = loaded.spec.n_layers, loaded.spec.n_heads
-    argmax, prev = ArgmaxOffsetReducer(n, h, config.max_offset), prev_token_reducer(n, h)
-    run_capture(loaded.model, iter_batches(tokens, config.batch_size), [argmax, prev])
-    offset, share = argmax.result()
-    score = prev.result()
-    return {
-        f"{layer}.{head}": {
-            "offset": int(offset[layer, head]),
-            "share": round(float(share[layer, head]), 4),
-            "prev_token_score": round(float(score[layer, head]), 4),
-        }
-        for layer, head in heads
-    }
+    """Argmax share at offset -1 and prev_token_score on random tokens (no token repeats)."""
+    low, high = random_token_range(loaded.spec.d_vocab, config.token_low, config.token_high)
+    ids = repeated_random_tokens(16, 255, 1, low, high, None, seed=config.seed).tolist()  # [16, 255]
+    return probe_ids(loaded, config, ids, heads)
 
 
 def _table(results) -> list[dict]:
