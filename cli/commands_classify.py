@@ -374,8 +374,10 @@ def _write_outputs(out, frame) -> None:
 
 
 def _csv(frame) -> str:
-    """CSV with labels joined by ';' (empty for none)."""
-    return frame.assign(labels=[";".join(labels) for labels in frame["labels"]]).to_csv(index=False)
+    """CSV with labels joined by ';' (empty for none), formula-like cells escaped (headlens.files.csv_text)."""
+    from headlens.files import csv_text
+
+    return csv_text(frame.assign(labels=[";".join(labels) for labels in frame["labels"]]))
 
 
 def _json(frame) -> str:

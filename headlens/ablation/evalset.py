@@ -43,8 +43,10 @@ import torch
 
 from headlens.ablation.metrics import KIND, NEEDLE_METRICS, PROMPT_METRICS, canonical_metric
 from headlens.ablation.stats import assign_units
+from headlens.bounds import shown
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
+from headlens.files import parse_json, read_capped
 from headlens.probes.inputs import (
     check_text,
     default_text,
@@ -262,24 +264,25 @@ def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: in
     return EvalSet(ids, mask, counted, "repeat", digest, description)
 
 
+MAX_PROMPTS = 100_000  # prompts a --prompts file may hold
+
+
 def read_prompts(path) -> list[dict]:
     """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
 
-    InputTextError naming the line for bad JSON, a non-object, a missing or non-string field;
-    blank lines are skipped."""
+    InputTextError naming the line for bad JSON (headlens.files.parse_json), a non-object, a missing or
+    non-string field, past MAX_PROMPTS prompts; blank lines are skipped. A file that is not a regular file
+    or larger than headlens.files.MAX_JSON_BYTES is refused before it is read."""
     path = Path(path)
-    if not path.is_file():
-        raise InputTextError(f"prompts file not found: {path}")
-    text = check_text(path.read_bytes(), str(path))
+    text = check_text(read_capped(path, "--prompts", InputTextError), str(path))
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        where = f"{path} line {number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputTextError(f"{where}: not valid JSON ({exc.msg})") from None
+        where = f"{shown(str(path))} line {number}"
+        if len(prompts) == MAX_PROMPTS:
+            raise InputTextError(f"{where}: more than {MAX_PROMPTS:,} prompts; give fewer")
+        obj = parse_json(line, where, InputTextError)
         if not isinstance(obj, dict):
             raise InputTextError(f'{where}: expected an object like {{"prompt": ..., "target": ...}}')
         for key in ("prompt", "target"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from headlens.errors import ConfigError, OutputPathError
-from headlens.files import check_target, special_kind, write_atomic
+from headlens.files import check_target, csv_text, special_kind, write_atomic
 from headlens.training.config import TrainConfig, stages
 from headlens.training.data import byte_tokenizer, load_corpus, lr_at, sample_batch
 from headlens.training.evaluate import build_probes, evaluate
@@ -106,7 +106,7 @@ def build_model(config: TrainConfig, tokenizer) -> torch.nn.Module:
 
 
 def _write_csv(frame, path: Path) -> None:
-    write_atomic(path, frame.to_csv(index=False))
+    write_atomic(path, csv_text(frame))
 
 
 def _quietly(call):
