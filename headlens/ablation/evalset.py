@@ -56,6 +56,7 @@ from headlens.probes.inputs import (
     repeated_random_tokens,
     text_windows,
 )
+from headlens.probes.tokenize import token_ids
 
 BATCH_SIZE = 4  # evaluation sequences per forward (and backward) pass, every ablation computation
 # Tokens an ablation's default batch may hold: BATCH_SIZE sequences of 256 tokens. Shorter sequences go more
@@ -216,8 +217,10 @@ def text_evalset(
     windows, available, n_text, n_docs, unread = [], 0, 0, 0, False
     digest = hashlib.sha256(f"text|{window}|{max_windows}|{bos}|".encode())
     stream = iter(documents)
+    body = window - (1 if bos_id is not None else 0)
     for document in stream:
-        ids = loaded.tokenizer(document, add_special_tokens=False)["input_ids"]
+        ids, cut = token_ids(loaded.tokenizer, document, max(1, (max_windows - len(windows)) * body))
+        unread = unread or cut  # a long document: tokenized only as far as the windows still need
         n_text, n_docs = n_text + len(ids), n_docs + 1
         digest.update((b"|doc|" if n_docs > 1 else b"") + document.encode("utf-8"))
         if len(ids) < min_tokens:
@@ -226,7 +229,7 @@ def text_evalset(
         available += len(found)
         windows += found[: max(0, max_windows - len(windows))]
         if len(windows) >= max_windows:
-            unread = next(stream, None) is not None  # more documents, neither read nor tokenized
+            unread = unread or next(stream, None) is not None  # more documents, neither read nor tokenized
             break
     if n_text < 2:
         raise InputTextError(
@@ -352,7 +355,7 @@ def needle_evalset(
     spec = loaded.spec
     context = min(context or eval_context(loaded), eval_context(loaded))
     needle_len, restate = needle_size(context, needle_len, restate)
-    hay = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    hay = token_ids(loaded.tokenizer, text, context)[0]  # a long text: its first piece(s), past any test's length
     tests = needle_prompts(
         hay,
         context,
