@@ -11,25 +11,11 @@ import pytest
 
 from headlens.errors import OutputPathError
 from headlens.training import train_tiny
-from headlens.training.config import TrainConfig
 from headlens.training.outdir import MARKER
 from tests.helpers.hostile import make_sentinel, refused
+from tests.test_train import MICRO
 
-NANO = TrainConfig(
-    steps=2,
-    n_layers=1,
-    n_heads=2,
-    d_model=32,
-    d_mlp=64,
-    n_ctx=64,
-    batch_size=2,
-    segment_max=16,
-    needle_max=12,
-    checkpoint_every=2,
-    eval_windows=1,
-    probe_seqs=2,
-    probe_seq_len=20,
-)
+NANO = replace(MICRO, steps=2, n_layers=1, d_mlp=64, batch_size=2, checkpoint_every=2, eval_windows=1, probe_seqs=2)
 
 
 def another_model(folder):
