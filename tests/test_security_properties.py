@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headlens.ablation import roles, store
-from headlens.ablation.evalset import read_prompts
 from headlens.classify.cache import read_classification
 from headlens.errors import HeadlensError, InvalidHeadError
 from headlens.files import csv_text, parse_json, read_json
 from headlens.heads import Head, parse_heads
+from headlens.intervene.evalset import read_prompts
 from headlens.load import hub, ollama
 from headlens.probes.corpus import Corpus
 from headlens.scores.rare_word import SENTENCE, sentence_spans
