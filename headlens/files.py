@@ -168,7 +168,7 @@ def read_capped(path: str | Path, what: str, error: type[HeadlensError] = Config
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise error(f"{where}: file not found") from None
+        raise error(f"{what} file not found: {shown(str(path))}") from None
     except OSError as exc:
         raise error(f"{where}: cannot read it ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):

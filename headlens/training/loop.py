@@ -168,9 +168,20 @@ def train_tiny(
                 torch.set_num_threads(stage.threads)
                 _TrainingRun(folder, stage, offset, previous).run(progress)
                 previous, offset = folder, offset + stage.steps
+            _name_final_paths(staging, out_dir)
     finally:
         torch.set_num_threads(threads)
     return out_dir
+
+
+def _name_final_paths(staging: Path, out_dir: Path) -> None:
+    """Each stage's train_config.json names the earlier stage it started from (`init_from`) where the run
+    will be once moved into place, not the staging folder it was trained in."""
+    for path in staging.rglob("train_config.json"):
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(config.get("init_from"), str) and config["init_from"].startswith(str(staging)):
+            config["init_from"] = str(out_dir) + config["init_from"][len(str(staging)) :]
+            path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def split_steps(steps: int, plan: list[TrainConfig]) -> list[int]:
