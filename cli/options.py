@@ -33,7 +33,7 @@ def model_argument(default: str | None):
         @functools.wraps(func)
         def wrapper(*args, model=None, model_option=None, **kwargs):
             if model is not None and model_option is not None and model != model_option:
-                raise ConfigError(f"two models given: MODEL {model!r} and --model {model_option!r}")
+                raise ConfigError(f"two models given: MODEL {shown(model)} and --model {shown(model_option)}")
             chosen = model if model is not None else model_option if model_option is not None else default
             if chosen is None:
                 raise ConfigError("no model given: pass MODEL (a shipped name such as tiny, a directory or a hub id)")
@@ -53,7 +53,7 @@ def format_option(*choices: str, default: str = "table"):
 
     def check(ctx, param, value):
         if value not in choices:
-            raise ConfigError(f"unknown format {value!r}: choose one of {', '.join(choices)}")
+            raise ConfigError(f"unknown format {shown(value)}: choose one of {', '.join(choices)}")
         return value
 
     return click.option(

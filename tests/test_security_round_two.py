@@ -48,8 +48,20 @@ def short(line: str) -> str:
         (["ablate", "tiny", "--heads", "0.0", "--batch-size", DIGITS], "--batch-size"),
         (["ablate", "tiny", "--heads", "0.0", "--max-memory", "²=1GiB"], "--max-memory"),
         (["circuit", "tiny", "--seed", str(10**30)], "--seed"),
+        (["ablate", "tiny", "--heads", "0.0", "--tokens", "٣٠٠٠"], "--tokens"),
     ],
-    ids=["head", "layer", "arabic-indic", "control", "control-digits", "batch", "batch-digits", "max-memory", "seed"],
+    ids=[
+        "head",
+        "layer",
+        "arabic-indic",
+        "control",
+        "control-digits",
+        "batch",
+        "batch-digits",
+        "max-memory",
+        "seed",
+        "tokens",
+    ],
 )
 def test_numbers(sentinel, args, said):
     assert said in short(refused(*args, sentinel=sentinel))

@@ -10,6 +10,7 @@ default probes; the classifier is imported only then).
 
 from __future__ import annotations
 
+from headlens.bounds import shown
 from headlens.classify.kinds import LABELS
 from headlens.errors import ConfigError, InputTextError
 from headlens.files import read_json
@@ -27,7 +28,7 @@ def role_name(spec: str) -> str | None:
     if spec.startswith("label:"):
         name = spec[len("label:") :].strip()
         if name not in LABELS:
-            raise ConfigError(f"unknown label {name!r} in {spec!r}: choose one of {', '.join(LABELS)}")
+            raise ConfigError(f"unknown label {shown(name, 40)} in {shown(spec)}: choose one of {', '.join(LABELS)}")
         return name
     return spec if spec in ROLES else None
 
