@@ -427,9 +427,12 @@ def _write_outputs(out, frame) -> None:
 
 
 def _csv(frame) -> str:
-    """CSV with labels (and borderline labels) joined by ';' (empty for none)."""
+    """CSV with labels (and borderline labels) joined by ';' (empty for none), formula-like cells escaped
+    (headlens.files.csv_text)."""
+    from headlens.files import csv_text
+
     lists = {column: [";".join(v) for v in frame[column]] for column in ("labels", "borderline") if column in frame}
-    return frame.assign(**lists).to_csv(index=False)
+    return csv_text(frame.assign(**lists))
 
 
 def _json(frame) -> str:
