@@ -33,6 +33,7 @@ from headlens.heads import Head, all_heads, parse_heads  # noqa: E402
 # Public name -> the module (below headlens) that defines it, imported on first access.
 LAZY = {
     "load_model": "load.models",
+    "LoadedModel": "load.models",
     "ClassifyConfig": "classify.labels",
     "classify_heads": "classify.frame",
     "ablate_heads": "ablation.ablate",
@@ -54,6 +55,7 @@ __all__ = [
     "ClassifyConfig",
     "Head",
     "HeadlensError",
+    "LoadedModel",
     "Result",
     "__version__",
     "ablate_heads",
@@ -145,7 +147,7 @@ if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.circuits.tasks import make_task
     from headlens.classify.frame import classify_heads
     from headlens.classify.labels import ClassifyConfig
-    from headlens.load.models import load_model
+    from headlens.load.models import LoadedModel, load_model
     from headlens.reports.pipeline import build_report
     from headlens.results import Result, concat_results
     from headlens.validate.check import validate_model
