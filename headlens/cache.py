@@ -139,6 +139,8 @@ def _build(path: Path, kind: str, write: Callable[[Path], dict], model: str) -> 
 
 
 def _path(kind: str, entry_key: str) -> Path:
+    """The entry's folder (its kind's folder made); the size limit is checked here, before any work."""
+    max_bytes()
     if kind not in VERSION or not (isinstance(entry_key, str) and SHA256_HEX.fullmatch(entry_key)):
         raise ValueError(f"not a cache entry: kind {kind!r}, key {str(entry_key)[:80]!r}")
     folder = cache_root() / kind

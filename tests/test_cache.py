@@ -118,6 +118,8 @@ def test_a_size_limit_that_is_not_a_number_is_one_clear_error(root, monkeypatch)
         monkeypatch.setenv(cache.MAX_GB_ENV, bad)
         with pytest.raises(ConfigError, match=cache.MAX_GB_ENV):
             cache.max_bytes()
+        with pytest.raises(ConfigError, match=cache.MAX_GB_ENV):  # on the first read, before any work
+            cache.get(KIND, cache.key(KIND, "d" * 64))
     monkeypatch.setenv(cache.MAX_GB_ENV, "1.5")
     assert cache.max_bytes() == 1_500_000_000
 
