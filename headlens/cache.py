@@ -40,8 +40,8 @@ from headlens.results import Result
 
 # kind -> the version of what its entries hold; raise it when that changes (the module docstring).
 VERSION = {
-    "converted": 2,  # a GGUF dequantized to a Hugging Face float32 folder; 2: config.json names the model class
-    "classify": 3,  # the default classification's records; 3 (with vocab-criteria): the QK copy-suppression criterion
+    "converted": 2,  # a GGUF dequantized to a Hugging Face float32 folder (config.json naming the model class)
+    "classify": 3,  # the default classification's records: raised with vocab-criteria when a score changes
     "vocab-criteria": 3,  # copy suppression's OV and QK criteria over the vocabulary, as tensors
     "clean-runs": 1,  # a clean run's metric values at every scored position of an evaluation set
 }
@@ -79,9 +79,9 @@ def get(kind: str, entry_key: str, name: str = DATA) -> bytes | None:
         return None
     try:
         data = (path / name).read_bytes()
-        os.utime(path)
     except OSError:
         return None
+    _touch(path)
     return data
 
 
@@ -234,7 +234,7 @@ def entries(kind: str | None = None) -> list[Entry]:
     """headlens's entries under the cache root (of `kind`, else of every kind), least recently used first."""
     found = []
     for each in [kind] if kind is not None else sorted(VERSION):
-        folder = cache_root() / each
+        folder = cache_root().resolve() / each  # resolved as build's paths are (`keep` in evict)
         for path in sorted(folder.iterdir()) if folder.is_dir() else []:
             entry = _entry(each, path)
             if entry is not None:

@@ -224,3 +224,13 @@ def test_a_model_edited_after_loading_gets_a_fresh_classification(root, monkeypa
     assert not np.allclose(fresh[scores].to_numpy(float), first[scores].to_numpy(float), equal_nan=True)
     read = classify_cache.cached_classification(loaded)  # and the edited model's entry is read back
     assert len(calls) == 2 and np.allclose(read[scores].to_numpy(float), fresh[scores].to_numpy(float), equal_nan=True)
+
+
+def test_the_entry_just_written_stays_when_the_cache_root_is_a_link(tmp_path, monkeypatch):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "link"))
+    monkeypatch.setenv(cache.MAX_GB_ENV, "0")
+    for n in range(2):
+        cache.put(KIND, cache.key(KIND, "d" * 64, n=n), b"x")
+    assert [e.key for e in cache.entries()] == [cache.key(KIND, "d" * 64, n=1)]
