@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import click
 
+from headlens.cache import DEFAULT_MAX_GB, MAX_GB_ENV, VERSION, clear, entries, usage
 from headlens.cli.options import format_option
 
-KINDS = ("converted", "classify", "vocab-criteria", "clean-runs")  # headlens.cache.VERSION's kinds
 kind_option = click.option(
-    "--kind", type=click.Choice(KINDS), default=None, help="only this kind of entry [default: every kind]"
+    "--kind", type=click.Choice(list(VERSION)), default=None, help="only this kind of entry [default: every kind]"
 )
 
 
-@click.group("cache")
+@click.group(
+    "cache",
+    help=(
+        "What headlens keeps in its cache (HEADLENS_CACHE, else $XDG_CACHE_HOME/headlens or ~/.cache/headlens): "
+        "converted GGUF folders, classifications, vocabulary criteria and clean runs. At most "
+        f"{MAX_GB_ENV} gigabytes (default {DEFAULT_MAX_GB:g}) are kept: the least recently used entries go first. "
+        "Pulled GGUF files are not entries."
+    ),
+)
 def cache_command() -> None:
-    """What headlens keeps in its cache (HEADLENS_CACHE, else $XDG_CACHE_HOME/headlens or ~/.cache/headlens):
-    converted GGUF folders, classifications, vocabulary criteria and clean runs. At most HEADLENS_CACHE_MAX_GB
-    (default 20) are kept: the least recently used entries go first. Pulled GGUF files are not entries."""
+    pass
 
 
 @cache_command.command("list")
@@ -25,8 +31,6 @@ def cache_command() -> None:
 @format_option("table", "json")
 def list_command(kind: str | None, fmt: str) -> None:
     """Entries per kind and model, with their sizes and when they were last used."""
-    from headlens.cache import usage
-
     result = usage(kind)
     if fmt == "json":
         click.echo(result.to_json(indent=1))
@@ -45,8 +49,6 @@ def list_command(kind: str | None, fmt: str) -> None:
 @click.option("--yes", "-y", is_flag=True, help="do not ask before removing")
 def clear_command(kind: str | None, yes: bool) -> None:
     """Remove headlens's entries (of --kind, else all of them); nothing else in the cache folder is touched."""
-    from headlens.cache import clear, entries
-
     found = entries(kind)
     what = f"{len(found)} {kind or 'cache'} entries ({_size(sum(e.size for e in found))})"
     if found and not yes:
