@@ -5,15 +5,15 @@ importance), pruning curves and the resumable sweep store.
 
 Public names are re-exported here. The exact ablation's are imported with the package; the gradient
 estimates' and pruning's (approx, prune and the gradients they read) when first asked for, through the
-module's `__getattr__` (headlens.lazy_getattr, PEP 562), so an exact ablation loads no gradient code.
+module's `__getattr__` (headlens.lazy.lazy_getattr, PEP 562), so an exact ablation loads no gradient code.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headlens import lazy_getattr
 from headlens.ablation.ablate import ablate_heads, sweep_heads
+from headlens.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.ablation.approx import agreement, approx_sweep

@@ -236,7 +236,7 @@ def sweep_heads(
             raise SweepInterrupted(saved, len(heads), None if store is None else store.dir) from None
     for part in distributed.all_gather({h: rows[h] for h in todo}):
         rows.update(part)
-    import pandas as pd  # the sweep's frame; a set ablation starts ~1.5 s sooner without pandas (BENCHMARKS.md)
+    import pandas as pd  # the sweep's frame; a set ablation starts sooner without pandas (BENCHMARKS.md)
 
     columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
     frame = pd.DataFrame([rows[h] for h in heads], columns=columns)

@@ -4,7 +4,7 @@ The single-head sweep (headlens.intervene.sums) walks the model once (every laye
 runs the clean model once unless its run is cached (headlens.intervene.clean), and per head runs
 its layer's MLP and every later block, then the unembedding of the scored positions. Per token a
 block costs 2 FLOPs per weight plus attention's 4 x (mean sequence length) x (heads x d_head); the
-rate is the best of a few float32 matmuls of a block's shape, timed here (~0.1 s).
+rate is the best of a few float32 matmuls of a block's shape, timed here.
 """
 
 from __future__ import annotations

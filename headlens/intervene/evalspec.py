@@ -29,13 +29,12 @@ from headlens.errors import ConfigError
 from headlens.intervene.evalset import EvalSet, build_evalset, eval_context
 from headlens.intervene.metrics import canonical_metric
 
-# Tokens an ablation reads by default (`--tokens`). On SmolLM2 the 95% CI of a two-head ablation on
-# natural text is ~2.6x wider at 4,096 tokens than at all 28,141 (BENCHMARKS.md, "token budget"):
-# enough to tell an effect from none at a sixth of the cost.
+# Tokens an ablation reads by default (`--tokens`): a fraction of a long text, whose 95% CI is wider than the
+# whole text's but still tells an effect from none (BENCHMARKS.md, "token budget", has the widths and costs).
 DEFAULT_TOKENS = 4096
 # Tokens the single-head sweep reads by default: it runs every head (270 on SmolLM2) from its layer on, so
-# its cost is ~270 / 2 ablated runs; at 512 tokens its matmul floor on SmolLM2 is 26 TFLOP, 4-6 min at
-# 70-100 GFLOP/s (headlens.ablation.estimate; BENCHMARKS.md, "token budget").
+# its cost is about half as many ablated runs as heads (headlens.ablation.estimate states the FLOPs and time
+# before a run; BENCHMARKS.md, "token budget", has the figures).
 SWEEP_TOKENS = 512
 ALL = "all"  # `--tokens all`: every token of the set
 
