@@ -26,8 +26,9 @@ STAGES_BEGIN, STAGES_END = "<!-- stages -->", "<!-- stages end -->"
 CORE = "core"
 # `headlens ablate --model tiny --heads 1.0` loads at most this many headlens code modules (a stage folder's
 # docstring-only __init__ runs no code and is not counted): the CLI shell (headlens.cli, main, allocator, options
-# with languages, commands_ablate, the corpus reader); loading (headlens, lazy, errors, heads, devices, distributed,
-# files, mha, models, hub's local-folder check, arch with its base, context, hooks, sites, kernels (the no-pattern
+# with languages, commands_ablate, the corpus reader); loading (headlens with its lazy re-exports (headlens.lazy),
+# errors, heads, devices, distributed, files,
+# mha, models, hub's local-folder check, arch with its base, context, hooks, sites, kernels (the no-pattern
 # forward's fused attention and oneDNN products) and the GPT-2 adapter only);
 # the capture reducers (padding) and the probes' inputs (the evaluation text); the exact ablation (ablate,
 # roles with the kinds registry's labels, store; intervene's evalset, metrics, replace, stats, sums, and stacked: the
