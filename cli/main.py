@@ -41,6 +41,7 @@ LAZY_COMMANDS = {
     "pull": "commands_pull",
     "explore": "commands_explore",
     "circuit": "commands_circuit",
+    "cache": "commands_cache",
 }
 
 

@@ -85,16 +85,6 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
         raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def write_cache_entry(path: Path, data: bytes) -> None:
-    """A cache entry under headlens's cache, written by write_atomic with its folder made. One that cannot
-    be written is skipped: a cache is never needed for the answer."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, data)
-    except (OSError, OutputPathError):
-        return
-
-
 def _write(path: Path, text: str | bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
