@@ -54,6 +54,7 @@ class Task:
     higher_is_better: bool
     description: str  # what the sequences are, in words
     prompts: list[dict] = field(default_factory=list)  # the IOI template prompts (name_mover's dicts), if any
+    terms: object = None  # headlens.circuits.readout.MetricTerms where target/foil do not say the metric
 
     @property
     def n_read(self) -> int:
