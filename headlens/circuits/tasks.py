@@ -169,12 +169,14 @@ def induction_task(
     )
 
 
-def ioi_task(loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS) -> Task:
+def ioi_task(
+    loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS, templates=TEMPLATES
+) -> Task:
     """IOI prompts: `n` from the templates (seeded; ABC corrupted run), or the user's `prompts` (dicts of
     headlens.ablation.evalset.read_prompts, each scored at its last position; no corrupted run)."""
     if prompts is not None:
         return _prompts_task(loaded, prompts)
-    built = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed)
+    built = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed, templates)
     pad = loaded.bos_token_id if loaded.bos_token_id is not None else 0
     length = max(len(p["ids"]) for p in built)
     tokens = torch.full((len(built), length), pad, dtype=torch.long)  # [n, pos]
@@ -186,7 +188,7 @@ def ioi_task(loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = 
         tokens[row, : end + 1], mask[row, : end + 1] = torch.tensor(p["ids"]), True
         where[row, end], target[row, end], foil[row, end] = True, p["io"], p["s"]
     corrupted = abc_tokens(loaded, built, tokens, seed)
-    description = f"{len(built)} IOI prompts from {len(TEMPLATES)} templates (seed {seed}), half ABBA, half BABA"
+    description = f"{len(built)} IOI prompts from {len(templates)} templates (seed {seed}), half ABBA, half BABA"
     return Task("ioi", tokens, mask, where, target, foil, corrupted, "logit-diff", "logits", True, description, built)
 
 

@@ -1,0 +1,51 @@
+"""Circuit discovery on the whole graph of a model: time and memory of each step.
+
+    .venv/bin/python benchmarks/bench_circuit_graph.py smollm2 ioi
+
+Prints, for one task: the graph's size; preparing the reference run; EAP scores for every edge;
+EAP-IG (5 steps); the 20-point faithfulness curve with sizes at f 0.8 and 0.9; one exact edge
+(exact patching's cost is one such pass per edge, so the whole sweep is that times the edge count);
+peak resident memory.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+from headlens.circuits.discover import Curve, area, log_grid
+from headlens.circuits.faithfulness import GraphTask
+from headlens.circuits.moretasks import circuit_task
+from headlens.load.models import load_model
+
+
+def timed(label, fn):
+    start = time.perf_counter()
+    out = fn()
+    print(f"{label}: {time.perf_counter() - start:.1f} s", flush=True)
+    return out
+
+
+def main(model: str = "smollm2", task_name: str = "ioi") -> None:
+    loaded = load_model(model)
+    task = circuit_task(loaded, task_name)
+    gt = timed("prepare (reference run)", lambda: GraphTask(loaded, task))
+    print(f"graph: {gt.graph.n_senders} senders, {gt.graph.n_receivers} receivers, {gt.graph.n_edges} edges")
+    print(f"task: {task.description}; tokens {tuple(task.tokens.shape)}")
+    eap = timed("EAP, every edge", lambda: gt.scores("eap"))
+    ig = timed("EAP-IG 5 steps, every edge", lambda: gt.scores("eap-ig", 5))
+    for name, scores in (("eap", eap), ("eap-ig", ig)):
+        curve = Curve(gt, scores)
+        grid = log_grid(gt.graph.n_edges, 20)
+        fs = timed(f"{name}: 20-point curve", lambda: [curve.circuit(k)[1] for k in grid])  # noqa: B023
+        sizes = {t: curve.smallest(t, grid) for t in (0.8, 0.9)}
+        print(f"{name}: CPR {area(grid, fs):.3f} CMD {area(grid, [abs(1 - f) for f in fs]):.3f} sizes {sizes}")
+        print(f"{name}: curve {[(k, round(f, 3)) for k, f in zip(grid, fs)]}")
+    one = timed("one exact edge (one patched pass)", lambda: gt.metric(gt.graph.real))
+    del one
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
