@@ -41,7 +41,7 @@ def main(model: str = "smollm2", task_name: str = "ioi") -> None:
         fs = timed(f"{name}: 20-point curve", lambda: [curve.circuit(k)[1] for k in grid])  # noqa: B023
         sizes = {t: curve.smallest(t, grid) for t in (0.8, 0.9)}
         print(f"{name}: CPR {area(grid, fs):.3f} CMD {area(grid, [abs(1 - f) for f in fs]):.3f} sizes {sizes}")
-        print(f"{name}: curve {[(k, round(f, 3)) for k, f in zip(grid, fs)]}")
+        print(f"{name}: curve {[(k, round(f, 3)) for k, f in zip(grid, fs, strict=True)]}")
     one = timed("one exact edge (one patched pass)", lambda: gt.metric(gt.graph.real))
     del one
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
