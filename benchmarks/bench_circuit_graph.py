@@ -10,9 +10,12 @@ peak resident memory.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
+
+import torch
 
 from headlens.circuits.discover import Curve, area, log_grid
 from headlens.circuits.faithfulness import GraphTask
@@ -21,14 +24,17 @@ from headlens.load.models import load_model
 
 
 def timed(label, fn):
-    start = time.perf_counter()
+    """Run fn, printing wall time and this process's CPU time (all threads): on a shared machine the
+    CPU time over the threads used (torch.get_num_threads()) bounds the wall time on idle cores."""
+    start, cpu = time.perf_counter(), time.process_time()
     out = fn()
-    print(f"{label}: {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"{label}: wall {time.perf_counter() - start:.1f} s, CPU {time.process_time() - cpu:.1f} s", flush=True)
     return out
 
 
 def main(model: str = "smollm2", task_name: str = "ioi") -> None:
     loaded = load_model(model)
+    print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
     task = circuit_task(loaded, task_name)
     gt = timed("prepare (reference run)", lambda: GraphTask(loaded, task))
     print(f"graph: {gt.graph.n_senders} senders, {gt.graph.n_receivers} receivers, {gt.graph.n_edges} edges")

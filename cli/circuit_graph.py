@@ -18,13 +18,13 @@ SHOWN_EDGES = 20
 
 
 def run_graph_command(model, task_name, task_file, prompts_path, method, labels_path, fmt, placement, options) -> None:
-    from headlens.ablation.evalset import read_prompts
     from headlens.ablation.roles import model_labels, read_labels
     from headlens.circuits.discover import discover, measure
     from headlens.circuits.faithfulness import METHODS, GraphTask
     from headlens.circuits.interchange import read_graph, write_graph
     from headlens.circuits.moretasks import circuit_task, variants
     from headlens.errors import ConfigError
+    from headlens.intervene.evalset import read_prompts
     from headlens.load.models import load_model
 
     method = method or "eap"

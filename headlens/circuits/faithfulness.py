@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from headlens.ablation.replace import frozen_weights
 from headlens.arch import adapter_for
 from headlens.circuits.graph import graph_of
 from headlens.circuits.graphrun import Record, run_graph
 from headlens.circuits.readout import batch_sum, task_terms
 from headlens.errors import ConfigError
+from headlens.intervene.replace import frozen_weights
 
 ABLATIONS = ("patching", "mean")
 METHODS = ("exact", "eap", "eap-ig")
