@@ -4,7 +4,8 @@
 
 Prints, for one task: the graph's size; preparing the reference run; EAP scores for every edge;
 EAP-IG (5 steps); the 20-point faithfulness curve with sizes at f 0.8 and 0.9; one exact edge
-(exact patching's cost is one such pass per edge, so the whole sweep is that times the edge count);
+(exact patching's cost is one such pass per edge, so the whole sweep is that times the edge count;
+on graphs of up to EXACT_EDGES edges it runs, and its curve is printed beside EAP's and EAP-IG's);
 peak resident memory.
 """
 
@@ -21,6 +22,8 @@ from headlens.circuits.discover import Curve, area, log_grid
 from headlens.circuits.faithfulness import GraphTask
 from headlens.circuits.moretasks import circuit_task
 from headlens.load.models import load_model
+
+EXACT_EDGES = 5_000  # graphs up to this many edges are also scored exactly
 
 
 def timed(label, fn):
@@ -41,7 +44,10 @@ def main(model: str = "smollm2", task_name: str = "ioi") -> None:
     print(f"task: {task.description}; tokens {tuple(task.tokens.shape)}")
     eap = timed("EAP, every edge", lambda: gt.scores("eap"))
     ig = timed("EAP-IG 5 steps, every edge", lambda: gt.scores("eap-ig", 5))
-    for name, scores in (("eap", eap), ("eap-ig", ig)):
+    methods = [("eap", eap), ("eap-ig", ig)]
+    if gt.graph.n_edges <= EXACT_EDGES:  # exact patching, one pass per edge: small graphs only
+        methods.append(("exact", timed("exact, every edge", lambda: gt.scores("exact"))))
+    for name, scores in methods:
         curve = Curve(gt, scores)
         grid = log_grid(gt.graph.n_edges, 20)
         fs = timed(f"{name}: 20-point curve", lambda: [curve.circuit(k)[1] for k in grid])  # noqa: B023
