@@ -204,3 +204,20 @@ def test_cli_names_the_malformed_line_of_a_task_file(tmp_path, small_model_dir):
     got = _cli("circuit", small_model_dir, "--task-file", str(path), "--discover")
     assert got.exit_code == 2
     assert "line 2" in got.output and "Traceback" not in got.output
+
+
+def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
+    from headlens.circuits.discover import stability, subset_task
+
+    task = greater_than_task(tiny, n=4, seed=1)
+    order = torch.tensor([2, 0, 3, 1])
+    full, empty = GraphTask(tiny, task).ends()
+    again = GraphTask(tiny, subset_task(task, order)).ends()
+    assert again == pytest.approx((full, empty), abs=1e-6)  # the mean over prompts ignores their order
+    small = induction_task(tiny, n=3, seq_len=6, seed=0)
+    gt = GraphTask(tiny, small)
+    keep = top_edges(gt.graph, gt.scores("eap"), 10)
+    pair = [induction_task(tiny, n=3, seq_len=6, seed=s) for s in (5, 6)]
+    got = stability(tiny, small, "eap", "patching", 10, 1, 0, keep, pair)
+    assert 0.0 <= got["jaccard_resamples"] <= 1.0 and 0.0 <= got["jaccard_templates"] <= 1.0
+    assert got["resamples"] == 5 and got["k"] == 10
