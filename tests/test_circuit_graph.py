@@ -207,12 +207,13 @@ def test_cli_names_the_malformed_line_of_a_task_file(tmp_path, small_model_dir):
 
 
 def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
-    from headlens.circuits.discover import stability, subset_task
+    from headlens.circuits.discover import stability
+    from headlens.circuits.tasks import take_rows
 
     task = greater_than_task(tiny, n=4, seed=1)
     order = torch.tensor([2, 0, 3, 1])
     full, empty = GraphTask(tiny, task).ends()
-    again = GraphTask(tiny, subset_task(task, order)).ends()
+    again = GraphTask(tiny, take_rows(task, order)).ends()
     assert again == pytest.approx((full, empty), abs=1e-6)  # the mean over prompts ignores their order
     small = induction_task(tiny, n=3, seq_len=6, seed=0)
     gt = GraphTask(tiny, small)

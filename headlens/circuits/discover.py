@@ -26,6 +26,7 @@ import torch
 
 from headlens.circuits.faithfulness import GraphTask, faithfulness
 from headlens.circuits.graph import INPUT, LOGITS, nodes_in, prune, top_edges
+from headlens.circuits.tasks import take_rows
 from headlens.errors import ConfigError
 from headlens.results import Result
 
@@ -88,7 +89,7 @@ def stability(loaded, task, method, ablation, k, steps, seed, keep, variants=Non
     n = task.tokens.shape[0]
     for _ in range(RESAMPLES):
         rows = torch.randint(n, (n,), generator=gen)
-        sets.append(_top(loaded, subset_task(task, rows), method, ablation, k, steps))
+        sets.append(_top(loaded, take_rows(task, rows), method, ablation, k, steps))
     pairs = [jaccard(a, b) for a, b in itertools.combinations(sets, 2)]
     out = {"resamples": RESAMPLES, "k": k, "jaccard_resamples": float(np.mean(pairs)), "jaccard_templates": None}
     if variants is not None:
@@ -100,32 +101,6 @@ def stability(loaded, task, method, ablation, k, steps, seed, keep, variants=Non
 def _top(loaded, task, method, ablation, k, steps) -> torch.Tensor:
     gt = GraphTask(loaded, task, ablation)
     return top_edges(gt.graph, gt.scores(method, steps), k)
-
-
-def subset_task(task, rows: torch.Tensor):
-    """The task on sequences `rows` (repeats allowed), its metric terms re-indexed."""
-    from dataclasses import replace
-
-    from headlens.circuits.readout import MetricTerms, read_offsets
-
-    terms = getattr(task, "terms", None)
-    if terms is not None:
-        offsets, parts = read_offsets(task.where), []
-        for new_start, row in zip(read_offsets(task.where[rows])[:-1].tolist(), rows.tolist(), strict=True):
-            mine = (terms.read >= offsets[row]) & (terms.read < offsets[row + 1])
-            parts.append((terms.read[mine] - offsets[row] + new_start, terms.token[mine], terms.weight[mine]))
-        terms = MetricTerms(terms.kind, *(torch.cat(p) for p in zip(*parts, strict=True)))
-    pick = lambda t: None if t is None else t[rows]  # noqa: E731
-    return replace(
-        task,
-        tokens=task.tokens[rows],
-        mask=task.mask[rows],
-        where=task.where[rows],
-        target=task.target[rows],
-        foil=pick(task.foil),
-        corrupted=pick(task.corrupted),
-        terms=terms,
-    )
 
 
 def discover(

@@ -24,10 +24,11 @@ component writes linearly; the log-sum-exp is shared by all of them). For IOI bo
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from headlens.circuits.readout import MetricTerms, read_offsets
 from headlens.errors import ConfigError
 from headlens.intervene.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, EvalSet, prompt_evalset
 from headlens.intervene.metrics import position_values
@@ -229,3 +230,25 @@ def make_task(loaded, name: str, prompts: list[dict] | None = None, seed: int = 
             raise ConfigError("the induction task reads no prompts: --prompts goes with --task ioi")
         return induction_task(loaded, seed=seed)
     return ioi_task(loaded, prompts=prompts, seed=seed)
+
+
+def take_rows(task: Task, rows: torch.Tensor) -> Task:
+    """The task on sequences `rows` (repeats allowed), its metric terms re-indexed."""
+    terms = getattr(task, "terms", None)
+    if terms is not None:
+        offsets, parts = read_offsets(task.where), []
+        for new_start, row in zip(read_offsets(task.where[rows])[:-1].tolist(), rows.tolist(), strict=True):
+            mine = (terms.read >= offsets[row]) & (terms.read < offsets[row + 1])
+            parts.append((terms.read[mine] - offsets[row] + new_start, terms.token[mine], terms.weight[mine]))
+        terms = MetricTerms(terms.kind, *(torch.cat(p) for p in zip(*parts, strict=True)))
+    pick = lambda t: None if t is None else t[rows]  # noqa: E731
+    return replace(
+        task,
+        tokens=task.tokens[rows],
+        mask=task.mask[rows],
+        where=task.where[rows],
+        target=task.target[rows],
+        foil=pick(task.foil),
+        corrupted=pick(task.corrupted),
+        terms=terms,
+    )
