@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ import torch
 from headlens.circuits.readout import MetricTerms
 from headlens.circuits.tasks import Task, induction_task, ioi_task
 from headlens.errors import ConfigError, InputTextError
-from headlens.probes.inputs import check_text
+from headlens.intervene.evalset import json_objects
 
 NOUNS = ("war", "dynasty", "conflict", "empire", "reign", "siege", "treaty", "expedition", "famine", "revolt")
 GT_PROMPTS = 48
@@ -94,15 +93,11 @@ def _task(name, bos, clean, corrupt, terms, unit, description) -> Task:
 def file_task(loaded, path) -> Task:
     """The user's task of a JSONL file (module docstring)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputTextError(f"task file not found: {path}")
     tok = loaded.tokenizer
     clean, corrupt, rows, tokens, weights = [], [], [], [], []
-    for number, line in enumerate(check_text(path.read_bytes(), str(path)).splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path} line {number}"
-        obj = _line_object(line, where)
+    example = '{"prompt": ..., "answer": ..., "counterfactual": ..., "wrong": ...}'
+    for where, obj in json_objects(path, "task file", example):
+        _check_fields(obj, where)
         prompt, other = _ids(tok, obj["prompt"]), _ids(tok, obj["counterfactual"])
         if len(prompt) != len(other):
             raise InputTextError(
@@ -125,17 +120,10 @@ def file_task(loaded, path) -> Task:
     return _task(path.stem, loaded.bos_token_id, clean, corrupt, terms, "logits", description)
 
 
-def _line_object(line: str, where: str) -> dict:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputTextError(f"{where}: not valid JSON ({exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise InputTextError(f"{where}: expected an object with prompt, answer, counterfactual, wrong")
+def _check_fields(obj: dict, where: str) -> None:
     for key in ("prompt", "counterfactual"):
         if not isinstance(obj.get(key), str) or not obj[key]:
             raise InputTextError(f"{where}: missing or empty string field {key!r}")
-    return obj
 
 
 def _answers(tok, obj: dict, keys: tuple[str, str], where: str) -> list[int]:

@@ -262,16 +262,14 @@ def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: in
     return EvalSet(ids, mask, counted, "repeat", digest, description)
 
 
-def read_prompts(path) -> list[dict]:
-    """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
-
-    InputTextError naming the line for bad JSON, a non-object, a missing or non-string field;
-    blank lines are skipped."""
+def json_objects(path, what: str, example: str):
+    """(where, object) for each non-blank line of a JSONL file, `where` naming the file and line.
+    InputTextError for a missing file (`what` names it), bad JSON, or a line that is not an object
+    (`example` shows one)."""
     path = Path(path)
     if not path.is_file():
-        raise InputTextError(f"prompts file not found: {path}")
+        raise InputTextError(f"{what} not found: {path}")
     text = check_text(path.read_bytes(), str(path))
-    prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -281,7 +279,17 @@ def read_prompts(path) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise InputTextError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
-            raise InputTextError(f'{where}: expected an object like {{"prompt": ..., "target": ...}}')
+            raise InputTextError(f"{where}: expected an object like {example}")
+        yield where, obj
+
+
+def read_prompts(path) -> list[dict]:
+    """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
+
+    InputTextError naming the line for bad JSON, a non-object, a missing or non-string field;
+    blank lines are skipped."""
+    prompts = []
+    for where, obj in json_objects(path, "prompts file", '{"prompt": ..., "target": ...}'):
         for key in ("prompt", "target"):
             if not isinstance(obj.get(key), str) or not obj[key]:
                 raise InputTextError(f"{where}: missing or empty string field {key!r}")
