@@ -185,7 +185,17 @@ def labels_path(tmp_path_factory, small_config):
 
 def test_cli_discover_writes_a_graph_that_circuit_reads_back(tmp_path, small_model_dir, labels_path):
     graph_file = str(tmp_path / "g.json")
-    args = ["circuit", small_model_dir, "--task", "induction", "--discover", "--edges", "12", "--labels", labels_path]
+    args = [
+        "circuit",
+        str(small_model_dir),
+        "--task",
+        "induction",
+        "--discover",
+        "--edges",
+        "12",
+        "--labels",
+        labels_path,
+    ]
     found = _cli(*args, "--no-stability", "--format", "json", "--graph-out", graph_file)
     assert found.exit_code == 0, found.output
     doc = json.loads(found.stdout)
@@ -193,7 +203,7 @@ def test_cli_discover_writes_a_graph_that_circuit_reads_back(tmp_path, small_mod
     assert all(node["roles"] == ["induction"] for node in doc["nodes"] if node["kind"] == "head" and node["layer"] == 1)
     written = json.loads((tmp_path / "g.json").read_text())
     assert sum(e["in_graph"] for e in written["edges"].values()) == doc["n_edges"]
-    again = _cli("circuit", small_model_dir, "--task", "induction", "--circuit", graph_file, "--format", "json")
+    again = _cli("circuit", str(small_model_dir), "--task", "induction", "--circuit", graph_file, "--format", "json")
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["faithfulness"] == pytest.approx(doc["faithfulness"], abs=1e-9)
 
@@ -201,7 +211,7 @@ def test_cli_discover_writes_a_graph_that_circuit_reads_back(tmp_path, small_mod
 def test_cli_names_the_malformed_line_of_a_task_file(tmp_path, small_model_dir):
     path = tmp_path / "task.jsonl"
     path.write_text('{"prompt": "a b", "answer": " c", "counterfactual": "d e", "wrong": " f"}\n[1, 2]\n')
-    got = _cli("circuit", small_model_dir, "--task-file", str(path), "--discover")
+    got = _cli("circuit", str(small_model_dir), "--task-file", str(path), "--discover")
     assert got.exit_code == 2
     assert "line 2" in got.output and "Traceback" not in got.output
 
