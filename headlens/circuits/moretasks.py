@@ -96,7 +96,7 @@ def file_task(loaded, path) -> Task:
     tok = loaded.tokenizer
     clean, corrupt, rows, tokens, weights = [], [], [], [], []
     example = '{"prompt": ..., "answer": ..., "counterfactual": ..., "wrong": ...}'
-    for where, obj in json_objects(path, "task file", example):
+    for where, obj in json_objects(path, "--task-file", example):
         _check_fields(obj, where)
         prompt, other = _ids(tok, obj["prompt"]), _ids(tok, obj["counterfactual"])
         if len(prompt) != len(other):
