@@ -147,7 +147,7 @@ def test_user_task_file_and_its_malformed_line(tmp_path, tiny):
     assert task.tokens.shape[0] == 2 and task.terms.kind == "logit"
     assert task.terms.weight.tolist() == [1.0, -0.5, -0.5, 1.0, -0.5, -0.5]
     path.write_text(json.dumps(good) + "\n" + '{"prompt": "x"\n')
-    with pytest.raises(InputTextError, match="line 2: not valid JSON"):
+    with pytest.raises(InputTextError, match="line 2 is not valid JSON"):
         file_task(tiny, path)
     path.write_text(json.dumps({**good, "counterfactual": "cd cd cd"}) + "\n")
     with pytest.raises(InputTextError, match="line 1: prompt is"):
