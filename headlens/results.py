@@ -30,7 +30,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-KINDS = ("heads", "sweep", "ablation", "pruning", "validation", "edges", "circuit", "self_repair", "cache")
+KINDS = (
+    "heads",
+    "sweep",
+    "ablation",
+    "pruning",
+    "validation",
+    "edges",
+    "circuit",
+    "circuit_graph",
+    "self_repair",
+    "cache",
+)
 
 
 class _ResultType(type):

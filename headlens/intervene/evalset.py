@@ -270,24 +270,34 @@ def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: in
 MAX_PROMPTS = 100_000  # prompts a --prompts file may hold
 
 
-def read_prompts(path) -> list[dict]:
-    """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
-
-    InputTextError naming the line for bad JSON (headlens.files.parse_json), a non-object, a missing or
-    non-string field, past MAX_PROMPTS prompts; blank lines are skipped. A file that is not a regular file
-    or larger than headlens.files.MAX_JSON_BYTES is refused before it is read."""
+def json_objects(path, flag: str, example: str):
+    """(where, object) for each non-blank line of a JSONL file, `where` naming the file and line.
+    InputTextError for bad JSON (headlens.files.parse_json), a line that is not an object (`example`
+    shows one), past MAX_PROMPTS objects; a file that is not a regular file or larger than
+    headlens.files.MAX_JSON_BYTES is refused before it is read (`flag`, the option, names it)."""
     path = Path(path)
-    text = check_text(read_capped(path, "--prompts", InputTextError), str(path))
-    prompts = []
+    text = check_text(read_capped(path, flag, InputTextError), str(path))
+    count = 0
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{shown(str(path))} line {number}"
-        if len(prompts) == MAX_PROMPTS:
+        if count == MAX_PROMPTS:
             raise InputTextError(f"{where}: more than {MAX_PROMPTS:,} prompts; give fewer")
         obj = parse_json(line, where, InputTextError)
         if not isinstance(obj, dict):
-            raise InputTextError(f'{where}: expected an object like {{"prompt": ..., "target": ...}}')
+            raise InputTextError(f"{where}: expected an object like {example}")
+        count += 1
+        yield where, obj
+
+
+def read_prompts(path) -> list[dict]:
+    """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
+
+    InputTextError naming the line for bad JSON, a non-object, a missing or non-string field, past
+    MAX_PROMPTS prompts; blank lines are skipped (json_objects)."""
+    prompts = []
+    for where, obj in json_objects(path, "--prompts", '{"prompt": ..., "target": ...}'):
         for key in ("prompt", "target"):
             if not isinstance(obj.get(key), str) or not obj[key]:
                 raise InputTextError(f"{where}: missing or empty string field {key!r}")

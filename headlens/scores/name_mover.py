@@ -73,10 +73,10 @@ def name_tokens(tokenizer) -> dict[str, int]:
     return out
 
 
-def ioi_prompts(tokenizer, bos_id: int | None, n: int = N_PROMPTS, seed: int = 0) -> list[dict]:
+def ioi_prompts(tokenizer, bos_id: int | None, n: int = N_PROMPTS, seed: int = 0, templates=TEMPLATES) -> list[dict]:
     """n IOI prompts, half ABBA, half BABA, seeded: dicts with `text`, `ids` (BOS first), `io`,
     `s` (token ids), `io_pos`, `s1_pos`, `s2_pos` (positions in ids) and `target`, `foil` (" IO",
-    " S": the prompt format of headlens.ablation.prompts)."""
+    " S": the prompt format of headlens.ablation.prompts); `templates` a subset of TEMPLATES."""
     names = name_tokens(tokenizer)
     if len(names) < 2:
         raise ConfigError(f"this tokenizer spells {len(names)} of the {len(NAMES)} IOI names as one token; need 2")
@@ -84,7 +84,7 @@ def ioi_prompts(tokenizer, bos_id: int | None, n: int = N_PROMPTS, seed: int = 0
     keys = sorted(names)
     prompts = []
     for index in range(n):
-        template = TEMPLATES[int(torch.randint(len(TEMPLATES), (1,), generator=gen))]
+        template = templates[int(torch.randint(len(templates), (1,), generator=gen))]
         io, s = (keys[int(i)] for i in torch.randperm(len(keys), generator=gen)[:2])
         order = (io, s) if index % 2 == 0 else (s, io)
         prompts.append(_build(tokenizer, bos_id, template, order, io, s, names))
