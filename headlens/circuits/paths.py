@@ -30,7 +30,7 @@ import torch
 
 from headlens.ablation.evalset import BATCH_SIZE, EvalSet
 from headlens.ablation.metrics import check_choice
-from headlens.ablation.replace import layer_replacement, replacements, z_change
+from headlens.ablation.replace import capture_z, layer_replacement, replacements, z_change
 from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for, get_module
 from headlens.arch.sites import splice_row
@@ -39,6 +39,7 @@ from headlens.errors import ConfigError
 from headlens.heads import Head, all_heads
 from headlens.results import Result
 
+PATCH = "patch"  # the sender's z from the task's corrupted run (counterfactual_replacements)
 COPY_TOKENS = 16_384  # batch positions one stacked pass may hold (copies x batch x pos)
 
 
@@ -52,10 +53,42 @@ def task_evalset(loaded, task) -> EvalSet:
 
 def task_replacements(loaded, task, method: str, seed: int = 0) -> tuple[EvalSet, list]:
     """The task's evaluation set and what each layer's z becomes under `method` (zero, mean,
-    resample: headlens.ablation.replace.replacements, as `ablate` replaces)."""
+    resample: headlens.ablation.replace.replacements, as `ablate` replaces; PATCH: the z of the
+    task's corrupted run at the same position, counterfactual_replacements)."""
     evalset = task_evalset(loaded, task)
+    if method == PATCH:
+        return evalset, counterfactual_replacements(loaded.model, evalset)
     check_choice(method, evalset.metric)
     return evalset, replacements(loaded.model, evalset, method, seed, batch_size=BATCH_SIZE)
+
+
+def corrupted_ids(evalset: EvalSet) -> torch.Tensor:
+    """The corrupted run's tokens in the evaluation set's layout [n_seq, pos] (columns it lacks, such as
+    the appended target, taken from the evaluation set: no scored position reads them). ConfigError
+    when the set has no corrupted run of its shape."""
+    ref = evalset.reference_ids
+    if ref is None or ref.shape[0] != len(evalset.input_ids) or ref.shape[1] > evalset.input_ids.shape[1]:
+        raise ConfigError(f"{PATCH!r} needs a task with a corrupted run of the same prompts (the ioi task's ABC run)")
+    ids = evalset.input_ids.clone()  # [n_seq, pos]
+    width = ref.shape[1]
+    ids[:, :width] = torch.where(evalset.reference_mask.to(torch.bool), ref, ids[:, :width])
+    return ids
+
+
+def counterfactual_replacements(model, evalset: EvalSet) -> list:
+    """Per layer, z of the task's corrupted run at the same (sequence, position): [n_seq, pos, head,
+    d_head], interchange (counterfactual) patching as Wang et al. 2022 and the MIB benchmark (Mueller
+    et al. 2025) patch from their counterfactual prompts."""
+    ids = corrupted_ids(evalset)
+    out: list = [None] * adapter_for(model).n_layers
+
+    def keep(layer: int, rows: slice, z: torch.Tensor) -> None:
+        if out[layer] is None:
+            out[layer] = torch.zeros(*ids.shape, *z.shape[2:], dtype=z.dtype, device=z.device)
+        out[layer][rows, : z.shape[1]] = z
+
+    capture_z(model, ids, evalset.mask, BATCH_SIZE, keep)
+    return out
 
 
 def check_vias(via: Sequence[str]) -> tuple[str, ...]:
