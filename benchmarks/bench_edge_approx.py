@@ -4,13 +4,14 @@
         --ablation zero --methods eap eap-ig:5 'eap*' [--exact-cache FILE.pkl] [--out FILE.json]
     .venv/bin/python benchmarks/bench_edge_approx.py heads smollm2 ioi:8:patch ioi:8:zero repeat:2:zero
 
-edges: the task's first `--prompts` prompts (ioi: template prompts with their ABC run; induction: 2 x 12
-repeated tokens); receivers are the `--receivers` heads of largest |direct effect| on the clean run
-(headlens.circuits.direct); exact path patching (headlens.circuits.paths) of every edge into them
-(q, k, v) and of every direct edge, then each method's attributions of every edge of the model, and
-edge_agreement (Spearman, Pearson, top-20 recall) on the patched edges. `--ablation patch` takes each
-sender's z from the corrupted run at the same position (headlens.circuits.paths.PATCH), which EAP-IG
-reaches by interpolating the input embeddings (Hanna et al. 2024); zero, mean and resample interpolate z.
+edges: the task's first `--prompts` prompts (ioi: template prompts with their ABC run; induction:
+2 x 12 repeated tokens); receivers are the `--receivers` heads of largest |direct effect| on the clean
+run (headlens.circuits.direct), or `--receiver-heads L.H,L.H`; exact path patching
+(headlens.circuits.paths) of every edge into them (q, k, v) and of every direct edge, then each
+method's attributions of every edge of the model, and edge_agreement (Spearman, Pearson, top-20
+recall) on the patched edges. `--ablation patch` takes each sender's z from the corrupted run at the
+same position (headlens.circuits.paths.PATCH), which EAP-IG reaches by interpolating the input
+embeddings (Hanna et al. 2024); zero, mean and resample interpolate z.
 heads: every single head ablated exactly (the sweep) against AtP and AtP* (headlens.ablation.gradients),
 agreement (Spearman, Pearson, top-10 overlap): TASK:N:ABLATION, TASK ioi (N prompts) or repeat (N
 sequences of 2 x 12 tokens), ABLATION zero or patch (ioi only).
@@ -61,6 +62,8 @@ def edges(args) -> dict:
     n_heads = clean.heads.shape[1]
     top = torch.topk(clean.heads.flatten().abs(), args.receivers).indices.tolist()
     receivers = sorted(Head(i // n_heads, i % n_heads) for i in top)
+    if args.receiver_heads:
+        receivers = [Head(*map(int, name.split("."))) for name in args.receiver_heads.split(",")]
     figures: dict = {"receivers": [str(r) for r in receivers], "clean_metric": clean.metric, "load": load_average()}
     cache = Path(args.exact_cache) if args.exact_cache else None
     if cache is not None and cache.exists():
@@ -135,6 +138,7 @@ def main() -> None:
     one.add_argument("--task", choices=["ioi", "induction"], default="ioi")
     one.add_argument("--prompts", type=int, default=8)
     one.add_argument("--receivers", type=int, default=4)
+    one.add_argument("--receiver-heads", default=None, help="L.H,L.H: these receivers instead")
     one.add_argument("--ablation", default="zero")
     one.add_argument("--methods", nargs="+", default=["eap", "eap-ig:5", "eap*"])
     one.add_argument("--exact-cache", default=None)

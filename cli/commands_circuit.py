@@ -52,7 +52,7 @@ SHOWN_COMPENSATION = 8
     metavar="zero|mean|resample",
     help="what an ablated or patched head's z becomes",
 )
-@click.option("--approx", default=None, metavar="eap|eap-ig", help="also score the edges by edge attribution")
+@click.option("--approx", default=None, metavar="eap|eap-ig|eap*", help="also score the edges by edge attribution")
 @click.option("--steps", default=5, show_default=True, type=int, help="integration steps of eap-ig")
 @click.option(
     "--labels",
@@ -86,6 +86,7 @@ def circuit_command(
     """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
     from headlens.ablation.evalset import read_prompts
     from headlens.ablation.roles import model_labels, read_labels, resolve_heads
+    from headlens.circuits.attribution import EAP_METHODS
     from headlens.circuits.circuit import circuit, to_document
     from headlens.circuits.selfrepair import METHODS
     from headlens.circuits.tasks import make_task
@@ -94,8 +95,8 @@ def circuit_command(
 
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
-    if approx is not None and approx not in ("eap", "eap-ig"):
-        raise ConfigError(f"unknown --approx {approx!r}: choose eap or eap-ig")
+    if approx is not None and approx not in EAP_METHODS:
+        raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(EAP_METHODS)}")
     if report_path:
         from headlens.reports.render import check_output_path
 
