@@ -32,13 +32,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 
 from headlens.ablation.approx import ESTIMATES, agreement  # noqa: E402
-from headlens.ablation.evalset import repeat_evalset  # noqa: E402
-from headlens.ablation.sweep import base_sums, sweep_sums  # noqa: E402
 from headlens.circuits.attribution import edge_agreement, edge_attribution  # noqa: E402
 from headlens.circuits.direct import decompose  # noqa: E402
 from headlens.circuits.paths import PATCH, counterfactual_replacements, path_patch  # noqa: E402
 from headlens.circuits.tasks import induction_task, ioi_task  # noqa: E402
 from headlens.heads import Head, all_heads  # noqa: E402
+from headlens.intervene.evalset import repeat_evalset  # noqa: E402
+from headlens.intervene.sums import base_sums, sweep_sums  # noqa: E402
 from headlens.load.models import load_model  # noqa: E402
 
 

@@ -25,12 +25,12 @@ import copy
 import pytest
 import torch
 
-from headlens.ablation.evalset import EvalSet
-from headlens.ablation.replace import capture_z
 from headlens.circuits.attribution import attribution_tensors, ig_points
 from headlens.circuits.paths import PATCH, counterfactual_replacements, patch_edges, task_replacements
 from headlens.circuits.receivers import exact_receiver_tensors
 from headlens.heads import all_heads
+from headlens.intervene.evalset import EvalSet
+from headlens.intervene.replace import capture_z
 from tests.helpers.families import family_configs
 
 VOCAB = 1000

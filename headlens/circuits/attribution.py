@@ -38,9 +38,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlens.ablation.metrics import DIFFERENTIABLE
-from headlens.ablation.replace import frozen_weights, layer_replacement, z_change
-from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for, get_module
 from headlens.arch.sites import row_part
 from headlens.circuits.edges import DIRECT, LOGITS, VIAS, edge_frame
@@ -48,6 +45,9 @@ from headlens.circuits.paths import PATCH, clean_run, corrupted_ids, sender_delt
 from headlens.circuits.receivers import exact_receiver_tensors
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
+from headlens.intervene.metrics import DIFFERENTIABLE
+from headlens.intervene.replace import frozen_weights, layer_replacement, z_change
+from headlens.intervene.sums import unit_sums
 from headlens.results import Result
 
 EAP_METHODS = ("eap", "eap-ig", "eap*")  # eap*: headlens.circuits.receivers

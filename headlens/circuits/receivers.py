@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from headlens.ablation.replace import frozen_weights
-from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for, get_module
 from headlens.circuits.edges import VIAS
 from headlens.circuits.paths import COPY_TOKENS, _patched_z, clean_run, sender_deltas
 from headlens.heads import all_heads
+from headlens.intervene.replace import frozen_weights
+from headlens.intervene.sums import unit_sums
 
 
 def z_gradients(adapter, evalset, rows: slice, ctx) -> list[torch.Tensor]:
