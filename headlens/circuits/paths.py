@@ -4,7 +4,8 @@ An edge (headlens.circuits.edges) runs from a sender head's write to the residua
 later receiver head's query, key or value input, or to the logits. Its effect (Wang et al. 2022,
 arXiv 2211.00593; Goldowsky-Dill et al. 2023, arXiv 2304.05969; the edge patching of ACDC,
 Conmy et al. 2023) is the change of the metric when the sender's z is replaced (zero, mean or a
-resampled z: headlens.intervene.replace, as `ablate` does) on that edge alone:
+resampled z: headlens.intervene.replace, as `ablate` does; or, with PATCH, the z of the task's
+corrupted run at the same position) on that edge alone:
 - the sender's write changes by delta = (z' - z) W_O (for a family with a norm on the attention
   output, Gemma 3, the change of that norm's output: norm(out + delta) - norm(out));
 - to a receiver r of layer L via q: r's queries are computed from the residual entering L plus
