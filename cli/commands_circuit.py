@@ -12,6 +12,7 @@ import json
 import click
 
 from headlens.cli.options import (
+    SEED,
     command_line,
     format_option,
     lang_option,
@@ -61,7 +62,7 @@ SHOWN_COMPENSATION = 8
     default=None,
     help="heads.json from `headlens classify --out` [default: classify the model]",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the task's inputs and resampling")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the task's inputs and resampling")
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option

@@ -128,7 +128,8 @@ def end_attention(pattern: torch.Tensor, positions: torch.Tensor, last: torch.Te
 def ioi_run(loaded, prompts: list[dict]) -> dict:
     """One forward pass over the prompts (right-padded): `io_attention`, `s_attention` and
     `ioi_direct_effect` [n_layers, n_heads] (means over prompts) with their `_std` across prompts,
-    and the model's `logit_diff` (mean) and `logit_diffs` [n]."""
+    and the model's `logit_diff` (mean) and `logit_diffs` [n]; `per_prompt` holds the three scores of
+    each prompt, [n, n_layers, n_heads] each."""
     model = loaded.model
     device = next(model.parameters()).device
     length = max(len(p["ids"]) for p in prompts)
@@ -168,6 +169,11 @@ def ioi_run(loaded, prompts: list[dict]) -> dict:
         "ioi_direct_effect_std": direct.std(1) if len(prompts) > 1 else nan.clone(),
         "logit_diff": float(diffs.mean()),
         "logit_diffs": diffs,
+        "per_prompt": {
+            "io_attention": io_att.transpose(0, 1),  # [batch, layer, head]
+            "s_attention": s_att.transpose(0, 1),
+            "ioi_direct_effect": direct.transpose(0, 1),
+        },
     }
 
 
