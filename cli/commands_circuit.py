@@ -78,7 +78,7 @@ SHOWN_COMPENSATION = 8
     metavar="zero|mean|resample / exact|eap|eap-ig",
     help="what an ablated head's z becomes [zero]; with --discover, how edges are scored [eap]",
 )
-@click.option("--approx", default=None, metavar="eap|eap-ig", help="also score the edges by edge attribution")
+@click.option("--approx", default=None, metavar="eap|eap-ig|eap*", help="also score the edges by edge attribution")
 @click.option("--steps", default=5, show_default=True, type=int, help="integration steps of eap-ig")
 @click.option(
     "--labels",
@@ -119,6 +119,7 @@ def circuit_command(
 ) -> None:
     """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
     from headlens.ablation.roles import model_labels, read_labels, resolve_heads
+    from headlens.circuits.attribution import EAP_METHODS
     from headlens.circuits.circuit import circuit, to_document
     from headlens.circuits.selfrepair import METHODS
     from headlens.circuits.tasks import make_task
@@ -136,8 +137,8 @@ def circuit_command(
     method = method or "zero"
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
-    if approx is not None and approx not in ("eap", "eap-ig"):
-        raise ConfigError(f"unknown --approx {approx!r}: choose eap or eap-ig")
+    if approx is not None and approx not in EAP_METHODS:
+        raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(EAP_METHODS)}")
     if report_path:
         from headlens.reports.render import check_output_path
 

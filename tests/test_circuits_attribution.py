@@ -94,13 +94,11 @@ def test_eap_is_the_derivative_of_path_patching(name):
     assert worst < FD_RTOL, worst
 
 
-def test_eap_ig_with_one_step_is_eap_and_more_steps_move_it():
+def test_eap_ig_moves_away_from_eap_and_is_labelled_with_its_steps():
     loaded = _model("llama-gqa")
     evalset = _evalset(1)
     eap = edge_attribution(loaded, evalset, "eap", ablation="mean").frame
-    one = edge_attribution(loaded, evalset, "eap-ig", steps=1, ablation="mean").frame
     three = edge_attribution(loaded, evalset, "eap-ig", steps=3, ablation="mean").frame
-    assert (eap["attribution"] == one["attribution"]).all()
     assert three["attribution"].notna().all() and not (three["attribution"] == eap["attribution"]).all()
     assert three["attribution_method"].iloc[0] == "eap-ig (3 steps)"
 

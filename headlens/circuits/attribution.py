@@ -16,16 +16,23 @@ pass give every edge:
   input norm's vector-Jacobian product at the clean residual.
 EAP-IG (Hanna et al. 2024, "Have Faith in Faithfulness", arXiv 2403.17806): the gradient is
 averaged over `steps` points between the ablated and the clean run, as integrated gradients
-does (Sundararajan et al. 2017). Here the points interpolate every head's z towards its
-replacement, z + a (z' - z) at a = 1 - k / steps, k = 1..steps (the clean run is the last point,
-so steps = 1 is EAP); the replacement is per head, so the interpolation is over activations, not
-input embeddings. Cost: `steps` forward and backward passes.
+does (Sundararajan et al. 2017), at Gauss-Legendre nodes with their weights (`ig_points`; Captum's
+default rule: exact for integrands polynomial up to degree 2 * steps - 1, where left or right Riemann
+sums are exact only for constants). With counterfactual patching (headlens.circuits.paths.PATCH: the
+senders' z from the task's corrupted run) the path is Hanna et al.'s: the input embeddings move from
+the clean run's towards the corrupted run's, everything after them recomputed. With zero, mean or
+resampled z there is no corrupted input, so every head's z moves towards its replacement at once,
+z + a (z' - z) (integrated gradients over activations). Either way the gradient is taken in a partly
+corrupted model, while path patching changes one edge alone in the clean one. Cost: `steps` forward
+and backward passes. EAP* (headlens.circuits.receivers) recomputes each receiver's attention exactly.
 `edge_agreement` compares an estimate with exact path patching on the edges both have: Spearman
 and Pearson correlation and top-k recall (the share of the exact top k edges by |effect| that
 are also in the estimate's top k by |attribution|).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -34,7 +41,8 @@ import torch
 from headlens.arch import adapter_for, get_module
 from headlens.arch.sites import row_part
 from headlens.circuits.edges import DIRECT, LOGITS, VIAS, edge_frame
-from headlens.circuits.paths import clean_run, sender_deltas, task_replacements
+from headlens.circuits.paths import PATCH, clean_run, corrupted_ids, sender_deltas, task_replacements
+from headlens.circuits.receivers import exact_receiver_tensors
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
 from headlens.intervene.metrics import DIFFERENTIABLE
@@ -42,7 +50,7 @@ from headlens.intervene.replace import frozen_weights, layer_replacement, z_chan
 from headlens.intervene.sums import unit_sums
 from headlens.results import Result
 
-EAP_METHODS = ("eap", "eap-ig")
+EAP_METHODS = ("eap", "eap-ig", "eap*")  # eap*: headlens.circuits.receivers
 IG_STEPS = 5  # EAP-IG's interpolation points (Hanna et al. 2024 use 5)
 TOP_K = 20  # edges compared by top-k recall
 
@@ -100,9 +108,29 @@ def _input_grads(adapter, layer: int, x: torch.Tensor, probe_grads: dict) -> tor
     return grad_x.view(n_heads, 3, *x.shape)
 
 
-def _batch_attribution(adapter, evalset, rows, reps, alpha: float, deltas: torch.Tensor, out: dict) -> None:
-    """Add delta_s . dM/dx of one batch at interpolation point `alpha` to out["edges"] [layer, head,
-    layer, head, 3] and out["direct"] [layer, head]; deltas [layer, head, batch, pos, d_model]."""
+def ig_points(steps: int) -> list[tuple[float, float]]:
+    """EAP-IG's interpolation points and weights on [0, 1]: Gauss-Legendre nodes (Captum's default rule
+    for integrated gradients), exact for integrands polynomial up to degree 2 * steps - 1."""
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    return [(float((x + 1) / 2), float(w / 2)) for x, w in zip(nodes, weights, strict=True)]
+
+
+def _start(adapter, ctx, corrupt, alpha: float) -> torch.Tensor:
+    """The residual entering layer 0 [batch, pos, d_model]: the clean embeddings, moved a fraction
+    `alpha` towards the corrupted run's (token ids `corrupt`, [batch, pos]) when there is one."""
+    resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
+    if corrupt is None or alpha == 0.0:
+        return resid
+    other = adapter.embed_tokens(dataclasses.replace(ctx, input_ids=corrupt.to(ctx.input_ids.device)))
+    return resid + alpha * (other - resid)  # [batch, pos, d_model]
+
+
+def _batch_attribution(adapter, evalset, rows, reps, point, deltas: torch.Tensor, out: dict, corrupt=None) -> None:
+    """Add weight * delta_s . dM/dx of one batch at interpolation point `point` = (alpha, weight) to
+    out["edges"] [layer, head, layer, head, 3] and out["direct"] [layer, head]; deltas [layer, head,
+    batch, pos, d_model]. With `corrupt` (the corrupted run's ids of the batch) the input embeddings
+    move a fraction alpha towards the corrupted run's, else every head's z towards its replacement."""
+    alpha, weight = point
     ctx = adapter.context(*evalset.batch(rows))
     n_layers = adapter.n_layers
     probes: list[dict] = [{} for _ in range(n_layers)]
@@ -110,14 +138,14 @@ def _batch_attribution(adapter, evalset, rows, reps, alpha: float, deltas: torch
 
     def editor(layer):
         def edit(z):  # [batch, pos, head, d_head]
-            if alpha == 0.0:
+            if alpha == 0.0 or corrupt is not None:
                 return z
             return z + alpha * z_change(z, layer_replacement(reps[layer], rows, z.shape[1]))
 
         return edit
 
     with torch.enable_grad(), frozen_weights(adapter.model):
-        resid = adapter.embed_tokens(ctx)  # [batch, pos, d_model]
+        resid = _start(adapter, ctx, corrupt, alpha)  # [batch, pos, d_model]
         for layer in range(n_layers):
             xs.append(resid.detach())
             attn = _probed_attention(adapter, layer, resid, ctx, editor(layer), probes[layer])
@@ -129,7 +157,7 @@ def _batch_attribution(adapter, evalset, rows, reps, alpha: float, deltas: torch
         final_grad = next(grads)  # [batch, pos, d_model]
         probe_grads = [{path: next(grads) for path in layer_probes} for layer_probes in probes]
         n_heads = adapter.n_heads
-        flat_deltas = deltas.flatten(2).double()  # [layer, head, batch * pos * d_model]
+        flat_deltas = weight * deltas.flatten(2).double()  # [layer, head, batch * pos * d_model]
         out["direct"] += (flat_deltas @ final_grad.flatten().double()).cpu()  # [layer, head]
         for layer in range(1, n_layers):
             grad_x = _input_grads(adapter, layer, xs[layer], probe_grads[layer])  # [head, 3, batch, pos, d_model]
@@ -138,13 +166,16 @@ def _batch_attribution(adapter, evalset, rows, reps, alpha: float, deltas: torch
             out["edges"][:layer, :, layer] += got.view(layer, n_heads, n_heads, 3).cpu()
 
 
-def attribution_tensors(model, evalset, reps, method: str = "eap", steps: int = IG_STEPS) -> dict[str, torch.Tensor]:
+def attribution_tensors(
+    model, evalset, reps, method: str = "eap", steps: int = IG_STEPS, corrupted: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """Every edge's attribution, mean over scored positions: `edges` [n_layers, n_heads, n_layers,
     n_heads, 3] (sender, receiver, q/k/v; 0 unless the sender is earlier) and `direct` [n_layers,
-    n_heads] (float64)."""
+    n_heads] (float64). `corrupted` [n_seq, pos]: the corrupted run's ids in the evaluation set's layout,
+    whose embeddings EAP-IG interpolates (reps then its z, headlens.circuits.paths.PATCH)."""
     adapter = adapter_for(model)
     n_layers, n_heads = adapter.n_layers, adapter.n_heads
-    points = [0.0] if method == "eap" else [1.0 - k / steps for k in range(1, steps + 1)]
+    points = [(0.0, 1.0)] if method == "eap" else ig_points(steps)
     out = {
         "edges": torch.zeros(n_layers, n_heads, n_layers, n_heads, 3, dtype=torch.float64),
         "direct": torch.zeros(n_layers, n_heads, dtype=torch.float64),
@@ -159,17 +190,18 @@ def attribution_tensors(model, evalset, reps, method: str = "eap", steps: int = 
                     for layer in range(n_layers)
                 ]
             )  # [layer, head, batch, pos, d_model]
-        for alpha in points:
-            _batch_attribution(adapter, evalset, rows, reps, alpha, deltas, out)
-    scale = evalset.n_tokens * len(points)
-    return {name: value / scale for name, value in out.items()}
+        corrupt = None if corrupted is None else corrupted[rows, : deltas.shape[3]]  # [batch, pos]
+        for point in points:
+            _batch_attribution(adapter, evalset, rows, reps, point, deltas, out, corrupt)
+    return {name: value / evalset.n_tokens for name, value in out.items()}
 
 
 def edge_attribution(
     loaded, task, method: str = "eap", steps: int = IG_STEPS, ablation: str = "zero", seed: int = 0
 ) -> Result:
     """EAP or EAP-IG (`steps` points) of every edge, with the senders' z replaced by `ablation`
-    (zero, mean, resample): a Result of kind "edges" (headlens.results) whose frame is an edge frame with
+    (zero, mean, resample, or PATCH: the corrupted run's z, EAP-IG then interpolating the input
+    embeddings): a Result of kind "edges" (headlens.results) whose frame is an edge frame with
     `attribution` (the metric's units), receiver-major with the direct edges last, and the method in
     `attribution_method`; its meta: `model`, `measure` ("attribution"), `method`, `steps`, `ablation`,
     `metric`, `seed`."""
@@ -180,7 +212,11 @@ def edge_attribution(
     evalset, reps = task_replacements(loaded, task, ablation, seed)
     if evalset.metric not in DIFFERENTIABLE:
         raise ConfigError(f"metric {evalset.metric} has no gradient: edge attribution needs one of {DIFFERENTIABLE}")
-    got = attribution_tensors(loaded.model, evalset, reps, method, steps)
+    if method == "eap*":
+        got = exact_receiver_tensors(loaded.model, evalset, reps)
+    else:
+        corrupted = corrupted_ids(evalset) if ablation == PATCH else None
+        got = attribution_tensors(loaded.model, evalset, reps, method, steps, corrupted)
     n_layers, n_heads = got["direct"].shape
     heads = all_heads(n_layers, n_heads)
     send, recv, vias, values = [], [], [], []
@@ -196,7 +232,7 @@ def edge_attribution(
         recv.append(LOGITS)
         vias.append(DIRECT)
         values.append(float(got["direct"][s.layer, s.head]))
-    label = method if method == "eap" else f"{method} ({steps} steps)"
+    label = f"{method} ({steps} steps)" if method == "eap-ig" else method
     frame = edge_frame(send, recv, vias, attribution=np.array(values), attribution_method=label)
     meta = {"model": str(loaded.name), "measure": "attribution", "method": method, "steps": steps}
     return Result("edges", frame, {**meta, "ablation": ablation, "metric": evalset.metric, "seed": seed})

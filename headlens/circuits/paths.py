@@ -4,7 +4,8 @@ An edge (headlens.circuits.edges) runs from a sender head's write to the residua
 later receiver head's query, key or value input, or to the logits. Its effect (Wang et al. 2022,
 arXiv 2211.00593; Goldowsky-Dill et al. 2023, arXiv 2304.05969; the edge patching of ACDC,
 Conmy et al. 2023) is the change of the metric when the sender's z is replaced (zero, mean or a
-resampled z: headlens.intervene.replace, as `ablate` does) on that edge alone:
+resampled z: headlens.intervene.replace, as `ablate` does; or, with PATCH, the z of the task's
+corrupted run at the same position) on that edge alone:
 - the sender's write changes by delta = (z' - z) W_O (for a family with a norm on the attention
   output, Gemma 3, the change of that norm's output: norm(out + delta) - norm(out));
 - to a receiver r of layer L via q: r's queries are computed from the residual entering L plus
@@ -35,10 +36,11 @@ from headlens.errors import ConfigError
 from headlens.heads import Head, all_heads
 from headlens.intervene.evalset import BATCH_SIZE, EvalSet
 from headlens.intervene.metrics import check_choice
-from headlens.intervene.replace import layer_replacement, replacements, z_change
+from headlens.intervene.replace import capture_z, layer_replacement, replacements, z_change
 from headlens.intervene.sums import unit_sums
 from headlens.results import Result
 
+PATCH = "patch"  # the sender's z from the task's corrupted run (counterfactual_replacements)
 COPY_TOKENS = 16_384  # batch positions one stacked pass may hold (copies x batch x pos)
 
 
@@ -52,10 +54,42 @@ def task_evalset(loaded, task) -> EvalSet:
 
 def task_replacements(loaded, task, method: str, seed: int = 0) -> tuple[EvalSet, list]:
     """The task's evaluation set and what each layer's z becomes under `method` (zero, mean,
-    resample: headlens.intervene.replace.replacements, as `ablate` replaces)."""
+    resample: headlens.intervene.replace.replacements, as `ablate` replaces; PATCH: the z of the
+    task's corrupted run at the same position, counterfactual_replacements)."""
     evalset = task_evalset(loaded, task)
+    if method == PATCH:
+        return evalset, counterfactual_replacements(loaded.model, evalset)
     check_choice(method, evalset.metric)
     return evalset, replacements(loaded.model, evalset, method, seed, batch_size=BATCH_SIZE)
+
+
+def corrupted_ids(evalset: EvalSet) -> torch.Tensor:
+    """The corrupted run's tokens in the evaluation set's layout [n_seq, pos] (columns it lacks, such as
+    the appended target, taken from the evaluation set: no scored position reads them). ConfigError
+    when the set has no corrupted run of its shape."""
+    ref = evalset.reference_ids
+    if ref is None or ref.shape[0] != len(evalset.input_ids) or ref.shape[1] > evalset.input_ids.shape[1]:
+        raise ConfigError(f"{PATCH!r} needs a task with a corrupted run of the same prompts (the ioi task's ABC run)")
+    ids = evalset.input_ids.clone()  # [n_seq, pos]
+    width = ref.shape[1]
+    ids[:, :width] = torch.where(evalset.reference_mask.to(torch.bool), ref, ids[:, :width])
+    return ids
+
+
+def counterfactual_replacements(model, evalset: EvalSet) -> list:
+    """Per layer, z of the task's corrupted run at the same (sequence, position): [n_seq, pos, head,
+    d_head], interchange (counterfactual) patching as Wang et al. 2022 and the MIB benchmark (Mueller
+    et al. 2025) patch from their counterfactual prompts."""
+    ids = corrupted_ids(evalset)
+    out: list = [None] * adapter_for(model).n_layers
+
+    def keep(layer: int, rows: slice, z: torch.Tensor) -> None:
+        if out[layer] is None:
+            out[layer] = torch.zeros(*ids.shape, *z.shape[2:], dtype=z.dtype, device=z.device)
+        out[layer][rows, : z.shape[1]] = z
+
+    capture_z(model, ids, evalset.mask, BATCH_SIZE, keep)
+    return out
 
 
 def check_vias(via: Sequence[str]) -> tuple[str, ...]:
