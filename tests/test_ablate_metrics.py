@@ -186,7 +186,7 @@ def test_prompt_errors_name_the_line(strong_model, tmp_path):
     path = tmp_path / "bad.jsonl"
     for lines, pattern in (
         ([PROMPTS[0], {"prompt": "a", "target": " the river"}], "line 2: target ' the river' is 2"),
-        ([PROMPTS[0], "{not json"], "line 2: not valid JSON"),
+        ([PROMPTS[0], "{not json"], "line 2 is not valid JSON"),
         ([{"target": " the"}], "line 1: missing or empty string field 'prompt'"),
         ([PROMPTS[0], {"prompt": "x", "target": " the"}], "line 2: metric logit-diff needs"),
     ):
