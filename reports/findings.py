@@ -26,7 +26,7 @@ from headlens.classify.runs import SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.reports import explain
 from headlens.reports.circuits import role_lines
 from headlens.reports.headmap import head_map, overlaps, role_counts
-from headlens.reports.i18n import DEFAULT_LANG, has, integer, number, percent, short_number, t
+from headlens.reports.i18n import DEFAULT_LANG, has, integer, percent, quantity, short_number, t
 from headlens.reports.sections import details, esc, metric_words, result_delta, results_list, section, table
 from headlens.results import Result
 
@@ -67,7 +67,7 @@ def score_text(row: dict, column: str, lang: str) -> str | None:
     value = row.get(column)
     if not isinstance(value, (int, float)) or math.isnan(value):
         return None
-    shown = str(int(value)) if column == "positional_offset" else number(value, lang)
+    shown = str(int(value)) if column == "positional_offset" else quantity(value, lang)
     return f"{t(f'short.{column}', lang)} {shown}"
 
 
@@ -75,9 +75,9 @@ def ablation_text(found: dict, lang: str) -> str:
     """ "ablation raises the loss on the text by 2.10 nats/token (95% CI 1.90 to 2.30)"."""
     metric, unit = metric_words(found["metric"], lang)
     key = "findings.ablation_up" if found["delta"] >= 0 else "findings.ablation_down"
-    text = t(key, lang, metric=metric, unit=unit, delta=number(abs(found["delta"]), lang))
+    text = t(key, lang, metric=metric, unit=unit, delta=quantity(abs(found["delta"]), lang))
     if not (math.isnan(found["low"]) or math.isnan(found["high"])):
-        text += f" ({t('findings.ci', lang, low=number(found['low'], lang), high=number(found['high'], lang))})"
+        text += f" ({t('findings.ci', lang, low=quantity(found['low'], lang), high=quantity(found['high'], lang))})"
     return text
 
 
@@ -101,11 +101,11 @@ def role_evidence(result: dict, lang: str) -> str:
         lang,
         metric=metric,
         unit=unit,
-        delta=number(abs(delta), lang),
+        delta=quantity(abs(delta), lang),
     )
     low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
     if not (math.isnan(float(low)) or math.isnan(float(high))):
-        change += f" ({t('findings.ci', lang, low=number(low, lang), high=number(high, lang))})"
+        change += f" ({t('findings.ci', lang, low=quantity(low, lang), high=quantity(high, lang))})"
     text = t("findings.role_ablation", lang, n=len(result["heads"]), change=change)
     control = result.get("control")
     if control:
@@ -117,8 +117,8 @@ def role_evidence(result: dict, lang: str) -> str:
             n_possible=integer(control.get("n_possible", control["k"]), lang),
             rank=control["rank"],
             n_sets=control["k"] + 1,
-            p=number(control["p_value"], lang, 3),
-            p_min=number(control.get("p_min", 1 / (1 + control["k"])), lang, 3),
+            p=quantity(control["p_value"], lang),
+            p_min=quantity(control.get("p_min", 1 / (1 + control["k"])), lang),
         )
     return text
 
@@ -278,7 +278,7 @@ def sinks_block(records: list[dict], labels: list[list[str]], meta: dict, lang: 
     sinks.sort(key=lambda pair: -head_strength(pair[0], "first_token"))
     threshold = explain.score_thresholds(meta).get("first_token_score")
     strongest = ", ".join(
-        f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
+        f"{int(row['layer'])}.{int(row['head'])} ({quantity(row['first_token_score'], lang)})"
         for row, _ in sinks[:SINK_EXAMPLES]
     )
     text = t(
@@ -335,7 +335,7 @@ def ioi_text(heads: Result, lang: str) -> str:
     text = t(
         "findings.ioi",
         lang,
-        diff=number(float(frame["ioi_logit_diff"].iloc[0]), lang),
+        diff=quantity(float(frame["ioi_logit_diff"].iloc[0]), lang),
         n=int(frame["n_ioi_prompts"].iloc[0]) if "n_ioi_prompts" in frame else "?",
         share=percent(share, lang) if isinstance(share, float) else "?",
     )

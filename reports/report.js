@@ -158,7 +158,7 @@ function attentionViewer(suffix) {
     headSelect.value = state.layer + "." + state.head;
     statusEl.textContent = msg("status", {
       query: state.query, query_token: shownToken(data.tokens[state.query]), head: state.layer + "." + state.head,
-      best: found.best, best_token: shownToken(data.tokens[found.best]), weight: found.weight.toFixed(2) });
+      best: found.best, best_token: shownToken(data.tokens[found.best]), weight: num(found.weight) });
   }
 
   app.hidden = false;

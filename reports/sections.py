@@ -57,6 +57,9 @@ def format_cell(value, lang: str = DEFAULT_LANG, digits: int = DIGITS) -> tuple[
     if isinstance(value, (list, tuple, np.ndarray)):
         text = "; ".join(format_cell(v, lang, digits)[0] for v in value)
         return text, text
+    if isinstance(value, dict):  # a probe's facts: each value in the same style as a cell's
+        text = "; ".join(f"{key} {format_cell(v, lang, digits)[0]}" for key, v in value.items())
+        return text, text
     if isinstance(value, (bool, np.bool_)):
         return t("cell.yes" if value else "cell.no", lang), str(int(value))
     if isinstance(value, (float, np.floating)):

@@ -15,7 +15,7 @@ from importlib import resources
 import numpy as np
 
 from headlens.classify.samples import PREFIX_MATCHING_MIN
-from headlens.reports.i18n import DEFAULT_LANG, js_messages, number, t
+from headlens.reports.i18n import DEFAULT_LANG, js_messages, quantity, short_number, t
 from headlens.reports.sections import esc, labelled_heads, section
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 56 tokens (~0.6 MB of base64),
@@ -85,9 +85,9 @@ def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
             lang,
             period=(shown - 1) // 2,
             shown=shown,
-            low=number(low, lang),
+            low=quantity(low, lang),
             head=head,
-            threshold=number(PREFIX_MATCHING_MIN, lang),
+            threshold=short_number(PREFIX_MATCHING_MIN, lang),
         )
     first, second = viewer.get("copy_loss") or (float("nan"), float("nan"))
     return t(
@@ -95,8 +95,8 @@ def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
         lang,
         period=(shown - 1) // 2,
         shown=shown,
-        first=number(first, lang),
-        second=number(second, lang),
+        first=quantity(first, lang),
+        second=quantity(second, lang),
     )
 
 
