@@ -90,7 +90,7 @@ def lang_option(func):
     )(func)
 
 
-def text_option(use: str, default: str = "the held-out text shipped with the tiny model"):
+def text_option(use: str, default: str = "headlens's held-out text, the same for every model"):
     """`--text PATH`, the same on every command: a UTF-8 text file, a folder of .txt files or a
     .jsonl with a text field, read by headlens.probes.corpus.open_text; the command receives `text_path`."""
     return click.option(

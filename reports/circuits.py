@@ -20,6 +20,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from headlens.reports.colours import LOGITS as LOGITS_COLOUR
+from headlens.reports.colours import OTHER, UNLABELLED, role_colour
 from headlens.reports.figures import figure_uri, plain_text
 from headlens.reports.i18n import DEFAULT_LANG, quantity, t
 from headlens.reports.sections import esc, figure, fold, section, table
@@ -29,13 +31,8 @@ GRAPH_HEADS = 8  # heads drawn into the logits, by |direct effect|
 GRAPH_EDGES = 8  # head -> head edges drawn, by |path-patching effect|
 CITED = 3  # incoming edges cited per receiver
 TABLE_HEADS = 12
-COLOURS = {
-    "induction": "#4c72b0",
-    "previous_token": "#55a868",
-    "name_mover": "#c44e52",
-    "negative_name_mover": "#8172b2",
-}
-OTHER, UNLABELLED, LOGITS_COLOUR = "#cccccc", "#dd8452", "#ffffff"
+# The roles a graph colours, in the order a head with several takes its colour (headlens.reports.colours)
+COLOURS = {role: role_colour(role) for role in ("induction", "previous_token", "name_mover", "negative_name_mover")}
 
 
 def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG, folded: bool = False) -> str:

@@ -26,6 +26,7 @@ from headlens.classify.runs import SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.reports import explain
 from headlens.reports.circuits import role_lines
 from headlens.reports.headmap import head_map, overlaps, role_counts
+from headlens.reports.headpanel import head_facts
 from headlens.reports.i18n import DEFAULT_LANG, has, integer, percent, quantity, short_number, t
 from headlens.reports.sections import details, esc, metric_words, result_delta, results_list, section, table
 from headlens.results import Result
@@ -154,7 +155,7 @@ def findings_section(
         intro += " " + t("findings.intro_ablation", lang)
     parts = [
         f"<p>{esc(intro)}</p>" if n_roles else f"<p>{esc(t('findings.no_roles', lang))}</p>",
-        head_map(frame, lang),
+        head_map(frame, lang, facts=head_facts(frame, heads.meta, circuits, lang)),
     ]
     for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
@@ -176,9 +177,8 @@ def overlap_text(heads: pd.DataFrame, n_labelled: int, lang: str) -> str:
     combos = overlaps(heads)
     if not combos:
         return ""
-    joiner = " + "
     items = "; ".join(
-        t("findings.overlap_item", lang, n=n, roles=joiner.join(roles))
+        t("findings.overlap_item", lang, n=n, roles=role_names(roles, lang))
         for roles, n in sorted(combos.items(), key=lambda item: -item[1])
     )
     return " " + t(
@@ -189,6 +189,14 @@ def overlap_text(heads: pd.DataFrame, n_labelled: int, lang: str) -> str:
         n_labelled=n_labelled,
         combos=items,
     )
+
+
+def role_names(roles: tuple[str, ...], lang: str) -> str:
+    """ "current-token heads and positional heads": the roles' names as a sentence reads them (the identifiers
+    stay in the tables)."""
+    names = [t(kinds.BY_LABEL[role].name_key, lang) for role in roles]
+    names = [name[0].lower() + name[1:] for name in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + t("findings.and", lang) + names[-1]
 
 
 def role_note(role: str, rows: list[dict], lang: str) -> str:
