@@ -63,7 +63,7 @@ def viewer_payload(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> dict:
 
 
 def strongest_induction_head(heads) -> str | None:
-    """"L.H" of the induction head of highest prefix-matching score (the head the viewer's caption speaks of,
+    """ "L.H" of the induction head of highest prefix-matching score (the head the viewer's caption speaks of,
     shown first), None when no head carries the induction label."""
     if heads is None or "labels" not in heads or "prefix_matching_score" not in heads:
         return None
