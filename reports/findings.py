@@ -28,6 +28,7 @@ from headlens.reports.circuits import role_lines
 from headlens.reports.headmap import head_map, overlaps, role_counts
 from headlens.reports.headpanel import head_facts
 from headlens.reports.i18n import DEFAULT_LANG, has, integer, percent, quantity, short_number, t
+from headlens.reports.scatter import role_scatter
 from headlens.reports.sections import details, esc, metric_words, result_delta, results_list, section, table
 from headlens.results import Result
 
@@ -160,7 +161,8 @@ def findings_section(
     for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
         if rows:
-            parts.append(role_block(role, rows, ablations, lang, ablation, circuits))
+            plot = role_scatter(frame, role, heads.meta, lang)
+            parts.append(role_block(role, rows, ablations, lang, ablation, circuits, plot))
     parts.append(absent_block(heads, lang))
     parts.append(sinks_block(records, labels, heads.meta, lang))
     parts.append(sizes_text(heads.meta, lang))
@@ -217,10 +219,13 @@ def role_note(role: str, rows: list[dict], lang: str) -> str:
     return ""
 
 
-def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None, circuits=None) -> str:
+def role_block(
+    role: str, rows: list[dict], ablations: dict, lang: str, ablation=None, circuits=None, plot: str = ""
+) -> str:
     """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, the ablation of
     its heads together (with its control) where the page holds one, and the circuit evidence of its heads
-    (reports/circuits.py role_lines: the heads feeding them) where the page draws circuits."""
+    (reports/circuits.py role_lines: the heads feeding them) where the page draws circuits; `plot`: the role's
+    scatter of its two deciding scores (reports/scatter.py), when its rule has two."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
     lines = [head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS]]
     items = "".join(lines[:TOP_OPEN])
@@ -244,7 +249,7 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
     return (
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
         f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p>{role_note(role, rows, lang)}'
-        f"<ul>{items}</ul>{more}"
+        f"<ul>{items}</ul>{more}{plot}"
         f"{evidence}</div>"
     )
 

@@ -37,6 +37,15 @@ def figure(uri: str, alt: str, caption: str = "") -> str:
     return f'<figure><img src="{uri}" alt="{esc(alt)}">{cap}</figure>'
 
 
+def zoomable(uri: str, alt: str) -> str:
+    """A figure drawn small in a grid of small multiples that opens large on a click (a hidden checkbox, no
+    script needed; Escape or a click outside closes it, report.js)."""
+    return (
+        f'<figure><label class="zoom"><input type="checkbox" class="zoom-toggle"><span class="heatmap">'
+        f'<img src="{uri}" alt="{esc(alt)}"></span></label></figure>'
+    )
+
+
 # Columns whose cells are names from the code or the command line (a setting, a metric, a method, a
 # validated quantity and its reference): shown as code, the same in every language.
 IDENTIFIER_COLUMNS = {"setting", "method", "metric", "quantity", "reference"}
@@ -219,13 +228,14 @@ def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
     folded = len(heads) > FOLD_HEADS
     maps = [
         f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
-        f"{figure(uri, t('scores.heatmap_alt', lang, column=info.column))}"
+        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}"
         f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
         for info, uri, cut in score_heatmaps(heads, lang)
     ]
+    grid = f'<div class="score-grid">{"".join(maps)}</div>' if maps else ""
     parts = [
-        f"<p>{esc(t('scores.intro', lang))}</p>",
-        fold(t("scores.open_heatmaps", lang, n=len(maps)), "".join(maps), folded),
+        f"<p>{esc(t('scores.intro', lang))} {esc(t('scores.zoom', lang))}</p>",
+        fold(t("scores.open_heatmaps", lang, n=len(maps)), grid, folded),
     ]
     frame = label_frame(heads.frame)
     n_roles = sum(row_kind(labels) == "labelled" for labels in frame["labels"])
