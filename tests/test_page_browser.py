@@ -185,3 +185,35 @@ def test_sink_dots_sit_inside_their_cells(driver, tmp_path, lang):
     assert len(boxes) == 144
     for x0, y0, x1, y1, cx0, cy0, cx1, cy1 in boxes:
         assert cx0 < x0 and cy0 < y0 and x1 < cx1 and y1 < cy1
+
+
+def test_the_induction_scatter_names_its_heads_in_the_role_colour(page):
+    _, driver = page
+    dots = driver.execute_script(
+        "return [...document.querySelectorAll('#role-induction figure.scatter circle')].map(c => [c.dataset.head,"
+        " getComputedStyle(c).fill])"
+    )
+    induction = driver.execute_script(
+        "return [...document.querySelectorAll('#head-map g[data-head]')].filter(g =>"
+        " g.dataset.roles.split(' ').includes('induction')).map(g => g.dataset.head)"
+    )
+    assert len(dots) == 8  # every head of tiny
+    for head, fill in dots:
+        assert (fill == rgb(role_colour("induction"))) == (head in induction), head
+    names = driver.execute_script(
+        "return [...document.querySelectorAll('#role-induction figure.scatter text.name')].map(n => n.textContent)"
+    )
+    assert sorted(names) == sorted(induction)
+
+
+def test_a_score_heatmap_opens_large_on_a_click_and_closes_on_escape(page):
+    _, driver = page
+    image = driver.find_element("css selector", "#scores .score-grid .score img")
+    small = image.size["width"]
+    driver.execute_script("arguments[0].scrollIntoView()", image)
+    image.click()
+    assert image.size["width"] > 2 * small
+    from selenium.webdriver.common.keys import Keys
+
+    driver.find_element("tag name", "body").send_keys(Keys.ESCAPE)
+    assert image.size["width"] == small
