@@ -19,7 +19,17 @@ from headlens.ablation.metrics import ALIASES, KIND, UNIT
 from headlens.classify import kinds
 from headlens.classify.labels import PROPERTIES, ROLES, label_list, rank_heads
 from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, significant, t
+from headlens.reports.i18n import (
+    DEFAULT_LANG,
+    column_heading,
+    has,
+    integer,
+    percent,
+    quantity,
+    short_number,
+    significant,
+    t,
+)
 from headlens.results import Result
 
 
@@ -419,7 +429,7 @@ def pruning_summary(pruning: Result, lang: str = DEFAULT_LANG) -> str:
                 n_ok=facts["heads_within"],
                 n_total=facts.get("n_heads", "?"),
                 tolerance=percent(facts.get("tolerance", 0.05), lang),
-                loss=short_number(float(pruning.frame["loss"].iloc[0]), lang, ".4f"),
+                loss=quantity(float(pruning.frame["loss"].iloc[0]), lang),
             )
         )
     order = facts.get("removal_by_role")
@@ -437,7 +447,7 @@ def pruning_summary(pruning: Result, lang: str = DEFAULT_LANG) -> str:
                     n_unlabelled=order["n_unlabelled"],
                     labelled=short_number(order["mean_rank_labelled"], lang, ".2f"),
                     unlabelled=short_number(order["mean_rank_unlabelled"], lang, ".2f"),
-                    p=short_number(order["p_value"], lang, ".4g"),
+                    p=quantity(order["p_value"], lang),
                 )
             )
     return "".join(f"<p>{esc(line)}</p>" for line in lines)
@@ -614,7 +624,7 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
         note += " " + t(
             "training.icl_last",
             lang,
-            value=short_number(last, lang, "+.3f"),
+            value=("+" if last >= 0 else "") + quantity(last, lang),
             verdict=t("training.icl_gain" if last < 0 else "training.icl_no_gain", lang),
         )
     return f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>' + figure(
