@@ -58,6 +58,14 @@ def label_cells(driver) -> dict[str, dict[str, str]]:
     )
 
 
+def induction_heads(driver) -> list[str]:
+    """The heads the map shows as induction heads."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#head-map g[data-head]')].filter(g =>"
+        " g.dataset.roles.split(' ').includes('induction')).map(g => g.dataset.head)"
+    )
+
+
 def open_panel(driver, head: str) -> str:
     driver.find_element("css selector", f'#head-map g[data-head="{head}"]').click()
     panel = driver.find_element("id", "head-panel")
@@ -151,10 +159,7 @@ def test_one_colour_per_role_on_the_map_and_its_legend(page):
 
 def test_the_viewer_opens_on_the_strongest_induction_head(page):
     _, driver = page
-    induction = driver.execute_script(
-        "return [...document.querySelectorAll('#head-map g[data-head]')].filter(g =>"
-        " g.dataset.roles.split(' ').includes('induction')).map(g => g.dataset.head)"
-    )
+    induction = induction_heads(driver)
     keys = driver.execute_script(
         "const t = document.getElementById('label-table'); const names = [...t.querySelectorAll('thead th')]"
         ".map(th => th.dataset.column); const i = names.indexOf('prefix_matching_score'); return Object.fromEntries("
@@ -193,10 +198,7 @@ def test_the_induction_scatter_names_its_heads_in_the_role_colour(page):
         "return [...document.querySelectorAll('#role-induction figure.scatter circle')].map(c => [c.dataset.head,"
         " getComputedStyle(c).fill])"
     )
-    induction = driver.execute_script(
-        "return [...document.querySelectorAll('#head-map g[data-head]')].filter(g =>"
-        " g.dataset.roles.split(' ').includes('induction')).map(g => g.dataset.head)"
-    )
+    induction = induction_heads(driver)
     assert len(dots) == 8  # every head of tiny
     for head, fill in dots:
         assert (fill == rgb(role_colour("induction"))) == (head in induction), head
