@@ -107,6 +107,8 @@ def table(
         for value, is_code, places in zip(values, code, digits, strict=True):
             text, key = format_cell(value, lang, places)
             shown = f"<code>{esc(text)}</code>" if is_code else esc(text)
+            if isinstance(value, dict):  # a probe's facts: their names are identifiers, their values numbers
+                shown = facts_html(value, lang, places)
             cells.append(f'<td data-sort="{esc(key)}">{shown}</td>')
         css = row_class(dict(zip(frame.columns, values, strict=True))) if row_class else ""
         rows.append(f"<tr{f' class={chr(34)}{esc(css)}{chr(34)}' if css else ''}>{''.join(cells)}</tr>")
@@ -115,6 +117,15 @@ def table(
         f'<div class="table-wrap"><table{cls}><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
+
+
+def facts_html(value, lang: str, places: int, nested: bool = False) -> str:
+    """A probe's facts ({name: value}, a nested one in brackets) as a cell: each name as code, each value in the
+    cells' style."""
+    if not isinstance(value, dict):
+        return esc(format_cell(value, lang, places)[0])
+    inner = "; ".join(f"<code>{esc(key)}</code> {facts_html(item, lang, places, True)}" for key, item in value.items())
+    return f"({inner})" if nested else inner
 
 
 def details(summary: str, body: str) -> str:
