@@ -12,6 +12,7 @@ import json
 import click
 
 from headlens.cli.options import (
+    SEED,
     check_out,
     command_line,
     format_option,
@@ -66,7 +67,7 @@ SHOWN_COMPENSATION = 8
     default=None,
     help="heads.json from `headlens classify --out` [default: classify the model]",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the task's inputs and resampling")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the task's inputs and resampling")
 @format_option(*FORMATS)
 @out_option(*OUT_SUFFIXES, what="the circuit's document (.json) or the HTML report (.html)")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
@@ -91,12 +92,12 @@ def circuit_command(
     placement,
 ) -> None:
     """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
-    from headlens.ablation.evalset import read_prompts
     from headlens.ablation.roles import model_labels, read_labels, resolve_heads
     from headlens.circuits.circuit import circuit, to_document
     from headlens.circuits.selfrepair import METHODS
     from headlens.circuits.tasks import make_task
     from headlens.errors import ConfigError
+    from headlens.intervene.evalset import read_prompts
     from headlens.load.models import load_model
 
     if method not in METHODS:

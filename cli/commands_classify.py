@@ -372,7 +372,10 @@ def _csv_frame(frame):
 
 
 def _csv(frame) -> str:
-    return _csv_frame(frame).to_csv(index=False)
+    """CSV with labels joined by ';' (empty for none), formula-like cells escaped (headlens.files.csv_text)."""
+    from headlens.files import csv_text
+
+    return csv_text(_csv_frame(frame))
 
 
 def _summary(frame) -> str:

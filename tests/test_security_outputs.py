@@ -146,5 +146,6 @@ def test_train_tiny_out_folder_holding_special_files(tmp_path, sentinel, kind):
     out = tmp_path / "run"
     out.mkdir()
     path, still = special_target(out / "config.json", kind)
-    assert "not a regular file" in refused("train-tiny", "--out-dir", out, "--steps", "2", sentinel=sentinel)
+    line = refused("train-tiny", "--out-dir", out, "--steps", "2", sentinel=sentinel)
+    assert "not an earlier train-tiny run" in line  # a folder holding anything else is never written into
     assert still(os.lstat(path).st_mode)

@@ -11,6 +11,7 @@ version and SCORES_VERSION: new weights, other defaults or another release class
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -19,10 +20,11 @@ import pandas as pd
 import torch
 
 from headlens import __version__
+from headlens.bounds import shown
 from headlens.classify.frame import classify_heads, head_records
 from headlens.classify.labels import ClassifyConfig, label_list
 from headlens.errors import InputTextError
-from headlens.files import write_atomic
+from headlens.files import parse_json, read_capped, write_atomic
 from headlens.load.cache import cache_root
 
 
@@ -81,15 +83,15 @@ def records_frame(records) -> pd.DataFrame:
 
 def read_classification(path) -> pd.DataFrame:
     """A classify frame from a file `headlens classify` wrote: JSON records or CSV (labels "a;b").
-    InputTextError when the file is missing or is neither."""
+    InputTextError when the file is missing, not a regular file, too large (headlens.files.read_capped), or is
+    neither."""
     path = Path(path)
+    raw = read_capped(path, "--labels", InputTextError)  # a regular file under a cap: never a FIFO or /dev/zero
     try:
         if path.suffix.lower() == ".csv":
-            return records_frame(pd.read_csv(path).to_dict("records"))
-        data = json.loads(path.read_text(encoding="utf-8"))
+            return records_frame(pd.read_csv(io.BytesIO(raw)).to_dict("records"))
+        data = parse_json(raw, f"--labels {shown(str(path))}", InputTextError)
         return records_frame(data["heads"] if isinstance(data, dict) and "heads" in data else data)
-    except FileNotFoundError:
-        raise InputTextError(f"labels file not found: {path}") from None
     except (OSError, ValueError, TypeError, KeyError, AttributeError, pd.errors.ParserError):
         raise InputTextError(
             f"{path} is not a classification written by `headlens classify` "

@@ -24,7 +24,7 @@ import torch
 
 from headlens.arch import Adapter, adapter_for, check_supported, kv_group
 from headlens.errors import ModelLoadError
-from headlens.files import shipped_path
+from headlens.files import read_json, shipped_path
 from headlens.load.devices import placement_kwargs, resolve_device, resolve_dtype
 from headlens.load.hub import check_local_dir, resolve_hub
 
@@ -243,13 +243,14 @@ _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask
 def converted_tokenizer(path: Path):
     """The tokenizer of a folder headlens converted from a GGUF, read straight from its tokenizer.json.
 
-    AutoTokenizer re-derives the family's tokenizer class from that file (Gemma 3: ~2.5x longer, mostly
+    AutoTokenizer re-derives the family's tokenizer class from that file (slower, mostly
     a second parse of its 262,144-entry vocabulary); the file already holds the whole pipeline
     (normalizer, BPE, BOS template), so the fast tokenizer built from it gives the same ids
     (tests/test_gguf_real.py compares the two on both named models)."""
     from transformers import PreTrainedTokenizerFast
 
-    config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config = read_json(path / "tokenizer_config.json", "tokenizer config", ModelLoadError)
+    config = config if isinstance(config, dict) else {}
     special = {key: config[key] for key in _SPECIAL_TOKEN_KEYS if isinstance(config.get(key), str)}
     return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **special)
 
