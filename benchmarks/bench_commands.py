@@ -14,7 +14,7 @@ Commands (`--only` picks some, by name):
 - ablate-cached: the same with the clean run cached (a warm-up run fills the cache first);
 - ablate-induction: `ablate smollm2 --heads induction --control random:20` (the classification the role
   needs is cached by a warm-up run);
-- classify-smollm2, classify-gemma: `classify MODEL --format csv --out DIR` with copy suppression's vocabulary
+- classify-smollm2, classify-gemma: `classify MODEL --format csv --out-dir DIR` with copy suppression's vocabulary
   criteria computed (HEADLENS_NO_VOCAB_CACHE); classify-smollm2-cached, classify-gemma-cached: the same with
   them cached by a warm-up run (headlens.classify.vocab_cache);
 - report: `report smollm2 --out FILE` as `make demo` runs it on a fresh machine (the pull of an already pulled
@@ -52,7 +52,7 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str], bool]] = {
     ),
     **{
         f"classify-{short}{'-cached' if cached else ''}": (
-            ["headlens", "classify", model, "--no-progress", "--format", "csv", "--out", "{out}"],
+            ["headlens", "classify", model, "--no-progress", "--format", "csv", "--out-dir", "{out}"],
             {} if cached else {"HEADLENS_NO_VOCAB_CACHE": "1"},  # first run: the vocabulary criteria computed
             cached,  # cached: a warm-up run fills headlens.classify.vocab_cache
         )

@@ -16,19 +16,24 @@ from headlens.bounds import MAX_HEADS, MAX_LAYERS
 from headlens.cli.options import (
     SEED,
     batch_size_option,
+    check_out,
     command_line,
     format_option,
+    html_pages,
     lang_option,
     model_argument,
     model_info,
     out_dir_option,
+    out_option,
     placement_options,
     progress_option,
+    say_written,
     text_option,
     tokens_option,
 )
 
 FORMATS = ("table", "json")
+OUT_SUFFIXES = (".csv", ".json", ".html")  # --out FILE: the rows, the document, or the HTML report
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's status for Ctrl-C
 
 
@@ -61,9 +66,20 @@ def _write_json_atomic(path, obj) -> None:
 
 
 def _print_frame(frame, fmt: str, to_objects, head: dict, tail: dict | None = None) -> None:
-    """The frame as a table, or as one JSON document: `head`, then its rows (`to_objects`), then `tail`."""
-    if fmt == "json":
-        click.echo(json.dumps({**head, "rows": [to_objects(row) for row in frame.to_dict("records")], **(tail or {})}))
+    """The frame as a table, or as one JSON document: `head`, then its rows (`to_objects`), then `tail`; with
+    `--out FILE` (.csv: the frame, .json: the document) written there, and one summary line printed."""
+    document = {**head, "rows": [to_objects(row) for row in frame.to_dict("records")], **(tail or {})}
+    out = click.get_current_context().params.get("out")
+    if out is not None and not out.lower().endswith(".html"):
+        from headlens.files import write_out
+
+        write_out(out, table=frame, document=document)
+        delta = "delta_approx" if "delta_approx" in frame else "delta"
+        top = frame.loc[frame[delta].abs().idxmax()] if len(frame) else None
+        largest = "" if top is None else f"; the largest change: {top['layer']}.{top['head']} {_change(top[delta])}"
+        click.echo(f"{len(frame)} heads, one at a time{largest}; wrote {out}")
+    elif fmt == "json":
+        click.echo(json.dumps(document))
     else:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
 
@@ -233,11 +249,13 @@ def _print_ablation(ablation: dict) -> None:
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="seed of bootstrap, probes, resampling, control")
 @format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
+@out_option(*OUT_SUFFIXES, what="the ablation (.json), its rows (.csv) or the HTML report (.html)")
 @out_dir_option(
-    "out",
+    "out_dir",
     default=None,
     type=click.Path(file_okay=False),
-    help="directory: a sweep appends each finished head there (rows.jsonl, then sweep.csv)",
+    help="folder: a sweep appends each finished head there (rows.jsonl, then sweep.csv); an ablation writes "
+    "ablation.json",
 )
 @click.option("--resume", is_flag=True, help="continue the sweep found in --out-dir")
 @click.option(
@@ -270,6 +288,7 @@ def ablate_command(
     seed,
     fmt,
     out,
+    out_dir,
     resume,
     approx,
     check,
@@ -307,18 +326,19 @@ def ablate_command(
     k = parse_control(control)
     default_budget = None if approx else SWEEP_TOKENS if each else DEFAULT_TOKENS
     budget = parse_tokens(tokens) if tokens is not None else default_budget
+    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
     if report_path:
         from headlens.reports.render import check_output_path
 
-        check_output_path(report_path, lang)  # fail before the work, not after
+        check_output_path(report_path, lang, option="--report")
     if (check or graddrop) and not approx:
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
-    if resume and out is None:
+    if resume and out_dir is None:
         raise ConfigError("--resume needs --out-dir DIR (the directory of the interrupted sweep)")
-    if out is not None:
+    if out_dir is not None:
         from headlens.ablation.store import check_sweep_dir
 
-        check_sweep_dir(out)  # fail before the work, not after
+        check_sweep_dir(out_dir)  # fail before the work, not after
     if approx and batch_size is not None:
         raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
     if approx and budget is not None:
@@ -353,7 +373,7 @@ def ablate_command(
     if approx:
         _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
     elif each:
-        sweep_df = _run_sweep(loaded, evaluation, seed, out, resume, batch_size, fmt, progress)
+        sweep_df = _run_sweep(loaded, evaluation, seed, out_dir, resume, batch_size, fmt, progress)
     else:
         ablation = _batched(
             lambda size: ablate_heads(
@@ -370,25 +390,42 @@ def ablate_command(
             ),
             batch_size,
         )
-        if out is not None and distributed.is_main():
+        if out_dir is not None and distributed.is_main():
             from pathlib import Path
 
-            Path(out).mkdir(parents=True, exist_ok=True)
-            _write_json_atomic(Path(out) / "ablation.json", ablation.meta)
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            _write_json_atomic(Path(out_dir) / "ablation.json", ablation.meta)
         if why:
             ablation.meta["metric_why"] = why
-        if fmt == "json":
-            click.echo(json.dumps(ablation.meta))
-        else:
-            _print_ablation(ablation.meta)
-    if report_path and distributed.is_main():
+        _show_ablation(ablation.meta, fmt, out if out_fmt in ("csv", "json") else None)
+    if not distributed.is_main():
+        return
+    for page in html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
         written = render_report(
-            report_path, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation, command=command, lang=lang
+            page, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation, command=command, lang=lang
         )
-        click.echo(f"headlens: wrote {written}", err=True)
+        say_written(written, out, summary_line(ablation.meta) if ablation is not None else "the sweep")
+
+
+def _show_ablation(meta: dict, fmt: str, out: str | None) -> None:
+    """An ablation printed (a table or one JSON document), or written to `out` (.json: the document, .csv: one
+    row) with its summary line printed."""
+    if out is not None:
+        import pandas as pd
+
+        from headlens.files import write_out
+
+        row = {key: ";".join(map(str, v)) if isinstance(v, list) else v for key, v in meta.items()}
+        row = {key: json.dumps(v) if isinstance(v, dict) else v for key, v in row.items()}
+        write_out(out, table=pd.DataFrame([row]), document=meta)
+        click.echo(f"{summary_line(meta)}; wrote {out}")
+    elif fmt == "json":
+        click.echo(json.dumps(meta))
+    else:
+        _print_ablation(meta)
 
 
 def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt: str, progress: bool):
@@ -401,7 +438,7 @@ def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt
     method = click.get_current_context().params["method"]
 
     def sweep(size: int | None):
-        tries.append(size)  # a retry at a smaller batch keeps the rows already in --out
+        tries.append(size)  # a retry at a smaller batch keeps the rows already in --out-dir
         return sweep_heads(
             loaded,
             method,
@@ -451,6 +488,7 @@ def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt
 )
 @click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the removal-order permutation test")
 @format_option(*FORMATS)  # json: one document, the steps under "curve"
+@out_option(*OUT_SUFFIXES, what="the curve (.csv), its document (.json) or the HTML report (.html)")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
@@ -465,6 +503,7 @@ def prune_command(
     roles,
     seed,
     fmt,
+    out,
     report_path,
     lang,
     progress,
@@ -483,10 +522,11 @@ def prune_command(
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
 
+    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
     if report_path:
         from headlens.reports.render import check_output_path
 
-        check_output_path(report_path, lang)  # fail before the work, not after
+        check_output_path(report_path, lang, option="--report")
     text = open_text(text_path) if text_path else None
     evaluation = EvalSpec(text=text, tokens=parse_tokens(tokens) if tokens is not None else DEFAULT_TOKENS)
     labels = read_labels(labels_path) if labels_path else None
@@ -509,42 +549,41 @@ def prune_command(
     n_total = loaded.spec.n_layers * loaded.spec.n_heads
     if not distributed.is_main():  # every rank holds the same curve; rank 0 alone writes
         return
-    if fmt == "json":
-        click.echo(
-            json.dumps(
-                {
-                    "curve": curve.frame.to_dict("records"),
-                    "heads_within_tolerance": n_ok,
-                    "n_heads": n_total,
-                    "tolerance": PRUNE_TOLERANCE,
-                    "removal_by_role": order,
-                }
-            )
-        )
-    else:
+    document = {
+        "curve": curve.frame.to_dict("records"),
+        "heads_within_tolerance": n_ok,
+        "n_heads": n_total,
+        "tolerance": PRUNE_TOLERANCE,
+        "removal_by_role": order,
+    }
+    within = f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss"
+    if out_fmt in ("csv", "json"):
+        from headlens.files import write_out
+
+        write_out(out, table=curve.frame, document=document)
+        click.echo(f"{within}; wrote {out}")
+    elif out_fmt is None and fmt == "json":
+        click.echo(json.dumps(document))
+    elif out_fmt is None:
         click.echo(curve.frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-        click.echo(
-            f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss "
-            f"(unpruned loss {curve.frame['loss'].iloc[0]:.4f})"
-        )
+        click.echo(f"{within} (unpruned loss {curve.frame['loss'].iloc[0]:.4f})")
         click.echo(f"text: {curve.meta['data']}; importance on the odd windows, loss on the even ones")
         if order is not None:
             click.echo(_order_line(order))
-    if report_path:
+    curve.meta.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
+    for page in html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
         from headlens.reports.i18n import t
 
-        command = command_line(click.get_current_context())
-        curve.meta.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
         written = render_report(
-            report_path,
+            page,
             model_info=model_info(loaded),
             pruning=curve,
-            command=command,
+            command=command_line(click.get_current_context()),
             text_label=text_path or t("text_label.default", lang),
             lang=lang,
         )
-        click.echo(f"headlens: wrote {written}", err=True)
+        say_written(written, out, within)
 
 
 def _order_line(order: dict) -> str:

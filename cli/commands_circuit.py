@@ -13,16 +13,21 @@ import click
 
 from headlens.cli.options import (
     SEED,
+    check_out,
     command_line,
     format_option,
+    html_pages,
     lang_option,
     model_argument,
     model_info,
+    out_option,
     placement_options,
     progress_option,
+    say_written,
 )
 
 FORMATS = ("table", "json")
+OUT_SUFFIXES = (".json", ".html")  # --out FILE: the document (heads, edges, self-repair) or the HTML report
 SHOWN_HEADS = 12
 SHOWN_EDGES = 12
 SHOWN_COMPENSATION = 8
@@ -89,6 +94,7 @@ SHOWN_COMPENSATION = 8
 )
 @click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the task's inputs and resampling")
 @format_option(*FORMATS)
+@out_option(*OUT_SUFFIXES, what="the circuit's document (.json) or the HTML report (.html)")
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
 @progress_option
@@ -112,6 +118,7 @@ def circuit_command(
     labels_path,
     seed,
     fmt,
+    out,
     report_path,
     lang,
     progress,
@@ -139,10 +146,11 @@ def circuit_command(
         raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
     if approx is not None and approx not in EAP_METHODS:
         raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(EAP_METHODS)}")
+    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
     if report_path:
         from headlens.reports.render import check_output_path
 
-        check_output_path(report_path, lang)  # fail before the work, not after
+        check_output_path(report_path, lang, option="--report")
     prompts = read_prompts(prompts_path) if prompts_path else None
     given = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
@@ -151,18 +159,22 @@ def circuit_command(
     heads = resolve_heads(loaded, spec, labels)[0] if spec else None
     result = circuit(loaded, task, labels, heads, method, approx, steps, seed, progress)
     document = to_document(result, model_info(loaded))
-    if fmt == "json":
+    summary = f"task {document['task']['name']}: {len(document['heads'])} heads, {len(document['edges'])} edges"
+    if out_fmt == "json":
+        from headlens.files import write_out
+
+        write_out(out, document=document)
+        click.echo(f"{summary}; wrote {out}")
+    elif out_fmt is None and fmt == "json":
         click.echo(json.dumps(document))
-    else:
+    elif out_fmt is None:
         _print_document(document)
-    if report_path:
+    for page in html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
 
         command = command_line(click.get_current_context())
-        written = render_report(
-            report_path, model_info=document["model"], circuits=[document], command=command, lang=lang
-        )
-        click.echo(f"headlens: wrote {written}", err=True)
+        written = render_report(page, model_info=document["model"], circuits=[document], command=command, lang=lang)
+        say_written(written, out, summary)
 
 
 def _signed(value) -> str:

@@ -12,18 +12,24 @@ from headlens.classify.stability import N_RESAMPLES, STABLE_MIN
 from headlens.cli.options import (
     SEED,
     batch_size_option,
+    check_out,
     command_line,
     format_option,
+    html_pages,
     lang_option,
     model_argument,
     model_info,
+    out_dir_option,
+    out_option,
     placement_options,
     progress_option,
+    say_written,
     text_option,
 )
 
 FORMATS = ("table", "full", "csv", "json")  # table: the labelled heads and their evidence; full: every head
 OUT_FILES = ("heads.csv", "heads.json")  # what --out-dir DIR receives
+OUT_SUFFIXES = (".csv", ".json", ".html")  # --out FILE: every head and score, or the report
 # The shortest period --seq-len accepts. With period T the induction target of a token sits T - 1 tokens back
 # and its earlier copy T back: at T = 1 the previous token, the earlier copy and the induction target are one
 # position, so previous-token, duplicate-token and induction heads cannot be told apart, and any head at the
@@ -115,19 +121,9 @@ def _check_seq_len(ctx, param, value):
     default=None,
     help=f"bootstrap resamples of the score intervals and label stabilities, 0 for none [default: {N_RESAMPLES}]",
 )
-@click.option(
-    "--out",
-    "out_file",
-    type=click.Path(path_type=str),
-    default=None,
-    help="file to write every head and score to, as its suffix says: .csv or .json (atomically)",
-)
-@click.option(
-    "--out-dir",
-    "out_dir",
-    type=click.Path(path_type=str),
-    default=None,
-    help="folder to write heads.csv and heads.json into (atomically)",
+@out_option(*OUT_SUFFIXES, what="every head and score (.csv, .json) or the HTML report (.html)")
+@out_dir_option(
+    "out_dir", type=click.Path(path_type=str), default=None, help="folder to write heads.csv and heads.json into"
 )
 @format_option(*FORMATS)
 @click.option(
@@ -159,7 +155,7 @@ def classify_command(
     thresholds,
     strict,
     resamples,
-    out_file,
+    out,
     out_dir,
     fmt,
     report_path,
@@ -206,18 +202,12 @@ def classify_command(
         from headlens.probes.treebank import read_conllu
 
         read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
-    if out_file is not None and Path(out_file).suffix not in (".csv", ".json"):
-        click.echo(f"headlens: note: --out {out_file} is not a .csv or .json file: read as --out-dir", err=True)
-        out_file, out_dir = None, out_dir or out_file  # the folder meaning --out had before --out-dir
-    out = _check_out_dir(out_dir) if out_dir is not None else None
-    if out_file is not None:
-        from headlens.reports.render import check_output_path
-
-        check_output_path(out_file, lang)
+    out_fmt = check_out(out, OUT_SUFFIXES, lang)
+    out_folder = _check_out_dir(out_dir) if out_dir is not None else None
     if report_path is not None:
         from headlens.reports.render import check_output_path
 
-        check_output_path(report_path, lang)
+        check_output_path(report_path, lang, option="--report")
     loaded = load_model(model, **placement)
     show = progress and distributed.is_main()
     if batch_size == "auto":
@@ -233,27 +223,31 @@ def classify_command(
         return  # rank 0 alone prints and writes
     _notes(heads, text)
     frame = heads.frame
-    if out is not None:
-        _write_outputs(out, frame)
-        click.echo(f"headlens: wrote {out / 'heads.csv'} and {out / 'heads.json'}", err=True)
-    if out_file is not None:
-        from headlens.files import write_atomic
+    if out_folder is not None:
+        _write_outputs(out_folder, frame)
+        click.echo(f"headlens: wrote {out_folder / 'heads.csv'} and {out_folder / 'heads.json'}", err=True)
+    if out_fmt in ("csv", "json"):
+        from headlens.classify import head_records
+        from headlens.files import write_out
 
-        write_atomic(Path(out_file), _csv(frame) if out_file.endswith(".csv") else _json(frame) + "\n")
-        click.echo(f"headlens: wrote {out_file}", err=True)
-    if report_path is not None:
+        write_out(out, table=_csv_frame(frame), document=head_records(frame))
+    for page in html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
         from headlens.reports.i18n import t
 
         written = render_report(
-            report_path,
+            page,
             model_info=model_info(loaded),
             heads=heads,
             command=command_line(ctx),
             text_label=text_path or t("text_label.default", lang),
             lang=lang,
         )
-        click.echo(f"headlens: wrote {written}", err=True)
+        say_written(written, out, _summary(frame))
+    if out_fmt in ("csv", "json"):
+        click.echo(f"{_summary(frame)}; wrote {out}")
+    if out is not None:
+        return
     click.echo(_render(rank_heads(frame), fmt))
 
 
@@ -399,7 +393,6 @@ def _check_work_size(config) -> None:
 def _check_out_dir(out_dir: str):
     """Make --out-dir (parents too) and check it is a writable folder, before any work is done."""
     import os
-    from pathlib import Path
 
     from headlens.errors import OutputPathError
     from headlens.files import check_target
@@ -426,13 +419,29 @@ def _write_outputs(out, frame) -> None:
     write_atomic(out / json_name, _json(frame) + "\n")
 
 
+def _csv_frame(frame):
+    """The frame with labels and borderline labels joined by ';' (empty for none), as its CSV holds them."""
+    lists = {column: [";".join(v) for v in frame[column]] for column in ("labels", "borderline") if column in frame}
+    return frame.assign(**lists)
+
+
 def _csv(frame) -> str:
     """CSV with labels (and borderline labels) joined by ';' (empty for none), formula-like cells escaped
     (headlens.files.csv_text)."""
     from headlens.files import csv_text
 
-    lists = {column: [";".join(v) for v in frame[column]] for column in ("labels", "borderline") if column in frame}
-    return csv_text(frame.assign(**lists))
+    return csv_text(_csv_frame(frame))
+
+
+def _summary(frame) -> str:
+    """What `--out FILE` puts on stdout instead of the table: how many heads, how many per role, where."""
+    counts: dict[str, int] = {}
+    for labels in frame["labels"]:
+        for label in labels:
+            counts[label] = counts.get(label, 0) + 1
+    labelled = sum(1 for labels in frame["labels"] if labels)
+    roles = ", ".join(f"{label} {n}" for label, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    return f"{len(frame)} heads, {labelled} with a label" + (f" ({roles})" if roles else "")
 
 
 def _json(frame) -> str:
@@ -456,9 +465,14 @@ def _render(frame, fmt: str) -> str:
     return text + _borderline_line(frame)
 
 
-def _labelled_table(frame) -> str:
-    """The heads with a label, each with the scores that earned it (headlens.classify.kinds evidence), and a line
-    saying how many heads carry none; `--format full` prints every head and score column."""
+def _labelled_table(frame, width: int | None = None) -> str:
+    """The heads with a label, each with the scores that earned it (headlens.classify.kinds evidence, short
+    names, 3 significant figures), fitted to `width` columns (default: the terminal's, shutil.get_terminal_size, which
+    reads COLUMNS): a long cell wraps onto the next line in its own column. A last line says how many heads
+    carry none; `--format full` prints every head and score column."""
+    import shutil
+    import textwrap
+
     from headlens.classify.kinds import BY_LABEL
 
     rows = []
@@ -467,16 +481,59 @@ def _labelled_table(frame) -> str:
             continue
         evidence = dict.fromkeys(column for label in row.labels for column in BY_LABEL[label].evidence)
         values = {column: getattr(row, column, None) for column in evidence}
-        shown = [f"{column} {value:.3g}" for column, value in values.items() if isinstance(value, (int, float))]
-        labels = _marked(row.labels, frame, row.Index)
-        rows.append({"head": f"{row.layer}.{row.head}", "labels": labels, "scores": ", ".join(shown)})
-    footer = f"{len(rows)} of {len(frame)} heads carry a label; --format full shows every head and score column"
+        shown = [_evidence(column, value) for column, value in values.items() if isinstance(value, (int, float))]
+        weak = frame["borderline"].iloc[row.Index] if "borderline" in frame else []
+        labels = [label + (BORDERLINE_MARK if label in weak else "") for label in row.labels]
+        rows.append((f"{row.layer}.{row.head}", labels, shown))
+    footer = f"{len(rows)} of {len(frame)} heads carry a label (--format full: every head, every score)"
     footer += _borderline_line(frame)
     if not rows:
         return footer
-    import pandas as pd
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    return "\n".join([*_fit([("head", ["labels"], ["scores"]), *rows], width), textwrap.fill(footer, width)])
 
-    return pd.DataFrame(rows).to_string(index=False, justify="left") + "\n" + footer
+
+def _evidence(column: str, value) -> str:
+    """`prefix_matching 0.812`: a score's name without its `_score`, the value as the report writes it (3
+    significant figures, headlens.reports.i18n.quantity; an integer as it is)."""
+    from headlens.reports.i18n import quantity
+
+    name = column.removesuffix("_score")
+    return (
+        f"{name} {int(value)}"
+        if isinstance(value, int) or column == "positional_offset"
+        else f"{name} {quantity(value)}"
+    )
+
+
+def _fit(rows: list[tuple[str, list[str], list[str]]], width: int) -> list[str]:
+    """Rows of three left-aligned columns within `width` characters: the first as wide as its widest cell, the
+    second at most a third of the width (or its longest label), the last what is left (at least 20); the items
+    of a longer cell go on as many lines as they need."""
+    first = max(len(row[0]) for row in rows)
+    longest = max(len(item) + 1 for row in rows for item in row[1])  # one label and its comma, never split
+    second = min(max(len(", ".join(row[1])) for row in rows), max(longest, (width - first - 4) // 3))
+    third = max(20, width - first - second - 4)
+    lines = []
+    for head, labels, scores in rows:
+        left, right = _wrap_items(labels, second), _wrap_items(scores, third)
+        for i in range(max(len(left), len(right))):
+            cells = (head if i == 0 else "", left[i] if i < len(left) else "", right[i] if i < len(right) else "")
+            lines.append(f"{cells[0]:<{first}}  {cells[1]:<{second}}  {cells[2]}".rstrip())
+    return lines
+
+
+def _wrap_items(items: list[str], width: int) -> list[str]:
+    """`items` joined by ', ' into lines of at most `width` characters where they fit (an item is never split)."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 2 + len(item) < width:  # room for the comma that may follow
+            lines[-1] += ", " + item
+        else:
+            if lines:
+                lines[-1] += ","
+            lines.append(item)
+    return lines or [""]
 
 
 BORDERLINE_MARK = "~"  # after a label whose stability is below STABLE_MIN

@@ -13,8 +13,10 @@ import click
 
 from headlens.cli.options import (
     SEED,
+    check_out,
     command_line,
     model_argument,
+    out_option,
     placement_options,
     progress_option,
     text_option,
@@ -43,14 +45,7 @@ def page_paths(out, langs: tuple[str, ...]) -> dict[str, Path]:
 @click.option("--heads", "heads_spec", default=None, help="heads to ablate: L.H,L.H | layer:L | all")
 @click.option("--sweep", is_flag=True, help="also ablate every head alone (slower)")
 @click.option("--prune", is_flag=True, help="also compute the pruning curve (Michel et al. 2019; slower)")
-@click.option(
-    "--out",
-    "out",
-    default="out/report.html",
-    show_default=True,
-    type=click.Path(),
-    help="the HTML file to write (replaced atomically); with several languages, the first language's",
-)
+@out_option(".html", default="out/report.html", what="the page (with several languages, the first one's)")
 @click.option(
     "--viewer-tokens",
     default=None,
@@ -88,11 +83,10 @@ def report_command(
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
     from headlens.reports.pipeline import build_report
-    from headlens.reports.render import check_output_path
 
     paths = page_paths(out, langs)
     for lang, path in paths.items():
-        check_output_path(path, lang)  # fail before minutes of work, not after
+        check_out(str(path), (".html",), lang)  # fail before minutes of work, not after
     results = build_report(
         load_model(model, **placement),
         text=open_text(text_path) if text_path else None,

@@ -8,9 +8,10 @@ import sys
 import click
 
 from headlens.bounds import MAX_HEADS, MAX_LAYERS
-from headlens.cli.options import format_option, model_argument, placement_options, text_option
+from headlens.cli.options import check_out, format_option, model_argument, out_option, placement_options, text_option
 
 EXIT_VALIDATION_FAILED = 1  # a genuine disagreement; bad input exits 2 (cli.main)
+OUT_SUFFIXES = (".csv", ".json")  # validate --out FILE: the rows, or the document
 
 
 @click.command("heads")
@@ -62,8 +63,9 @@ def _format_table(frame) -> str:
     "the shipped held-out text, else a built-in sentence",
 )
 @format_option("table", "json")
+@out_option(*OUT_SUFFIXES, what="the comparison (.csv: its rows, .json: its document)")
 @placement_options
-def validate_command(model: str, text_path: str | None, fmt: str, placement: dict) -> None:
+def validate_command(model: str, text_path: str | None, fmt: str, out: str | None, placement: dict) -> None:
     """Check the from-scratch attention against HF eager, sdpa and TransformerLens, layer by layer.
 
     Prints the max absolute error per layer, quantity and reference; exits 0 only if every
@@ -75,6 +77,7 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     from headlens.reports.sections import identical_note
     from headlens.validate import validate_model
 
+    out_fmt = check_out(out, OUT_SUFFIXES)
     text = first_document(open_text(text_path)) if text_path is not None else None
     loaded = load_model(model, **placement)
     try:
@@ -82,16 +85,22 @@ def validate_command(model: str, text_path: str | None, fmt: str, placement: dic
     except ValidationFailed as exc:
         result, failure = exc.result, exc
     frame, meta = result.frame, result.meta
-    if fmt == "json":
-        payload = {
-            "model": model,
-            "text_source": meta.get("text_source"),
-            "n_tokens": meta.get("n_tokens"),
-            "passed": failure is None,
-            "dtype": meta.get("dtype"),
-            "tolerance_rule": meta.get("tolerance_rule"),
-            "rows": frame.to_dict(orient="records"),
-        }
+    payload = {
+        "model": model,
+        "text_source": meta.get("text_source"),
+        "n_tokens": meta.get("n_tokens"),
+        "passed": failure is None,
+        "dtype": meta.get("dtype"),
+        "tolerance_rule": meta.get("tolerance_rule"),
+        "rows": frame.to_dict(orient="records"),
+    }
+    if out_fmt is not None:
+        from headlens.files import write_out
+
+        write_out(out, table=frame, document=payload)
+        failed = int((~frame["passed"]).sum())
+        click.echo(f"{len(frame)} comparisons, {failed} beyond tolerance; wrote {out}")
+    elif fmt == "json":
         click.echo(json.dumps(payload, indent=2))
     else:
         click.echo(

@@ -92,7 +92,7 @@ def lang_option(func):
     )(func)
 
 
-def text_option(use: str, default: str = "the held-out text shipped with the tiny model"):
+def text_option(use: str, default: str = "headlens's held-out text, the same for every model"):
     """`--text PATH`, the same on every command: a UTF-8 text file, a folder of .txt files or a
     .jsonl with a text field, read by headlens.probes.corpus.open_text; the command receives `text_path`."""
     return click.option(
@@ -255,25 +255,52 @@ def parse_max_memory(value: str | None) -> dict | None:
     return limits
 
 
+def out_option(*suffixes: str, default: str | None = None, what: str = "the result"):
+    """`--out FILE`, the same on every command: one file, its format read from its suffix (`suffixes`, e.g.
+    ".csv", ".json", ".html"; headlens.files.out_format). The command receives `out` and checks it with
+    check_out before any work; --out never names a folder (that is --out-dir)."""
+    shown = ", ".join(suffixes)
+    return click.option(
+        "--out",
+        "out",
+        default=default,
+        show_default=default is not None,
+        type=click.Path(path_type=str),
+        metavar="FILE",
+        help=f"file to write {what} to, as its suffix says ({shown}), replaced atomically; stdout then "
+        "gets a short summary",
+    )
+
+
+def check_out(path: str | None, suffixes: tuple[str, ...], lang: str = "en") -> str | None:
+    """The format of `--out FILE` ("csv", "json", "html"; None when no --out), checked before any work: a
+    folder, link, device, FIFO or socket there is refused (headlens.reports.render.check_output_path, in
+    `lang`), and so is a suffix other than `suffixes`; each in one line naming --out."""
+    if path is None:
+        return None
+    from headlens.files import out_format, special_kind
+    from headlens.reports.render import check_output_path  # the same checks as every page's path
+
+    if special_kind(path) is not None:  # what is there is named before what its suffix says
+        check_output_path(path, lang, option="--out")
+    fmt = out_format(path, suffixes)
+    check_output_path(path, lang, option="--out")  # its folder made and writable
+    return fmt
+
+
+def html_pages(report_path: str | None, out: str | None, out_fmt: str | None) -> list[str]:
+    """The HTML pages a command writes: `--report PATH`'s, and `--out FILE`'s when it names a .html file."""
+    return [page for page in (report_path, out if out_fmt == "html" else None) if page is not None]
+
+
+def say_written(written, out: str | None, summary: str) -> None:
+    """A page written: `--out`'s with the command's summary on stdout, `--report`'s as a note on stderr."""
+    if str(written) == str(out):
+        click.echo(f"{summary}; wrote {written}")
+    else:
+        click.echo(f"headlens: wrote {written}", err=True)
+
+
 def out_dir_option(name: str, help: str, **kwargs):
-    """`--out-dir DIR`, a folder the command writes into; the command receives it as `name`. `--out` is a file
-    on every command (report, classify); a folder given as `--out` here, as before `--out-dir`, still works
-    (hidden, with a note on stderr)."""
-
-    def legacy(ctx, param, value):
-        if value is not None:
-            click.echo(
-                "headlens: note: a folder is --out-dir (--out names a file); reading --out as --out-dir", err=True
-            )
-            ctx.meta["out_dir_legacy"] = value
-
-    def resolve(ctx, param, value):
-        return ctx.meta.get("out_dir_legacy", value) if value in (None, param.default) else value
-
-    def decorate(func):
-        func = click.option("--out-dir", name, callback=resolve, help=help, **kwargs)(func)
-        return click.option("--out", "legacy_out", hidden=True, expose_value=False, callback=legacy, is_eager=True)(
-            func
-        )
-
-    return decorate
+    """`--out-dir DIR`, a folder the command writes several files into; the command receives it as `name`."""
+    return click.option("--out-dir", name, metavar="DIR", help=help, **kwargs)

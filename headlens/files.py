@@ -5,7 +5,9 @@ leaves a torn file, and only where a regular file is or none is: an output path 
 socket, a folder or a symbolic link is refused, never replaced (a link is not written through: it would send the
 output wherever the link points). `read_json` is the one way headlens reads a JSON file it is handed (a regular
 file under a size cap, any parse failure one error line), and `csv_text` the one way it writes a CSV (cells
-that a spreadsheet would run as a formula are escaped)."""
+that a spreadsheet would run as a formula are escaped). `out_format` reads an `--out FILE`'s format from its
+suffix, and `write_out` writes a command's result there as CSV (its table) or JSON (its document): the one
+writer of every command's `--out`."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ MAX_JSON_BYTES = 64 << 20  # a JSON file headlens reads: larger is refused befor
 # A CSV cell a spreadsheet runs as a formula begins with one of these (OWASP, "CSV Injection")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:inf|nan)", re.IGNORECASE)
+# --out FILE: the suffix -> the format written (an HTML page is drawn by headlens.reports, the others by write_out)
+OUT_FORMATS = {".csv": "csv", ".json": "json", ".html": "html"}
 
 # st_mode test -> what the thing is, in the words of an error line
 _KINDS = (
@@ -61,6 +65,40 @@ def check_target(path: str | Path) -> Path:
             "(never through a link, over a device, FIFO, socket or folder); give another path"
         )
     return Path(path)
+
+
+def out_format(path: str | Path, accepted: tuple[str, ...], option: str = "--out") -> str:
+    """The format of an output file, read from its suffix ("csv", "json", "html"); ConfigError in one line
+    naming the suffixes this command takes (`accepted`, e.g. (".csv", ".json")) when it is another."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in accepted or suffix not in OUT_FORMATS:
+        found = f"unknown suffix {suffix!r}" if suffix else "no suffix"
+        raise ConfigError(f"{option} {path}: {found}; the suffix says the format: {' or '.join(accepted)}")
+    return OUT_FORMATS[suffix]
+
+
+def write_out(path: str | Path, table=None, document=None) -> str:
+    """Write a command's result to `path`, atomically, in the format its suffix names: `.csv` the table (a
+    DataFrame, without its index), `.json` the document (a JSON-able object, NaN as null). Returns the format."""
+    fmt = out_format(path, (".csv", ".json"))
+    if fmt == "csv":
+        if table is None:
+            raise ConfigError(f"--out {path}: this result has no table to write as CSV; give a .json file")
+        write_atomic(path, csv_text(table))
+    else:
+        write_atomic(path, json.dumps(_nan_as_null(document), indent=2) + "\n")
+    return fmt
+
+
+def _nan_as_null(value):
+    """`value` with every float NaN replaced by None (JSON has no NaN)."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {key: _nan_as_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_as_null(item) for item in value]
+    return value
 
 
 def shipped_path(name: str) -> Path:

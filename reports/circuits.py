@@ -20,8 +20,10 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from headlens.reports.colours import LOGITS as LOGITS_COLOUR
+from headlens.reports.colours import OTHER, UNLABELLED, role_colour
 from headlens.reports.figures import figure_uri, plain_text
-from headlens.reports.i18n import DEFAULT_LANG, number, t
+from headlens.reports.i18n import DEFAULT_LANG, quantity, t
 from headlens.reports.sections import esc, figure, fold, section, table
 
 RECEIVER_ROLES = {"induction": ("induction",), "ioi": ("name_mover", "negative_name_mover", "copy_suppression")}
@@ -29,13 +31,8 @@ GRAPH_HEADS = 8  # heads drawn into the logits, by |direct effect|
 GRAPH_EDGES = 8  # head -> head edges drawn, by |path-patching effect|
 CITED = 3  # incoming edges cited per receiver
 TABLE_HEADS = 12
-COLOURS = {
-    "induction": "#4c72b0",
-    "previous_token": "#55a868",
-    "name_mover": "#c44e52",
-    "negative_name_mover": "#8172b2",
-}
-OTHER, UNLABELLED, LOGITS_COLOUR = "#cccccc", "#dd8452", "#ffffff"
+# The roles a graph colours, in the order a head with several takes its colour (headlens.reports.colours)
+COLOURS = {role: role_colour(role) for role in ("induction", "previous_token", "name_mover", "negative_name_mover")}
 
 
 def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG, folded: bool = False) -> str:
@@ -59,7 +56,7 @@ def task_block(doc: dict, lang: str) -> str:
     task = doc["task"]
     name = task["name"]
     parts = [f"<h3>{esc(t(f'circuits.task.{name}', lang))}</h3>"]
-    clean = t("circuits.clean", lang, metric=task["metric"], value=number(task["clean"], lang), unit=task["unit"])
+    clean = t("circuits.clean", lang, metric=task["metric"], value=quantity(task["clean"], lang), unit=task["unit"])
     parts.append(f"<p>{esc(clean)}</p>")
     if name == "ioi" and task["clean"] <= 0:
         parts.append(f"<p>{esc(t('circuits.no_ioi', lang))}</p>")
@@ -69,7 +66,7 @@ def task_block(doc: dict, lang: str) -> str:
     if evidence:
         parts.append(f"<ul>{''.join(evidence)}</ul>")
     large = [h["head"] for h in doc["heads"] if h["large_unlabelled"]]
-    share = number(doc["large_share"] * abs(task["logit_metric"]), lang)
+    share = quantity(doc["large_share"] * abs(task["logit_metric"]), lang)
     key = "circuits.unlabelled" if large else "circuits.unlabelled_none"
     parts.append(f"<p>{esc(t(key, lang, heads=', '.join(large), share=share))}</p>")
     parts.append(table(direct_table(doc), lang=lang))
@@ -84,7 +81,8 @@ def direct_table(doc: dict) -> pd.DataFrame:
     rows = [
         (h["head"], ", ".join(h["labels"]), h["direct_effect"], h["total_effect"]) for h in doc["heads"][:TABLE_HEADS]
     ]
-    return pd.DataFrame(rows, columns=["head", "labels", "direct_effect", "total_effect"])
+    frame = pd.DataFrame(rows, columns=["head", "labels", "direct_effect", "total_effect"])
+    return frame.drop(columns="total_effect") if frame["total_effect"].isna().all() else frame  # measured or not shown
 
 
 def evidence_lines(doc: dict, lang: str) -> list[str]:
@@ -113,7 +111,7 @@ def role_evidence(doc: dict, lang: str) -> list[tuple[str, str]]:
         into = edges[(edges["receiver"] == head["head"]) & edges[strength].notna()] if len(edges) else edges
         into = into.reindex(into[strength].abs().sort_values(ascending=False).index).head(CITED)
         who = t(f"role.{role}", lang)
-        direct = number(head["direct_effect"], lang)
+        direct = quantity(head["direct_effect"], lang)
         if into.empty:
             lines.append((role, t("circuits.fed_none", lang, head=head["head"], role=who, direct=direct)))
             continue
@@ -124,11 +122,11 @@ def role_evidence(doc: dict, lang: str) -> list[tuple[str, str]]:
 
 def _source(edge, unit: str, lang: str) -> str:
     composition = (
-        "-" if edge.composition is None or edge.composition != edge.composition else number(edge.composition, lang)
+        "-" if edge.composition is None or edge.composition != edge.composition else quantity(edge.composition, lang)
     )
     if edge.effect is None or edge.effect != edge.effect:  # composition only (headlens.circuits.overview)
         z = getattr(edge, "composition_z", None)
-        z_text = "-" if z is None or z != z else number(z, lang)
+        z_text = "-" if z is None or z != z else quantity(z, lang)
         via = edge.via.upper()
         return t("circuits.source_weights", lang, sender=edge.sender, via=via, composition=composition, z=z_text)
     return t(
@@ -137,7 +135,7 @@ def _source(edge, unit: str, lang: str) -> str:
         sender=edge.sender,
         via=edge.via.upper(),
         composition=composition,
-        effect=f"{'+' if edge.effect >= 0 else ''}{number(edge.effect, lang)}",
+        effect=f"{'+' if edge.effect >= 0 else ''}{quantity(edge.effect, lang)}",
         unit=unit,
     )
 
@@ -146,14 +144,14 @@ def repair_text(repair: dict, lang: str) -> str:
     """The self-repair claim in words, with its figures."""
     lost = repair["direct_effect"] - repair["direct_effect_ablated"]
     helpers = [c for c in repair["compensation"] if c["change"] * (1 if lost >= 0 else -1) > 0][:2]
-    named = ", ".join(f"{c['head']} ({'+' if c['change'] >= 0 else ''}{number(c['change'], lang)})" for c in helpers)
+    named = ", ".join(f"{c['head']} ({'+' if c['change'] >= 0 else ''}{quantity(c['change'], lang)})" for c in helpers)
     return t(
         "circuits.self_repair",
         lang,
         heads=", ".join(repair["ablated"]),
-        direct=number(repair["direct_effect"], lang),
+        direct=quantity(repair["direct_effect"], lang),
         method=repair["method"],
-        total=number(repair["total_effect"], lang),
+        total=quantity(repair["total_effect"], lang),
         unit=repair["unit"],
         helpers=named or "-",
     )

@@ -26,7 +26,9 @@ from headlens.classify.runs import SOURCE_DEFAULT, SOURCE_GIVEN
 from headlens.reports import explain
 from headlens.reports.circuits import role_lines
 from headlens.reports.headmap import head_map, overlaps, role_counts
-from headlens.reports.i18n import DEFAULT_LANG, has, integer, number, percent, short_number, t
+from headlens.reports.headpanel import head_facts
+from headlens.reports.i18n import DEFAULT_LANG, has, integer, percent, quantity, short_number, t
+from headlens.reports.scatter import role_scatter
 from headlens.reports.sections import details, esc, metric_words, result_delta, results_list, section, table
 from headlens.results import Result
 
@@ -67,7 +69,7 @@ def score_text(row: dict, column: str, lang: str) -> str | None:
     value = row.get(column)
     if not isinstance(value, (int, float)) or math.isnan(value):
         return None
-    shown = str(int(value)) if column == "positional_offset" else number(value, lang)
+    shown = str(int(value)) if column == "positional_offset" else quantity(value, lang)
     return f"{t(f'short.{column}', lang)} {shown}"
 
 
@@ -75,9 +77,9 @@ def ablation_text(found: dict, lang: str) -> str:
     """ "ablation raises the loss on the text by 2.10 nats/token (95% CI 1.90 to 2.30)"."""
     metric, unit = metric_words(found["metric"], lang)
     key = "findings.ablation_up" if found["delta"] >= 0 else "findings.ablation_down"
-    text = t(key, lang, metric=metric, unit=unit, delta=number(abs(found["delta"]), lang))
+    text = t(key, lang, metric=metric, unit=unit, delta=quantity(abs(found["delta"]), lang))
     if not (math.isnan(found["low"]) or math.isnan(found["high"])):
-        text += f" ({t('findings.ci', lang, low=number(found['low'], lang), high=number(found['high'], lang))})"
+        text += f" ({t('findings.ci', lang, low=quantity(found['low'], lang), high=quantity(found['high'], lang))})"
     return text
 
 
@@ -101,11 +103,11 @@ def role_evidence(result: dict, lang: str) -> str:
         lang,
         metric=metric,
         unit=unit,
-        delta=number(abs(delta), lang),
+        delta=quantity(abs(delta), lang),
     )
     low, high = (result.get("ci95") or [math.nan, math.nan])[:2]
     if not (math.isnan(float(low)) or math.isnan(float(high))):
-        change += f" ({t('findings.ci', lang, low=number(low, lang), high=number(high, lang))})"
+        change += f" ({t('findings.ci', lang, low=quantity(low, lang), high=quantity(high, lang))})"
     text = t("findings.role_ablation", lang, n=len(result["heads"]), change=change)
     control = result.get("control")
     if control:
@@ -117,8 +119,8 @@ def role_evidence(result: dict, lang: str) -> str:
             n_possible=integer(control.get("n_possible", control["k"]), lang),
             rank=control["rank"],
             n_sets=control["k"] + 1,
-            p=number(control["p_value"], lang, 3),
-            p_min=number(control.get("p_min", 1 / (1 + control["k"])), lang, 3),
+            p=quantity(control["p_value"], lang),
+            p_min=quantity(control.get("p_min", 1 / (1 + control["k"])), lang),
         )
     return text
 
@@ -154,12 +156,13 @@ def findings_section(
         intro += " " + t("findings.intro_ablation", lang)
     parts = [
         f"<p>{esc(intro)}</p>" if n_roles else f"<p>{esc(t('findings.no_roles', lang))}</p>",
-        head_map(frame, lang),
+        head_map(frame, lang, facts=head_facts(frame, heads.meta, circuits, lang)),
     ]
     for role in ROLES:
         rows = [row for row, names in zip(records, labels, strict=True) if role in names]
         if rows:
-            parts.append(role_block(role, rows, ablations, lang, ablation, circuits))
+            plot = role_scatter(frame, role, heads.meta, lang)
+            parts.append(role_block(role, rows, ablations, lang, ablation, circuits, plot))
     parts.append(absent_block(heads, lang))
     parts.append(sinks_block(records, labels, heads.meta, lang))
     parts.append(sizes_text(heads.meta, lang))
@@ -176,9 +179,8 @@ def overlap_text(heads: pd.DataFrame, n_labelled: int, lang: str) -> str:
     combos = overlaps(heads)
     if not combos:
         return ""
-    joiner = " + "
     items = "; ".join(
-        t("findings.overlap_item", lang, n=n, roles=joiner.join(roles))
+        t("findings.overlap_item", lang, n=n, roles=role_names(roles, lang))
         for roles, n in sorted(combos.items(), key=lambda item: -item[1])
     )
     return " " + t(
@@ -189,6 +191,14 @@ def overlap_text(heads: pd.DataFrame, n_labelled: int, lang: str) -> str:
         n_labelled=n_labelled,
         combos=items,
     )
+
+
+def role_names(roles: tuple[str, ...], lang: str) -> str:
+    """ "current-token heads and positional heads": the roles' names as a sentence reads them (the identifiers
+    stay in the tables)."""
+    names = [t(kinds.BY_LABEL[role].name_key, lang) for role in roles]
+    names = [name[0].lower() + name[1:] for name in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + t("findings.and", lang) + names[-1]
 
 
 def role_note(role: str, rows: list[dict], lang: str) -> str:
@@ -209,10 +219,13 @@ def role_note(role: str, rows: list[dict], lang: str) -> str:
     return ""
 
 
-def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation=None, circuits=None) -> str:
+def role_block(
+    role: str, rows: list[dict], ablations: dict, lang: str, ablation=None, circuits=None, plot: str = ""
+) -> str:
     """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, the ablation of
     its heads together (with its control) where the page holds one, and the circuit evidence of its heads
-    (reports/circuits.py role_lines: the heads feeding them) where the page draws circuits."""
+    (reports/circuits.py role_lines: the heads feeding them) where the page draws circuits; `plot`: the role's
+    scatter of its two deciding scores (reports/scatter.py), when its rule has two."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
     lines = [head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS]]
     items = "".join(lines[:TOP_OPEN])
@@ -236,7 +249,7 @@ def role_block(role: str, rows: list[dict], ablations: dict, lang: str, ablation
     return (
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
         f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p>{role_note(role, rows, lang)}'
-        f"<ul>{items}</ul>{more}"
+        f"<ul>{items}</ul>{more}{plot}"
         f"{evidence}</div>"
     )
 
@@ -278,7 +291,7 @@ def sinks_block(records: list[dict], labels: list[list[str]], meta: dict, lang: 
     sinks.sort(key=lambda pair: -head_strength(pair[0], "first_token"))
     threshold = explain.score_thresholds(meta).get("first_token_score")
     strongest = ", ".join(
-        f"{int(row['layer'])}.{int(row['head'])} ({number(row['first_token_score'], lang)})"
+        f"{int(row['layer'])}.{int(row['head'])} ({quantity(row['first_token_score'], lang)})"
         for row, _ in sinks[:SINK_EXAMPLES]
     )
     text = t(
@@ -335,7 +348,7 @@ def ioi_text(heads: Result, lang: str) -> str:
     text = t(
         "findings.ioi",
         lang,
-        diff=number(float(frame["ioi_logit_diff"].iloc[0]), lang),
+        diff=quantity(float(frame["ioi_logit_diff"].iloc[0]), lang),
         n=int(frame["n_ioi_prompts"].iloc[0]) if "n_ioi_prompts" in frame else "?",
         share=percent(share, lang) if isinstance(share, float) else "?",
     )

@@ -2,9 +2,9 @@
 
 Drawn as inline SVG (crisp at any zoom, each cell a `<g data-head="L.H">` with its roles in `data-roles` and a
 tooltip naming them) beside an HTML legend in the page's font, so every role of every head is visible and the
-legend reads at the size of the text around it. Role colours come from the registry (headlens.classify.kinds); a head
-with no role is white; a dot in a cell's corner marks a first-token sink (a property, not a role).
-The counts in the legend are `role_counts`, the same counts the role headings below the map give.
+legend reads at the size of the text around it. Role colours come from the report's one colour table
+(headlens.reports.colours); a head with no role is white; a dot in a cell's corner marks a first-token sink (a
+property, not a role). The counts in the legend are `role_counts`, the same counts the role headings below the map give.
 """
 
 from __future__ import annotations
@@ -13,14 +13,17 @@ import pandas as pd
 
 from headlens.classify import kinds
 from headlens.classify.labels import label_list
+from headlens.reports.colours import NO_ROLE, SINK, role_colour
+from headlens.reports.headpanel import TOOLTIP_SCORES
 from headlens.reports.i18n import DEFAULT_LANG, t
 from headlens.reports.sections import esc
+from headlens.reports.viewer import safe_json
 
 # Cell size in CSS pixels: wide enough for up to 6 stripes of 5 px, the whole map about 500 px at most.
 CELL_WIDTH_RANGE, CELL_HEIGHT_RANGE, MAP_PIXELS = (30, 64), (14, 40), 480
 # Room for the layer numbers (left) and the head numbers and the axis name (top).
 LEFT, TOP = 44, 34
-NO_ROLE, GRID, SINK = "#ffffff", "#c8c8c8", "#000000"
+GRID = "#c8c8c8"
 
 
 def head_roles(heads: pd.DataFrame) -> dict[tuple[int, int], tuple[list[str], list[str]]]:
@@ -57,8 +60,10 @@ def _clamp(value: float, bounds: tuple[int, int]) -> float:
     return max(bounds[0], min(bounds[1], value))
 
 
-def head_map_svg(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """The map as an `<svg>` element: numbered axes, one `<g>` per head with one rect per role."""
+def head_map_svg(heads: pd.DataFrame, lang: str = DEFAULT_LANG, facts: dict | None = None) -> str:
+    """The map as an `<svg>` element: numbered axes, one `<g>` per head with one rect per role; with `facts`
+    (headlens.reports.headpanel.head_facts) each cell's tooltip adds its first deciding scores and the cell
+    takes focus and clicks (the page script opens the head's panel)."""
     cells = head_roles(heads)
     n_layers = max(layer for layer, _ in cells) + 1
     n_heads = max(head for _, head in cells) + 1
@@ -80,7 +85,9 @@ def head_map_svg(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
         x, y = LEFT + head * width, TOP + layer * height
         shown = [names[role] for role in roles] + [t(kinds.BY_LABEL[p].name_key, lang) for p in properties]
         tip = f"{layer}.{head}: {', '.join(shown) or t('cell.none', lang)}"
-        stripes = [(NO_ROLE, "")] if not roles else [(kinds.BY_LABEL[r].colour, r) for r in roles]
+        scores = ((facts or {}).get(f"{layer}.{head}") or {}).get("scores", [])[:TOOLTIP_SCORES]
+        tip += f" ({'; '.join(scores)})" if scores else ""
+        stripes = [(NO_ROLE, "")] if not roles else [(role_colour(r), r) for r in roles]
         stripe = width / len(stripes)
         rects = "".join(
             f'<rect x="{x + i * stripe:.1f}" y="{y:.1f}" width="{stripe:.1f}" height="{height:.1f}" fill="{colour}"'
@@ -94,8 +101,9 @@ def head_map_svg(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
             if "first_token" in properties
             else ""
         )
+        focus = ' tabindex="0" role="button"' if facts else ""
         parts.append(
-            f'<g data-head="{layer}.{head}" data-roles="{" ".join(roles)}"><title>{esc(tip)}</title>'
+            f'<g data-head="{layer}.{head}" data-roles="{" ".join(roles)}"{focus}><title>{esc(tip)}</title>'
             f"{rects}{frame}{dot}</g>"
         )
     return (
@@ -108,7 +116,7 @@ def head_map_svg(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
 def legend(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     """Every role some head carries, its colour and its head count; then the sink marker."""
     items = [
-        f'<li data-role="{role}"><span class="swatch" style="background:{kinds.BY_LABEL[role].colour}"></span>'
+        f'<li data-role="{role}"><span class="swatch" style="background:{role_colour(role)}"></span>'
         f"{esc(t(kinds.BY_LABEL[role].name_key, lang))} ({n})</li>"
         for role, n in role_counts(heads).items()
     ]
@@ -116,13 +124,23 @@ def legend(heads: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
     return f'<ul class="map-legend">{"".join(items)}</ul>'
 
 
-def head_map(heads: pd.DataFrame, lang: str = DEFAULT_LANG, anchor: str | None = "head-map") -> str:
+def head_map(
+    heads: pd.DataFrame, lang: str = DEFAULT_LANG, anchor: str | None = "head-map", facts: dict | None = None
+) -> str:
     """The map and its legend in a div with id `anchor` (None: no id, for inline views that may repeat);
-    "" without labels."""
+    "" without labels. With `facts` (headlens.reports.headpanel.head_facts, for the page's one map) the facts
+    ride along as a JSON block and an empty panel follows the map, for the page script to fill on a click."""
     if "labels" not in heads or heads.empty:
         return ""
     ident = f' id="{esc(anchor)}"' if anchor else ""
+    panel = (
+        f'<script type="application/json" id="head-facts">{safe_json(facts)}</script>'
+        '<div id="head-panel" class="head-panel" aria-live="polite" hidden></div>'
+        if facts
+        else ""
+    )
+    caption = t("findings.map_caption", lang) + (" " + t("findings.map_click", lang) if facts else "")
     return (
-        f'<figure class="head-map"{ident}><div class="map-row">{head_map_svg(heads, lang)}{legend(heads, lang)}</div>'
-        f"<figcaption>{esc(t('findings.map_caption', lang))}</figcaption></figure>"
+        f'<figure class="head-map"{ident}><div class="map-row">{head_map_svg(heads, lang, facts)}'
+        f"{legend(heads, lang)}</div><figcaption>{esc(caption)}</figcaption></figure>{panel}"
     )

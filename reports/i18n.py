@@ -92,9 +92,19 @@ def _signed(whole: str, lang: str) -> str:
     return sign + integer(abs(int(whole)), lang)
 
 
+def quantity(value: float, lang: str = DEFAULT_LANG) -> str:
+    """A measured quantity (a score, nats, logits, a probability, a p-value) as every part of the page writes it,
+    prose, tables and the page script alike (viewer_core.js `num`): significant(value, lang, 3)."""
+    return significant(float(value), lang, 3)
+
+
 def percent(share: float, lang: str = DEFAULT_LANG) -> str:
-    """A share as a percentage: "5%" in English, "5 %" in Spanish (a no-break space before the sign)."""
-    return short_number(100 * share, lang) + ("%" if lang == "en" else "\u00a0%")
+    """A share as a percentage to 3 significant figures at most ("5%", "91.7%"), "5 %" in Spanish (a no-break
+    space before the sign)."""
+    shown = significant(100 * share, lang, 3)
+    if DECIMAL_MARK[lang] in shown:  # 5.00 -> 5, 12.50 -> 12.5: a percentage without trailing zeros
+        shown = shown.rstrip("0").rstrip(DECIMAL_MARK[lang])
+    return shown + ("%" if lang == "en" else "\u00a0%")
 
 
 def integer(value: int, lang: str = DEFAULT_LANG) -> str:

@@ -72,15 +72,18 @@ def _is_empty(value) -> bool:
     return False
 
 
-def check_output_path(path, lang: str = DEFAULT_LANG) -> Path:
-    """Resolve the output path; OutputPathError (in `lang`) if it is a directory, a link, a device, FIFO or
-    socket (headlens.files.special_kind), or its folder cannot be made/written."""
+def check_output_path(path, lang: str = DEFAULT_LANG, option: str = "--out") -> Path:
+    """Resolve the output path given as `option` (--out, --report); OutputPathError (in `lang`, naming the
+    option) if it is a directory, a link, a device, FIFO or socket (headlens.files.special_kind), or its folder
+    cannot be made/written."""
     path = Path(path)
     kind = files.special_kind(path)
     if kind == "directory":
-        raise OutputPathError(t("error.is_directory", lang, path=path, example=path / "report.html"))
+        raise OutputPathError(t("error.is_directory", lang, option=option, path=path))
     if kind is not None:
-        raise OutputPathError(t("error.not_regular_file", lang, path=path, kind=t(f"file_kind.{kind}", lang)))
+        raise OutputPathError(
+            t("error.not_regular_file", lang, option=option, path=path, kind=t(f"file_kind.{kind}", lang))
+        )
     parent = path.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

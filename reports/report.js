@@ -20,6 +20,52 @@
   apply();
 })();
 
+(function headPanel() {
+  // The head map's cells open the head's panel below the map: its roles, the scores that earned them beside
+  // their cut-offs, its direct effects, its circuit edges (text the page wrote in its language, #head-facts)
+  // and a copy of its pattern thumbnail when the page draws one. Enter on a focused cell does the same.
+  var factsEl = document.getElementById("head-facts");
+  var panel = document.getElementById("head-panel");
+  if (!factsEl || !panel) { return; }
+  var facts = JSON.parse(factsEl.textContent);
+  function list(title, items) {
+    if (!items || !items.length) { return; }
+    var h = document.createElement("h4"); h.textContent = title; panel.appendChild(h);
+    var ul = document.createElement("ul");
+    items.forEach(function (item) { var li = document.createElement("li"); li.textContent = item; ul.appendChild(li); });
+    panel.appendChild(ul);
+  }
+  function open(head) {
+    var found = facts[head];
+    if (!found) { return; }
+    panel.textContent = "";
+    panel.setAttribute("data-head", head);
+    var title = document.createElement("h3"); title.textContent = msg("panel_head", { head: head });
+    var close = document.createElement("button"); close.type = "button"; close.textContent = msg("panel_close");
+    close.addEventListener("click", function () { panel.hidden = true; });
+    title.appendChild(document.createTextNode(" ")); title.appendChild(close);
+    panel.appendChild(title);
+    list(msg("panel_roles"), found.roles.length ? found.roles : [msg("panel_none")]);
+    list(msg("panel_scores"), found.scores);
+    list(msg("panel_direct"), found.direct);
+    list(msg("panel_edges"), found.edges);
+    var thumb = document.querySelector('figure.thumb[data-head="' + head + '"] img');
+    if (thumb) {
+      var h = document.createElement("h4"); h.textContent = msg("panel_pattern"); panel.appendChild(h);
+      var img = thumb.cloneNode(false); img.className = "panel-thumb"; panel.appendChild(img);
+    }
+    panel.hidden = false;
+    document.querySelectorAll("#head-map g[data-head]").forEach(function (g) {
+      g.classList.toggle("chosen", g.getAttribute("data-head") === head);
+    });
+  }
+  document.querySelectorAll("#head-map g[data-head]").forEach(function (g) {
+    var head = g.getAttribute("data-head");
+    g.addEventListener("click", function () { open(head); });
+    g.addEventListener("keydown", function (e) { if (e.key === "Enter") { open(head); } });
+  });
+})();
+
 (function sortableTables() {
   document.querySelectorAll("table.sortable").forEach(function (tableEl) {
     var headers = tableEl.querySelectorAll("thead th");
@@ -158,7 +204,7 @@ function attentionViewer(suffix) {
     headSelect.value = state.layer + "." + state.head;
     statusEl.textContent = msg("status", {
       query: state.query, query_token: shownToken(data.tokens[state.query]), head: state.layer + "." + state.head,
-      best: found.best, best_token: shownToken(data.tokens[found.best]), weight: found.weight.toFixed(2) });
+      best: found.best, best_token: shownToken(data.tokens[found.best]), weight: num(found.weight) });
   }
 
   app.hidden = false;

@@ -19,7 +19,17 @@ from headlens.classify import kinds
 from headlens.classify.labels import PROPERTIES, ROLES, label_list, rank_heads
 from headlens.intervene.metrics import ALIASES, KIND, UNIT
 from headlens.reports import explain, figures
-from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, significant, t
+from headlens.reports.i18n import (
+    DEFAULT_LANG,
+    column_heading,
+    has,
+    integer,
+    percent,
+    quantity,
+    short_number,
+    significant,
+    t,
+)
 from headlens.results import Result
 
 
@@ -35,6 +45,15 @@ def section(anchor: str, title: str, body: str) -> str:
 def figure(uri: str, alt: str, caption: str = "") -> str:
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
     return f'<figure><img src="{uri}" alt="{esc(alt)}">{cap}</figure>'
+
+
+def zoomable(uri: str, alt: str) -> str:
+    """A figure drawn small in a grid of small multiples that opens large on a click (a hidden checkbox, no
+    script needed; Escape or a click outside closes it, report.js)."""
+    return (
+        f'<figure><label class="zoom"><input type="checkbox" class="zoom-toggle"><span class="heatmap">'
+        f'<img src="{uri}" alt="{esc(alt)}"></span></label></figure>'
+    )
 
 
 # Columns whose cells are names from the code or the command line (a setting, a metric, a method, a
@@ -56,6 +75,9 @@ def format_cell(value, lang: str = DEFAULT_LANG, digits: int = DIGITS) -> tuple[
         return t("cell.unset", lang), ""
     if isinstance(value, (list, tuple, np.ndarray)):
         text = "; ".join(format_cell(v, lang, digits)[0] for v in value)
+        return text, text
+    if isinstance(value, dict):  # a probe's facts: each value in the same style as a cell's
+        text = "; ".join(f"{key} {format_cell(v, lang, digits)[0]}" for key, v in value.items())
         return text, text
     if isinstance(value, (bool, np.bool_)):
         return t("cell.yes" if value else "cell.no", lang), str(int(value))
@@ -85,6 +107,8 @@ def table(
         for value, is_code, places in zip(values, code, digits, strict=True):
             text, key = format_cell(value, lang, places)
             shown = f"<code>{esc(text)}</code>" if is_code else esc(text)
+            if isinstance(value, dict):  # a probe's facts: their names are identifiers, their values numbers
+                shown = facts_html(value, lang, places)
             cells.append(f'<td data-sort="{esc(key)}">{shown}</td>')
         css = row_class(dict(zip(frame.columns, values, strict=True))) if row_class else ""
         rows.append(f"<tr{f' class={chr(34)}{esc(css)}{chr(34)}' if css else ''}>{''.join(cells)}</tr>")
@@ -93,6 +117,15 @@ def table(
         f'<div class="table-wrap"><table{cls}><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table></div>"
     )
+
+
+def facts_html(value, lang: str, places: int, nested: bool = False) -> str:
+    """A probe's facts ({name: value}, a nested one in brackets) as a cell: each name as code, each value in the
+    cells' style."""
+    if not isinstance(value, dict):
+        return esc(format_cell(value, lang, places)[0])
+    inner = "; ".join(f"<code>{esc(key)}</code> {facts_html(item, lang, places, True)}" for key, item in value.items())
+    return f"({inner})" if nested else inner
 
 
 def details(summary: str, body: str) -> str:
@@ -216,13 +249,14 @@ def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
     folded = len(heads) > FOLD_HEADS
     maps = [
         f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
-        f"{figure(uri, t('scores.heatmap_alt', lang, column=info.column))}"
+        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}"
         f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
         for info, uri, cut in score_heatmaps(heads, lang)
     ]
+    grid = f'<div class="score-grid">{"".join(maps)}</div>' if maps else ""
     parts = [
-        f"<p>{esc(t('scores.intro', lang))}</p>",
-        fold(t("scores.open_heatmaps", lang, n=len(maps)), "".join(maps), folded),
+        f"<p>{esc(t('scores.intro', lang))} {esc(t('scores.zoom', lang))}</p>",
+        fold(t("scores.open_heatmaps", lang, n=len(maps)), grid, folded),
     ]
     frame = label_frame(heads.frame)
     n_roles = sum(row_kind(labels) == "labelled" for labels in frame["labels"])
@@ -406,7 +440,7 @@ def pruning_summary(pruning: Result, lang: str = DEFAULT_LANG) -> str:
                 n_ok=facts["heads_within"],
                 n_total=facts.get("n_heads", "?"),
                 tolerance=percent(facts.get("tolerance", 0.05), lang),
-                loss=short_number(float(pruning.frame["loss"].iloc[0]), lang, ".4f"),
+                loss=quantity(float(pruning.frame["loss"].iloc[0]), lang),
             )
         )
     order = facts.get("removal_by_role")
@@ -424,7 +458,7 @@ def pruning_summary(pruning: Result, lang: str = DEFAULT_LANG) -> str:
                     n_unlabelled=order["n_unlabelled"],
                     labelled=short_number(order["mean_rank_labelled"], lang, ".2f"),
                     unlabelled=short_number(order["mean_rank_unlabelled"], lang, ".2f"),
-                    p=short_number(order["p_value"], lang, ".4g"),
+                    p=quantity(order["p_value"], lang),
                 )
             )
     return "".join(f"<p>{esc(line)}</p>" for line in lines)
@@ -601,7 +635,7 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
         note += " " + t(
             "training.icl_last",
             lang,
-            value=short_number(last, lang, "+.3f"),
+            value=("+" if last >= 0 else "") + quantity(last, lang),
             verdict=t("training.icl_gain" if last < 0 else "training.icl_no_gain", lang),
         )
     return f'<p class="explain">{esc(t("training.text", lang))} {esc(note)}</p>' + figure(

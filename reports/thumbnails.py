@@ -13,7 +13,7 @@ import numpy as np
 
 from headlens.classify.labels import roles_of
 from headlens.reports import figures
-from headlens.reports.i18n import DEFAULT_LANG, number, t
+from headlens.reports.i18n import DEFAULT_LANG, quantity, t
 from headlens.reports.sections import details, esc, labelled_heads, section
 
 # Thumbnails show at most this many tokens of the sample (the viewer's sample is already capped).
@@ -46,7 +46,7 @@ def thumbnail(pattern: np.ndarray, head: str, labels: list[str], tokens: list[st
     if tokens:
         spans = "".join(f"<span>{esc(text)}</span>" for text in tick_texts(tokens))
         ticks = "".join(f'<span class="{axis}" aria-hidden="true">{spans}</span>' for axis in ("xticks", "yticks"))
-    caption = t("thumbs.caption", lang, head=head, labels=", ".join(labels), vmax=number(vmax, lang))
+    caption = t("thumbs.caption", lang, head=head, labels=", ".join(labels), vmax=quantity(vmax, lang))
     return (
         f'<figure class="thumb" data-head="{esc(head)}"><label class="zoom"><input type="checkbox" '
         f'class="zoom-toggle"><span class="pattern">{ticks}<img src="{uri}" '

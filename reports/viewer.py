@@ -14,8 +14,9 @@ from importlib import resources
 
 import numpy as np
 
+from headlens.classify.labels import label_list
 from headlens.classify.samples import PREFIX_MATCHING_MIN
-from headlens.reports.i18n import DEFAULT_LANG, js_messages, number, t
+from headlens.reports.i18n import DEFAULT_LANG, js_messages, quantity, short_number, t
 from headlens.reports.sections import esc, labelled_heads, section
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 56 tokens (~0.6 MB of base64),
@@ -48,7 +49,7 @@ def viewer_payload(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> dict:
         raise ValueError(t("error.viewer_shape", lang, shape=tuple(patterns.shape), n_tokens=len(viewer["tokens"])))
     quantised = np.rint(np.clip(patterns, 0.0, 1.0) * 255).astype(np.uint8)  # [layer, head, pos, pos]
     labels = {f"{layer}.{head}": ", ".join(names) for layer, head, names in labelled_heads(heads)}
-    first = next(iter(labels), "0.0")
+    first = strongest_induction_head(heads) or next(iter(labels), "0.0")
     return {
         "tokens": [str(t) for t in viewer["tokens"]],
         "ids": [int(i) for i in viewer.get("ids", [])],  # the token ids the model read (checkable by a peer)
@@ -59,6 +60,18 @@ def viewer_payload(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> dict:
         "labels": labels,
         "default_head": first,
     }
+
+
+def strongest_induction_head(heads) -> str | None:
+    """ "L.H" of the induction head of highest prefix-matching score (the head the viewer's caption speaks of,
+    shown first), None when no head carries the induction label."""
+    if heads is None or "labels" not in heads or "prefix_matching_score" not in heads:
+        return None
+    induction = heads[[("induction" in label_list(labels)) for labels in heads["labels"]]]
+    if induction.empty:
+        return None
+    best = induction.loc[induction["prefix_matching_score"].idxmax()]
+    return f"{int(best['layer'])}.{int(best['head'])}"
 
 
 def report_script() -> str:
@@ -85,9 +98,9 @@ def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
             lang,
             period=(shown - 1) // 2,
             shown=shown,
-            low=number(low, lang),
+            low=quantity(low, lang),
             head=head,
-            threshold=number(PREFIX_MATCHING_MIN, lang),
+            threshold=short_number(PREFIX_MATCHING_MIN, lang),
         )
     first, second = viewer.get("copy_loss") or (float("nan"), float("nan"))
     return t(
@@ -95,8 +108,8 @@ def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
         lang,
         period=(shown - 1) // 2,
         shown=shown,
-        first=number(first, lang),
-        second=number(second, lang),
+        first=quantity(first, lang),
+        second=quantity(second, lang),
     )
 
 

@@ -18,6 +18,19 @@ function msg(key, values) {
   });
 }
 
+// A number as the page writes every measured quantity (headlens.reports.i18n.significant): 3 significant
+// figures, written out from 0.001 up, in the page's language (msg("decimal_mark"): "." or ",").
+function num(x) {
+  var v = Number(x);
+  if (!isFinite(v)) { return String(v); }
+  if (v === 0) { return "0"; }
+  var text = Math.abs(v) >= 0.001 ? v.toPrecision(3) : v.toExponential(2).replace(/e([-+]\d+)$/, function (all, e) {
+    return " \u00d7 10" + String(Number(e)).replace(/./g, function (c) { return "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079".charAt("-0123456789".indexOf(c)); });
+  });
+  if (/e/.test(text)) { text = String(Math.round(v)); }
+  return text.replace(".", MESSAGES.decimal_mark || ".");
+}
+
 // A token as shown: newlines and tabs made visible.
 function shownToken(token) { return String(token).replace(/\n/g, "\u21b5").replace(/\t/g, "\u2192"); }
 
@@ -42,7 +55,7 @@ function paintTokenWeights(spans, weights, query) {
     if (w > bestW) { bestW = w; best = k; }
     span.style.backgroundColor = "rgba(40, 110, 255, " + w.toFixed(3) + ")";
     span.style.color = w > 0.55 ? "#fff" : "";
-    span.title = msg("weight", { weight: w.toFixed(3) });
+    span.title = msg("weight", { weight: num(w) });
     span.setAttribute("data-weight", w.toFixed(4));
     span.classList.toggle("query", k === query);
   });

@@ -304,7 +304,7 @@ def test_ctrl_c_during_a_sweep_says_what_was_saved_and_exits_130(small_model_dir
 
     monkeypatch.setattr(ablate.SweepStore, "append", append_then_interrupt)
     out = tmp_path / "sweep"
-    result = run("ablate", small_model_dir, "--heads", "each", "--metric", "repeat", "--out", out)
+    result = run("ablate", small_model_dir, "--heads", "each", "--metric", "repeat", "--out-dir", out)
     assert result.exit_code == 130, result.output
     assert result.stderr.strip().splitlines()[-1] == (
         f"headlens: interrupted: 3 of 8 heads saved in {out}; rerun with --resume"

@@ -396,9 +396,9 @@ def test_hostile_text_is_shown_literally_and_never_runs(driver, nasty_report):
     events = open_page(driver, nasty_report)
     assert no_alert(driver)
     assert events["errors"] == [] and leaving_requests(events["urls"], nasty_report) == []
-    # Only our three script elements (the viewer's data, the messages, the page script), no image without a
-    # data: URI.
-    assert len(driver.find_elements("css selector", "script")) == 3
+    # Only our four script elements (the viewer's data, the head map's facts, the messages, the page script), no
+    # image without a data: URI.
+    assert len(driver.find_elements("css selector", "script")) == 4
     assert driver.find_elements("css selector", 'img:not([src^="data:"])') == []
     assert driver.execute_script("return document.querySelectorAll('[onerror]').length") == 0
     summary = driver.find_element("id", "summary").text

@@ -333,7 +333,7 @@ def test_cli_unwritable_out_fails_before_work_and_keeps_old_files(small_model_di
     out = tmp_path / "out"
     out.mkdir()
     (out / "heads.csv").write_text("old results")
-    result = _run([str(small_model_dir), "--text", str(text_file), "--out", str(out), "--threshold", "x=1"])
+    result = _run([str(small_model_dir), "--text", str(text_file), "--out-dir", str(out), "--threshold", "x=1"])
     assert result.exit_code == 2
     assert (out / "heads.csv").read_text() == "old results"
 

@@ -243,12 +243,12 @@ def test_prune_command(small_model_dir, text_file):
 def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_path):
     """A real kill (SIGKILL) of a sweep subprocess mid-run, then --resume."""
     args = ["ablate", "--model", str(small_model_dir), "--heads", "each", "--metric", "repeat"]
-    full = run(*args, "--out", str(tmp_path / "full"))
+    full = run(*args, "--out-dir", str(tmp_path / "full"))
     assert full.exit_code == 0, full.output
     out = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "headlens.cli.main", *args, "--out", str(out)],
+        [sys.executable, "-m", "headlens.cli.main", *args, "--out-dir", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -264,7 +264,7 @@ def test_killed_sweep_resumes_to_the_uninterrupted_table(small_model_dir, tmp_pa
     n_done = rows.read_text().count("\n")
     assert proc.returncode == -signal.SIGKILL and 1 <= n_done < 8, (proc.returncode, n_done)
     assert not (out / "sweep.csv").exists()
-    resumed = run(*args, "--out", str(out), "--resume")
+    resumed = run(*args, "--out-dir", str(out), "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert (out / "sweep.csv").read_text() == (tmp_path / "full" / "sweep.csv").read_text()
     assert rows.read_text().count("\n") == 8
@@ -291,7 +291,7 @@ def _one_line_error(result):
         (["--heads", "0.1", "--metric", "bleu"], "unknown metric"),
         (["--heads", "0.1", "--format", "xml"], "unknown format"),
         (["--heads", "all", "--check"], "--approx"),
-        (["--heads", "each", "--resume"], "--out"),
+        (["--heads", "each", "--resume"], "--out-dir"),
         (["--heads", "0.1", "--metric", "prob"], "--prompts"),
         (["--heads", "0.1", "--control", "random:x"], "random:K"),
         (["--heads", "label:bogus"], "unknown label"),

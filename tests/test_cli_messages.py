@@ -163,7 +163,7 @@ def test_classify_says_where_it_wrote(tmp_path):
             "2",
             "--no-needles",
             "--no-progress",
-            "--out",
+            "--out-dir",
             str(out),
             "--report",
             str(report),

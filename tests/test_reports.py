@@ -212,9 +212,9 @@ def test_findings_list_each_role_its_heads_scores_and_ablation():
     html = findings.findings_section(Result("heads", heads), sweep=sweep_result())
     assert set(re.findall(r'<li data-head="([\d.]+)"', html)) == {"0.2", "1.1"}  # heads with a role only
     assert "2 of 6 heads carry at least one role; 4 carry none" in html
-    assert "induction: prefix matching 0.80, copying -0.30" in html
+    assert "induction: prefix matching 0.800, copying -0.300" in html  # 3 significant figures, as in the tables
     delta = float(sweep_frame().query("layer == 1 and head == 1")["delta_loss"].iloc[0])
-    assert f"ablation raises the loss on the text by {delta:.2f} nats/token" in html
+    assert f"ablation raises the loss on the text by {i18n.significant(delta, 'en', 3)} nats/token" in html
     assert html.index('id="head-map"') < html.index('id="role-previous_token"')  # the map opens the findings
     none = findings.findings_section(Result("heads", heads.assign(labels=[[]] * 6)))
     assert "No head of this model reached a labelling threshold" in none and "<li data-head" not in none
@@ -226,7 +226,7 @@ def test_sinks_are_summarised_as_a_property_not_listed_as_a_role():
     sinks = sinks[: sinks.index("</div>")]
     assert "a property, not a role" in sinks and "data-head" not in sinks
     assert "2 of 6 heads put more than 0.3 of their attention on the first token" in sinks
-    assert "1 of them have no role" in sinks and "Strongest: 1.1 (0.90), 0.1 (0.40)" in sinks
+    assert "1 of them have no role" in sinks and "Strongest: 1.1 (0.900), 0.1 (0.400)" in sinks
 
 
 def test_each_role_lists_its_strongest_heads_and_counts_the_rest():

@@ -1,0 +1,81 @@
+"""What the head map shows when a reader points at or clicks a head: each head's roles, the scores that earned
+them beside their cut-offs, its direct effects and the circuit edges it takes part in, written as text in the
+page's language (numbers by headlens.reports.i18n) and embedded once as a JSON block (`#head-facts`). The page
+script (report.js) puts a clicked head's facts in the panel under the map, with its pattern thumbnail when the
+page has one; the cell's tooltip shows its first TOOLTIP_SCORES scores."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from headlens.classify import kinds
+from headlens.classify.labels import label_list
+from headlens.reports import explain
+from headlens.reports.i18n import DEFAULT_LANG, quantity, short_number, t
+
+TOOLTIP_SCORES = 3  # deciding scores a cell's tooltip shows
+PANEL_EDGES = 8  # circuit edges a head's panel lists at most (strongest first)
+
+
+def _value(row: dict, column: str) -> float | None:
+    value = row.get(column)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def score_pieces(row: dict, thresholds: dict, lang: str) -> list[str]:
+    """ "prefix matching 0.812 (cut-off 0.4)" for each evidence score of the head's roles (registry order)."""
+    roles = [name for name in label_list(row.get("labels")) if name in kinds.BY_LABEL]
+    columns = dict.fromkeys(column for role in roles for column in kinds.BY_LABEL[role].evidence)
+    pieces = []
+    for column in columns:
+        value = _value(row, column)
+        if value is None:
+            continue
+        shown = str(int(value)) if column == "positional_offset" else quantity(value, lang)
+        text = f"{t(f'short.{column}', lang)} {shown}"
+        cut = thresholds.get(column)
+        if cut is not None:
+            text = t("findings.cut_off", lang, score=text, cut=short_number(cut, lang))
+        pieces.append(text)
+    return pieces
+
+
+def circuit_lines(head: str, circuits: list[dict] | None, lang: str) -> tuple[list[str], list[str]]:
+    """(direct effects per circuit task, the strongest edges into or out of `head`) as text."""
+    direct, edges = [], []
+    for doc in circuits or []:
+        task = t(f"circuits.task.{doc['task']['name']}", lang)
+        for row in doc.get("heads", []):
+            if row["head"] == head and row.get("direct_effect") is not None:
+                direct.append(t("panel.direct", lang, task=task, value=quantity(row["direct_effect"], lang)))
+        mine = [e for e in doc.get("edges", []) if head in (e["sender"], e["receiver"]) and e["via"] != "direct"]
+        mine.sort(key=lambda e: -abs(e.get("effect") or e.get("composition") or 0.0))
+        for edge in mine:
+            measured = edge.get("effect") if edge.get("effect") is not None else edge.get("composition")
+            value = "-" if measured is None else quantity(measured, lang)
+            ends = {"sender": edge["sender"], "receiver": edge["receiver"], "via": edge["via"]}
+            edges.append(t("panel.edge", lang, **ends, value=value))
+    return direct, edges[:PANEL_EDGES]
+
+
+def head_facts(heads: pd.DataFrame, meta: dict | None, circuits: list[dict] | None, lang: str = DEFAULT_LANG) -> dict:
+    """{"L.H": {"roles": [...], "scores": [...], "direct": [...], "edges": [...]}} for every head of the frame,
+    every entry text in `lang`."""
+    thresholds = explain.score_thresholds(meta)
+    facts = {}
+    for row in heads.to_dict("records"):
+        head = f"{int(row['layer'])}.{int(row['head'])}"
+        names = label_list(row.get("labels"))
+        direct, edges = circuit_lines(head, circuits, lang)
+        ioi = _value(row, "ioi_direct_effect")
+        if ioi is not None:
+            direct.insert(0, f"{t('short.ioi_direct_effect', lang)} {quantity(ioi, lang)}")
+        facts[head] = {
+            "roles": [t(kinds.BY_LABEL[name].name_key, lang) for name in names if name in kinds.BY_LABEL],
+            "scores": score_pieces(row, thresholds, lang),
+            "direct": direct,
+            "edges": edges,
+        }
+    return facts

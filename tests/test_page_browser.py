@@ -1,0 +1,221 @@
+"""The rendered page as a reader meets it, in headless Chromium, in English and Spanish: one precision per
+quantity (a score in the findings reads as in the label table and the head's panel), decimal commas throughout
+the Spanish page (the page script's numbers too), map cells that open the head's panel, sink dots inside their
+cells, one colour per role, the viewer opened on the strongest induction head, and a page of at most 1.5 MB and
+10 screens before anything is opened. `headlens report tiny` through the CLI; a frame built here for the sinks
+(tiny has none)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from headlens.classify.kinds import BY_LABEL, ROLES
+from headlens.cli.main import cli
+from headlens.reports import render_report
+from headlens.reports.colours import role_colour
+from headlens.reports.i18n import has, t
+from headlens.results import Result
+from tests.helpers.browser import open_page
+
+pytestmark = pytest.mark.browser
+
+MAX_BYTES, MAX_SCREENS = 1_500_000, 10
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("page") / "report.html"
+    args = ["report", "tiny", "--heads", "0.0", "--lang", "en,es", "--no-progress", "--out", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return {"en": out, "es": out.with_name("report.es.html")}
+
+
+@pytest.fixture(params=["en", "es"])
+def page(request, pages, driver):
+    """(the language, the driver on its page, loaded without a console error)."""
+    events = open_page(driver, pages[request.param])
+    assert not events["errors"], events["errors"]
+    return request.param, driver
+
+
+def rgb(colour: str) -> str:
+    return "rgb({}, {}, {})".format(*(int(colour[i : i + 2], 16) for i in (1, 3, 5)))
+
+
+def label_cells(driver) -> dict[str, dict[str, str]]:
+    """The label table as shown: {head: {column: cell text}}."""
+    return driver.execute_script(
+        "const t = document.getElementById('label-table');"
+        "const names = [...t.querySelectorAll('thead th')].map(th => th.dataset.column);"
+        "return Object.fromEntries([...t.tBodies[0].rows].map(r => [r.cells[0].textContent,"
+        " Object.fromEntries(names.map((n, i) => [n, r.cells[i].textContent]))]));"
+    )
+
+
+def induction_heads(driver) -> list[str]:
+    """The heads the map shows as induction heads."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#head-map g[data-head]')].filter(g =>"
+        " g.dataset.roles.split(' ').includes('induction')).map(g => g.dataset.head)"
+    )
+
+
+def open_panel(driver, head: str) -> str:
+    driver.find_element("css selector", f'#head-map g[data-head="{head}"]').click()
+    panel = driver.find_element("id", "head-panel")
+    assert panel.is_displayed() and panel.get_attribute("data-head") == head
+    return panel.text
+
+
+def test_the_page_is_small_and_short_before_anything_is_opened(page, pages):
+    lang, driver = page
+    assert pages[lang].stat().st_size <= MAX_BYTES
+    screens = driver.execute_script("return document.documentElement.scrollHeight / window.innerHeight")
+    assert screens <= MAX_SCREENS
+
+
+def test_a_score_reads_the_same_in_the_findings_the_table_and_the_panel(page):
+    """One precision per quantity: each evidence score on a findings line is the label table's cell, to the
+    character, and the head's panel and tooltip show that same text."""
+    lang, driver = page
+    cells = label_cells(driver)
+    checked = 0
+    for item in driver.find_elements("css selector", "#findings li[data-head]"):
+        head = item.get_attribute("data-head")
+        line = item.get_attribute("textContent")
+        panel = open_panel(driver, head)
+        tip = driver.execute_script(
+            f"return document.querySelector('#head-map g[data-head=\"{head}\"] title').textContent"
+        )
+        for column, shown in cells[head].items():
+            name = f"short.{column}"
+            if not has(name, lang) or not shown or t(name, lang) + " " + shown not in line:
+                continue
+            assert f"{t(name, lang)} {shown}" in panel, (head, column, panel)
+            checked += 1
+        assert any(f"{t(f'short.{c}', lang)} {cells[head][c]}" in tip for c in cells[head] if has(f"short.{c}", lang))
+    assert checked >= 4  # tiny's labelled heads carry at least this many scores in both places
+
+
+def test_the_spanish_page_writes_every_decimal_with_a_comma(page):
+    lang, driver = page
+    if lang != "es":
+        pytest.skip("the Spanish page")
+    driver.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+    text = driver.execute_script("return document.body.innerText")
+    n_layers, n_heads = 2, 4  # tiny: a head id L.H is not a decimal
+    points = [
+        match.group()
+        for match in re.finditer(r"(?<![\w.])(\d+)\.(\d+)(?![\w.])", text)
+        if not (int(match.group(1)) < n_layers and len(match.group(2)) == 1 and int(match.group(2)) < n_heads)
+        and not text[: match.start()].endswith("arXiv ")
+    ]
+    assert not points, points[:20]
+    assert re.search(r"\d,\d{3}", text)  # the decimals are there, with commas
+    titles = driver.execute_script("return [...document.querySelectorAll('#viewer-tokens .tok')].map(s => s.title)")
+    assert titles and all(re.fullmatch(r"peso (0|\d,\d+( × 10\S+)?)", title) for title in titles), titles[:5]
+    status = driver.find_element("id", "viewer-status").text
+    assert re.search(r"\(\d,\d+\)", status), status
+
+
+def test_every_map_cell_opens_its_heads_panel(page):
+    lang, driver = page
+    cells = driver.find_elements("css selector", "#head-map g[data-head]")
+    assert len(cells) == 8
+    for cell in cells:
+        head, roles = cell.get_attribute("data-head"), cell.get_attribute("data-roles").split()
+        text = open_panel(driver, head)
+        assert text.startswith(t("js.panel_head", lang).format(head=head))
+        for role in roles:
+            assert t(BY_LABEL[role].name_key, lang) in text
+        if not roles:
+            assert t("js.panel_none", lang) in text
+        if "induction" in roles:
+            assert "→" in text  # tiny's induction circuit: the edges into the head
+            assert driver.find_elements("css selector", "#head-panel img.panel-thumb")  # its pattern thumbnail
+
+
+def test_one_colour_per_role_on_the_map_and_its_legend(page):
+    _, driver = page
+    fills = driver.execute_script(
+        "return [...document.querySelectorAll('#head-map rect[data-role]')].map(r => [r.dataset.role,"
+        " getComputedStyle(r).fill])"
+    )
+    swatches = driver.execute_script(
+        "return [...document.querySelectorAll('.map-legend li[data-role]')].map(li => [li.dataset.role,"
+        " getComputedStyle(li.querySelector('.swatch')).backgroundColor])"
+    )
+    assert fills and swatches
+    for role, colour in fills + swatches:
+        assert colour == rgb(role_colour(role)), role
+    assert len({role_colour(role) for role in ROLES}) == len(ROLES)  # no two roles share a colour
+
+
+def test_the_viewer_opens_on_the_strongest_induction_head(page):
+    _, driver = page
+    induction = induction_heads(driver)
+    keys = driver.execute_script(
+        "const t = document.getElementById('label-table'); const names = [...t.querySelectorAll('thead th')]"
+        ".map(th => th.dataset.column); const i = names.indexOf('prefix_matching_score'); return Object.fromEntries("
+        "[...t.tBodies[0].rows].map(r => [r.cells[0].textContent, parseFloat(r.cells[i].dataset.sort)]))"
+    )
+    assert induction
+    strongest = max(induction, key=lambda head: keys[head])
+    assert driver.find_element("id", "viewer-head").get_attribute("value") == strongest
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_sink_dots_sit_inside_their_cells(driver, tmp_path, lang):
+    """A built frame with sinks in every corner of the grid (tiny has none): each dot's box inside its cell's."""
+    heads = pd.DataFrame(
+        [
+            {"layer": layer, "head": head, "labels": ["first_token"] + (["induction"] if head % 2 else [])}
+            for layer in range(12)
+            for head in range(12)
+        ]
+    ).assign(first_token_score=0.9, prefix_matching_score=0.5, copying_score=0.7)
+    page = render_report(tmp_path / "sinks.html", model_info={"name": "built"}, heads=Result("heads", heads), lang=lang)
+    assert not open_page(driver, page)["errors"]
+    boxes = driver.execute_script(
+        "return [...document.querySelectorAll('#head-map circle[data-property=first_token]')].map(c => {"
+        " const d = c.getBBox(), r = c.closest('g').querySelector('rect.cell').getBBox();"
+        " return [d.x, d.y, d.x + d.width, d.y + d.height, r.x, r.y, r.x + r.width, r.y + r.height]; })"
+    )
+    assert len(boxes) == 144
+    for x0, y0, x1, y1, cx0, cy0, cx1, cy1 in boxes:
+        assert cx0 < x0 and cy0 < y0 and x1 < cx1 and y1 < cy1
+
+
+def test_the_induction_scatter_names_its_heads_in_the_role_colour(page):
+    _, driver = page
+    dots = driver.execute_script(
+        "return [...document.querySelectorAll('#role-induction figure.scatter circle')].map(c => [c.dataset.head,"
+        " getComputedStyle(c).fill])"
+    )
+    induction = induction_heads(driver)
+    assert len(dots) == 8  # every head of tiny
+    for head, fill in dots:
+        assert (fill == rgb(role_colour("induction"))) == (head in induction), head
+    names = driver.execute_script(
+        "return [...document.querySelectorAll('#role-induction figure.scatter text.name')].map(n => n.textContent)"
+    )
+    assert sorted(names) == sorted(induction)
+
+
+def test_a_score_heatmap_opens_large_on_a_click_and_closes_on_escape(page):
+    _, driver = page
+    image = driver.find_element("css selector", "#scores .score-grid .score img")
+    small = image.size["width"]
+    driver.execute_script("arguments[0].scrollIntoView()", image)
+    image.click()
+    assert image.size["width"] > 2 * small
+    from selenium.webdriver.common.keys import Keys
+
+    driver.find_element("tag name", "body").send_keys(Keys.ESCAPE)
+    assert image.size["width"] == small
