@@ -14,6 +14,8 @@
   et al. 2023);
 - `attribution`: every edge at once from gradients, EAP (Syed et al. 2023) and EAP-IG (Hanna et
   al. 2024), and its agreement with exact path patching;
+- `backups`: the heads that make up for a role's heads when those are ablated (backup name movers), each
+  with its compensation, a p-value against random head sets, and a detector from the weights scored by ROC-AUC;
 - `circuit`: one task's circuit, its heads, edges and self-repair in one result.
 Every measurement (self_repair, composition_scores, path_patch, edge_attribution, circuit) returns a
 headlens.Result (headlens.results). Every edge table is long-form: `sender` ("L.H"), `receiver` ("L.H" or
@@ -29,6 +31,7 @@ from headlens import lazy_getattr
 # Public name -> the module of headlens.circuits that defines it, imported on first access.
 LAZY = {
     "Task": "tasks",
+    "find_backups": "backups",
     "induction_task": "tasks",
     "ioi_task": "tasks",
     "make_task": "tasks",
