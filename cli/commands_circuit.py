@@ -61,6 +61,20 @@ SHOWN_COMPENSATION = 8
     default=None,
     help="heads.json from `headlens classify --out` [default: classify the model]",
 )
+@click.option(
+    "--backups",
+    "backups",
+    is_flag=True,
+    help="also find the heads that make up for the task's role (name movers, induction heads) when it is ablated",
+)
+@click.option(
+    "--control",
+    "control",
+    default="random:39",
+    show_default=True,
+    metavar="random:K",
+    help="with --backups: K random head sets of the role's per-layer counts each head's compensation is tested on",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the task's inputs and resampling")
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
@@ -76,6 +90,8 @@ def circuit_command(
     approx,
     steps,
     labels_path,
+    backups,
+    control,
     seed,
     fmt,
     report_path,
@@ -86,6 +102,7 @@ def circuit_command(
     """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
     from headlens.ablation.evalset import read_prompts
     from headlens.ablation.roles import model_labels, read_labels, resolve_heads
+    from headlens.ablation.stats import parse_control
     from headlens.circuits.circuit import circuit, to_document
     from headlens.circuits.selfrepair import METHODS
     from headlens.circuits.tasks import make_task
@@ -100,6 +117,7 @@ def circuit_command(
         from headlens.reports.render import check_output_path
 
         check_output_path(report_path, lang)  # fail before the work, not after
+    parse_control(control)  # a malformed --control fails before the work
     prompts = read_prompts(prompts_path) if prompts_path else None
     given = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
@@ -108,6 +126,11 @@ def circuit_command(
     heads = resolve_heads(loaded, spec, labels)[0] if spec else None
     result = circuit(loaded, task, labels, heads, method, approx, steps, seed, progress)
     document = to_document(result, model_info(loaded))
+    if backups:
+        from headlens.circuits.backups import attach, find_backups
+
+        found = find_backups(loaded, task, labels, method=method, controls=parse_control(control), seed=seed)
+        document = attach(document, found)
     if fmt == "json":
         click.echo(json.dumps(document))
     else:
@@ -154,6 +177,25 @@ def _print_document(doc: dict) -> None:
         click.echo(f"{'head':>6}  {'clean':>8}  {'ablated':>8}  {'change':>8}")
         for row in repair["compensation"][:SHOWN_COMPENSATION]:
             click.echo(f"{row['head']:>6}  {row['clean']:+8.3f}  {row['ablated']:+8.3f}  {row['change']:+8.3f}")
+    if doc.get("backups"):
+        _print_backups(doc["backups"])
+
+
+def _print_backups(found: dict) -> None:
+    lost = f"{found['lost']:+.3f} {found['unit']}"
+    click.echo(
+        f"\nbackups of {found['role']} ({', '.join(found['ablated'])} {found['method']}-ablated, their direct effect "
+        f"{lost} lost; p against {found['controls']} random sets of the same per-layer counts, "
+        f"floor {found['p_min']:.3f})"
+    )
+    auc = "-" if found["auc"] is None else f"{found['auc']:.2f}"
+    click.echo(f"backups: {', '.join(found['backups']) or 'none'}; OV-similarity detector ROC-AUC against them: {auc}")
+    click.echo(f"{'head':>6}  {'clean':>8}  {'ablated':>8}  {'compensation':>12}  {'p':>6}  {'ov_sim':>6}  backup")
+    for row in found["heads"][:SHOWN_COMPENSATION]:
+        click.echo(
+            f"{row['head']:>6}  {row['clean']:+8.3f}  {row['ablated']:+8.3f}  {row['compensation']:+12.3f}  "
+            f"{row['p_value']:6.3f}  {row['ov_similarity']:6.2f}  {'yes' if row['backup'] else '-'}"
+        )
 
 
 def _print_edges(doc: dict) -> None:

@@ -32,6 +32,14 @@ from headlens.cli.options import lang_option, model_argument, placement_options,
     metavar="FILE",
     help="heads.json / heads.csv from `headlens classify` [default: classify the model once, cached]",
 )
+@click.option(
+    "--backups",
+    "backups_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="the JSON of `headlens circuit MODEL --backups --format json`: each backup's head panel says what it backs up",
+)
 @lang_option
 @click.option(
     "--max-tokens",
@@ -43,21 +51,23 @@ from headlens.cli.options import lang_option, model_argument, placement_options,
 )
 @progress_option
 @placement_options
-def explore_cmd(model, port, host, labels_path, lang, max_tokens, progress, placement):
+def explore_cmd(model, port, host, labels_path, backups_path, lang, max_tokens, progress, placement):
     """Serve a live page: type a text, watch every head, remove heads and see what changes."""
+    from headlens.circuits.backups import read_backups
     from headlens.classify.cache import cached_classification, read_classification
     from headlens.load.models import load_model
     from headlens.reports.explore import Explorer, create_app
     from headlens.reports.explore.serve import address, bind, is_loopback, serve
 
     frame = read_classification(labels_path) if labels_path else None
+    backups = read_backups(backups_path) if backups_path else None
     sock = bind(host, port)  # a taken port fails here, before the model loads
     try:
         loaded = load_model(model, **placement)
         if frame is None:
             click.echo(f"headlens: classifying {loaded.display_name} (once per model, then cached)", err=True)
             frame = cached_classification(loaded, progress=progress)
-        app = create_app(Explorer(loaded, frame, max_tokens=max_tokens), lang)
+        app = create_app(Explorer(loaded, frame, max_tokens=max_tokens, backups=backups), lang)
         if not is_loopback(host):
             click.echo(
                 f"headlens: warning: listening on {host}, not loopback: anyone who can reach this machine can "

@@ -181,6 +181,13 @@
     title.textContent = msg("x_head", { head: data.layer + "." + data.head }) + " — " +
       (data.labels.length ? msg("x_labels", { labels: data.labels.join(", ") }) : msg("x_no_role"));
     figure.appendChild(title);
+    (data.backups || []).forEach(function (b) {
+      var line = document.createElement("p");
+      line.className = "backup-of";
+      line.textContent = msg("x_backup", { role: b.role, task: b.task, compensation: fixed(b.compensation, 3),
+        p: fixed(b.p_value, 3) });
+      figure.appendChild(line);
+    });
     var box = document.createElement("div");
     box.className = "head-box";
     var size = Math.max(3, Math.min(20, Math.floor(420 / n)));
