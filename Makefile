@@ -9,8 +9,11 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch pinned: an unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/python -m pip install -q "torch==2.13.0" -e ".[dev]"
+	# torch pinned: an unpinned torch pulls a multi-GB CUDA build. cli/ and reports/ install under headlens
+	# (pyproject's package-dir), so setuptools' editable install uses its import finder and prints a notice
+	# about same-named folders in the working directory (a setuptools InformationOnly warning, whose text opens
+	# "Editable installation"); that notice alone is filtered, every other warning still shows.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q "torch==2.13.0" -e ".[dev]"
 	touch $(STAMP)
 
 venv: $(STAMP)

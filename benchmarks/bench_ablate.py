@@ -4,7 +4,7 @@ Data: 4 sequences x 128 tokens (BOS + 127 random ids in [1000, 10000)), every ne
 prediction counted (the `text` metric's shape). Sections, each in its own child process so
 peak memory is its own (VmHWM reset through /proc/self/clear_refs after setup):
 - matmul: fp32 rate of a 2048 x 2048 matmul (before and after the sweeps);
-- exact: our exact 144-head zero-ablation sweep (headlens.ablation.sweep), its FLOPs counted;
+- exact: our exact 144-head zero-ablation sweep (headlens.intervene.sums), its FLOPs counted;
 - tl_loop: TransformerLens bridge `run_with_hooks(return_type="loss")`, zeroing hook_z[:, :, h],
   one full forward per head, written the usual way;
 - attribution: attribution patching (one forward + one backward);
@@ -49,7 +49,7 @@ def _rss_mb() -> float:
 
 
 def _setup():
-    from headlens.ablation.evalset import EvalSet
+    from headlens.intervene.evalset import EvalSet
     from headlens.load.models import build_model
 
     loaded = build_model(None, seed=0, name="gpt2-shaped-random")
@@ -93,8 +93,8 @@ def sweep_flops(spec, n_seq: int, pos: int, n_counted: int) -> float:
 
 
 def section_exact(heads_per_pass: int | None = None, layer: int | None = None) -> dict:
-    from headlens.ablation.sweep import base_sums, stack_count, sweep_sums
     from headlens.heads import Head, all_heads
+    from headlens.intervene.sums import base_sums, stack_count, sweep_sums
 
     loaded, evalset = _setup()
     spec = loaded.spec

@@ -17,10 +17,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from headlens.ablation.evalspec import EvalSpec
-from headlens.ablation.replace import replacements
 from headlens.ablation.roles import resolve_heads
-from headlens.ablation.stacked import set_values
+from headlens.intervene.evalspec import EvalSpec
+from headlens.intervene.replace import replacements
+from headlens.intervene.stacked import set_values
 from headlens.load.models import load_model
 
 GEMMS = ("aten::mm", "aten::addmm")
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", default="3.4,5.1")
     parser.add_argument("--tokens", type=int, default=4096)
     args = parser.parse_args(argv)
-    from headlens.ablation.metrics import UNEMBED_CHUNK
+    from headlens.intervene.metrics import UNEMBED_CHUNK
 
     loaded = load_model(args.model)
     evalset = EvalSpec(metric="loss", tokens=args.tokens).build(loaded, 0)

@@ -47,9 +47,9 @@ def cpu_rate(repeats: int = 5) -> float:
 def measure(model: str, layer: int, tokens: int) -> dict:
     """CPU seconds of sweeping `layer`'s heads on `tokens` tokens (clean run cached, warmed up), and the rate."""
     from headlens.ablation.ablate import sweep_heads
-    from headlens.ablation.clean import clean_values
-    from headlens.ablation.evalspec import EvalSpec
     from headlens.heads import Head
+    from headlens.intervene.clean import clean_values
+    from headlens.intervene.evalspec import EvalSpec
     from headlens.load.models import load_model
 
     loaded = load_model(model)
@@ -108,8 +108,8 @@ def main() -> None:
         return
 
     from headlens.ablation.estimate import sweep_flops
-    from headlens.ablation.evalspec import EvalSpec
     from headlens.heads import all_heads
+    from headlens.intervene.evalspec import EvalSpec
     from headlens.load.models import load_model
 
     loaded = load_model(args.model)

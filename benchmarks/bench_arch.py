@@ -118,7 +118,7 @@ def run_capture_variant(variant: str, repeats: int) -> dict:
 
 
 def _sweep_setup():
-    from headlens.ablation.evalset import EvalSet
+    from headlens.intervene.evalset import EvalSet
 
     loaded = smollm_shaped()
     ids = _ids(N_SEQ, SEQ_LEN, 0)
@@ -128,8 +128,8 @@ def _sweep_setup():
 
 
 def run_exact(layers: list[int]) -> dict:
-    from headlens.ablation.sweep import base_sums, sweep_sums
     from headlens.heads import Head
+    from headlens.intervene.sums import base_sums, sweep_sums
 
     loaded, evalset = _sweep_setup()
     heads = [Head(layer, h) for layer in layers for h in range(loaded.spec.n_heads)]

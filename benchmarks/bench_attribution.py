@@ -44,9 +44,9 @@ def compare(name: str, model, evalset) -> list[dict]:
     """Exact sweep, atp and atp* on one evaluation set (zero ablation): rows of the table."""
     from headlens.ablation.approx import agreement
     from headlens.ablation.gradients import atp_star_deltas, attribution_deltas
-    from headlens.ablation.sweep import base_sums, sweep_sums
     from headlens.arch import adapter_for
     from headlens.heads import all_heads
+    from headlens.intervene.sums import base_sums, sweep_sums
 
     adapter = adapter_for(model)
     zero = [None] * adapter.n_layers
@@ -87,7 +87,7 @@ def compare(name: str, model, evalset) -> list[dict]:
 def main() -> None:
     from bench_ablate import _setup
 
-    from headlens.ablation.evalset import build_evalset
+    from headlens.intervene.evalset import build_evalset
     from headlens.load.models import load_model
     from tests.helpers.planted import build_planted
 

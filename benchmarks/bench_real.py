@@ -71,7 +71,7 @@ def _load_average() -> str:
 
 def evalsets(loaded, args) -> dict:
     """The two evaluation sets: natural text (loss) and repeated random tokens (repeat)."""
-    from headlens.ablation.evalset import repeat_evalset, text_evalset
+    from headlens.intervene.evalset import repeat_evalset, text_evalset
     from headlens.probes.inputs import default_text
 
     return {
@@ -82,8 +82,8 @@ def evalsets(loaded, args) -> dict:
 
 def exact_deltas(loaded, evalset) -> torch.Tensor:
     """Every head zero-ablated alone, exactly (headlens's layer-by-layer sweep): [layer, head]."""
-    from headlens.ablation.sweep import base_sums, sweep_sums
     from headlens.heads import all_heads
+    from headlens.intervene.sums import base_sums, sweep_sums
 
     spec, found = loaded.spec, {}
     base = base_sums(loaded.model, evalset)  # [n_units]

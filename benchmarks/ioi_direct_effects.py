@@ -29,9 +29,9 @@ import torch
 from name_mover_ablation import disjoint_sets  # benchmarks/ is on sys.path when run as a script
 
 from headlens.ablation.ablate import sweep_heads
-from headlens.ablation.replace import ablation_hooks
 from headlens.classify import classify_heads
 from headlens.heads import Head
+from headlens.intervene.replace import ablation_hooks
 from headlens.load.models import load_model
 from headlens.scores.name_mover import COPY_TOP_K, IO_ATTENTION_MIN, ablation_prompts, ioi_prompts, ioi_run
 from headlens.scores.ov_circuit import own_ranks

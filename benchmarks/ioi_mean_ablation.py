@@ -28,8 +28,8 @@ import time
 import torch
 from name_mover_ablation import disjoint_sets  # benchmarks/ is on sys.path when run as a script
 
-from headlens.ablation.replace import ablation_hooks
 from headlens.heads import Head, parse_heads
+from headlens.intervene.replace import ablation_hooks
 from headlens.load.models import load_model
 from headlens.scores.name_mover import ioi_prompts, name_mover_scores, name_tokens
 

@@ -4,7 +4,7 @@ Prints: the BOS token, how many names are single tokens, the model's own IOI log
 the share of prompts with IO above S, whether every prompt's text re-tokenizes to the ids it was
 built from (the ablation re-tokenizes the text), the labelled (negative) name movers with their
 scores, then the zero ablation of the labelled name movers (`logit-diff` on the module's 48
-prompts) against (a) headlens.ablation.stats' random same-layer-count sets, which may share heads
+prompts) against (a) headlens.intervene.stats' random same-layer-count sets, which may share heads
 with the labelled set, and (b) every set of the same per-layer counts drawn from the *other* heads
 of those layers (at most 20), and the ablation of the negative name movers.
 

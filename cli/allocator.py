@@ -4,8 +4,8 @@ A forward pass allocates and frees tensors of tens of MB per layer ([4, 1,024, 1
 25 MB). By default glibc's malloc serves such a block with mmap and unmaps it when it is freed
 (raising its threshold to that block's size, 32 MiB at most), and trims the top of the heap once twice
 that threshold is free there, so later tensors keep landing on fresh pages that the kernel faults in
-and zero-fills: on SmolLM2's `ablate --heads 3.4,5.1`, 1.9 million page faults and 3.1-5.1 s of
-system time beside ~45 s of user time in its two forward passes (BENCHMARKS.md, Ablation).
+and zero-fills: page faults and system time that BENCHMARKS.md (Ablation) measures on SmolLM2's
+`ablate --heads 3.4,5.1`.
 `keep_freed_memory` raises both limits through mallopt(3), the settings the MALLOC_MMAP_THRESHOLD_
 and MALLOC_TRIM_THRESHOLD_ environment variables would make: blocks up to glibc's largest
 threshold (32 MiB on 64-bit) come from the heap and freed memory stays there for reuse. The

@@ -70,7 +70,7 @@ def _print_frame(frame, fmt: str, to_objects, head: dict, tail: dict | None = No
 
 def _batched(run, batch_size, default: int | None = None):
     """`run(size)` at `batch_size` (None: `default`; a None default lets the library size each batch
-    to its sequences, headlens.ablation.evalset.EvalSet.row_batches), or under auto at the
+    to its sequences, headlens.intervene.evalset.EvalSet.row_batches), or under auto at the
     largest size that fits, the choice reported on stderr by rank 0."""
     from headlens import distributed
     from headlens.load.devices import with_largest_batch
@@ -287,13 +287,13 @@ def ablate_command(
     continues); any other spec ablates its heads together. `--format json` prints one JSON document."""
     from headlens import distributed
     from headlens.ablation.ablate import ablate_heads
-    from headlens.ablation.evalset import read_prompts
-    from headlens.ablation.evalspec import DEFAULT_TOKENS, IOI, SWEEP_TOKENS, EvalSpec, choose_metric, parse_tokens
-    from headlens.ablation.metrics import check_choice
     from headlens.ablation.roles import EACH, read_labels, resolve_heads, role_name
-    from headlens.ablation.stats import parse_control
     from headlens.errors import ConfigError
     from headlens.heads import all_heads, parse_heads
+    from headlens.intervene.evalset import read_prompts
+    from headlens.intervene.evalspec import DEFAULT_TOKENS, IOI, SWEEP_TOKENS, EvalSpec, choose_metric, parse_tokens
+    from headlens.intervene.metrics import check_choice
+    from headlens.intervene.stats import parse_control
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
     from headlens.probes.inputs import read_text
@@ -394,8 +394,8 @@ def ablate_command(
 def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt: str, progress: bool):
     """Every head alone, printed; an interrupt says what was saved and exits EXIT_INTERRUPTED."""
     from headlens.ablation.ablate import sweep_heads
-    from headlens.ablation.metrics import UNIT
     from headlens.ablation.store import SweepInterrupted
+    from headlens.intervene.metrics import UNIT
 
     tries = []
     method = click.get_current_context().params["method"]
@@ -455,8 +455,8 @@ def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt
 @lang_option
 @progress_option
 @placement_options
-@tokens_option("4096")  # headlens.ablation.evalspec.DEFAULT_TOKENS
-@batch_size_option(4)  # headlens.ablation.evalset.BATCH_SIZE
+@tokens_option("4096")  # headlens.intervene.evalspec.DEFAULT_TOKENS
+@batch_size_option(4)  # headlens.intervene.evalset.BATCH_SIZE
 def prune_command(
     model,
     text_path,
@@ -476,10 +476,10 @@ def prune_command(
 
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
-    from headlens.ablation.evalset import BATCH_SIZE
-    from headlens.ablation.evalspec import DEFAULT_TOKENS, EvalSpec, parse_tokens
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
     from headlens.ablation.roles import model_labels, read_labels
+    from headlens.intervene.evalset import BATCH_SIZE
+    from headlens.intervene.evalspec import DEFAULT_TOKENS, EvalSpec, parse_tokens
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
 

@@ -198,7 +198,7 @@ def placement_options(func):
 
 
 def tokens_option(default: str):
-    """`--tokens N|all`: the token budget of an ablation (headlens.ablation.evalspec); the command
+    """`--tokens N|all`: the token budget of an ablation (headlens.intervene.evalspec); the command
     receives `tokens` (a string, or None for its default, `default`, named in the help)."""
     return click.option(
         "--tokens",

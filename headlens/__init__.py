@@ -22,13 +22,11 @@ displays it at once.
 
 __version__ = "0.1.0"
 
-import importlib  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Callable, Mapping  # noqa: E402
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from headlens.errors import HeadlensError  # noqa: E402
 from headlens.heads import Head, all_heads, parse_heads  # noqa: E402
+from headlens.lazy import lazy_getattr  # noqa: E402
 
 # Public name -> the module (below headlens) that defines it, imported on first access.
 LAZY = {
@@ -76,21 +74,6 @@ __all__ = [
     "validate_model",
     "view",
 ]
-
-
-def lazy_getattr(package: str, table: Mapping[str, str]) -> Callable[[str], Any]:
-    """The module `__getattr__` (PEP 562) of a package whose `table` (public name -> its submodule) names
-    what it re-exports lazily: a name is imported from its submodule on first access and then kept in the
-    package, so `from package import name` works and importing one submodule loads only what it imports."""
-
-    def __getattr__(name: str) -> Any:
-        if name not in table:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{table[name]}"), name)
-        setattr(sys.modules[package], name, value)  # later lookups find it without this hook
-        return value
-
-    return __getattr__
 
 
 def show(result, heads=None, lang: str = "en") -> None:

@@ -24,10 +24,10 @@ from headlens.reports.i18n import DEFAULT_LANG, number, short_number, t
 
 # Dots per inch of embedded figures: sharp on screen, small enough for the 5 MB cap. Figures are built at
 # the dpi they are saved at, so text is laid out once: heatmaps come out byte for byte as when built at
-# matplotlib's default 100 and saved at 80 (line plots move by sub-pixel rounding), ~13% faster each.
+# matplotlib's default 100 and saved at 80 (line plots move by sub-pixel rounding), and faster.
 FIGURE_DPI = 80
 # Score heatmaps are drawn in worker processes forked from this one, at most this many at once (one per CPU
-# this process may use): drawing one is ~1 s of single-threaded matplotlib, and a 270-head report has 17.
+# this process may use): each is single-threaded matplotlib, and a large model's report has many.
 MAX_FIGURE_WORKERS = 8
 # Colour map of signed scores and deltas (blue below 0, red above, white at 0)
 SIGNED_CMAP = "RdBu_r"

@@ -15,9 +15,9 @@ from pathlib import PurePath
 import numpy as np
 import pandas as pd
 
-from headlens.ablation.metrics import ALIASES, KIND, UNIT
 from headlens.classify import kinds
 from headlens.classify.labels import PROPERTIES, ROLES, label_list, rank_heads
+from headlens.intervene.metrics import ALIASES, KIND, UNIT
 from headlens.reports import explain, figures
 from headlens.reports.i18n import DEFAULT_LANG, column_heading, has, integer, percent, short_number, significant, t
 from headlens.results import Result

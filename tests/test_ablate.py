@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
-from headlens.ablation.metrics import token_losses
-from headlens.ablation.sweep import ablated_sums
 from headlens.heads import Head, all_heads
+from headlens.intervene.evalset import EvalSet, repeat_evalset, text_evalset
+from headlens.intervene.metrics import token_losses
+from headlens.intervene.sums import ablated_sums
 from tests.helpers.planted import build_planted
 from tests.helpers.strong import build_strong_model, sample_text
 
@@ -47,7 +47,7 @@ def _bridge_sums(bridge, evalset: EvalSet, heads: list[Head]) -> torch.Tensor:
 
 
 def _deltas_vs_bridge(loaded, evalset, heads):
-    from headlens.ablation.sweep import base_sums, sweep_sums
+    from headlens.intervene.sums import base_sums, sweep_sums
     from headlens.load.models import boot_bridge
 
     bridge = boot_bridge(loaded)
@@ -127,8 +127,8 @@ def test_result_keys_and_ci(strong_model):
 def test_mean_replacement_is_the_mean_of_captured_z_over_every_position(strong_model):
     """Peer: z captured by headlens.capture's own hooks over the evaluation set, averaged over
     every real position (the default reference is the evaluation set itself)."""
-    from headlens.ablation.replace import replacements
     from headlens.capture import CollectPatterns, iter_batches, run_capture
+    from headlens.intervene.replace import replacements
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=3)
     reps = replacements(strong_model.model, evalset, "mean", seed=0, batch_size=2)
@@ -141,8 +141,8 @@ def test_mean_replacement_is_the_mean_of_captured_z_over_every_position(strong_m
 
 
 def test_resample_draws_z_from_other_sequences(strong_model):
-    from headlens.ablation.replace import replacements
     from headlens.capture import CollectPatterns, iter_batches, run_capture
+    from headlens.intervene.replace import replacements
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=5)
     reps = replacements(strong_model.model, evalset, "resample", seed=7, batch_size=2)

@@ -8,11 +8,11 @@ import torch
 from click.testing import CliRunner
 
 from headlens.ablation.ablate import ablate_heads
-from headlens.ablation.clean import CACHE_DIR, model_digest
-from headlens.ablation.evalspec import DEFAULT_TOKENS, EvalSpec, spaced_rows, within_budget
-from headlens.ablation.sweep import ablated_sums
 from headlens.cli.main import cli
 from headlens.heads import Head
+from headlens.intervene.clean import CACHE_DIR, model_digest
+from headlens.intervene.evalspec import DEFAULT_TOKENS, EvalSpec, spaced_rows, within_budget
+from headlens.intervene.sums import ablated_sums
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 

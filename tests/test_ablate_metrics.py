@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.ablation.evalset import build_evalset, read_prompts
 from headlens.ablation.roles import read_labels, resolve_heads
-from headlens.ablation.stats import control_design
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
+from headlens.intervene.evalset import build_evalset, read_prompts
+from headlens.intervene.stats import control_design
 from headlens.probes.inputs import needle_prompts, random_token_range
 from tests.helpers.strong import sample_text
 

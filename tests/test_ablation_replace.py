@@ -1,4 +1,4 @@
-"""The z-edit hooks of headlens.ablation.replace: what they do inside the block, and that on exit,
+"""The z-edit hooks of headlens.intervene.replace: what they do inside the block, and that on exit,
 error or not, the model has no hook left and its weights are trainable again."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.ablation.replace import ablation_hooks, z_edit_hooks
 from headlens.heads import Head
+from headlens.intervene.replace import ablation_hooks, z_edit_hooks
 
 IDS = torch.tensor([[50256, 11, 12, 13, 14, 15]])  # [batch, pos]
 

@@ -45,7 +45,7 @@ def _labels_file(tmp_path, heads: list[tuple[int, int]], label: str = "induction
 def _result(metric: str, heads: list[str], delta: float, **extra) -> Result:
     """An ablate_heads result of `metric` (the keys ablate_heads writes)."""
     from headlens.ablation.ablate import ablation_rows
-    from headlens.ablation.metrics import UNIT
+    from headlens.intervene.metrics import UNIT
 
     out = {
         "model": "m",
@@ -171,7 +171,7 @@ def test_each_and_all_are_two_experiments(small_model_dir, small_model):
 
 
 def test_control_sets_never_draw_the_chosen_set_and_enumerate_a_small_design():
-    from headlens.ablation.stats import control_design
+    from headlens.intervene.stats import control_design
 
     chosen = [Head(1, 0), Head(1, 2), Head(1, 3)]  # 4 heads in the layer: C(4, 3) = 4 sets, 3 others
     design = control_design(chosen, n_heads=4, k=10, seed=0)
@@ -187,7 +187,7 @@ def test_control_sets_never_draw_the_chosen_set_and_enumerate_a_small_design():
 
 
 def test_exact_control_reports_the_smallest_p_the_design_allows():
-    from headlens.ablation.stats import control_summary
+    from headlens.intervene.stats import control_summary
 
     sets = [[Head(1, 0)], [Head(1, 1)], [Head(1, 2)]]
     summary = control_summary(2.0, [0.1, -0.3, 0.5], sets, seed=0, n_possible=3, exact=True)

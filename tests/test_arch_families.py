@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.ablation.evalset import repeat_evalset
-from headlens.ablation.replace import replacements
-from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.arch import adapter_for
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.capture import lean as capture_lean
 from headlens.heads import all_heads
+from headlens.intervene.evalset import repeat_evalset
+from headlens.intervene.replace import replacements
+from headlens.intervene.sums import ablated_sums, base_sums, sweep_sums
 from tests.helpers.families import FAMILY_NAMES, build_family, decoder_layers, o_proj, padded_batch
 
 # float32 attention recomputed in another order (sdpa forward + our softmax, or hooks vs the
@@ -208,7 +208,7 @@ def test_exact_sweep_equals_the_naive_loop(family, method):
 def test_stacked_sweep_on_a_padded_batch_equals_the_naive_loop(family):
     """Three heads per pass (the batch stacked as copies: masks, sliding windows and rotary
     cos/sin broadcast over copies), batches of 2, right-padded sequences."""
-    from headlens.ablation.evalset import EvalSet
+    from headlens.intervene.evalset import EvalSet
 
     model, spec = family.model, family.spec
     ids, mask = padded_batch(seed=5)

@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from headlens.ablation.evalset import repeat_evalset, text_evalset
 from headlens.ablation.gradients import attribution_deltas
-from headlens.ablation.metrics import token_losses
 from headlens.ablation.prune import prune_curve
 from headlens.capture import CollectPatterns, iter_batches, run_capture
+from headlens.intervene.evalset import repeat_evalset, text_evalset
+from headlens.intervene.metrics import token_losses
 from headlens.load.models import boot_bridge
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer

@@ -11,10 +11,10 @@ import torch
 from transformers import GPT2Config
 
 from headlens.ablation import gradients
-from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.gradients import _clean_pass, _qk_correction
-from headlens.ablation.replace import ablation_hooks, layer_replacement, replacements
 from headlens.heads import Head
+from headlens.intervene.evalset import repeat_evalset
+from headlens.intervene.replace import ablation_hooks, layer_replacement, replacements
 from headlens.load.models import build_model
 from tests.helpers.families import build_family
 

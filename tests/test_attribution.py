@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from headlens.ablation.approx import agreement, approx_sweep, spot_check
-from headlens.ablation.evalset import repeat_evalset
 from headlens.ablation.gradients import atp_star_deltas, attribution_deltas
-from headlens.ablation.replace import replacements
 from headlens.errors import ConfigError
 from headlens.files import shipped_path
+from headlens.intervene.evalset import repeat_evalset
+from headlens.intervene.replace import replacements
 from tests.helpers.planted import build_planted
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headlens.ablation.evalset import read_prompts
 from headlens.circuits.tasks import induction_task, ioi_task, make_task
 from headlens.errors import ConfigError
+from headlens.intervene.evalset import read_prompts
 from headlens.load.models import gpt2_tokenizer
 
 
@@ -76,7 +76,7 @@ def test_unknown_task_and_prompts_with_induction_are_config_errors(small_model):
 
 
 def test_a_tasks_evalset_scores_its_targets_as_ablate_does(small_model):
-    from headlens.ablation.sweep import ablated_sums
+    from headlens.intervene.sums import ablated_sums
 
     for task in (induction_task(small_model, n=3, seq_len=6), ioi_task(small_model, n=5)):
         evalset = task.evalset()

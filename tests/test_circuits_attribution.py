@@ -17,12 +17,12 @@ import copy
 import pytest
 import torch
 
-from headlens.ablation.evalset import EvalSet
-from headlens.ablation.replace import capture_z
 from headlens.circuits.attribution import attribution_tensors, edge_agreement, edge_attribution
 from headlens.circuits.paths import patch_edges, path_patch
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
+from headlens.intervene.evalset import EvalSet
+from headlens.intervene.replace import capture_z
 from tests.helpers.families import family_configs
 
 VOCAB = 1000  # small vocabulary: the unembedding stays cheap; ids are built here

@@ -14,10 +14,10 @@ import math
 import pytest
 import torch
 
-from headlens.ablation.evalset import EvalSet, repeat_evalset
 from headlens.circuits.paths import path_patch
 from headlens.errors import ConfigError
 from headlens.heads import Head
+from headlens.intervene.evalset import EvalSet, repeat_evalset
 from tests.helpers.planted_circuits import build_planted_decoy, decoy_seeds
 
 VOCAB = 1000  # a small vocabulary keeps the unembedding cheap; the ids are built here

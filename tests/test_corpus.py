@@ -128,7 +128,7 @@ def test_missing_path_is_refused(tmp_path):
 def test_ablation_evalset_of_a_corpus_is_each_documents_windows(small_model, folder, jsonl):
     """The loss evaluation set of a folder / JSON Lines file is the documents' own windows, in order,
     BOS first, never spanning two documents (cut here by hand from the tokenizer)."""
-    from headlens.ablation.evalset import text_evalset
+    from headlens.intervene.evalset import text_evalset
 
     body = small_model.spec.n_ctx - 1
     bos = small_model.bos_token_id
@@ -156,7 +156,7 @@ def test_ablation_on_a_folder_equals_the_jsonl_of_the_same_documents(small_model
 
 def test_a_corpus_evalset_stops_reading_at_the_window_cap(small_model, folder):
     """Documents are read until the cap: a stream that raises after the cap is never read that far."""
-    from headlens.ablation.evalset import text_evalset
+    from headlens.intervene.evalset import text_evalset
 
     def documents():
         yield DOCS[1]

@@ -11,24 +11,10 @@ import torch
 from headlens.load.models import build_model
 from headlens.scores.ov_vocab import BOTTOM_K, CI_HALF_WIDTH, SCREEN, VOCAB_SAMPLE, cs_ov_vocab, vocab_sample
 from tests.helpers.families import family_configs
-from tests.helpers.llama_ov import load_smollm2, manual_w_ee, rms64
+from tests.helpers.llama_ov import load_smollm2, manual_below
 
 PLANTED = (2, 1)  # layer, head planted to write minus the token it reads (negative copying)
 ROUNDING = 2  # float32 here vs float64 in the test: at most this many tokens may flip at the 10th rank
-
-
-def manual_below(model, tokens, layer, head):
-    """How many vocabulary logits lie below each token's own in its column: [n] (float64 throughout)."""
-    cfg, inner = model.config, model.model
-    d_head, group = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
-    attn = inner.layers[layer].self_attn
-    normed = rms64(manual_w_ee(model, tokens), inner.layers[layer].input_layernorm)  # [n, d_model]
-    kv = head // group
-    v = normed @ attn.v_proj.weight.double()[kv * d_head : (kv + 1) * d_head].T  # [n, d_head]
-    out = v @ attn.o_proj.weight.double()[:, head * d_head : (head + 1) * d_head].T  # [n, d_model]
-    logits = out @ (model.lm_head.weight.double() * inner.norm.weight.double()).T  # [n, d_vocab]
-    own = logits.gather(-1, tokens[:, None])  # [n, 1]
-    return (logits < own).sum(-1)  # [n]
 
 
 def planted_model(vocab: int):
@@ -90,7 +76,8 @@ def test_large_vocabulary_is_sampled_with_the_stated_interval():
     assert int(got["n"][PLANTED]) == VOCAB_SAMPLE
 
 
-# SmolLM2: an independent computation over all 49,152 tokens gave 24.4 0.565, 23.3 0.552, every other head <= 0.09
+# SmolLM2 over all 49,152 tokens, from the raw weights in float64 with no headlens score code
+# (benchmarks/cs_ov_full_vocab.py --layers 23 24): 24.4 0.565, 23.3 0.552, every other head <= 0.09
 PEER = {(24, 4): 0.565, (23, 3): 0.552}
 CHECKED = 96  # sampled tokens whose counts are recomputed here per head (each a 49k-logit float64 pass)
 

@@ -19,13 +19,13 @@ import dataclasses
 import pytest
 import torch
 
-from headlens.ablation.evalset import repeat_evalset
-from headlens.ablation.sweep import ablated_sums
 from headlens.arch import adapter_for
 from headlens.arch.gemma3 import Gemma3Adapter
 from headlens.capture import Batch, CollectPatterns, run_capture
 from headlens.errors import UnsupportedModelError, ValidationFailed
 from headlens.heads import Head
+from headlens.intervene.evalset import repeat_evalset
+from headlens.intervene.sums import ablated_sums
 from headlens.load.models import boot_bridge, build_model
 from headlens.validate import BUILTIN_TEXT, VALIDATION_ATOL, validate_model
 from tests.helpers.families import build_family, gemma3_config, padded_batch

@@ -30,7 +30,7 @@ CORE = "core"
 # mha, models, hub's local-folder check, arch with its base, context, hooks, sites, kernels (the no-pattern
 # forward's fused attention and oneDNN products) and the GPT-2 adapter only);
 # the capture reducers (padding) and the probes' inputs (the evaluation text); the exact ablation (ablate,
-# evalset, metrics, replace, roles with the kinds registry's labels, stats, store, sweep, and stacked: the
+# roles with the kinds registry's labels, store; intervene's evalset, metrics, replace, stats, sums, and stacked: the
 # controls' runs from one cached residual; evalspec, the evaluation set as one value with its token budget;
 # estimate, the time left; clean, with headlens's cache, for the clean run's losses) and bounds (a config's shape
 # checked on load). Not on it: the
@@ -142,6 +142,23 @@ def test_every_module_imports_the_core_its_own_stage_or_an_earlier_one():
         if order[stage(other)] > order[stage(name)] and name != FRONT_DOOR
     ]
     assert later == []
+
+
+# Stages that stand side by side although the README lists one before the other: neither may import the other.
+# Both circuits and ablation build on intervene/ (the engine that replaces heads' outputs and evaluates tasks).
+SIDE_BY_SIDE = (("circuits", "ablation"),)
+
+
+@pytest.mark.parametrize(("stage_name", "other_stage"), SIDE_BY_SIDE)
+def test_side_by_side_stages_do_not_import_each_other(stage_name, other_stage):
+    known = modules()
+    crossing = [
+        f"{name} imports {other}"
+        for name, path in known.items()
+        for other in imports(name, path, known, top_only=False)
+        if {stage(name), stage(other)} == {stage_name, other_stage}
+    ]
+    assert crossing == []
 
 
 def test_module_level_imports_have_no_cycle():

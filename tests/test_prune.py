@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from headlens.ablation.evalset import EvalSet, text_evalset
 from headlens.ablation.gradients import head_importance, normalize_by_layer
 from headlens.ablation.prune import heads_within, prune_curve
 from headlens.errors import ConfigError, InputTextError
+from headlens.intervene.evalset import EvalSet, text_evalset
 from tests.helpers.strong import sample_text
 
 # Loss of one float32 forward vs another implementation of the same forward (HF's own loss).

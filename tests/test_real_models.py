@@ -27,15 +27,15 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ROLE_CONTEXT, ablate_heads
-from headlens.ablation.evalset import build_evalset
-from headlens.ablation.replace import heads_by_layer
-from headlens.ablation.stats import control_design, control_summary
-from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for
 from headlens.arch.base import get_module
 from headlens.capture import iter_batches, run_capture
 from headlens.classify.labels import ClassifyConfig
 from headlens.heads import Head
+from headlens.intervene.evalset import build_evalset
+from headlens.intervene.replace import heads_by_layer
+from headlens.intervene.stats import control_design, control_summary
+from headlens.intervene.sums import unit_sums
 from headlens.probes.inputs import default_text, random_token_range, repeated_random_tokens
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -202,10 +202,7 @@ def causal_check(loaded, heads: list[Head], metric: str, seed: int, context: int
 def bridge(smollm2):
     from headlens.load.models import boot_bridge
 
-    try:
-        return boot_bridge(smollm2)
-    except Exception as exc:  # the bridge's own limits: the parity test cannot run, and says why
-        pytest.skip(f"TransformerLens's bridge does not boot SmolLM2: {type(exc).__name__}: {exc}")
+    return boot_bridge(smollm2)  # the bridge boots SmolLM2: a failure here is a regression, never a skip
 
 
 @pytest.mark.parametrize(

@@ -212,9 +212,9 @@ def test_batch_size_with_approx_is_one_line(runner, small_model_dir):
 
 
 def test_batch_size_defaults_in_the_help_are_the_librarys():
-    from headlens.ablation.evalset import BATCH_SIZE as BATCH
-    from headlens.ablation.evalset import BATCH_TOKENS
     from headlens.classify import ClassifyConfig
+    from headlens.intervene.evalset import BATCH_SIZE as BATCH
+    from headlens.intervene.evalset import BATCH_TOKENS
 
     runner = CliRunner()
     ablate = f"{BATCH}, or up to {BATCH_TOKENS} tokens of shorter sequences"

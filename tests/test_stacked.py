@@ -1,5 +1,5 @@
-"""Many head sets from one cached clean residual (headlens.ablation.stacked) equal full forward passes
-with the same sets ablated by hooks (headlens.ablation.sweep.ablated_sums)."""
+"""Many head sets from one cached clean residual (headlens.intervene.stacked) equal full forward passes
+with the same sets ablated by hooks (headlens.intervene.sums.ablated_sums)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ablate_heads
-from headlens.ablation.evalset import repeat_evalset, text_evalset
-from headlens.ablation.replace import replacements
-from headlens.ablation.stacked import first_layer, set_sums
-from headlens.ablation.sweep import ablated_sums
 from headlens.heads import Head
+from headlens.intervene.evalset import repeat_evalset, text_evalset
+from headlens.intervene.replace import replacements
+from headlens.intervene.stacked import first_layer, set_sums
+from headlens.intervene.sums import ablated_sums
 from tests.helpers.strong import sample_text
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
@@ -99,7 +99,7 @@ def test_short_sequences_share_a_pass_by_default_and_give_the_same_result(strong
     """With no batch size, an ablation fills BATCH_TOKENS at its longest sequence's length (never fewer
     than BATCH_SIZE sequences): 16 repeats of 2 x 12 tokens + BOS go in one pass, counted by a hook, and
     the result equals one sequence per pass."""
-    from headlens.ablation.evalset import BATCH_SIZE, BATCH_TOKENS
+    from headlens.intervene.evalset import BATCH_SIZE, BATCH_TOKENS
 
     evalset = repeat_evalset(strong_model, seed=4, n_seq=16, seq_len=12)
     assert int(evalset.mask.sum(1).max()) == 25
@@ -131,7 +131,7 @@ def test_packed_batches_cost_the_least_of_every_allowed_cut(seed):
     allowed costs less (padded tokens plus one pass's cost per slice)."""
     import itertools
 
-    from headlens.ablation.evalset import packed_batches
+    from headlens.intervene.evalset import packed_batches
 
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 9, (9,), generator=gen).mul(8).tolist()  # 9 sequences of 8-64 tokens
@@ -156,7 +156,7 @@ def test_packed_batches_cost_the_least_of_every_allowed_cut(seed):
 def test_needle_tests_of_three_lengths_go_one_length_per_pass():
     """The report's 15 needle tests (5 each of 64, 128 and 256 tokens, in that order) at BATCH_TOKENS 1,024:
     5, 5, 4 and 1 per pass, 2,240 tokens, where 4 at a time run 2,560."""
-    from headlens.ablation.evalset import BATCH_SIZE, batches, packed_batches
+    from headlens.intervene.evalset import BATCH_SIZE, batches, packed_batches
 
     lengths = [64] * 5 + [128] * 5 + [256] * 5
     got = packed_batches(lengths)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import sweep_heads
-from headlens.ablation.evalset import EvalSet, repeat_evalset, text_evalset
-from headlens.ablation.metrics import unembed_losses
-from headlens.ablation.replace import replacements
-from headlens.ablation.sweep import ablated_sums, base_sums, sweep_sums
 from headlens.errors import ConfigError, InputTextError, OutputPathError
 from headlens.heads import Head, all_heads
+from headlens.intervene.evalset import EvalSet, repeat_evalset, text_evalset
+from headlens.intervene.metrics import unembed_losses
+from headlens.intervene.replace import replacements
+from headlens.intervene.sums import ablated_sums, base_sums, sweep_sums
 from tests.helpers.strong import sample_text
 
 # The bar: every delta of the fast sweep within 1e-5 of the naive full-forward loop.
@@ -161,7 +161,7 @@ def test_resume_from_other_settings_is_refused(strong_model, tmp_path):
 def test_attribution_equals_minus_grad_dot_z(strong_model):
     """Peer: weights with grad, z kept with retain_grad, plain backward: -sum(z.grad * z) per head."""
     from headlens.ablation.gradients import attribution_deltas
-    from headlens.ablation.metrics import token_losses
+    from headlens.intervene.metrics import token_losses
 
     evalset = repeat_evalset(strong_model, seed=2, n_seq=3, seq_len=10)
     ours = attribution_deltas(strong_model.model, evalset, [None, None])  # [layer, head]

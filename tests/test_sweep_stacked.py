@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.ablation.evalset import BATCH_TOKENS, repeat_evalset
-from headlens.ablation.sweep import head_groups, stack_count, sweep_sums
 from headlens.heads import Head, all_heads
+from headlens.intervene.evalset import BATCH_TOKENS, repeat_evalset
+from headlens.intervene.sums import head_groups, stack_count, sweep_sums
 from headlens.load.models import load_model
 
 # Mean change of the loss per scored token: float32 logits of a 2-layer model round at ~1e-6 nats per

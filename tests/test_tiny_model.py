@@ -22,11 +22,11 @@ import re
 import pytest
 import torch
 
-from headlens.ablation.metrics import token_losses
-from headlens.ablation.replace import ablation_hooks
 from headlens.capture import forward, iter_batches, run_capture
 from headlens.files import shipped_path
 from headlens.heads import Head, parse_heads
+from headlens.intervene.metrics import token_losses
+from headlens.intervene.replace import ablation_hooks
 from headlens.load.models import load_model
 from headlens.probes.inputs import default_text, repeated_random_tokens, text_windows
 from headlens.scores.icl import copy_losses, second_copy_induction_reducer

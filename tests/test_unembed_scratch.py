@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from headlens.ablation.metrics import _chunked_logsumexp, _scratch_logsumexp, logsumexp_, unembed_losses
+from headlens.intervene.metrics import _chunked_logsumexp, _scratch_logsumexp, logsumexp_, unembed_losses
 
 INF = float("inf")
 

@@ -1,23 +1,19 @@
-"""Ablation: evaluation sets (text, prompts, repeats, needles) and their metrics, what z becomes
-(zero / mean / resample) and the hooks that put it there, the exact sums (heads together, every head
-alone layer by layer), their statistics (bootstrap, random controls), heads by role, gradient
-estimates (attribution patching, AtP*, GradDrop, head importance), pruning curves and the resumable
-sweep store.
-
-The hooks that put z in place (headlens.ablation.replace: `ablation_hooks`, `z_edit_hooks`) are the stage's
-own plumbing on the Hugging Face model, imported from that module; the public functions take a loaded model.
+"""Ablation: removing heads on intervene's engine (headlens.intervene: evaluation sets, metrics, replacements,
+exact sums, stacked runs, statistics) — one set of heads at once (`ablate_heads`) or every head alone (the
+sweep, `sweep_heads`), heads by role, gradient estimates (attribution patching, AtP*, GradDrop, head
+importance), pruning curves and the resumable sweep store.
 
 Public names are re-exported here. The exact ablation's are imported with the package; the gradient
 estimates' and pruning's (approx, prune and the gradients they read) when first asked for, through the
-module's `__getattr__` (headlens.lazy_getattr, PEP 562), so an exact ablation loads no gradient code.
+module's `__getattr__` (headlens.lazy.lazy_getattr, PEP 562), so an exact ablation loads no gradient code.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headlens import lazy_getattr
 from headlens.ablation.ablate import ablate_heads, sweep_heads
+from headlens.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.ablation.approx import agreement, approx_sweep

@@ -1,10 +1,10 @@
 """Ablating heads at z: a set of heads together (`ablate_heads`), or every head alone (`sweep_heads`).
 
-The site is a head's own output z, the input of the output projection (headlens.ablation.replace).
+The site is a head's own output z, the input of the output projection (headlens.intervene.replace).
 Both return a headlens Result (headlens.results): the numbers in `.frame`, what they were measured under
-in `.meta`. Every result reports its `metric` and that metric's `unit` (headlens.ablation.metrics.UNIT), the
+in `.meta`. Every result reports its `metric` and that metric's `unit` (headlens.intervene.metrics.UNIT), the
 metric's `clean` and `ablated` means over `n` scored positions, their change `delta` and a paired
-bootstrap `ci95` (headlens.ablation.stats); loss metrics also keep `n_tokens`, `loss`,
+bootstrap `ci95` (headlens.intervene.stats); loss metrics also keep `n_tokens`, `loss`,
 `loss_ablated`, `delta_loss`.
 """
 
@@ -16,8 +16,13 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.clean import clean_values, lookup, pass_count, run_sets
-from headlens.ablation.evalspec import (
+from headlens.ablation.roles import model_labels, resolve_heads, role_name
+from headlens.ablation.store import SweepInterrupted, SweepStore
+from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
+from headlens.errors import ConfigError, HeadlensError
+from headlens.heads import Head, all_heads
+from headlens.intervene.clean import clean_values, lookup, pass_count, run_sets
+from headlens.intervene.evalspec import (
     ALL,
     IOI,
     ROLE_METRICS,
@@ -27,16 +32,11 @@ from headlens.ablation.evalspec import (
     parse_tokens,
     tokens_read,
 )
-from headlens.ablation.metrics import UNIT, check_choice, is_loss
-from headlens.ablation.replace import replacements
-from headlens.ablation.roles import model_labels, resolve_heads, role_name
-from headlens.ablation.stacked import unit_sums_of
-from headlens.ablation.stats import control_design, control_summary, head_seed, summarize
-from headlens.ablation.store import SweepInterrupted, SweepStore
-from headlens.ablation.sweep import head_groups, stack_count, sweep_sums
-from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
-from headlens.errors import ConfigError, HeadlensError
-from headlens.heads import Head, all_heads
+from headlens.intervene.metrics import UNIT, check_choice, is_loss
+from headlens.intervene.replace import replacements
+from headlens.intervene.stacked import unit_sums_of
+from headlens.intervene.stats import control_design, control_summary, head_seed, summarize
+from headlens.intervene.sums import head_groups, stack_count, sweep_sums
 from headlens.results import Result
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
@@ -109,18 +109,18 @@ def ablate_heads(
 
     heads: list of Head, a spec string ("3.4,5.1", "layer:3", `all` = every head together) or a
     role (headlens.ablation.roles); `each` (every head alone) is `sweep_heads`.
-    evaluation: the evaluation set (headlens.ablation.evalspec.EvalSpec: metric, text, prompts,
+    evaluation: the evaluation set (headlens.intervene.evalspec.EvalSpec: metric, text, prompts,
     reference, bos, context, token budget), or its fields as keywords; with neither, a role's own
     metric (evalspec.ROLE_METRICS) or `loss`, at the default budget of DEFAULT_TOKENS tokens.
     Every set (the controls too) runs from the clean residual at its first ablated layer, and the
-    clean run comes from headlens's cache when it was run before (headlens.ablation.clean).
+    clean run comes from headlens's cache when it was run before (headlens.intervene.clean).
     Returns a Result of kind "ablation" whose `meta` holds `model`, `heads` (["L.H"]), `method`, `metric`,
     `unit`, `n`, `clean`, `ablated`, `delta`,
     `ci95` ([low, high] paired bootstrap over the sequences used, seeded; None below 2 units), the
     loss keys for loss metrics, then `tokens` (the budget: a number or "all"), `tokens_read`, `data`,
     `reference`, `resampled` (in words), `metric_why` when the metric was chosen for a role,
     `chosen_by` for a role (or as given, for heads a caller resolved from one), and with `control`
-    = K > 0 the random same-layer-count sets (headlens.ablation.stats: `k`, `n_possible`, `exact`,
+    = K > 0 the random same-layer-count sets (headlens.intervene.stats: `k`, `n_possible`, `exact`,
     `rank`, `p_value`, `p_min`, ...). `progress` shows a bar over the forward passes with the time left;
     `batch_size` sequences go through each forward pass (None: packed by their lengths, EvalSet.row_batches).
     Its `frame` (ablation_rows): the chosen set's row (`set` "chosen", `heads` "L.H,L.H", `n`, `clean`,
@@ -236,7 +236,7 @@ def sweep_heads(
             raise SweepInterrupted(saved, len(heads), None if store is None else store.dir) from None
     for part in distributed.all_gather({h: rows[h] for h in todo}):
         rows.update(part)
-    import pandas as pd  # the sweep's frame; a set ablation starts ~1.5 s sooner without pandas (BENCHMARKS.md)
+    import pandas as pd  # the sweep's frame; a set ablation starts sooner without pandas (BENCHMARKS.md)
 
     columns = SWEEP_COLUMNS + (LOSS_COLUMNS if is_loss(metric) else [])
     frame = pd.DataFrame([rows[h] for h in heads], columns=columns)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headlens.ablation.evalset import BATCH_SIZE, build_evalset
 from headlens.ablation.gradients import atp_star_deltas, attribution_deltas, graddrop_scores
-from headlens.ablation.metrics import DIFFERENTIABLE, check_choice, is_loss
-from headlens.ablation.replace import replacements
-from headlens.ablation.sweep import base_sums, sweep_sums
 from headlens.errors import ConfigError
 from headlens.heads import Head
+from headlens.intervene.evalset import BATCH_SIZE, build_evalset
+from headlens.intervene.metrics import DIFFERENTIABLE, check_choice, is_loss
+from headlens.intervene.replace import replacements
+from headlens.intervene.sums import base_sums, sweep_sums
 
 APPROX_METHODS = ("atp", "atp*")
 TOP_K = 10  # heads compared by top10_overlap

@@ -1,10 +1,10 @@
 """How long a sweep will take, said before it starts: its matmul FLOPs over this machine's rate now.
 
-The single-head sweep (headlens.ablation.sweep) walks the model once (every layer, every token),
-runs the clean model once unless its run is cached (headlens.ablation.clean), and per head runs
+The single-head sweep (headlens.intervene.sums) walks the model once (every layer, every token),
+runs the clean model once unless its run is cached (headlens.intervene.clean), and per head runs
 its layer's MLP and every later block, then the unembedding of the scored positions. Per token a
 block costs 2 FLOPs per weight plus attention's 4 x (mean sequence length) x (heads x d_head); the
-rate is the best of a few float32 matmuls of a block's shape, timed here (~0.1 s).
+rate is the best of a few float32 matmuls of a block's shape, timed here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each puts a differentiable edit on every head's z (the input of the output projection, through the
 architecture adapter's `hook_z`; transformers 5 has no `head_mask`, so the gate is our own hook,
-headlens.ablation.replace.z_edit_hooks) and takes forward and backward passes, a batch of
+headlens.intervene.replace.z_edit_hooks) and takes forward and backward passes, a batch of
 sequences at a time. Weights never require grad here, so backward computes activation gradients only.
 - `attribution_deltas`: attribution patching (Nanda 2023; Syed et al. 2023, arXiv 2310.10348);
 - `atp_star_deltas`: AtP* (Kramar et al. 2024, arXiv 2403.00745) at the z site, the QK fix;
@@ -48,11 +48,11 @@ from __future__ import annotations
 import torch
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE
-from headlens.ablation.replace import Replacement, layer_replacement, z_change, z_edit_hooks
-from headlens.ablation.sweep import scored_values, unit_sums
 from headlens.arch import adapter_for
 from headlens.arch.mha import pattern_rows
+from headlens.intervene.evalset import BATCH_SIZE
+from headlens.intervene.replace import Replacement, layer_replacement, z_change, z_edit_hooks
+from headlens.intervene.sums import scored_values, unit_sums
 
 # Elements of one stacked pattern [heads * batch, head, q_pos, k_pos] in the batched QK fix: bounds
 # how many ablated heads run through a later layer together (2^24 float32 = 64 MB per such tensor).
@@ -64,7 +64,7 @@ def scored_with_grad(model, evalset, rows: slice) -> tuple[torch.Tensor, torch.T
     the sequence (within the batch) of each: [n_scored].
 
     The trunk runs whole (it applies the final norm); only scored positions go through the
-    unembedding, a vocabulary chunk at a time (headlens.ablation.metrics: one logits copy for
+    unembedding, a vocabulary chunk at a time (headlens.intervene.metrics: one logits copy for
     backward instead of autograd's logits, log_softmax and their gradients)."""
     adapter = adapter_for(model)
     device = next(model.parameters()).device

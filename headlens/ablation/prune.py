@@ -21,12 +21,12 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE, EvalSet
-from headlens.ablation.evalspec import EvalSpec
 from headlens.ablation.gradients import head_importance, normalize_by_layer
-from headlens.ablation.sweep import ablated_sums
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, format_heads
+from headlens.intervene.evalset import BATCH_SIZE, EvalSet
+from headlens.intervene.evalspec import EvalSpec
+from headlens.intervene.sums import ablated_sums
 from headlens.results import Result
 
 PRUNE_TOLERANCE = 0.05  # "how many heads can go within +5% loss"

@@ -2,8 +2,8 @@
 predictions at one position before and after.
 
 The evaluation set, the replacements and the forward passes are `ablate_heads`'s own
-(headlens.ablation.evalset.build_evalset, headlens.ablation.replace.replacements and
-headlens.ablation.sweep.ablated_hidden with metric `loss`), so the mean of the per-token losses here is
+(headlens.intervene.evalset.build_evalset, headlens.intervene.replace.replacements and
+headlens.intervene.sums.ablated_hidden with metric `loss`), so the mean of the per-token losses here is
 `ablate_heads(loaded, heads, method, "loss", text, seed)`'s `loss` and `loss_ablated`, up to the order
 of a float64 sum.
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from headlens.ablation.evalset import build_evalset
-from headlens.ablation.metrics import check_choice
-from headlens.ablation.replace import replacements
 from headlens.ablation.roles import resolve_heads
-from headlens.ablation.sweep import ablated_hidden, scored_values
 from headlens.arch import adapter_for
 from headlens.arch.kernels import no_pattern_kernels
 from headlens.errors import ConfigError
+from headlens.intervene.evalset import build_evalset
+from headlens.intervene.metrics import check_choice
+from headlens.intervene.replace import replacements
+from headlens.intervene.sums import ablated_hidden, scored_values
 from headlens.load.devices import onloaded
 
 TOP_K = 5  # next-token predictions listed at the chosen position

@@ -12,8 +12,8 @@ from headlens.arch.sites import get_module
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the layer types
 # The attention kernel of runs that read no pattern (ablation, sweeps, z captures): torch's fused
-# scaled_dot_product_attention never builds the [pos, pos] softmax in memory, 5x faster than eager on
-# 4 x 1,024 SmolLM2 tokens (BENCHMARKS.md); eager stays the loaded default, for the patterns.
+# scaled_dot_product_attention never builds the [pos, pos] softmax in memory, and is faster than eager
+# (BENCHMARKS.md); eager stays the loaded default, for the patterns.
 NO_PATTERN = "sdpa"
 
 

@@ -4,10 +4,9 @@
 token view) evaluates the model in, so that all of them round alike:
 - attention through torch's fused scaled_dot_product_attention (headlens.arch.context.NO_PATTERN);
 - every float32 `nn.Linear` on CPU through oneDNN (`torch.ops.mkldnn._linear_pointwise`, the operator
-  torch.compile's CPU backend calls) instead of torch's default MKL sgemm: on this project's AMD EPYC
-  cores oneDNN ran SmolLM2's block products 1.2-1.5x faster, measured under load
-  (benchmarks/bench_gemm_backends.py, BENCHMARKS.md): the same sums in another order (float32
-  rounding, ~5e-6 on products of unit scale).
+  torch.compile's CPU backend calls) instead of torch's default MKL sgemm, which was slower on the
+  model's block products (benchmarks/bench_gemm_backends.py; the figures are in BENCHMARKS.md): the same
+  sums in another order (float32 rounding).
 A linear layer keeps torch's own path when autograd records (the oneDNN operator has no backward),
 for other dtypes and devices, when accelerate replaced its forward (offloading), and everywhere when
 torch was built without oneDNN. Forward hooks fire as before: only `forward` is swapped, for the block.

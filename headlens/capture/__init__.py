@@ -3,7 +3,7 @@ lean path) and on a TransformerLens bridge.
 
 Public names are re-exported here. The reducers' (batches, padding, pattern checks) are imported with the
 package; the capture run's and the bridge's when first asked for, through the module's `__getattr__`
-(headlens.lazy_getattr, PEP 562), so a stage that only pads batches (the ablation's evaluation sets)
+(headlens.lazy.lazy_getattr, PEP 562), so a stage that only pads batches (the ablation's evaluation sets)
 loads no capture hooks.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headlens import lazy_getattr
 from headlens.capture.reducers import (
     Batch,
     CollectPatterns,
@@ -21,6 +20,7 @@ from headlens.capture.reducers import (
     iter_batches,
     pad_batch,
 )
+from headlens.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.capture.bridge import is_bridge, n_heads_of, n_layers_of

@@ -21,12 +21,12 @@ Every measurement (self_repair, composition_scores, path_patch, edge_attribution
 headlens.Result (headlens.results). Every edge table is long-form: `sender` ("L.H"), `receiver` ("L.H" or
 "logits"), `via` ("q", "k", "v", "direct"), `composition`, `effect`, `attribution` (NaN where not measured).
 
-Public names are imported when first asked for (headlens.lazy_getattr, PEP 562).
+Public names are imported when first asked for (headlens.lazy.lazy_getattr, PEP 562).
 """
 
 from __future__ import annotations
 
-from headlens import lazy_getattr
+from headlens.lazy import lazy_getattr
 
 # Public name -> the module of headlens.circuits that defines it, imported on first access.
 LAZY = {

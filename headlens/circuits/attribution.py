@@ -31,15 +31,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlens.ablation.metrics import DIFFERENTIABLE
-from headlens.ablation.replace import frozen_weights, layer_replacement, z_change
-from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for, get_module
 from headlens.arch.sites import row_part
 from headlens.circuits.edges import DIRECT, LOGITS, VIAS, edge_frame
 from headlens.circuits.paths import clean_run, sender_deltas, task_replacements
 from headlens.errors import ConfigError
 from headlens.heads import all_heads
+from headlens.intervene.metrics import DIFFERENTIABLE
+from headlens.intervene.replace import frozen_weights, layer_replacement, z_change
+from headlens.intervene.sums import unit_sums
 from headlens.results import Result
 
 EAP_METHODS = ("eap", "eap-ig")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from headlens.ablation.evalset import batches
 from headlens.heads import Head
+from headlens.intervene.evalset import batches
 from headlens.load.devices import onloaded
 from headlens.scores.direct_logit import attn_out_scale, centre, heads_written, readout
 

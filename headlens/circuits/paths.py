@@ -4,7 +4,7 @@ An edge (headlens.circuits.edges) runs from a sender head's write to the residua
 later receiver head's query, key or value input, or to the logits. Its effect (Wang et al. 2022,
 arXiv 2211.00593; Goldowsky-Dill et al. 2023, arXiv 2304.05969; the edge patching of ACDC,
 Conmy et al. 2023) is the change of the metric when the sender's z is replaced (zero, mean or a
-resampled z: headlens.ablation.replace, as `ablate` does) on that edge alone:
+resampled z: headlens.intervene.replace, as `ablate` does) on that edge alone:
 - the sender's write changes by delta = (z' - z) W_O (for a family with a norm on the attention
   output, Gemma 3, the change of that norm's output: norm(out + delta) - norm(out));
 - to a receiver r of layer L via q: r's queries are computed from the residual entering L plus
@@ -28,15 +28,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from headlens.ablation.evalset import BATCH_SIZE, EvalSet
-from headlens.ablation.metrics import check_choice
-from headlens.ablation.replace import layer_replacement, replacements, z_change
-from headlens.ablation.sweep import unit_sums
 from headlens.arch import adapter_for, get_module
 from headlens.arch.sites import splice_row
 from headlens.circuits.edges import DIRECT, LOGITS, VIAS, edge_frame
 from headlens.errors import ConfigError
 from headlens.heads import Head, all_heads
+from headlens.intervene.evalset import BATCH_SIZE, EvalSet
+from headlens.intervene.metrics import check_choice
+from headlens.intervene.replace import layer_replacement, replacements, z_change
+from headlens.intervene.sums import unit_sums
 from headlens.results import Result
 
 COPY_TOKENS = 16_384  # batch positions one stacked pass may hold (copies x batch x pos)
@@ -52,7 +52,7 @@ def task_evalset(loaded, task) -> EvalSet:
 
 def task_replacements(loaded, task, method: str, seed: int = 0) -> tuple[EvalSet, list]:
     """The task's evaluation set and what each layer's z becomes under `method` (zero, mean,
-    resample: headlens.ablation.replace.replacements, as `ablate` replaces)."""
+    resample: headlens.intervene.replace.replacements, as `ablate` replaces)."""
     evalset = task_evalset(loaded, task)
     check_choice(method, evalset.metric)
     return evalset, replacements(loaded.model, evalset, method, seed, batch_size=BATCH_SIZE)

@@ -14,7 +14,7 @@ plus the rest's (embeddings, MLPs, biases), each from its own run's frozen norms
 figures (REPAIR_META); `measure_repair` returns the internal `SelfRepair` it is built from (both runs'
 decompositions), which `headlens circuit` reuses.
 
-What the set's z becomes (`method`, as `headlens ablate --method`, headlens.ablation.replace):
+What the set's z becomes (`method`, as `headlens ablate --method`, headlens.intervene.replace):
 - zero: 0;
 - mean: its mean over every real position of the reference set: the task's corrupted run where it has
   one (IOI: the ABC prompts, Wang et al. 2022's mean ablation), else the task's own sequences;
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from headlens.ablation.replace import capture_z, replacements
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.errors import ConfigError
 from headlens.heads import Head
+from headlens.intervene.replace import capture_z, replacements
 from headlens.results import Result
 
 METHODS = ("zero", "mean", "resample")

@@ -6,12 +6,12 @@ is compared with (`foil`); `corrupted` is a second set of sequences of the same 
 stand in for the clean ones in resample ablation and path patching (None where none is meaningful).
 
 - `induction_task`: random tokens repeated twice, BOS first (Olsson et al. 2022; the `repeat` metric of
-  headlens.ablation.evalset): the metric is the mean loss (nats) on the second copy without its first
+  headlens.intervene.evalset): the metric is the mean loss (nats) on the second copy without its first
   token (TransformerLens `induction_loss`, `loss[:, seq_len + 1:]`); the corrupted run is another seeded
   draw of repeated random tokens, so a sender patched from it carries other tokens.
 - `ioi_task`: indirect-object-identification prompts (Wang et al. 2022, arXiv 2211.00593) from
   headlens.scores.name_mover's templates and single-token names, or a user's `{"prompt", "target",
-  "foil"}` prompts (headlens.ablation.evalset.read_prompts): the metric is logit(IO) - logit(S) at the
+  "foil"}` prompts (headlens.intervene.evalset.read_prompts): the metric is logit(IO) - logit(S) at the
   prompt's last position (END), mean over prompts. The corrupted run of the template prompts is Wang et
   al.'s ABC distribution: each prompt with its three name slots (IO, S1, S2) filled by three distinct
   random names, so nothing in it says which name is the indirect object. User prompts have none.
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headlens.ablation.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, EvalSet, prompt_evalset
-from headlens.ablation.metrics import position_values
 from headlens.errors import ConfigError
+from headlens.intervene.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, EvalSet, prompt_evalset
+from headlens.intervene.metrics import position_values
 from headlens.probes.inputs import random_token_range, repeated_random_tokens
 from headlens.scores.name_mover import N_PROMPTS, TEMPLATES, ioi_prompts, name_tokens
 
@@ -86,14 +86,14 @@ class Task:
 
     def hidden_values(self, hidden: torch.Tensor, lm_head) -> torch.Tensor:
         """The metric's value at each read position from the final norm's output there, hidden [..., n_read,
-        d_model], by `ablate`'s own arithmetic (headlens.ablation.metrics.position_values): [..., n_read].
+        d_model], by `ablate`'s own arithmetic (headlens.intervene.metrics.position_values): [..., n_read].
         Their mean is `metric`; the unembedding is applied in chunks (no [n_read, d_vocab] logits)."""
         target = self.target[self.where].to(hidden.device)  # [n_read]
         foil = None if self.foil is None else self.foil[self.where].to(hidden.device)  # [n_read]
         return position_values(hidden, lm_head, target, foil, "loss" if self.metric_name == "loss" else "logit_diff")
 
     def evalset(self, loaded=None) -> EvalSet:
-        """The task as an ablation evaluation set (headlens.ablation.evalset.EvalSet: the next-token layout
+        """The task as an ablation evaluation set (headlens.intervene.evalset.EvalSet: the next-token layout
         `ablate` measures, read by replace.py and path patching): each read position's target written as
         the next token (one column appended), `counted` = `where`, the foils where there are; the corrupted
         run, when there is one, is the reference set mean and resample ablation draw z from. `loaded` is
@@ -170,7 +170,7 @@ def induction_task(
 
 def ioi_task(loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS) -> Task:
     """IOI prompts: `n` from the templates (seeded; ABC corrupted run), or the user's `prompts` (dicts of
-    headlens.ablation.evalset.read_prompts, each scored at its last position; no corrupted run)."""
+    headlens.intervene.evalset.read_prompts, each scored at its last position; no corrupted run)."""
     if prompts is not None:
         return _prompts_task(loaded, prompts)
     built = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed)
@@ -205,7 +205,7 @@ def abc_tokens(loaded, prompts: list[dict], tokens: torch.Tensor, seed: int) -> 
 
 def _prompts_task(loaded, prompts: list[dict]) -> Task:
     """A user's prompts as an IOI task, tokenized as `ablate --prompts` does (BOS + prompt + target, the
-    target a single token; headlens.ablation.evalset.prompt_evalset): the metric reads the last prompt token."""
+    target a single token; headlens.intervene.evalset.prompt_evalset): the metric reads the last prompt token."""
     evalset = prompt_evalset(loaded, prompts, "logit-diff")
     tokens, mask = evalset.input_ids, evalset.mask  # [n, pos] each, the target appended
     where = torch.zeros_like(mask)  # [n, pos]

@@ -3,7 +3,7 @@ kinds (one entry per kind: its probe, score columns, rule and paper); `labels` h
 (ClassifyConfig); `runs` streams each probe once over its input; `frame` turns the runs into the labelled
 DataFrame (`classify_heads`); `samples` picks the attention viewer's sample by the labelled heads.
 
-The entry points are re-exported here, imported when first asked for (headlens.lazy_getattr, PEP 562): reading
+The entry points are re-exported here, imported when first asked for (headlens.lazy.lazy_getattr, PEP 562): reading
 the registry (`from headlens.classify import kinds`) loads no scoring code.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headlens import lazy_getattr
+from headlens.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.classify.frame import (

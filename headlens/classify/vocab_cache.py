@@ -2,8 +2,8 @@
 once per model and kept in headlens's cache.
 
 Both read only the weights: the same model, seed, OV cut-off (which gates the QK layers), dtype and device
-give the same tensors, and on a large vocabulary they are over half of classify's time (Gemma 3 270M: 105 s
-computed, 46 s cached, BENCHMARKS.md). The entry is `<cache root>/vocab-criteria/<key>.pt`, the key the sha256 of the
+give the same tensors, and on a large vocabulary they are over half of classify's time (BENCHMARKS.md
+has the figures, computed and cached). The entry is `<cache root>/vocab-criteria/<key>.pt`, the key the sha256 of the
 weights' digest as they are in memory (headlens.load.devices.model_digest: a model edited after loading gets
 its own entry), those settings, the sample sizes and
 SCORES_VERSION; written to a temporary file and renamed into place, read back with

@@ -130,8 +130,8 @@ def model_digest(loaded) -> str:
 
 
 def tensor_checksum(tensor: torch.Tensor) -> bytes:
-    """On CPU the sha256 of the tensor's bytes (every bit counts; ~3x faster than float64 sums, which
-    convert every element); elsewhere, not to copy the weights to the host, the float64 sum and sum of
+    """On CPU the sha256 of the tensor's bytes (every bit counts, and no conversion of every element
+    as float64 sums would need); elsewhere, not to copy the weights to the host, the float64 sum and sum of
     squares computed on the device (no content for integer tensors)."""
     if tensor.device.type == "cpu":
         return hashlib.sha256(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data).digest()

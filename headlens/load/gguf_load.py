@@ -8,7 +8,7 @@ both looked up on the `gguf` module when it runs.
 
 `_torch_gguf` is the one place headlens changes that: for the duration of a conversion it puts
 headlens.load.gguf_read's header reader and headlens.load.dequant's vectorized torch decoder in their place
-(numpy's per-type decoders and per-entry views took most of a 200 s first load of Gemma 3 270M).
+(numpy's per-type decoders and per-entry views took most of a first load's time: BENCHMARKS.md).
 Names, permutations, config and tokenizer are transformers' code, unchanged.
 """
 
@@ -77,12 +77,12 @@ def _torch_gguf(parsed: GGUFFile):
     # load_gguf_checkpoint decodes every metadata value on each of its three calls (config, tensors,
     # tokenizer): a Gemma 3 vocabulary is 786,432 of them per call; each decoded once here
     hf_gguf._gguf_parse_value = _parsed_once(saved[4])
-    # get_gguf_hf_weights_map rebuilds the (arch, n_layers) name table once per submodule (~400
-    # times, 40 s); the table is a pure function of its arguments
+    # get_gguf_hf_weights_map rebuilds the (arch, n_layers) name table once per submodule
+    # (hundreds of times); the table is a pure function of its arguments
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=4)(saved[2])
     hf_gguf.tqdm = lambda iterable, **kwargs: iterable  # its progress bar: the library never prints
     # One intra-op thread: the decode is many small memory-bound ops, and on a shared machine every
-    # parallel region waits for a busy core (measured 2-20x slower with two threads under load).
+    # parallel region waits for a busy core (benchmarks/bench_load.py; BENCHMARKS.md).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

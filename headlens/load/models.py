@@ -243,7 +243,7 @@ _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "mask
 def converted_tokenizer(path: Path):
     """The tokenizer of a folder headlens converted from a GGUF, read straight from its tokenizer.json.
 
-    AutoTokenizer re-derives the family's tokenizer class from that file (Gemma 3: ~2.5x longer, mostly
+    AutoTokenizer re-derives the family's tokenizer class from that file (slower, mostly
     a second parse of its 262,144-entry vocabulary); the file already holds the whole pipeline
     (normalizer, BPE, BOS template), so the fast tokenizer built from it gives the same ids
     (tests/test_gguf_real.py compares the two on both named models)."""

@@ -37,7 +37,7 @@ def icl_positions(n_ctx: int) -> tuple[int, int]:
 def icl_score(losses: torch.Tensor, n_ctx: int) -> float:
     """Loss late in context minus loss early (nats); negative = the model learns in context.
 
-    losses: [batch, pos - 1] from `headlens.ablation.metrics.token_losses` (index t = loss of token t + 1),
+    losses: [batch, pos - 1] from `headlens.intervene.metrics.token_losses` (index t = loss of token t + 1),
     NaN on padding; windows should be full length. Token positions count BOS as position 0.
     """
     early, late = icl_positions(n_ctx)

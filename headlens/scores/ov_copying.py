@@ -147,7 +147,7 @@ def folding_once() -> Iterator[None]:
     """Within this block folded_unembed makes each model's folded unembedding once and hands the same
     tensor to every later caller (read-only), as long as the unembedding and the final norm's parameters
     are the same tensors, unchanged in place (their version counters). For Gemma 3's [262,144 x 640]
-    unembedding the fold is ~1.5 s and classify's probes ask for it five times. Outside the block
+    unembedding the fold is costly and classify's probes ask for it several times. Outside the block
     every call makes its own."""
     token = _FOLDED.set({})
     try:

@@ -9,7 +9,7 @@ matrix (a key head's keys transposed, or W_O W_U). The row's own entry e = x . c
 column never counts.
 
 Each block of columns is first scored from x and c rounded to bfloat16: on CPUs with AVX512-BF16 that
-product runs 2.2-2.9x float32's rate at the scan's shapes (benchmarks/bench_rank_scan.py,
+product runs faster than float32's at the scan's shapes (benchmarks/bench_rank_scan.py; figures in
 BENCHMARKS.md). Where the CPU has neither AVX512-BF16 nor AMX, bfloat16 products would be emulated,
 so the screen is float32 there (SCREEN_DTYPE): the same margin, the same counts. The screened entry
 s_j errs from x . c_j by at most

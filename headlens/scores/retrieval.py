@@ -202,8 +202,8 @@ def _next_tokens(model, **inputs) -> torch.Tensor:
     """Greedy next token of each row of a Hugging Face causal LM: the argmax of its last position's
     logits, [batch] (on the CPU). The trunk runs as the model's own (`base_model`, final norm
     included); the LM head is applied here as W_U @ h^T to the last positions only: for a few rows
-    against a large vocabulary, MKL takes about 3x longer for h @ W_U^T (5 rows x 262,144 x 640:
-    287 ms against 87 ms on 2 CPU cores). A logit softcap (tanh) keeps the argmax, so it is left out."""
+    against a large vocabulary, MKL is slower at h @ W_U^T than at W_U @ h^T (BENCHMARKS.md). A logit
+    softcap (tanh) keeps the argmax, so it is left out."""
     device = next(model.parameters()).device
     inputs["input_ids"] = inputs["input_ids"].to(device)
     hidden = model.base_model(**inputs).last_hidden_state[:, -1]  # [batch, d_model]

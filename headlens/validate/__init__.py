@@ -1,14 +1,14 @@
 """Validate: the from-scratch multi-head attention (headlens.arch.mha) against the library, layer by layer, on
 every family (`check`: Hugging Face eager, torch's sdpa on the model's own Q, K, V, and TransformerLens's bridge).
 
-The entry point and its constants are re-exported here, imported when first asked for (headlens.lazy_getattr).
+The entry point and its constants are re-exported here, imported when first asked for (headlens.lazy.lazy_getattr).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headlens import lazy_getattr
+from headlens.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.validate.check import BUILTIN_TEXT, TL_FAMILIES, VALIDATION_ATOL, validate_model

@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlens.ablation.evalset import eval_context
 from headlens.ablation.tokens import token_ablation
 from headlens.classify.kinds import LABELS, SCORES
 from headlens.classify.labels import roles_of
 from headlens.classify.samples import capture_patterns
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
+from headlens.intervene.evalset import eval_context
 from headlens.probes.inputs import check_text
 from headlens.scores.prediction import prediction_direct_effects
 

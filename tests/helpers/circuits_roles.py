@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from headlens.ablation.stats import control_design
 from headlens.heads import Head
+from headlens.intervene.stats import control_design
 from headlens.probes.inputs import random_token_range, repeated_random_tokens
 
 MIN_SCORE = 0.4  # the classifier's prefix_matching_min (Olsson et al.'s induction criterion), for both roles
@@ -45,7 +45,7 @@ def pair_mean(values: dict, senders: list[Head], receivers: list[Head]) -> float
 
 def permutation_p(values: dict, senders: list[Head], receivers: list[Head], n_heads: int, seed: int = 2) -> dict:
     """pair_mean of `senders` against N_CONTROLS random sets with the same heads per layer
-    (headlens.ablation.stats.control_design): p = (1 + #controls >= chosen) / (1 + N_CONTROLS)."""
+    (headlens.intervene.stats.control_design): p = (1 + #controls >= chosen) / (1 + N_CONTROLS)."""
     sets = [s for s in control_design(senders, n_heads, 2 * N_CONTROLS, seed)["sets"] if s != sorted(senders)]
     sets = sets[:N_CONTROLS]
     chosen = pair_mean(values, senders, receivers)

@@ -69,3 +69,17 @@ def manual_w_ee(model, tokens):
     h = rms64(mid, block.post_attention_layernorm).float()
     mlp = block.mlp
     return mid + mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)).double()
+
+
+def manual_below(model, tokens, layer, head):
+    """How many vocabulary logits lie below each token's own in its column: [n] (float64 throughout)."""
+    cfg, inner = model.config, model.model
+    d_head, group = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    attn = inner.layers[layer].self_attn
+    normed = rms64(manual_w_ee(model, tokens), inner.layers[layer].input_layernorm)  # [n, d_model]
+    kv = head // group
+    v = normed @ attn.v_proj.weight.double()[kv * d_head : (kv + 1) * d_head].T  # [n, d_head]
+    out = v @ attn.o_proj.weight.double()[:, head * d_head : (head + 1) * d_head].T  # [n, d_model]
+    logits = out @ (model.lm_head.weight.double() * inner.norm.weight.double()).T  # [n, d_vocab]
+    own = logits.gather(-1, tokens[:, None])  # [n, 1]
+    return (logits < own).sum(-1)  # [n]

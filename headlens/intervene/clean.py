@@ -10,7 +10,7 @@ the metric, the attention kernel, the passes' slices and CACHE_VERSION. Entries 
 place; one that does not read back as a float tensor of the set's scored positions is recomputed.
 
 `run_sets` evaluates head sets ablated together, every one from the clean residual at the first
-layer any of them ablates (headlens.ablation.stacked.set_values), taking the clean values from the
+layer any of them ablates (headlens.intervene.stacked.set_values), taking the clean values from the
 cache or computing them in the same pass (as one more set, with no heads) and caching them.
 """
 
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from headlens.ablation.stacked import set_values
 from headlens.arch.context import NO_PATTERN
 from headlens.arch.kernels import onednn_available
 from headlens.files import cache_root, write_cache_entry
 from headlens.heads import Head
+from headlens.intervene.stacked import set_values
 from headlens.load.devices import model_digest
 
 CACHE_DIR = "clean-runs"

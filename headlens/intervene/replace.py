@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from headlens.ablation.evalset import cut_padding, row_batches
 from headlens.arch import adapter_for
 from headlens.arch.kernels import no_pattern_kernels
 from headlens.errors import ConfigError
 from headlens.heads import Head
+from headlens.intervene.evalset import cut_padding, row_batches
 
 Replacement = torch.Tensor | None  # per layer: [n_seq, pos, head, d_head], [1, 1, head, d_head] or None (zero)
 

@@ -22,12 +22,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from headlens import distributed
-from headlens.ablation.evalset import BATCH_SIZE, BATCH_TOKENS
-from headlens.ablation.metrics import position_values
-from headlens.ablation.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.arch import adapter_for
 from headlens.arch.kernels import no_pattern_kernels
 from headlens.heads import Head
+from headlens.intervene.evalset import BATCH_SIZE, BATCH_TOKENS
+from headlens.intervene.metrics import position_values
+from headlens.intervene.replace import Replacement, ablation_hooks, heads_by_layer, layer_replacement, z_change
 from headlens.load.devices import is_offloaded, onloaded
 
 

@@ -2,7 +2,7 @@
 
 An `EvalSet` holds right-padded token sequences and which next-token predictions count
 (`counted`: position t scores the prediction of token t + 1, the metric's target; prompts carry
-their target as the last token), and the bootstrap unit of each (headlens.ablation.stats). The set
+their target as the last token), and the bootstrap unit of each (headlens.intervene.stats). The set
 of each metric (`build_evalset`):
 - `loss` (alias `text`): natural text cut into consecutive windows of at most the model's context
   (BOS prepended unless `bos=False`); every window is evaluated, a short text is one short
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from headlens.ablation.metrics import KIND, NEEDLE_METRICS, PROMPT_METRICS, canonical_metric
-from headlens.ablation.stats import assign_units
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
+from headlens.intervene.metrics import KIND, NEEDLE_METRICS, PROMPT_METRICS, canonical_metric
+from headlens.intervene.stats import assign_units
 from headlens.probes.inputs import (
     check_text,
     default_text,
@@ -135,7 +135,7 @@ class EvalSet:
     input_ids: torch.Tensor  # [n_seq, pos] right-padded token ids
     mask: torch.Tensor  # [n_seq, pos] bool, True on real tokens
     counted: torch.Tensor  # [n_seq, pos - 1] bool, True where the prediction of token t + 1 counts
-    metric: str  # canonical metric name (headlens.ablation.metrics.METRICS)
+    metric: str  # canonical metric name (headlens.intervene.metrics.METRICS)
     data_hash: str  # sha256 of what was measured
     description: str  # what the set is, in words (stated in the output)
     units: torch.Tensor | None = None  # [n_seq, pos - 1] long bootstrap unit of each counted position, -1 elsewhere

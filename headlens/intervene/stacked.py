@@ -3,9 +3,9 @@
 Ablating heads of layer F and later cannot change anything before layer F: the residual stream
 entering the first ablated layer of every set is the clean one. `set_sums` runs layers 0..F-1
 once per batch, keeps the residual entering F, and runs each set from F on with its heads' z
-replaced at the z site (the hooks `ablation_hooks` uses, headlens.ablation.replace), so each
+replaced at the z site (the hooks `ablation_hooks` uses, headlens.intervene.replace), so each
 set's sums are those of a full forward pass with that set ablated. The random control sets of a
-role share its per-layer counts (headlens.ablation.stats.control_design), hence its F: with
+role share its per-layer counts (headlens.intervene.stats.control_design), hence its F: with
 the role's heads in layers 18-23 of 30, each set costs 12 layers instead of 30.
 `sets_per_pass` sets go through one forward pass as stacked copies of the batch (copy c: set c).
 """
@@ -16,16 +16,16 @@ from collections.abc import Sequence
 
 import torch
 
-from headlens.ablation.evalset import BATCH_SIZE
-from headlens.ablation.replace import Replacement, heads_by_layer, layer_replacement
-from headlens.ablation.sweep import resid_values
 from headlens.arch import adapter_for
 from headlens.arch.kernels import no_pattern_kernels
 from headlens.heads import Head
+from headlens.intervene.evalset import BATCH_SIZE
+from headlens.intervene.replace import Replacement, heads_by_layer, layer_replacement
+from headlens.intervene.sums import resid_values
 
 # Sets stacked as batch copies per forward pass: the same FLOPs in fewer, larger calls. Four control
 # sets a pass gained 3.5% on a role experiment, inside the spread (BENCHMARKS.md), so one a pass; the
-# single-head sweep stacks by its row budget (headlens.ablation.sweep.stack_count).
+# single-head sweep stacks by its row budget (headlens.intervene.sums.stack_count).
 SETS_PER_PASS = 1
 
 
@@ -67,7 +67,7 @@ def set_values(
 ) -> torch.Tensor:
     """The metric's value at every scored position (row-major over `evalset.counted`) with each set of
     `head_sets` ablated together (an empty set: the clean model): [n_sets, n_scored] float64.
-    `reps`: per layer what z becomes (headlens.ablation.replace.replacements). `on_pass()` is called
+    `reps`: per layer what z becomes (headlens.intervene.replace.replacements). `on_pass()` is called
     after each forward pass."""
     adapter = adapter_for(model)
     first = first_layer(head_sets, adapter.n_layers)

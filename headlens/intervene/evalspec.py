@@ -4,7 +4,7 @@ An `EvalSpec` names what an ablation is measured on: the metric, its data (a tex
 prompts list, the needle tests' text), the reference text of mean / resample ablation, BOS, the
 needle tests' length and the token budget. `ablate_heads`, `sweep_heads`, `prune_curve` and the
 command line take one, as scikit-learn groups an estimator's parameters; `EvalSpec.build` makes
-the EvalSet (headlens.ablation.evalset).
+the EvalSet (headlens.intervene.evalset).
 
 Token budget (`tokens`): an ablation reads at most that many tokens of its set (None: all of it).
 Whole sequences are kept, evenly spaced over the set (text windows from the whole text, needle
@@ -25,17 +25,16 @@ from typing import Any
 
 import torch
 
-from headlens.ablation.evalset import EvalSet, build_evalset, eval_context
-from headlens.ablation.metrics import canonical_metric
 from headlens.errors import ConfigError
+from headlens.intervene.evalset import EvalSet, build_evalset, eval_context
+from headlens.intervene.metrics import canonical_metric
 
-# Tokens an ablation reads by default (`--tokens`). On SmolLM2 the 95% CI of a two-head ablation on
-# natural text is ~2.6x wider at 4,096 tokens than at all 28,141 (BENCHMARKS.md, "token budget"):
-# enough to tell an effect from none at a sixth of the cost.
+# Tokens an ablation reads by default (`--tokens`): a fraction of a long text, whose 95% CI is wider than the
+# whole text's but still tells an effect from none (BENCHMARKS.md, "token budget", has the widths and costs).
 DEFAULT_TOKENS = 4096
 # Tokens the single-head sweep reads by default: it runs every head (270 on SmolLM2) from its layer on, so
-# its cost is ~270 / 2 ablated runs; at 512 tokens its matmul floor on SmolLM2 is 26 TFLOP, 4-6 min at
-# 70-100 GFLOP/s (headlens.ablation.estimate; BENCHMARKS.md, "token budget").
+# its cost is about half as many ablated runs as heads (headlens.ablation.estimate states the FLOPs and time
+# before a run; BENCHMARKS.md, "token budget", has the figures).
 SWEEP_TOKENS = 512
 ALL = "all"  # `--tokens all`: every token of the set
 
@@ -84,7 +83,7 @@ def choose_metric(role: str | None, metric: str | None) -> tuple[str, str | None
 class EvalSpec:
     """What an ablation is measured on (see the module docstring)."""
 
-    metric: str = "loss"  # headlens.ablation.metrics.METRICS (or an alias)
+    metric: str = "loss"  # headlens.intervene.metrics.METRICS (or an alias)
     text: Any = None  # a text, documents (headlens.probes.corpus.Corpus) or None: the shipped held-out text
     prompts: Any = None  # dicts from evalset.read_prompts, IOI (the built-in IOI prompts) or None
     reference: str | None = None  # the text mean / resample ablation draw z from; None: the set itself

@@ -7,7 +7,7 @@ from the final residual stream at that position (after the final norm) and a tar
 - `logit-diff`: logit(target) - logit(foil) at a prompt's last position (IOI, Wang et al. 2022);
 - `prob`: the target's probability at a prompt's last position;
 - `needle`: 1 where the target (a needle token) is the model's top prediction, else 0: the share
-  of needle tokens retrieved (Wu et al. 2024, adapted: headlens.ablation.evalset);
+  of needle tokens retrieved (Wu et al. 2024, adapted: headlens.intervene.evalset);
 - `needle-loss`: the cross-entropy of those same needle tokens, in nats: continuous where the
   top-1 share is a step (it moves before a needle token stops being the top prediction, and
   keeps moving once none is).
