@@ -101,12 +101,12 @@ def circuit_command(
 ) -> None:
     """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
     from headlens.ablation.roles import model_labels, read_labels, resolve_heads
-    from headlens.ablation.stats import parse_control
     from headlens.circuits.circuit import circuit, to_document
     from headlens.circuits.selfrepair import METHODS
     from headlens.circuits.tasks import make_task
     from headlens.errors import ConfigError
     from headlens.intervene.evalset import read_prompts
+    from headlens.intervene.stats import parse_control
     from headlens.load.models import load_model
 
     if method not in METHODS:

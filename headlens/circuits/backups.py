@@ -10,7 +10,7 @@ metric the way the ablated heads wrote it (their lost direct effect): it makes u
 (arXiv 2307.15771) find whole layers that do it (the Hydra effect).
 
 Is a head's compensation more than ablating any heads would cause? CONTROLS random sets with the role's
-per-layer counts (headlens.ablation.stats.control_design, seeded; all of them when there are no more) are
+per-layer counts (headlens.intervene.stats.control_design, seeded; all of them when there are no more) are
 ablated the same way. A head's p-value is one-sided, (1 + #{controls without it whose compensation of it is
 >= its own}) / (1 + #{controls without it}) (Phipson & Smyth 2010). A head is a backup of the role, labelled
 BACKUP_PREFIX + role ("backup_name_mover"), when p < ALPHA and its compensation is at least MIN_SHARE of
@@ -35,11 +35,11 @@ import json
 import pandas as pd
 import torch
 
-from headlens.ablation.stats import control_design
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.circuits.selfrepair import replacement_for
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, all_heads
+from headlens.intervene.stats import control_design
 from headlens.results import Result
 
 ROLE_OF_TASK = {"ioi": "name_mover", "induction": "induction"}
