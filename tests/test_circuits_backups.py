@@ -148,10 +148,11 @@ def test_no_role_head_is_a_config_error(planted):
 def test_smollm2_24_4_backs_up_the_name_movers(real_model):
     """The name movers (23.0-23.2, zero-ablated) on the 48 IOI prompts: 24.4's direct effect rises more than under
     every random same-layer set (REFERENCES.md: 24.4 makes up for them)."""
-    from headlens.ablation.roles import model_labels
+    from headlens.ablation.roles import frame_labels
     from headlens.circuits.tasks import ioi_task
+    from headlens.classify.cache import cached_classification
 
     smollm2 = real_model("smollm2")
-    result = find_backups(smollm2, ioi_task(smollm2), model_labels(smollm2))
+    result = find_backups(smollm2, ioi_task(smollm2), frame_labels(cached_classification(smollm2)))
     assert result.meta["ablated"] == ["23.0", "23.1", "23.2"]
     assert "24.4" in result.meta["backups"]
