@@ -176,3 +176,14 @@ def test_explore_shows_what_a_head_backs_up(tmp_path):
     (tmp_path / "bad.json").write_text('{"backups": {"heads": 3}}')
     with pytest.raises(InputTextError, match="holds no backups"):
         read_backups(tmp_path / "bad.json")
+
+
+def test_the_roles_colours_are_distinct_and_the_explorer_sends_them(tmp_path):
+    from headlens.reports.explore import Explorer
+    from tests.helpers.explore_setup import tiny_setup
+
+    colours = [kinds.BY_LABEL[role].colour.lower() for role in kinds.ROLES]
+    assert len(set(colours)) == len(colours)  # no two roles look alike on any page
+    loaded, frame, _ = tiny_setup()
+    info = Explorer(loaded, frame).model_info()
+    assert info["colours"] == {role: kinds.BY_LABEL[role].colour for role in info["roles"]} and info["colours"]

@@ -368,7 +368,7 @@ KINDS = KINDS + (
         lambda s, c: s["rare_word_score"] >= c.rare_word_min,
         ("rare_word_score",),
         VOITA,
-        "#8c564b",
+        "#c49c94",
         scores=(Score("rare_word_score", "rare_word"),),
         thresholds=(
             Threshold(
@@ -385,7 +385,7 @@ KINDS = KINDS + (
         lambda s, c: s["syntactic_score"] >= c.syntactic_min,
         ("syntactic_score", "syntactic_accuracy"),
         "Voita et al. 2019, arXiv 1905.09418; Clark et al. 2019, arXiv 1906.04341",
-        "#17becf",
+        "#98df8a",
         scores=(
             Score("syntactic_score", "syntactic", vmin=-0.5, vmax=0.5),
             Score("syntactic_accuracy", "syntactic", table=False),

@@ -6,8 +6,6 @@
 (function explorer() {
   var MODEL = JSON.parse(document.getElementById("explore-model").textContent);
   var L = MODEL.n_layers, H = MODEL.n_heads;
-  var PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-                 "#bcbd22", "#7f7f7f", "#393b79", "#637939"];
   var state = { run: null, tokens: [], layer: 0, head: null, query: null, ticked: {}, busy: 0 };
   var $ = function (id) { return document.getElementById(id); };
 
@@ -16,7 +14,8 @@
     for (var i = 0; i < labels.length; i++) { if (MODEL.roles.indexOf(labels[i]) >= 0) { return labels[i]; } }
     return null;
   }
-  function colour(role) { return role === null ? "#bbb" : PALETTE[MODEL.roles.indexOf(role) % PALETTE.length]; }
+  // a role's colour is the registry's (headlens.classify.kinds), as on the report's head map
+  function colour(role) { return role === null ? "#bbb" : MODEL.colours[role]; }
   function fixed(x, digits) { return Number(x).toFixed(digits); }
 
   // -- talking to the server: the page says when it is working, and shows a refusal as one line ----------

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from headlens.ablation.tokens import token_ablation
-from headlens.classify.kinds import LABELS, SCORES
+from headlens.classify.kinds import BY_LABEL, LABELS, SCORES
 from headlens.classify.labels import roles_of
 from headlens.classify.samples import capture_patterns
 from headlens.errors import ConfigError, InputTextError
@@ -102,6 +102,7 @@ class Explorer:
             "max_tokens": self.max_tokens,
             "labels": labels,
             "roles": [role for role in LABELS if role in present],
+            "colours": {role: BY_LABEL[role].colour for role in LABELS if role in present},  # the registry's
             "methods": list(METHODS),
         }
 
