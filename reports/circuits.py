@@ -7,8 +7,11 @@ chosen head's direct path to the logits; IOI (where the model does the task, a p
 difference): the heads of largest direct effect into the logits, and dashed "backup" edges from an ablated
 set to the heads that make up for it (self-repair). Beside it: each labelled receiver's evidence ("fed by
 16.0 via K (composition 0.12, path patching +0.90 nats)"), the heads with a large direct effect and no
-label (listed as such: no kind is given to them), the direct-effect table and the self-repair sentence.
-Every piece of prose comes from the catalogue (both languages).
+label (listed as such: no kind is given to them), the direct-effect table and the self-repair sentence; then,
+where the document carries them, the role's backups (`backups`, `headlens circuit --backups`) and the
+discovered circuit with its faithfulness curve (`discovered`), drawn by headlens.reports.circuit_figures.
+Heads are filled with their role's colour from the registry (headlens.classify.kinds, the head map's table), a
+backup (label `backup_<role>`) outlined dashed. Every piece of prose comes from the catalogue (both languages).
 """
 
 from __future__ import annotations
