@@ -43,8 +43,8 @@ def node_roles(labels) -> tuple[str | None, str | None]:
 
 
 def discovered_fields(result) -> dict:
-    """A discovery Result (frame: one row per node with its roles; tables `edges` and `curve`; meta f, CPR,
-    CMD) as a circuit document's `discovered`: `nodes` [{node, roles}], `edges` (those in the circuit),
+    """A discovery Result (frame: one row per node with its roles; tables `edges` and `curve`; meta f (or
+    `faithfulness`), CPR, CMD, any case) as a circuit document's `discovered`: `nodes` [{node, roles}], `edges` (those in the circuit),
     `curve` and `f`, `cpr`, `cmd`."""
     frame = result.frame
     name = "node" if "node" in frame else "head"
@@ -60,7 +60,7 @@ def discovered_fields(result) -> dict:
             for e in kept.itertuples()
         ],
         "curve": result.tables["curve"][["edges", "nodes", "faithfulness"]].to_dict("records"),
-        "f": meta.get("f"),
+        "f": meta.get("f", meta.get("faithfulness")),
         "cpr": meta.get("cpr"),
         "cmd": meta.get("cmd"),
     }

@@ -83,6 +83,9 @@ def test_the_discovered_fields_keep_the_circuits_edges_and_curve():
     disc = discovered_fields(_discovery())
     assert len(disc["edges"]) == 5 and all(e["sender"] != "input" or e["receiver"] != "a1.h2" for e in disc["edges"])
     assert (disc["f"], disc["cpr"], disc["cmd"]) == (0.95, 0.7, 0.3)
+    named = _discovery()
+    named.meta = {"faithfulness": 0.9, "cpr": 0.6, "cmd": 0.4}  # the same figures under their long names
+    assert discovered_fields(named)["f"] == 0.9
     graph = discovered_graph(disc)
     assert list(graph)[0] == "input" and list(graph)[-1] == "logits"
     assert graph.nodes["a1.h0"]["role"] == "induction" and graph.nodes["a1.h0"]["backup"] is None
