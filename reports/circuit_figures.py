@@ -44,8 +44,8 @@ def node_roles(labels) -> tuple[str | None, str | None]:
 
 def discovered_fields(result) -> dict:
     """A discovery Result (frame: one row per node with its roles; tables `edges` and `curve`; meta f (or
-    `faithfulness`), CPR, CMD, any case) as a circuit document's `discovered`: `nodes` [{node, roles}], `edges` (those in the circuit),
-    `curve` and `f`, `cpr`, `cmd`."""
+    `faithfulness`), CPR, CMD, any case) as a circuit document's `discovered`: `nodes` [{node, roles}],
+    `edges` (those in the circuit), `curve` and `f`, `cpr`, `cmd`."""
     frame = result.frame
     name = "node" if "node" in frame else "head"
     roles = "roles" if "roles" in frame else "labels"
