@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import time
 import urllib.request
@@ -43,11 +44,13 @@ def text_of(loaded, n_tokens: int) -> str:
 
 
 CPU_SECONDS: list[float] = []  # CPU seconds of this process (server threads included) per timed call
+TOKEN = secrets.token_urlsafe(32)  # the served app's token: HTTP calls send it, the browser opens the address with it
 
 
 def call(url: str, body: dict | None = None) -> tuple[float, dict]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"token {TOKEN}"}
+    request = urllib.request.Request(url, data=data, headers=headers)
     start, cpu = time.perf_counter(), time.process_time()
     with urllib.request.urlopen(request, timeout=600) as response:
         out = json.loads(response.read())
@@ -112,7 +115,7 @@ def browser_submit(url: str, text: str, n_heads: int, repeat: int) -> float:
     drawn = f"return document.querySelectorAll('.cell[data-head^=\"0.\"] canvas[data-loaded]').length === {n_heads}"
 
     def once() -> float:
-        driver.get(url)
+        driver.get(f"{url}?token={TOKEN}")
         driver.execute_script("document.getElementById('text').value = arguments[0];", text)
         driver.execute_script("window.t0 = performance.now(); document.getElementById('submit').click();")
         while not driver.execute_script(drawn):
@@ -136,7 +139,7 @@ def main() -> None:
     loaded = load_model(args.model)
     frame = cached_classification(loaded)
     text = text_of(loaded, args.tokens)
-    with BackgroundServer(create_app(Explorer(loaded, frame))) as url:
+    with BackgroundServer(create_app(Explorer(loaded, frame), token=TOKEN)) as url:
         figures = http_figures(url, text, ten_heads(frame), args.repeat)
         if args.browser:
             figures["browser_submit"] = browser_submit(url, text, loaded.spec.n_heads, args.repeat)

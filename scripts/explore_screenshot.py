@@ -2,7 +2,8 @@
 
     python scripts/explore_screenshot.py smollm2 --out docs/explore.png
 
-Serves the explorer on 127.0.0.1 (a free port, a worker thread), types a sentence with a repeated phrase,
+Serves the explorer on 127.0.0.1 (a free port, a worker thread) and opens its address with the token, as
+the printed one is opened; types a sentence with a repeated phrase,
 opens the strongest induction head, clicks a token of the second copy, removes the induction heads, asks
 who wrote the prediction there, and saves the page from the opened head down as a PNG quantised to 256
 colours (small enough for the repository). Needs chromium,
@@ -109,8 +110,9 @@ def main() -> None:
     query = n_tokens - 3  # a token late in the second copy (BOS is position 0)
     driver = browser()
     try:
-        with BackgroundServer(create_app(explorer, args.lang)) as url:
-            drive(driver, url, args.text, strongest_induction_head(frame), query)
+        app = create_app(explorer, args.lang)
+        with BackgroundServer(app) as url:
+            drive(driver, f"{url}?token={app.token}", args.text, strongest_induction_head(frame), query)
             height = driver.execute_script("return document.body.scrollHeight")
             driver.set_window_size(1200, min(int(height) + 400, 8000))  # the window outgrows its viewport
             png = driver.get_screenshot_as_png()

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from starlette.testclient import TestClient
 
 from headlens.ablation import ablate_heads
 from headlens.cli.commands_classify import _csv, _json
 from headlens.cli.main import cli
 from headlens.reports.explore import Explorer, create_app
-from tests.helpers.explore_setup import OTHER, REPEATED, hf_patterns, tiny_setup
+from tests.helpers.explore_setup import OTHER, REPEATED, explore_client, hf_patterns, tiny_setup
 
 # Patterns travel as one byte per weight (0..255) and rows with 4 decimals.
 BYTE_ATOL = 1 / 255 / 2 + 1e-6
@@ -38,7 +37,7 @@ def setup():
 @pytest.fixture(scope="module")
 def client(setup):
     loaded, frame, _ = setup
-    return TestClient(create_app(Explorer(loaded, frame)))
+    return explore_client(create_app(Explorer(loaded, frame)))
 
 
 def _run(client, text: str) -> dict:
@@ -193,7 +192,7 @@ def test_direct_effects_are_the_direct_path_written_out(client, setup):
     ],
 )
 def test_malformed_requests_get_a_4xx_and_one_line(client, path, body, status):
-    response = client.post(path, content=body)
+    response = client.post(path, content=body, headers={"Content-Type": "application/json"})
     assert response.status_code == status
     assert set(response.json()) == {"error"} and "\n" not in response.json()["error"]
 
@@ -216,7 +215,7 @@ def test_bad_values_of_a_good_run_are_refused(client):
 
 def test_text_over_the_cap_is_refused_with_the_cap(setup):
     loaded, frame, _ = setup
-    small = TestClient(create_app(Explorer(loaded, frame, max_tokens=20)))
+    small = explore_client(create_app(Explorer(loaded, frame, max_tokens=20)))
     response = small.post("/api/run", json={"text": "a" * 21})
     assert response.status_code == 413 and "21 tokens" in response.json()["error"] and "20" in response.json()["error"]
     assert small.post("/api/run", json={"text": "a" * 20}).status_code == 200
@@ -232,7 +231,7 @@ def test_two_clients_at_once_get_their_own_answers(setup):
     barrier = threading.Barrier(2)
 
     def user(index: int) -> None:
-        client = TestClient(app)
+        client = explore_client(app)
         barrier.wait()
         for _ in range(3):
             run = _run(client, texts[index])

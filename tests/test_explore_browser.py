@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -32,10 +33,13 @@ WAIT_S = 120.0
 WEIGHT_ATOL = 1e-4 + 1e-6
 
 
+TOKEN = secrets.token_urlsafe(32)  # the module's server's token: the first visit of each page carries it
+
+
 @pytest.fixture(scope="module")
 def server():
     loaded, frame, _ = tiny_setup()
-    with BackgroundServer(create_app(Explorer(loaded, frame))) as url:
+    with BackgroundServer(create_app(Explorer(loaded, frame), token=TOKEN)) as url:
         yield url
 
 
@@ -65,7 +69,7 @@ LOADED = (
 
 
 def submit(driver, url: str, text: str) -> None:
-    driver.get(url)
+    driver.get(f"{url}?token={TOKEN}")  # the address printed at start; the server redirects to `url`
     box = driver.find_element(By.ID, "text")
     driver.execute_script("arguments[0].value = arguments[1];", box, text)  # send_keys would be slow
     driver.find_element(By.ID, "submit").click()
@@ -202,9 +206,10 @@ def test_the_cli_serves_on_loopback_only_and_warns_for_another_host(tmp_path):
         while "http://" not in line:
             line = process.stderr.readline()
             assert line or process.poll() is None, "the server exited"
-        url = re.search(r"http://\S+", line).group(0)
+        url, token = re.search(r"(http://\S+/)\?token=(\S+)", line).groups()
         assert url.startswith("http://127.0.0.1:")
-        with urllib.request.urlopen(url + "api/model", timeout=30) as response:
+        request = urllib.request.Request(url + "api/model", headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
             assert json.loads(response.read())["name"] == "tiny"
         other = _other_address()
         if other is not None:
@@ -223,3 +228,16 @@ def test_the_cli_serves_on_loopback_only_and_warns_for_another_host(tmp_path):
     finally:
         warned.terminate()
         warned.wait(timeout=30)
+
+
+def test_a_server_error_is_shown_as_its_message(driver):
+    """The last-resort JSON 500 reaches the page as its one line, not as a JSON parse error of the reply."""
+    loaded, frame, _ = tiny_setup()
+    explorer = Explorer(loaded, frame)
+    explorer.start_run = lambda text: 1 / 0
+    with BackgroundServer(create_app(explorer, token=TOKEN)) as url:
+        submit(driver, url, "anything")
+        status = wait_for(
+            driver, "var s = document.getElementById('status'); return s.className === 'note' && s.textContent"
+        )
+    assert "internal error (ZeroDivisionError)" in status and "Unexpected token" not in status

@@ -124,13 +124,13 @@ def test_the_blocks_speak_the_catalogues_language(lang):
 
 @pytest.fixture(scope="module")
 def labels_file(tmp_path_factory, small_config):
-    records = [
-        {"layer": layer, "head": head, "labels": ["induction"] if (layer, head) == (1, 2) else []}
-        for layer in range(small_config.n_layer)
-        for head in range(small_config.n_head)
-    ]
+    """1.2 labelled induction, no other head labelled."""
+    shape = (small_config.n_layer, small_config.n_head)
+    heads = [divmod(index, shape[1]) for index in range(shape[0] * shape[1])]
     path = tmp_path_factory.mktemp("labels") / "heads.json"
-    path.write_text(json.dumps(records))
+    path.write_text(
+        json.dumps([{"layer": a, "head": b, "labels": ["induction"] * ((a, b) == (1, 2))} for a, b in heads])
+    )
     return str(path)
 
 

@@ -1,6 +1,7 @@
-// headlens explore: the live page. Asks this server (same origin, JSON) for each view; draws with the
-// report viewer's shared functions (viewer_core.js: msg, shownToken, tokenSpan, paintTokenWeights,
-// drawStrip). User text only ever reaches the page through textContent, never innerHTML.
+// headlens explore: the live page. Asks this server (same origin, JSON; the token travels in the cookie
+// the first visit set) for each view, and shows a refusal's own message (a reply that is not JSON as its
+// status); draws with the report viewer's shared functions (viewer_core.js: msg, shownToken, tokenSpan,
+// paintTokenWeights, drawStrip). User text only ever reaches the page through textContent, never innerHTML.
 "use strict";
 
 (function explorer() {
@@ -30,8 +31,13 @@
     var init = body === undefined ? {} : {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
     return fetch(path, init).then(function (response) {
-      return response.json().then(function (data) {
-        if (!response.ok) { throw new Error(data.error || String(response.status)); }
+      return response.text().then(function (text) {
+        var data = null;
+        try { data = JSON.parse(text); } catch (ignored) { data = null; }
+        if (data === null || typeof data !== "object") {
+          throw new Error(msg("x_bad_reply", { status: response.status }));
+        }
+        if (!response.ok) { throw new Error(data.error || msg("x_bad_reply", { status: response.status })); }
         return data;
       });
     }).finally(function () {

@@ -1,29 +1,21 @@
 """Serving the explorer: a socket bound before the server starts (so port 0 gets a free port that can be
-printed), uvicorn on it, and a clean stop on Ctrl-C (uvicorn's own signal handling); or the same from a
-worker thread (BackgroundServer)."""
+printed), uvicorn on it, and a clean stop on Ctrl-C (uvicorn's own signal handling, then no
+KeyboardInterrupt); or the same from a worker thread (BackgroundServer)."""
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import time
 
 import uvicorn
 
-LOOPBACK_NAMES = ("localhost",)
+from headlens.reports.explore.guard import is_loopback
+
+__all__ = ["BackgroundServer", "address", "bind", "entry", "is_loopback", "serve"]
+
 BACKLOG = 128  # connections waiting to be accepted
 STARTUP_S = 30.0  # seconds a background server may take to start (or stop)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is a loopback address (127.0.0.0/8, ::1) or `localhost`."""
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -45,9 +37,17 @@ def address(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
+def entry(sock: socket.socket, token: str) -> str:
+    """The address to open: the server's with its token, which the first visit trades for a cookie."""
+    return f"{address(sock)}?token={token}"
+
+
 def serve(app, sock: socket.socket) -> None:
-    """Serve `app` on the bound socket until interrupted (Ctrl-C, SIGTERM)."""
-    uvicorn.Server(_config(app)).run(sockets=[sock])
+    """Serve `app` on the bound socket until interrupted (Ctrl-C, SIGTERM); Ctrl-C returns normally."""
+    try:
+        uvicorn.Server(_config(app)).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn stops cleanly, then re-raises the captured SIGINT
+        pass
 
 
 def _config(app) -> uvicorn.Config:
@@ -56,11 +56,13 @@ def _config(app) -> uvicorn.Config:
 
 class BackgroundServer:
     """The app served from a worker thread on (host, a free port), for tests, benchmarks and screenshots:
-    `with BackgroundServer(app) as url: ...`; leaving the block stops the server and joins the thread."""
+    `with BackgroundServer(app) as url: ...` (`url` without the token; `.entry` with it, for a browser's first
+    visit); leaving the block stops the server and joins the thread."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
         self.sock = bind(host, port)
         self.url = address(self.sock)
+        self.entry = entry(self.sock, app.token) if hasattr(app, "token") else self.url
         self.server = uvicorn.Server(_config(app))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

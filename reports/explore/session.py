@@ -145,8 +145,10 @@ class Explorer:
 
     def _check(self, layer: int, head: int | None = None) -> None:
         spec = self.loaded.spec
-        if not 0 <= layer < spec.n_layers or (head is not None and not 0 <= head < spec.n_heads):
-            raise ConfigError(f"no head {layer}.{head}: {spec.n_layers} layers x {spec.n_heads} heads")
+        if not 0 <= layer < spec.n_layers:
+            raise ConfigError(f"layer must be a whole number from 0 to {spec.n_layers - 1}, not {layer}")
+        if head is not None and not 0 <= head < spec.n_heads:
+            raise ConfigError(f"head must be a whole number from 0 to {spec.n_heads - 1}, not {head}")
 
     def layer_thumbs(self, run_id: str, layer: int) -> dict:
         """Every head of `layer` max-pooled to at most THUMB_SIZE cells a side: uint8 [head, size, size]."""

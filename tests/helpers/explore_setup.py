@@ -1,6 +1,7 @@
-"""The explorer on `tiny`, shared by tests/test_explore.py and tests/test_explore_browser.py (built once per
-process): the shipped model, its default classification (computed into a temporary headlens cache), and
-the library's own pattern of a text, read through Hugging Face's eager attention (a peer of our capture)."""
+"""The explorer on `tiny`, shared by the tests/test_explore*.py files (built once per process): the shipped
+model, its default classification (computed into a temporary headlens cache), a test client that has
+visited the address with the server's token (as a user's browser does first), and the library's own
+pattern of a text, read through Hugging Face's eager attention (a peer of our capture)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,21 @@ import os
 import tempfile
 
 import torch
+from starlette.testclient import TestClient
 
 # A phrase twice: tiny is a byte-level model, so random-looking "words" make its induction heads copy.
 REPEATED = "xq7 kz9 wp2 fj4 bn8 lt3. xq7 kz9 wp2 fj4 bn8 lt3."
 OTHER = "Sentences differ: this one is another client's text."
+BASE = "http://127.0.0.1:8765"  # where the test clients believe the explorer is
+
+
+def explore_client(app, base_url: str = BASE, **kwargs) -> TestClient:
+    """A TestClient of the explorer app that has opened the printed address (`/?token=...`): the server
+    answered with a redirect to `/` and the cookie that every later request of this client carries."""
+    client = TestClient(app, base_url=base_url, **kwargs)
+    first = client.get(f"/?token={app.token}")
+    assert first.status_code == 200 and [r.status_code for r in first.history] == [303], first.text
+    return client
 
 
 @functools.lru_cache(maxsize=1)
