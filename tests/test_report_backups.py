@@ -156,12 +156,10 @@ def test_circuit_backups_json_table_and_report(small_model_dir, labels_file, tmp
 
 
 def test_explore_shows_what_a_head_backs_up(tmp_path):
-    from starlette.testclient import TestClient
-
     from headlens.circuits.backups import read_backups
     from headlens.errors import InputTextError
     from headlens.reports.explore import Explorer, create_app
-    from tests.helpers.explore_setup import tiny_setup
+    from tests.helpers.explore_setup import explore_client, tiny_setup
 
     path = tmp_path / "backups.json"
     path.write_text(json.dumps({"heads": [], "backups": BACKUPS}))
@@ -171,7 +169,7 @@ def test_explore_shows_what_a_head_backs_up(tmp_path):
                  "p_value": 0.025}]
     }  # fmt: skip
     loaded, frame, _ = tiny_setup()
-    client = TestClient(create_app(Explorer(loaded, frame, backups=backups)))
+    client = explore_client(create_app(Explorer(loaded, frame, backups=backups)))
     run = client.post("/api/run", json={"text": "one two three"}).json()["run"]
     head = client.get(f"/api/head?run={run}&layer=1&head=2").json()
     assert head["backups"] == backups["1.2"] and head["labels"][-1] == "backup_induction"
