@@ -323,6 +323,7 @@ def ablate_command(
         raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
     if approx and budget is not None:
         raise ConfigError("--approx reads every token of the evaluation set: leave out --tokens (or give all)")
+    labels = read_labels(labels_path) if labels_path else None  # read, and refused, before any note
     options = {
         "method": method,
         "metric": metric,
@@ -343,7 +344,6 @@ def ablate_command(
         bos=bos,
         tokens=budget,
     )
-    labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
     shape = loaded.spec
     heads, chosen_by = (all_heads(shape.n_layers, shape.n_heads), None) if each else resolve_heads(loaded, spec, labels)

@@ -12,6 +12,7 @@ import json
 import click
 
 from headlens.cli.options import (
+    SEED,
     command_line,
     format_option,
     lang_option,
@@ -34,9 +35,35 @@ SHOWN_COMPENSATION = 8
     "task_name",
     default="induction",
     show_default=True,
-    metavar="induction|ioi",
-    help="induction: repeated random tokens; ioi: indirect-object prompts (logit(IO) - logit(S))",
+    metavar="induction|ioi|greater-than",
+    help="induction: repeated random tokens; ioi: indirect-object prompts (logit(IO) - logit(S)); "
+    "greater-than (with --discover or --circuit): P(later year) - P(earlier)",
 )
+@click.option(
+    "--task-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help='with --discover/--circuit: JSONL of {"prompt", "answer(s)", "counterfactual", "wrong(_answers)"}',
+)
+@click.option("--discover", is_flag=True, help="find the circuit on the whole graph: nodes, edges, faithfulness")
+@click.option("--edges", "n_edges", type=int, default=None, help="with --discover: keep the top N edges")
+@click.option("--target", type=float, default=None, help="with --discover: smallest circuit with faithfulness F [0.8]")
+@click.option(
+    "--ablation",
+    default="patching",
+    show_default=True,
+    metavar="patching|mean",
+    help="with --discover/--circuit: edges outside the circuit carry the counterfactual run or the mean",
+)
+@click.option(
+    "--circuit",
+    "circuit_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="score the faithfulness of an EAP-IG/MIB graph JSON",
+)
+@click.option("--graph-out", type=click.Path(dir_okay=False), default=None, help="write the circuit as EAP-IG JSON")
+@click.option("--no-stability", is_flag=True, help="with --discover: skip the resampled circuits")
 @click.option(
     "--prompts",
     "prompts_path",
@@ -47,10 +74,9 @@ SHOWN_COMPENSATION = 8
 @click.option("--ablate", "spec", default=None, help="heads (23.0,23.1) or a role: the self-repair table")
 @click.option(
     "--method",
-    default="zero",
-    show_default=True,
-    metavar="zero|mean|resample",
-    help="what an ablated or patched head's z becomes",
+    default=None,
+    metavar="zero|mean|resample / exact|eap|eap-ig",
+    help="what an ablated head's z becomes [zero]; with --discover, how edges are scored [eap]",
 )
 @click.option("--approx", default=None, metavar="eap|eap-ig", help="also score the edges by edge attribution")
 @click.option("--steps", default=5, show_default=True, type=int, help="integration steps of eap-ig")
@@ -75,7 +101,7 @@ SHOWN_COMPENSATION = 8
     metavar="random:K",
     help="with --backups: K random head sets of the role's per-layer counts each head's compensation is tested on",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="seed of the task's inputs and resampling")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the task's inputs and resampling")
 @format_option(*FORMATS)
 @click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
 @lang_option
@@ -84,6 +110,14 @@ SHOWN_COMPENSATION = 8
 def circuit_command(
     model,
     task_name,
+    task_file,
+    discover,
+    n_edges,
+    target,
+    ablation,
+    circuit_path,
+    graph_out,
+    no_stability,
     prompts_path,
     spec,
     method,
@@ -109,6 +143,14 @@ def circuit_command(
     from headlens.intervene.stats import parse_control
     from headlens.load.models import load_model
 
+    if discover or circuit_path:
+        from headlens.cli.circuit_graph import run_graph_command
+
+        options = dict(n_edges=n_edges, target=target, ablation=ablation, circuit_path=circuit_path)
+        options.update(graph_out=graph_out, stability=not no_stability, steps=steps, seed=seed)
+        run_graph_command(model, task_name, task_file, prompts_path, method, labels_path, fmt, placement, options)
+        return
+    method = method or "zero"
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
     if approx is not None and approx not in ("eap", "eap-ig"):

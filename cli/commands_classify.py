@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from headlens.classify.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
+from headlens.classify.stability import N_RESAMPLES, STABLE_MIN
 from headlens.cli.options import (
     SEED,
     batch_size_option,
@@ -50,6 +51,13 @@ def _check_seq_len(ctx, param, value):
 
 @click.command("classify")
 @model_argument("tiny")
+@click.argument("compare_paths", nargs=-1, type=click.Path(path_type=str), metavar="[PATH...]")
+@click.option(
+    "--compare-texts",
+    is_flag=True,
+    help="classify on each PATH (default: the held-out English, Spanish and Python texts shipped with headlens) "
+    "and print, per role, the heads on each text, their Jaccard overlap and the heads that flip",
+)
 @text_option("the natural-text and needle probes' text, windows per document")
 @click.option("--seed", type=SEED, default=None, help="seed of the random tokens and needles [default: 0]")
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
@@ -97,6 +105,17 @@ def _check_seq_len(ctx, param, value):
     help=f"label threshold: {', '.join(th.name for th in THRESHOLDS)}",
 )
 @click.option(
+    "--strict",
+    is_flag=True,
+    help=f"keep only stable labels: those the head keeps in at least {STABLE_MIN:.0%} of the bootstrap resamples",
+)
+@click.option(
+    "--resamples",
+    type=click.IntRange(min=0),
+    default=None,
+    help=f"bootstrap resamples of the score intervals and label stabilities, 0 for none [default: {N_RESAMPLES}]",
+)
+@click.option(
     "--out",
     "out_file",
     type=click.Path(path_type=str),
@@ -126,6 +145,8 @@ def _check_seq_len(ctx, param, value):
 def classify_command(
     ctx,
     model,
+    compare_paths,
+    compare_texts,
     text_path,
     seed,
     n_seq,
@@ -136,6 +157,8 @@ def classify_command(
     no_needles,
     syntax_file,
     thresholds,
+    strict,
+    resamples,
     out_file,
     out_dir,
     fmt,
@@ -163,6 +186,8 @@ def classify_command(
         "token_budget": token_budget,
         "needle_budget": needle_budget,
         "syntax": syntax_file,
+        "resamples": resamples,
+        "strict": strict or None,
     }
     config = replace(
         ClassifyConfig(),
@@ -171,6 +196,11 @@ def classify_command(
     )
     config = _with_thresholds(config, thresholds)
     _check_work_size(config)
+    if compare_paths and not compare_texts:
+        raise click.UsageError(f"unexpected argument {compare_paths[0]!r}: text paths follow --compare-texts")
+    if compare_texts:
+        click.echo(_compare(model, compare_paths, config, placement, progress))
+        return
     text = open_text(text_path, stream=True) if text_path is not None else None
     if syntax_file not in (None, "sample"):
         from headlens.probes.treebank import read_conllu
@@ -225,6 +255,29 @@ def classify_command(
         )
         click.echo(f"headlens: wrote {written}", err=True)
     click.echo(_render(rank_heads(frame), fmt))
+
+
+def _compare(model, paths, config, placement, progress) -> str:
+    """--compare-texts: per role, the heads on each text, their Jaccard overlap and the flipping heads."""
+    from headlens.classify.compare import classify_texts, compare_labels, read_texts, shipped_documents
+    from headlens.load.models import load_model
+
+    texts = read_texts(paths) if paths else shipped_documents()  # a bad file fails here, before the model loads
+    if len(texts) < 2:
+        raise click.UsageError("--compare-texts needs at least two texts")
+    table = compare_labels(classify_texts(load_model(model, **placement), texts, config, progress))
+    if table.empty:
+        return "no head carries a role on any text"
+    for column in table.columns:
+        if column.startswith("heads_") or column in ("flips", "flip_scores"):
+            table[column] = [", ".join(v) or "-" for v in table[column]]
+    table["jaccard"] = [f"{v:.2f}" for v in table["jaccard"]]
+    table = table.drop(columns="flips")
+    return (
+        table.to_string(index=False, justify="left")
+        + "\nflip_scores: each flipping head's ranking score on "
+        + (", ".join(texts) + " in that order, beside its cut-off")
+    )
 
 
 def _notes(heads, text) -> None:
@@ -374,8 +427,12 @@ def _write_outputs(out, frame) -> None:
 
 
 def _csv(frame) -> str:
-    """CSV with labels joined by ';' (empty for none)."""
-    return frame.assign(labels=[";".join(labels) for labels in frame["labels"]]).to_csv(index=False)
+    """CSV with labels (and borderline labels) joined by ';' (empty for none), formula-like cells escaped
+    (headlens.files.csv_text)."""
+    from headlens.files import csv_text
+
+    lists = {column: [";".join(v) for v in frame[column]] for column in ("labels", "borderline") if column in frame}
+    return csv_text(frame.assign(**lists))
 
 
 def _json(frame) -> str:
@@ -391,11 +448,12 @@ def _render(frame, fmt: str) -> str:
         return _csv(frame).rstrip("\n")
     if fmt == "table":
         return _labelled_table(frame)
-    table = frame[["layer", "head", "labels", *TABLE_COLUMNS]].copy()
+    table = frame[["layer", "head", "labels", *_full_columns(frame)]].copy()
     table.insert(0, "head_id", [f"{layer}.{head}" for layer, head in zip(table["layer"], table["head"], strict=True)])
-    table["labels"] = [", ".join(labels) if labels else "-" for labels in table["labels"]]
+    table["labels"] = [_marked(labels, frame, i) for i, labels in enumerate(table["labels"])]
     table = table.drop(columns=["layer", "head"]).rename(columns={"head_id": "head"})
-    return table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="n/a")
+    text = table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="n/a")
+    return text + _borderline_line(frame)
 
 
 def _labelled_table(frame) -> str:
@@ -410,13 +468,44 @@ def _labelled_table(frame) -> str:
         evidence = dict.fromkeys(column for label in row.labels for column in BY_LABEL[label].evidence)
         values = {column: getattr(row, column, None) for column in evidence}
         shown = [f"{column} {value:.3g}" for column, value in values.items() if isinstance(value, (int, float))]
-        rows.append({"head": f"{row.layer}.{row.head}", "labels": ", ".join(row.labels), "scores": ", ".join(shown)})
+        labels = _marked(row.labels, frame, row.Index)
+        rows.append({"head": f"{row.layer}.{row.head}", "labels": labels, "scores": ", ".join(shown)})
     footer = f"{len(rows)} of {len(frame)} heads carry a label; --format full shows every head and score column"
+    footer += _borderline_line(frame)
     if not rows:
         return footer
     import pandas as pd
 
     return pd.DataFrame(rows).to_string(index=False, justify="left") + "\n" + footer
+
+
+BORDERLINE_MARK = "~"  # after a label whose stability is below STABLE_MIN
+
+
+def _marked(labels, frame, index) -> str:
+    """A head's labels joined, each borderline one marked with BORDERLINE_MARK ("-" for none)."""
+    weak = frame["borderline"].iloc[index] if "borderline" in frame else []
+    return ", ".join(label + (BORDERLINE_MARK if label in weak else "") for label in labels) or "-"
+
+
+def _borderline_line(frame) -> str:
+    """The line saying what the mark means, when some label carries it."""
+    if "borderline" not in frame or not any(
+        set(w) & set(v) for w, v in zip(frame["borderline"], frame["labels"], strict=True)
+    ):
+        return ""
+    return (
+        f"\n{BORDERLINE_MARK} borderline: the head keeps this label in fewer than {STABLE_MIN:.0%} of the bootstrap "
+        "resamples of its probes' units (<label>_stability); --strict keeps only stable labels"
+    )
+
+
+def _full_columns(frame) -> list[str]:
+    """The score columns of `--format full`: each table score with its 95% interval, then the stability of
+    every label some head carries."""
+    columns = [c for column in TABLE_COLUMNS for c in (column, f"{column}_lo", f"{column}_hi") if c in frame]
+    carried = dict.fromkeys(label for labels in frame["labels"] for label in labels)
+    return columns + [f"{label}_stability" for label in carried if f"{label}_stability" in frame]
 
 
 COMMANDS = [classify_command]

@@ -25,8 +25,16 @@ from headlens.cli.options import SEED, out_dir_option, progress_option
     help="run folder: model, checkpoints/, training_log.csv, training_heads.csv",
 )
 @click.option("--seed", type=SEED, default=None, help="seed of weights, data order and probes (default: 0)")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="write into an --out-dir that holds other files (files of the run's names are replaced); "
+    "without it only an absent or empty folder or an earlier run is written",
+)
 @progress_option
-def train_tiny_command(arch: str, steps: int | None, out_dir: str, seed: int | None, progress: bool) -> None:
+def train_tiny_command(
+    arch: str, steps: int | None, out_dir: str, seed: int | None, force: bool, progress: bool
+) -> None:
     """Train a small byte-level model (KJV text + synthetic copying episodes) on CPU.
 
     Every checkpoint logs held-out loss, the in-context-learning score, every head's
@@ -38,7 +46,7 @@ def train_tiny_command(arch: str, steps: int | None, out_dir: str, seed: int | N
     from headlens.training import load_training_log, train_tiny
 
     start = time.perf_counter()
-    folder = train_tiny(out_dir, steps=steps, seed=seed, progress=progress, arch=arch)
+    folder = train_tiny(out_dir, steps=steps, seed=seed, progress=progress, arch=arch, force=force)
     log, _ = load_training_log(folder)
     last = log.iloc[-1]
     click.echo(f"trained {int(last['step'])} steps in {time.perf_counter() - start:.0f} s -> {folder}")

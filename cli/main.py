@@ -1,6 +1,7 @@
 """`headlens` entry point. Bad input becomes one line on stderr and exit status 2, here: every
 HeadlensError, every click usage error (unknown option, missing value), every OSError
-(an output path that cannot be written, a file that cannot be read), and running out of memory.
+(an output path that cannot be written, a file that cannot be read), and running out of memory. Any other
+exception is a bug or an unchecked input: one line naming its type, the traceback only with HEADLENS_DEBUG=1.
 
 Heavy imports (torch, transformers) stay inside command bodies so `headlens --help` is instant, and
 each command's module is imported only when that command runs or is listed (click's lazily loaded
@@ -10,6 +11,7 @@ subcommands: `LAZY_COMMANDS`), so `headlens ablate` loads no classify, report or
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -20,6 +22,7 @@ from headlens.cli.allocator import keep_freed_memory
 from headlens.errors import HeadlensError
 
 EXIT_BAD_INPUT = 2
+MAX_LINE = 300  # characters of an error line
 OUT_OF_MEMORY = (
     "out of memory: the run needs more memory than this machine has free; lower --batch-size "
     "(or the probe sizes: --n-seq, --max-windows) and nothing already written was changed"
@@ -38,6 +41,7 @@ LAZY_COMMANDS = {
     "pull": "commands_pull",
     "explore": "commands_explore",
     "circuit": "commands_circuit",
+    "cache": "commands_cache",
 }
 
 
@@ -65,15 +69,35 @@ class HeadlensGroup(click.Group):
             _fail(str(exc))
         except MemoryError:
             _fail(OUT_OF_MEMORY)
+        except (click.exceptions.Exit, click.exceptions.Abort):  # click's own (RuntimeError subclasses)
+            raise
         except RuntimeError as exc:  # torch reports a failed allocation as a RuntimeError subclass
             if type(exc).__name__ != "OutOfMemoryError" and "can't allocate memory" not in str(exc):
-                raise
+                _unexpected(exc)
             _fail(OUT_OF_MEMORY)
+        except Exception as exc:
+            _unexpected(exc)
+        except BaseException as exc:  # a Rust library's panic (pyo3's PanicException) is a BaseException
+            if type(exc).__name__ != "PanicException":
+                raise
+            _unexpected(exc)
+
+
+def _unexpected(exc: BaseException) -> None:
+    """Defence in depth: an error no check foresaw is one line naming its type, not a traceback (the bad input
+    it came from should have been refused where it was read); HEADLENS_DEBUG=1 lets the traceback through."""
+    if os.environ.get("HEADLENS_DEBUG") == "1":
+        raise exc
+    _fail(
+        f"unexpected {type(exc).__name__}: {str(exc)[:120]} (a bug or an input headlens did not check; "
+        "HEADLENS_DEBUG=1 shows the traceback)"
+    )
 
 
 def _fail(message: str) -> None:
-    """One line on stderr, exit status 2."""
-    click.echo(f"headlens: error: {printable(' '.join(message.split()))}", err=True)
+    """One line on stderr of at most MAX_LINE characters, exit status 2."""
+    line = f"headlens: error: {printable(' '.join(message.split()))}"
+    click.echo(line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "...", err=True)
     sys.exit(EXIT_BAD_INPUT)
 
 

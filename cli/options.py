@@ -16,11 +16,13 @@ import sys
 
 import click
 
+from headlens.bounds import parse_count, shown
 from headlens.errors import ConfigError
 from headlens.languages import check_lang
 
 # --seed: what torch's generators take (torch.manual_seed: at most 2**64 - 1); beyond it, one usage line
 SEED = click.IntRange(0, 2**64 - 1)
+MAX_BATCH_SIZE = 1 << 20  # sequences per forward pass: far beyond any memory, so larger is a typo
 
 
 def model_argument(default: str | None):
@@ -31,7 +33,7 @@ def model_argument(default: str | None):
         @functools.wraps(func)
         def wrapper(*args, model=None, model_option=None, **kwargs):
             if model is not None and model_option is not None and model != model_option:
-                raise ConfigError(f"two models given: MODEL {model!r} and --model {model_option!r}")
+                raise ConfigError(f"two models given: MODEL {shown(model)} and --model {shown(model_option)}")
             chosen = model if model is not None else model_option if model_option is not None else default
             if chosen is None:
                 raise ConfigError("no model given: pass MODEL (a shipped name such as tiny, a directory or a hub id)")
@@ -51,7 +53,7 @@ def format_option(*choices: str, default: str = "table"):
 
     def check(ctx, param, value):
         if value not in choices:
-            raise ConfigError(f"unknown format {value!r}: choose one of {', '.join(choices)}")
+            raise ConfigError(f"unknown format {shown(value)}: choose one of {', '.join(choices)}")
         return value
 
     return click.option(
@@ -227,9 +229,12 @@ def parse_batch_size(value: str | None) -> int | str | None:
     """`--batch-size`: a positive integer, `auto`, or None (the command's default)."""
     if value is None or value == "auto":
         return value
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"--batch-size {value!r} is invalid: give a positive integer or auto")
-    return int(value)
+    size = parse_count(value)
+    if size is None or not 1 <= size <= MAX_BATCH_SIZE:
+        raise ConfigError(
+            f"--batch-size {shown(value)} is invalid: give an integer from 1 to {MAX_BATCH_SIZE:,} or auto"
+        )
+    return size
 
 
 def parse_max_memory(value: str | None) -> dict | None:
@@ -241,9 +246,12 @@ def parse_max_memory(value: str | None) -> dict | None:
     for pair in value.split(","):
         name, sep, size = pair.strip().partition("=")
         name = name.strip().removeprefix("cuda:")
-        if not sep or not size.strip() or not (name.isdigit() or name in ("cpu", "disk", "mps")):
-            raise ConfigError(f"--max-memory {value!r} is malformed: give DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB")
-        limits[int(name) if name.isdigit() else name] = size.strip()
+        index = parse_count(name)
+        if not sep or not size.strip() or not (index is not None or name in ("cpu", "disk", "mps")):
+            raise ConfigError(
+                f"--max-memory {shown(value)} is malformed: give DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB"
+            )
+        limits[index if index is not None else name] = size.strip()
     return limits
 
 

@@ -81,9 +81,17 @@ def wrap(words: list[str], first: str, rest: str) -> str:
 def synopsis(group: click.Group) -> str:
     """Every command of `group` (in name order), then the shared options."""
     ctx = click.Context(group)
-    lines = [command_synopsis(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)]
+    lines = [line for name in group.list_commands(ctx) for line in _synopses(name, group.get_command(ctx, name))]
     lines += ["", wrap([f"[{text}]" for text in SHARED.values()], "every command that loads a model: ", " " * 34)]
     return "\n".join(lines)
+
+
+def _synopses(name: str, command: click.Command) -> list[str]:
+    """The command's synopsis, or one per subcommand of a group (`headlens cache list ...`)."""
+    if not isinstance(command, click.Group):
+        return [command_synopsis(name, command)]
+    ctx = click.Context(command)
+    return [command_synopsis(f"{name} {sub}", command.get_command(ctx, sub)) for sub in command.list_commands(ctx)]
 
 
 def rewrite(text: str, block: str) -> str:

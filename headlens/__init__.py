@@ -31,6 +31,7 @@ from headlens.lazy import lazy_getattr  # noqa: E402
 # Public name -> the module (below headlens) that defines it, imported on first access.
 LAZY = {
     "load_model": "load.models",
+    "LoadedModel": "load.models",
     "ClassifyConfig": "classify.labels",
     "classify_heads": "classify.frame",
     "ablate_heads": "ablation.ablate",
@@ -52,6 +53,7 @@ __all__ = [
     "ClassifyConfig",
     "Head",
     "HeadlensError",
+    "LoadedModel",
     "Result",
     "__version__",
     "ablate_heads",
@@ -128,7 +130,7 @@ if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     from headlens.circuits.tasks import make_task
     from headlens.classify.frame import classify_heads
     from headlens.classify.labels import ClassifyConfig
-    from headlens.load.models import load_model
+    from headlens.load.models import LoadedModel, load_model
     from headlens.reports.pipeline import build_report
     from headlens.results import Result, concat_results
     from headlens.validate.check import validate_model

@@ -9,6 +9,7 @@ Strings from a model file are shown with control characters escaped (`printable`
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from headlens.errors import ModelLoadError
@@ -16,6 +17,8 @@ from headlens.errors import ModelLoadError
 MAX_LAYERS = 1024
 MAX_HEADS = 1024
 MAX_WIDTH = 2**20  # residual stream, head width, vocabulary, context
+SHOWN_CHARS = 100  # how much of an input an error line echoes
+_COUNT = re.compile(r"[0-9]{1,30}")  # a count as typed: ASCII digits only (never `²`), never thousands of them
 
 
 def check_shape(
@@ -54,3 +57,23 @@ def printable(text: str) -> str:
         char if unicodedata.category(char) not in ("Cc", "Cf") else char.encode("unicode_escape").decode("ascii")
         for char in str(text)
     )
+
+
+def shown(value, limit: int = SHOWN_CHARS) -> str:
+    """`value` as an error line echoes it: its repr, control characters escaped (`printable`), cut to about
+    `limit` characters (its start and end, " ... " between), so a long or hostile input never floods the terminal."""
+    text = printable(repr(value) if isinstance(value, str) else str(value))
+    if len(text) <= limit:
+        return text
+    keep = (limit - 5) // 2  # the start and the end (a path's file name) stay
+    return f"{text[:keep]} ... {text[-keep:]}"
+
+
+def parse_count(text) -> int | None:
+    """`text` as a non-negative integer when it is ASCII digits (white space around allowed), else None.
+    `str.isdigit` and `int` accept other scripts' digits (`²`, `٣`); this accepts `[0-9]+` alone, at most
+    30 digits, so no number typed by a user reaches `int` unchecked."""
+    if not isinstance(text, str):
+        return None
+    match = _COUNT.fullmatch(text.strip())
+    return int(match.group()) if match else None

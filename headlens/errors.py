@@ -68,3 +68,7 @@ class NotPulledError(ModelLoadError):
 
 class PullError(ModelLoadError):
     """`headlens pull` could not fetch or verify a named model's wheels (pip failed, sha256 mismatch)."""
+
+
+class CacheEntryError(HeadlensError, OSError):
+    """Something headlens did not write sits where one of its cache entries belongs (headlens.cache)."""

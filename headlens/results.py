@@ -30,7 +30,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-KINDS = ("heads", "sweep", "ablation", "pruning", "validation", "edges", "circuit", "self_repair", "backups")
+KINDS = (
+    "heads",
+    "sweep",
+    "ablation",
+    "pruning",
+    "validation",
+    "edges",
+    "circuit",
+    "circuit_graph",
+    "self_repair",
+    "cache",
+    "backups",
+)
 
 
 class _ResultType(type):

@@ -19,7 +19,7 @@ import pandas as pd
 from headlens import __version__, files
 from headlens.errors import HeadlensError, OutputPathError
 from headlens.reports import circuits as circuits_mod
-from headlens.reports import findings, sections, thumbnails
+from headlens.reports import findings, sections, stability, thumbnails
 from headlens.reports import viewer as viewer_mod
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 from headlens.results import Result
@@ -207,6 +207,7 @@ def build_page(
     if heads is not None:
         add("kv-groups", findings.kv_groups_section(heads.frame, lang))
         add("scores", sections.scores_section(heads, lang))
+        add("stability", stability.stability_section(heads, lang))
     if viewer is not None:
         frame = None if heads is None else heads.frame
         add("thumbnails", thumbnails.thumbnails_section(frame, viewer, lang))

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from headlens.ablation.ablate import ablate_heads
 from headlens.cli.main import cli
 from headlens.heads import Head
-from headlens.intervene.clean import CACHE_DIR, model_digest
+from headlens.intervene.clean import KIND
 from headlens.intervene.evalspec import DEFAULT_TOKENS, EvalSpec, spaced_rows, within_budget
 from headlens.intervene.sums import ablated_sums
 
@@ -70,18 +70,18 @@ def test_every_token_equals_hooks_on_full_forward_passes(tiny):
 
 def test_clean_run_cached_and_keyed_by_weights(tiny, own_cache):
     first = ablate_heads(tiny, HEADS, tokens=1024).meta
-    files = list((own_cache / CACHE_DIR).glob("*.pt"))
+    files = list((own_cache / KIND).glob("*/data"))
     assert len(files) == 1
     again = ablate_heads(tiny, HEADS, tokens=1024).meta
     assert again == first  # the cached clean run gives the same numbers
     files[0].write_bytes(b"not a tensor file")  # a damaged entry: the clean run again, the same numbers
     assert ablate_heads(tiny, HEADS, tokens=1024).meta == first
-    digest = model_digest(tiny)
+    digest = tiny.digest()
     weight = tiny.model.get_input_embeddings().weight
     with torch.no_grad():
         weight[0, 0] += 1.0
         try:
-            assert model_digest(tiny) != digest  # an edited model gets its own clean run
+            assert tiny.digest() != digest  # an edited model gets its own clean run
         finally:
             weight[0, 0] -= 1.0
 

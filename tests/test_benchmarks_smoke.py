@@ -52,6 +52,7 @@ CASES = [
     ("bench_ov_copying.py", ["tiny"], rf"^tiny: shared product taken True;.* max \|diff\| {NUMBER}$"),
     ("bench_cs_qk.py", ["tiny"], rf"^tiny: cs_qk_vocab {NUMBER} s wall, {NUMBER} CPU s; d_vocab \d+"),
     ("bench_ov_vocab.py", ["tiny", "--save", "{tmp}/ov.pt"], rf"^tiny: {NUMBER} s wall, {NUMBER} CPU s, load"),
+    ("bench_digest.py", ["tiny"], rf"^tiny: load {NUMBER} s; digest {NUMBER}-{NUMBER} s over 3 \(462,464 params\)$"),
     ("bench_rank_scan.py", ["tiny"], rf"^  QK, queries against keys: +{NUMBER} / {NUMBER} / {NUMBER}$"),
     ("classify_probes.py", ["tiny", "--only", "text,weights,successor"], rf"^all: cpu {NUMBER} s$"),
     ("rare_syntactic.py", ["tiny"], r"^\| nsubj \| head->dependent \| \d+ \|"),

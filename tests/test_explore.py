@@ -259,7 +259,7 @@ def test_classification_is_cached_and_read_back(setup, monkeypatch, tmp_path):
     from headlens.classify import cache as classify_cache
 
     loaded, frame, cache = setup
-    assert len(list(Path(cache, "classify").glob("*.json"))) == 1
+    assert len(list(Path(cache, "classify").glob("*/data"))) == 1
     monkeypatch.setenv("HEADLENS_CACHE", cache)
     monkeypatch.setattr(classify_cache, "classify_heads", lambda *a, **k: pytest.fail("classified again"))
     again = classify_cache.cached_classification(loaded)

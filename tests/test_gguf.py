@@ -15,9 +15,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from headlens.cache import RECORD
 from headlens.cli.main import cli
+from headlens.files import cache_root
 from headlens.load import pulls
-from headlens.load.cache import RECORD, cache_root, file_sha256
+from headlens.load.cache import converted_key, file_sha256
 from headlens.load.models import gpt2_tokenizer, load_model
 
 N_VOCAB = 512  # GPT-2's first 512 tokens: the 256 bytes and the merges that build the next 256
@@ -364,7 +366,7 @@ def test_ollama_name_missing(llama_gguf, tmp_path, monkeypatch):
     assert "nosuch:latest" in line and "ollama pull" in line
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "record", "older layout"])
+@pytest.mark.parametrize("damage", ["truncate", "delete", "record", "other version"])
 def test_corrupt_cache_entry_is_rebuilt(llama, llama_gguf, damage):
     entry = load_model(str(llama_gguf)).path
     weights = entry / "model.safetensors"
@@ -375,9 +377,9 @@ def test_corrupt_cache_entry_is_rebuilt(llama, llama_gguf, damage):
         weights.unlink()
     elif damage == "record":
         (entry / RECORD).write_text("{not json")
-    else:  # an entry written before config.json named the model class
+    else:  # an entry whose record names another version of the converted folders
         record = json.loads((entry / RECORD).read_text())
-        (entry / RECORD).write_text(json.dumps({key: v for key, v in record.items() if key != "layout"}))
+        (entry / RECORD).write_text(json.dumps({key: v for key, v in record.items() if key != "version"}))
     loaded = load_model(str(llama_gguf))
     assert weights.stat().st_size == size
     torch.testing.assert_close(logits(loaded.model, IDS), logits(llama, IDS), rtol=0, atol=LOGIT_TOL)
@@ -419,7 +421,8 @@ def test_two_processes_converting_at_once(llama_gguf, tmp_path):
     assert found[0] == found[1]
     assert counter.read_text().count("converted") == 1  # the second waited on the lock, then read the entry
     converted = tmp_path / "shared-cache" / "converted"
-    assert sorted(p.name for p in converted.iterdir() if not p.name.endswith(".lock")) == [file_sha256(llama_gguf)]
+    kept = sorted(p.name for p in converted.iterdir() if not p.name.endswith(".lock"))
+    assert kept == [converted_key(file_sha256(llama_gguf))]
 
 
 def test_report_records_the_quantization(llama_q8, tmp_path):

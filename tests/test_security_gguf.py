@@ -3,6 +3,7 @@ before anything is allocated or converted, and nothing outside the cache is touc
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 
@@ -140,3 +141,39 @@ def test_control_characters_from_the_file_are_escaped(tmp_path, sentinel):
     data = gguf_bytes({"general.architecture": (STRING, evil), f"{evil}.block_count": (UINT32, 0)})
     line = refuse_gguf(tmp_path, sentinel, data)
     assert "\x1b" not in line and "\x07" not in line and "\\x1b" in line
+
+
+def test_huge_unused_array_is_not_kept(tmp_path):
+    """A 4M-item numeric array under a key no reader uses is walked over, not turned into Python objects;
+    one under a tokenizer key past any vocabulary is refused."""
+    from headlens.load.gguf_read import read_gguf
+
+    count = 4_000_000
+    raw = gguf_string("general.junk") + struct.pack("<IIQ", ARRAY, 0, count) + b"\x01" * count  # uint8 items
+    path = tmp_path / "junk.gguf"
+    path.write_bytes(gguf_bytes(LLAMA, [("t", (4,), F32, 0)], raw_kv=raw, extra_kv=1))
+    parsed = read_gguf(path)
+    assert "general.junk" not in parsed.metadata and parsed.metadata["llama.block_count"] == 2
+
+
+def test_huge_tokenizer_array_is_refused(tmp_path, sentinel):
+    count = 5_000_000
+    raw = gguf_string("tokenizer.ggml.token_type") + struct.pack("<IIQ", ARRAY, 0, count) + b"\x01" * count
+    line = refuse_gguf(tmp_path, sentinel, gguf_bytes(LLAMA, [("t", (4,), F32, 0)], raw_kv=raw, extra_kv=1))
+    assert "more than the" in line and "vocabulary" in line
+
+
+def test_sparse_terabyte_is_refused_before_it_is_hashed(tmp_path, sentinel, monkeypatch):
+    """A small valid header followed by a terabyte of holes: refused from its header, never read whole."""
+    import headlens.load.locate
+
+    def never(path):
+        raise AssertionError("hashed before the header was checked")
+
+    monkeypatch.setattr(headlens.load.locate, "file_sha256", never)
+    path = tmp_path / "sparse.gguf"
+    path.write_bytes(gguf_bytes(LLAMA, [("t", (4,), F32, 0)]))
+    os.truncate(path, 1 << 40)
+    start = time.perf_counter()
+    line = refused("heads", "0.0", path, sentinel=sentinel)
+    assert "past the end of its tensor data" in line and time.perf_counter() - start < 30

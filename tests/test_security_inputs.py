@@ -72,25 +72,64 @@ def test_seed_beyond_64_bits(sentinel, seed):
 
 # Resume files
 
+MANIFEST = {"model": "m", "n_layers": 2, "n_heads": 4}
+
 
 def sweep_dir(tmp_path, lines: list[str]):
     out = tmp_path / "sweep"
-    store = SweepStore(out, {"model": "m"}, resume=False)
+    store = SweepStore(out, MANIFEST, resume=False)
     store.rows_path.write_text("".join(line + "\n" for line in lines))
     return out
 
 
+GOOD_ROW = {"layer": 0, "head": 0, "n": 4, "clean": 1.5, "ablated": 1.0, "delta": -0.5}
+
+
+def _row(**change) -> str:
+    return json.dumps({**GOOD_ROW, **change})
+
+
 @pytest.mark.parametrize(
     "bad",
-    ["not json", "[1, 2]", '{"layer": 0}', '{"layer": "0", "head": 1}', '{"layer": -1, "head": 0}', "\udcff"],
-    ids=["not-json", "a-list", "no-head", "layer-a-string", "negative-layer", "not-utf8"],
+    [
+        "not json",
+        "[1, 2]",
+        '{"layer": 0}',
+        '{"layer": "0", "head": 1}',
+        '{"layer": -1, "head": 0}',
+        "\udcff",
+        _row(delta='=HYPERLINK("http://evil.example","x")'),
+        _row(delta=float("inf")),
+        _row(clean=None),
+        _row(n=True),
+        _row(note="@SUM(A1)"),
+        _row(layer=10**30),
+        '{"layer": 0, "head": 0, "n": 4, "clean": 1.5, "ablated": 1.0, "delta": 1' + "0" * 5000 + "}",
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=[
+        "not-json",
+        "a-list",
+        "no-head",
+        "layer-a-string",
+        "negative-layer",
+        "not-utf8",
+        "delta-a-formula",
+        "delta-infinite",
+        "clean-null",
+        "n-a-bool",
+        "extra-field",
+        "huge-layer",
+        "5000-digits",
+        "deep",
+    ],
 )
 def test_damaged_rows_file_on_resume(tmp_path, bad):
-    out = sweep_dir(tmp_path, ['{"layer": 0, "head": 0, "delta": 0.5}'])
+    out = sweep_dir(tmp_path, [json.dumps(GOOD_ROW)])
     with open(out / "rows.jsonl", "ab") as handle:
         handle.write(bad.encode("utf-8", "surrogateescape") + b"\n")
     with pytest.raises(ConfigError, match="line 2 of .*rows.jsonl is not a row"):
-        SweepStore(out, {"model": "m"}, resume=True)
+        SweepStore(out, MANIFEST, resume=True)
 
 
 def test_interrupted_sweep_counts_the_rows_on_disk(small_model, tmp_path, monkeypatch):

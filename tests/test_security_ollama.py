@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from headlens import cache as core_cache
 from headlens.errors import ModelLoadError
 from headlens.load import cache, ollama
 from tests.helpers.hostile import assert_intact, make_sentinel, refused
@@ -156,7 +157,7 @@ def test_cache_never_removes_a_folder_it_did_not_write(tmp_path, sentinel):
     key = "cd" * 32
     root = tmp_path / "cache" / "converted"
     root.mkdir(parents=True)
-    (root / key).symlink_to(sentinel, target_is_directory=True)
+    (root / cache.converted_key(key)).symlink_to(sentinel, target_is_directory=True)
 
     def build(folder: Path) -> dict:
         (folder / "config.json").write_text("{}")
@@ -165,11 +166,11 @@ def test_cache_never_removes_a_folder_it_did_not_write(tmp_path, sentinel):
     entry, record = cache.converted_entry(key, build)
     assert_intact(sentinel) and entry.is_dir() and not entry.is_symlink()
     other = "ef" * 32
-    (root / other).mkdir()
-    (root / other / "mine.txt").write_text("not headlens's")
+    (root / cache.converted_key(other)).mkdir()
+    (root / cache.converted_key(other) / "mine.txt").write_text("not headlens's")
     with pytest.raises(ModelLoadError, match="did not write it"):
         cache.converted_entry(other, build)
-    assert (root / other / "mine.txt").is_file()
+    assert (root / cache.converted_key(other) / "mine.txt").is_file()
 
 
 def test_killed_conversion_folders_are_swept_and_no_lock_file_stays(tmp_path):
@@ -181,10 +182,10 @@ def test_killed_conversion_folders_are_swept_and_no_lock_file_stays(tmp_path):
     (killed / "big" / "model.safetensors").write_bytes(b"0" * 1024)
     stranger = root / ".notakey-abc"
     stranger.mkdir()
-    with cache.locked(root / f"{live}.lock"):  # a conversion in progress in another process
+    with core_cache.locked(root / f"{live}.lock"):  # a conversion in progress in another process
         busy = root / f".{live}-xyz789"
         busy.mkdir()
-        assert cache.sweep_killed(root) == 1
+        assert core_cache.sweep_killed(root) == 1
         assert not killed.exists() and busy.is_dir() and stranger.is_dir()
     cache.converted_entry(key, lambda folder: (folder / "config.json").write_text("{}") and {})
     assert sorted(p.name for p in root.iterdir() if p.suffix == ".lock") == []

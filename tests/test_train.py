@@ -248,7 +248,7 @@ def test_out_dir_errors(tmp_path):
         train_tiny(afile, config=MICRO)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "training_log.csv").write_text("step\n0\n")
-    with pytest.raises(OutputPathError, match="already holds a training run"):
+    with pytest.raises(OutputPathError, match="already holds files and is not an earlier train-tiny run"):
         train_tiny(tmp_path / "run", config=MICRO)
     assert (tmp_path / "run" / "training_log.csv").read_text() == "step\n0\n"  # nothing lost
     with pytest.raises(OutputPathError, match="not found"):

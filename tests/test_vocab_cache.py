@@ -46,7 +46,7 @@ def test_a_second_classification_reads_the_criteria_back(tiny, counted):
     assert len(calls) == 1  # computed once, then read back
     _frames_equal(first.frame, second.frame)
     assert first.meta["probes"]["cs_qk_layers"] == second.meta["probes"]["cs_qk_layers"]
-    entries = list((root / vocab_cache.CACHE_DIR).glob("*.pt"))
+    entries = list((root / vocab_cache.KIND).glob("*/data"))
     assert len(entries) == 1
     entries[0].write_bytes(b"not a tensor file")  # damaged: computed again, same answer
     third = classify_heads(tiny, config=config)

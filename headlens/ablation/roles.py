@@ -10,12 +10,13 @@ default probes; the classifier is imported only then).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from headlens.bounds import shown
 from headlens.classify.kinds import LABELS
 from headlens.errors import ConfigError, InputTextError
-from headlens.heads import Head, parse_heads
+from headlens.files import read_json
+from headlens.heads import Head, check_heads, parse_heads
+
+MAX_LABELS_BYTES = 64 << 20  # a heads.json: every head of the largest model headlens opens, with room to spare
 
 ROLES = LABELS  # every kind of the registry (headlens.classify.kinds) is a role spec: `--heads successor`
 EACH = "each"  # every head alone: the sweep's spec, not a set
@@ -27,24 +28,33 @@ def role_name(spec: str) -> str | None:
     if spec.startswith("label:"):
         name = spec[len("label:") :].strip()
         if name not in LABELS:
-            raise ConfigError(f"unknown label {name!r} in {spec!r}: choose one of {', '.join(LABELS)}")
+            raise ConfigError(f"unknown label {shown(name, 40)} in {shown(spec)}: choose one of {', '.join(LABELS)}")
         return name
     return spec if spec in ROLES else None
 
 
 def read_labels(path) -> dict[Head, list[str]]:
-    """Head -> labels from a heads.json written by `headlens classify --out`."""
-    path = Path(path)
-    try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-        return {Head(int(r["layer"]), int(r["head"])): list(r.get("labels") or []) for r in records}
-    except FileNotFoundError:
-        raise InputTextError(f"labels file not found: {path}") from None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        raise InputTextError(
-            f"{path} is not a heads.json written by `headlens classify --out` "
-            "(a list of objects with layer, head, labels)"
-        ) from None
+    """Head -> labels from a heads.json written by `headlens classify --out`: a regular file under
+    MAX_LABELS_BYTES (headlens.files.read_json), read by schema (a list of objects, each with a layer and a head
+    that are integers >= 0 and labels that are a list of strings), else InputTextError."""
+    records = read_json(path, "--labels", InputTextError, MAX_LABELS_BYTES)
+    labels = {}
+    for record in records if isinstance(records, list) else [None]:
+        if not _label_record(record):
+            raise InputTextError(
+                "--labels file is not a heads.json written by `headlens classify --out` "
+                "(a list of objects with layer and head, integers >= 0, and labels, a list of names)"
+            )
+        labels[Head(record["layer"], record["head"])] = list(record.get("labels") or [])
+    return labels
+
+
+def _label_record(record) -> bool:
+    if not isinstance(record, dict):
+        return False
+    indices = all(type(record.get(key)) is int and record[key] >= 0 for key in ("layer", "head"))
+    names = record.get("labels") or []
+    return indices and isinstance(names, list) and all(isinstance(name, str) for name in names)
 
 
 def frame_labels(frame) -> dict[Head, list[str]]:
@@ -72,7 +82,7 @@ def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[He
     spec = loaded.spec
     if labels is None:
         return frame_labels(classified(loaded).frame)
-    outside = [h for h in labels if h.layer >= spec.n_layers or h.head >= spec.n_heads]
+    outside = [h for h in labels if not (0 <= h.layer < spec.n_layers and 0 <= h.head < spec.n_heads)]
     if outside or len(labels) != spec.n_layers * spec.n_heads:
         raise ConfigError(
             f"the labels file describes another model ({len(labels)} heads) than this one "
@@ -88,7 +98,7 @@ def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> 
     and for `each` (one head at a time is a sweep: sweep_heads)."""
     shape = loaded.spec
     if not isinstance(spec, str):
-        return sorted(Head(*h) for h in spec), None
+        return sorted(check_heads(spec, shape.n_layers, shape.n_heads)), None
     if spec.strip().lower() == EACH:
         raise ConfigError(
             "heads 'each' means every head alone, one at a time: that is sweep_heads "

@@ -11,11 +11,12 @@ is read on resume, one row per head (a head found twice is counted once);
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 from headlens.errors import ConfigError, OutputPathError
-from headlens.files import check_target, write_atomic
+from headlens.files import check_target, csv_text, parse_json, read_json, write_atomic
 from headlens.heads import Head
 
 # The evaluation rule a store's rows were made under. 1 (no `rule` key): text windows alternated
@@ -29,9 +30,11 @@ TABLE = "sweep.csv"
 
 
 def check_sweep_dir(directory, rows_file: str = ROWS) -> Path:
-    """`directory` as a Path, or OutputPathError when it is a file or a file a sweep writes there
+    """`directory` as a Path, or OutputPathError when it is a link or a file, or a file a sweep writes there
     (manifest, rows, table) is not a regular file (headlens.files.check_target). Creates nothing."""
     directory = Path(directory)
+    if directory.is_symlink():  # a sweep writes only where it was told, never through a link
+        raise OutputPathError(f"--out-dir {directory} is a symlink: give the folder itself, not a link to it")
     if directory.exists() and not directory.is_dir():
         raise OutputPathError(f"--out {directory} is a file: give a directory")
     for name in (MANIFEST, rows_file, TABLE):
@@ -39,14 +42,43 @@ def check_sweep_dir(directory, rows_file: str = ROWS) -> Path:
     return directory
 
 
-def _row(line: bytes) -> dict | None:
-    """A rows-file line as the row it holds, or None when it is not JSON with integer layer and head."""
+# The fields of a row, each with what it must hold: a count (an integer >= 0), a finite number, or a
+# number that may be NaN (a bootstrap interval that could not be drawn)
+COUNT, FINITE, NUMBER = "count", "finite", "number"
+ROW_FIELDS = {"layer": COUNT, "head": COUNT, "n": COUNT, "clean": FINITE, "ablated": FINITE, "delta": FINITE}
+ROW_FIELDS_OPTIONAL = {
+    "ci95_low": NUMBER,
+    "ci95_high": NUMBER,
+    "n_tokens": COUNT,
+    "loss": FINITE,
+    "loss_ablated": FINITE,
+    "delta_loss": FINITE,
+}
+
+
+def _row(line: bytes, shape: tuple[int, int] | None = None) -> dict | None:
+    """A rows-file line as the row it holds, or None unless it is what a sweep writes (ROW_FIELDS, each of its
+    kind, no other field), with layer and head inside `shape` (n_layers, n_heads) when given. Read by schema, so
+    a tampered file cannot carry text (a spreadsheet formula) or a number out of range into sweep.csv."""
     try:
-        row = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+        row = parse_json(line, "row", nan=True)
+    except ConfigError:
         return None
-    ok = isinstance(row, dict) and all(type(row.get(key)) is int and row[key] >= 0 for key in ("layer", "head"))
-    return row if ok else None
+    if not isinstance(row, dict) or not ROW_FIELDS.keys() <= row.keys():
+        return None
+    kinds = {**ROW_FIELDS, **ROW_FIELDS_OPTIONAL}
+    if not all(key in kinds and _holds(kinds[key], value) for key, value in row.items()):
+        return None
+    if shape is not None and not (row["layer"] < shape[0] and row["head"] < shape[1]):
+        return None
+    return row
+
+
+def _holds(kind: str, value) -> bool:
+    if kind == COUNT:
+        return type(value) is int and value >= 0
+    number = type(value) in (int, float)
+    return number and (kind == NUMBER or math.isfinite(value))
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -84,9 +116,11 @@ class SweepStore:
 
     def _check_manifest(self, path: Path) -> None:
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            raise ConfigError(f"{path} is missing or unreadable: not a headlens sweep directory") from None
+            old = read_json(path, "--resume manifest")
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}: not a headlens sweep directory") from None
+        if not isinstance(old, dict):
+            raise ConfigError(f"{path} holds no JSON object: not a headlens sweep directory")
         if old.get("rule") != STORE_RULE:
             raise ConfigError(
                 f"--resume {self.dir} was made under an older evaluation rule (store rule "
@@ -102,6 +136,11 @@ class SweepStore:
                 "rerun with the same settings or choose another --out directory"
             )
 
+    def _shape(self) -> tuple[int, int] | None:
+        """(n_layers, n_heads) of the model the sweep is of, when the manifest says."""
+        n_layers, n_heads = self.manifest.get("n_layers"), self.manifest.get("n_heads")
+        return (n_layers, n_heads) if isinstance(n_layers, int) and isinstance(n_heads, int) else None
+
     def _rows_files(self) -> list[Path]:
         return sorted(p for p in self.dir.glob("rows*.jsonl") if p.is_file())
 
@@ -113,11 +152,12 @@ class SweepStore:
                 with open(path, "r+b") as handle:
                     handle.truncate(len(good))
             for number, line in enumerate(good.split(b"\n")[:-1], 1):
-                row = _row(line)
+                row = _row(line, self._shape())
                 if row is None:
                     raise ConfigError(
-                        f"--resume: line {number} of {path} is not a row headlens wrote (JSON with an integer "
-                        "layer and head): the sweep directory is damaged; remove that line or choose another --out"
+                        f"--resume: line {number} of {path} is not a row headlens wrote (JSON with layer and head "
+                        "of this model, a count n, finite numbers clean, ablated, delta): the sweep directory is "
+                        "damaged; remove that line or choose another --out"
                     )
                 self.done.setdefault(Head(row["layer"], row["head"]), row)
 
@@ -142,5 +182,5 @@ class SweepStore:
 
     def write_table(self, frame) -> Path:
         path = self.dir / TABLE
-        write_atomic(path, frame.to_csv(index=False))
+        write_atomic(path, csv_text(frame))
         return path

@@ -16,6 +16,7 @@ import importlib
 from headlens.arch.base import Adapter, LayerContext, get_module, kv_group
 from headlens.arch.hooks import Hooks
 from headlens.arch.sites import Site, Sites, Split
+from headlens.bounds import shown
 from headlens.errors import UnsupportedModelError
 
 # model_type -> (module of headlens.arch, adapter class in it). Adding a family is adding a module and a line here.
@@ -33,9 +34,9 @@ SUPPORTED_TYPES = tuple(ADAPTERS)
 
 def check_supported(model_type: str | None, where: str = "model") -> None:
     """UnsupportedModelError naming the supported families unless `model_type` has an adapter."""
-    if model_type not in ADAPTERS:
+    if not isinstance(model_type, str) or model_type not in ADAPTERS:  # a list or an object is no family either
         raise UnsupportedModelError(
-            f"{where}: model_type {model_type!r} is not supported; headlens reads {', '.join(SUPPORTED_TYPES)}"
+            f"{where}: model_type {shown(model_type, 60)} is not supported; headlens reads {', '.join(SUPPORTED_TYPES)}"
         )
 
 

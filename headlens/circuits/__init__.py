@@ -16,7 +16,11 @@
   al. 2024), and its agreement with exact path patching;
 - `backups`: the heads that make up for a role's heads when those are ablated (backup name movers), each
   with its compensation, a p-value against random head sets, and a detector from the weights scored by ROC-AUC;
-- `circuit`: one task's circuit, its heads, edges and self-repair in one result.
+- `circuit`: one task's circuit, its heads, edges and self-repair in one result;
+- `graph`, `graphrun`, `readout`, `faithfulness`, `discover`: the whole model's graph (input, heads with q/k/v
+  inputs, MLPs, logits), runs with each input built edge by edge, every edge scored by exact patching, EAP or
+  EAP-IG, and the circuit found on it with its faithfulness (MIB), curve, CPR, CMD and stability;
+- `moretasks`: Greater-than and a user's JSONL task; `interchange`: the EAP-IG/MIB graph JSON.
 Every measurement (self_repair, composition_scores, path_patch, edge_attribution, circuit) returns a
 headlens.Result (headlens.results). Every edge table is long-form: `sender` ("L.H"), `receiver` ("L.H" or
 "logits"), `via` ("q", "k", "v", "direct"), `composition`, `effect`, `attribution` (NaN where not measured).
@@ -32,6 +36,8 @@ from headlens.lazy import lazy_getattr
 LAZY = {
     "Task": "tasks",
     "find_backups": "backups",
+    "discover": "discover",
+    "GraphTask": "faithfulness",
     "induction_task": "tasks",
     "ioi_task": "tasks",
     "make_task": "tasks",

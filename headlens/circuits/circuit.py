@@ -36,6 +36,7 @@ import torch
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.circuits.edges import DIRECT, KEY, VIAS, merge_edges
 from headlens.circuits.selfrepair import COMPENSATION_COLUMNS, replacement_for, self_repair
+from headlens.circuits.tasks import take_rows
 from headlens.classify.kinds import ROLES
 from headlens.heads import Head, all_heads
 from headlens.results import Result
@@ -195,22 +196,8 @@ def subset(task, n: int):
     """The task's first `n` sequences as a task of their own."""
     if task.tokens.shape[0] <= n:
         return task
-    rows = slice(0, n)
-
-    def cut(x):
-        return None if x is None else x[rows]
-
-    return replace(
-        task,
-        tokens=task.tokens[rows],
-        mask=task.mask[rows],
-        where=task.where[rows],
-        target=task.target[rows],
-        foil=cut(task.foil),
-        corrupted=cut(task.corrupted),
-        description=f"the first {n} of {task.description}",
-        prompts=task.prompts[:n],
-    )
+    first = take_rows(task, torch.arange(n))
+    return replace(first, description=f"the first {n} of {task.description}", prompts=task.prompts[:n])
 
 
 def _with_attribution(loaded, task, edges: pd.DataFrame, approx: str, steps: int, method: str, seed: int):

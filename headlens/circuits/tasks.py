@@ -24,10 +24,11 @@ component writes linearly; the log-sum-exp is shared by all of them). For IOI bo
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from headlens.circuits.readout import MetricTerms, read_offsets
 from headlens.errors import ConfigError
 from headlens.intervene.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, EvalSet, prompt_evalset
 from headlens.intervene.metrics import position_values
@@ -54,6 +55,7 @@ class Task:
     higher_is_better: bool
     description: str  # what the sequences are, in words
     prompts: list[dict] = field(default_factory=list)  # the IOI template prompts (name_mover's dicts), if any
+    terms: object = None  # headlens.circuits.readout.MetricTerms where target/foil do not say the metric
 
     @property
     def n_read(self) -> int:
@@ -168,12 +170,14 @@ def induction_task(
     )
 
 
-def ioi_task(loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS) -> Task:
+def ioi_task(
+    loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS, templates=TEMPLATES
+) -> Task:
     """IOI prompts: `n` from the templates (seeded; ABC corrupted run), or the user's `prompts` (dicts of
     headlens.intervene.evalset.read_prompts, each scored at its last position; no corrupted run)."""
     if prompts is not None:
         return _prompts_task(loaded, prompts)
-    built = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed)
+    built = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed, templates)
     pad = loaded.bos_token_id if loaded.bos_token_id is not None else 0
     length = max(len(p["ids"]) for p in built)
     tokens = torch.full((len(built), length), pad, dtype=torch.long)  # [n, pos]
@@ -185,7 +189,7 @@ def ioi_task(loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = 
         tokens[row, : end + 1], mask[row, : end + 1] = torch.tensor(p["ids"]), True
         where[row, end], target[row, end], foil[row, end] = True, p["io"], p["s"]
     corrupted = abc_tokens(loaded, built, tokens, seed)
-    description = f"{len(built)} IOI prompts from {len(TEMPLATES)} templates (seed {seed}), half ABBA, half BABA"
+    description = f"{len(built)} IOI prompts from {len(templates)} templates (seed {seed}), half ABBA, half BABA"
     return Task("ioi", tokens, mask, where, target, foil, corrupted, "logit-diff", "logits", True, description, built)
 
 
@@ -226,3 +230,25 @@ def make_task(loaded, name: str, prompts: list[dict] | None = None, seed: int = 
             raise ConfigError("the induction task reads no prompts: --prompts goes with --task ioi")
         return induction_task(loaded, seed=seed)
     return ioi_task(loaded, prompts=prompts, seed=seed)
+
+
+def take_rows(task: Task, rows: torch.Tensor) -> Task:
+    """The task on sequences `rows` (repeats allowed), its metric terms re-indexed."""
+    terms = getattr(task, "terms", None)
+    if terms is not None:
+        offsets, parts = read_offsets(task.where), []
+        for new_start, row in zip(read_offsets(task.where[rows])[:-1].tolist(), rows.tolist(), strict=True):
+            mine = (terms.read >= offsets[row]) & (terms.read < offsets[row + 1])
+            parts.append((terms.read[mine] - offsets[row] + new_start, terms.token[mine], terms.weight[mine]))
+        terms = MetricTerms(terms.kind, *(torch.cat(p) for p in zip(*parts, strict=True)))
+    pick = lambda t: None if t is None else t[rows]  # noqa: E731
+    return replace(
+        task,
+        tokens=task.tokens[rows],
+        mask=task.mask[rows],
+        where=task.where[rows],
+        target=task.target[rows],
+        foil=pick(task.foil),
+        corrupted=pick(task.corrupted),
+        terms=terms,
+    )

@@ -33,6 +33,7 @@ from headlens.classify.runs import (
     probe_sizes,
     resolve_text,
 )
+from headlens.classify.stability import add_columns
 from headlens.results import Result
 from headlens.scores.ov_copying import folding_once, sign_disagreements
 
@@ -67,7 +68,11 @@ def classify_heads(
     LABELS), `kv_group` (the key/value head the query head reads: heads that share it form a
     grouped-query group), the SCORE_COLUMNS (registry order), then evidence (`n_positions`,
     `n_repeat_positions`, `n_needle_tests` run, `n_needle_retrieved`, `n_needle_tokens`), the
-    `<score>_std` spreads across sequences / tests, then the SOURCE_COLUMNS. Its meta: `model` (the
+    `<score>_std` spreads across sequences / tests, then the SOURCE_COLUMNS; with `config.resamples` (the
+    default) the bootstrap's `<score>_lo` and `<score>_hi` (95% interval over the probe's units),
+    `<label>_stability` (share of resamples earning the label) and `borderline` (labels below
+    headlens.classify.stability.STABLE_MIN; dropped from `labels` with `config.strict`), described in
+    `meta["probes"]["stability"]` (headlens.classify.stability). Its meta: `model` (the
     model's name), `config` (the ClassifyConfig's fields, the thresholds the labels were given under), `probes`
     says what was run (windows used of windows available, repeats, ...) and `["sizes"]` the longest
     sequence of each probe under the token budget (headlens.classify.runs.probe_sizes);
@@ -77,6 +82,13 @@ def classify_heads(
     Any text of at least MIN_TEXT_TOKENS tokens is scored as given; the needle probe takes its
     haystack from the shipped held-out text when the given text is too short for one.
     """
+    return classify_run(loaded, text, config, progress)[0]
+
+
+def classify_run(loaded, text=None, config: ClassifyConfig | None = None, progress: bool = False, reuse=None):
+    """classify_heads, also returning each probe's ProbeResult: (Result, {probe: ProbeResult}). `reuse`: such
+    results of an earlier run of the same model and config, taken as they are for the probes that do not
+    read the text (kinds.Probe.reads_text) instead of run again."""
     config = config or ClassifyConfig()
     documents = [resolve_text(text)] if text is None or isinstance(text, str) else text
     if iter(documents) is documents:  # a one-shot iterator: the later probes read the documents again
@@ -89,11 +101,14 @@ def classify_heads(
         probe_sizes(loaded.spec.n_ctx, config),
         progress,
     )
-    results = run_probes(run)
+    results = run_probes(run, reuse or {})
     info = {key: value for result in results.values() for key, value in result.facts.items()}
     info["sizes"] = run.sizes
     frame = _to_frame(results, loaded.spec)
     frame.insert(2, "labels", [label_head(row, config) for row in frame.to_dict("records")])
+    if config.resamples:
+        units = {name: result.units for name, result in results.items() if result.units is not None}
+        info["stability"] = add_columns(frame, units, config)
     info["copying_sign_disagreements"] = sign_disagreements(frame)
     info["sliding_window"] = window_reach(loaded, info)
     sources = {name: results[name].source for name in SOURCE_COLUMNS}
@@ -105,10 +120,10 @@ def classify_heads(
         "sources": sources,
         "config": {f.name: getattr(config, f.name) for f in fields(config)},
     }
-    return Result("heads", frame, meta)
+    return Result("heads", frame, meta), results
 
 
-def run_probes(run: ProbeRun) -> dict:
+def run_probes(run: ProbeRun, reuse: dict) -> dict:
     """Every probe of the registry in its order -> {probe: ProbeResult}. With `run.progress`, a bar on
     stderr counts the probes and names the one running; a probe's own passes (windows, batches,
     layers) show beneath it with tqdm's estimate of their time left."""
@@ -117,7 +132,7 @@ def run_probes(run: ProbeRun) -> dict:
     with folding_once():  # the weights are fixed for the run: the folded unembedding is made once
         for name, probe in bar:
             bar.set_postfix_str(name)
-            results[name] = probe.run(run)
+            results[name] = reuse[name] if name in reuse and not probe.reads_text else probe.run(run)
     return results
 
 

@@ -9,6 +9,7 @@ import torch
 
 from headlens.classify import kinds
 from headlens.classify.runs import ProbeResult
+from headlens.classify.stability import Units, per_unit
 from headlens.classify.vocab_cache import cached_criteria
 from headlens.errors import ConfigError, InputTextError
 from headlens.probes.inputs import text_windows
@@ -33,6 +34,7 @@ from headlens.scores.successor import successor_scores, successor_tasks
 from headlens.scores.syntactic import TOKEN_SHARE as SYNTAX_TOKEN_SHARE
 from headlens.scores.syntactic import load_treebank, relation_accuracy, syntactic_frame, syntax_sample
 
+CS = ("cs_ov_score", "cs_qk_score")  # sampled over the vocabulary: resampled from their standard errors
 SOURCE_SAMPLE = "shipped_treebank"  # the syntactic probe's input: the CoNLL-U sample shipped with headlens
 SAMPLE_NAME = "sample"  # `--syntax sample`: the shipped sample
 NOT_RUN = (
@@ -66,7 +68,8 @@ def probe_name_mover(run) -> ProbeResult:
     scores.update(name_copy_score=top.double().mean(-1), name_negative_copy_score=bottom.double().mean(-1))
     counts = {"n_ioi_prompts": len(prompts), "ioi_logit_diff": result["logit_diff"]}
     facts = {**counts, "ioi_correct_share": float((result["logit_diffs"] > 0).double().mean()), "ioi_names": len(names)}
-    return ProbeResult(scores, counts, facts, SOURCE_TEMPLATES)
+    kept = Units({key: per_unit(values) for key, values in result["per_prompt"].items()})
+    return ProbeResult(scores, counts, facts, SOURCE_TEMPLATES, kept)
 
 
 def qk_gate_layers(ov_score: torch.Tensor, ov_min: float) -> list[int]:
@@ -134,7 +137,8 @@ def probe_copy_suppression(run) -> ProbeResult:
         "cs_window": window,
         "cs_positions": count,
     }
-    return ProbeResult(scores, {"n_cs_positions": count}, facts, run.text_source)
+    sampled = {column: (scores[column].double().numpy(), scores[f"{column}_std"].double().numpy()) for column in CS}
+    return ProbeResult(scores, {"n_cs_positions": count}, facts, run.text_source, Units(normal=sampled))
 
 
 def probe_syntactic(run) -> ProbeResult:

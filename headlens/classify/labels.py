@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from headlens.classify import kinds
+from headlens.classify.stability import N_RESAMPLES
 from headlens.errors import ConfigError
 
 LABELS = kinds.LABELS  # every label classify can give, in the order a head's list is written
@@ -59,6 +60,8 @@ class ProbeConfig:
     needle_len: int = 16  # needle tokens (restated + generated); shrunk to needle context // 8 when short
     needle_restate: int = 4  # needle tokens restated at the end of the prompt
     syntax: str | None = None  # CoNLL-U treebank of the syntactic-head probe; "sample": the shipped one; None: not run
+    resamples: int = N_RESAMPLES  # bootstrap resamples of the intervals and stabilities; 0: none
+    strict: bool = False  # keep only stable labels (stability >= headlens.classify.stability.STABLE_MIN)
 
     def __post_init__(self):
         def need(ok: bool, name: str, rule: str):
@@ -75,6 +78,7 @@ class ProbeConfig:
                 f"an integer >= {MIN_BUDGET} (tokens per probe sequence)",
             )
         need(isinstance(self.repeats, int) and self.repeats >= 2, "repeats", "an integer >= 2")
+        need(isinstance(self.resamples, int) and self.resamples >= 0, "resamples", "an integer >= 0")
         need(isinstance(self.seed, int) and self.seed >= 0, "seed", "an integer >= 0")
         need(
             isinstance(self.needle_restate, int) and 1 <= self.needle_restate < self.needle_len,

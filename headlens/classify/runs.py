@@ -20,6 +20,7 @@ import torch
 from headlens import distributed
 from headlens.capture import Batch, iter_batches, pad_batch, run_capture
 from headlens.classify import kinds
+from headlens.classify.stability import Units, from_reducer, per_unit
 from headlens.errors import InputTextError
 from headlens.probes import inputs as probes
 from headlens.probes.corpus import chunks, document_windows
@@ -65,6 +66,7 @@ class ProbeResult:
     counts: dict[str, int] = field(default_factory=dict)
     facts: dict = field(default_factory=dict)
     source: str | None = None  # None: the probe has no input worth naming (it reads the weights)
+    units: Units | None = None  # per-unit sums for the bootstrap (headlens.classify.stability); None: none kept
 
 
 def probe_sizes(n_ctx: int, config) -> dict:
@@ -95,8 +97,10 @@ def score_text(run: ProbeRun) -> ProbeResult:
     the needle context, go into `run.haystack`."""
     loaded, config = run.loaded, run.config
     n, h = loaded.spec.n_layers, loaded.spec.n_heads
-    prev, cur, first = prev_token_reducer(n, h), current_token_reducer(n, h), first_token_reducer(n, h)
-    argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset)
+    units = config.max_windows  # at most this many windows: the bootstrap's units, rows by window
+    prev, cur = prev_token_reducer(n, h, n_units=units), current_token_reducer(n, h, n_units=units)
+    first = first_token_reducer(n, h, n_units=units)
+    argmax = ArgmaxOffsetReducer(n, h, max_offset=config.max_offset, n_units=units)
     facts = {"n_windows": 0, "n_windows_available": 0, "n_text_tokens": 0, "n_documents": 0}
     windows = document_windows(
         loaded.tokenizer,
@@ -136,7 +140,19 @@ def score_text(run: ProbeRun) -> ProbeResult:
         n_positions=n_positions,
         windows_capped=facts["n_windows"] < facts["n_windows_available"] or facts.get("text_partly_read", False),
     )
-    return ProbeResult(scores, {"n_positions": n_positions}, facts, run.text_source)
+    used = facts["n_windows"]
+    kept = Units(
+        {
+            "prev_token_score": from_reducer(prev.unit_mass, prev.unit_n, used),
+            "current_token_score": from_reducer(cur.unit_mass, cur.unit_n, used),
+            "first_token_score": from_reducer(first.unit_mass, first.unit_n, used),
+        },
+        argmax=(
+            argmax.unit_counts.double().permute(1, 0, 2, 3).numpy()[:used],
+            argmax.unit_n.T.double().numpy()[:used],
+        ),
+    )
+    return ProbeResult(scores, {"n_positions": n_positions}, facts, run.text_source, kept)
 
 
 def score_repeats(run: ProbeRun) -> ProbeResult:
@@ -148,8 +164,9 @@ def score_repeats(run: ProbeRun) -> ProbeResult:
         config.n_seq, config.seq_len, repeats, low, high, loaded.bos_token_id, seed=config.seed
     )  # [n_seq, 1 + seq_len * repeats]
     n, h = loaded.spec.n_layers, loaded.spec.n_heads
-    dup, prefix = duplicate_token_reducer(n, h), prefix_matching_reducer(n, h)
-    copying = CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1))
+    units = len(tokens)  # one unit per sequence
+    dup, prefix = duplicate_token_reducer(n, h, n_units=units), prefix_matching_reducer(n, h, n_units=units)
+    copying = CopyingReducer(loaded.model, lambda b: prefix_matching_targets(b.input_ids).any(-1), n_units=units)
     stream_heads(
         loaded.model,
         distributed.shard(iter_batches(tokens, config.batch_size)),
@@ -174,7 +191,14 @@ def score_repeats(run: ProbeRun) -> ProbeResult:
         "token_range": [low, high],
         "n_repeat_positions": n_repeat,
     }
-    return ProbeResult(scores, {"n_repeat_positions": n_repeat}, facts, SOURCE_RANDOM)
+    kept = Units(
+        {
+            "duplicate_token_score": from_reducer(dup.unit_mass, dup.unit_n),
+            "prefix_matching_score": from_reducer(prefix.unit_mass, prefix.unit_n),
+            "copying_score": from_reducer(copying.unit_sums, copying.unit_n),
+        }
+    )
+    return ProbeResult(scores, {"n_repeat_positions": n_repeat}, facts, SOURCE_RANDOM, kept)
 
 
 def score_needles(run: ProbeRun) -> ProbeResult:
@@ -207,7 +231,9 @@ def score_needles(run: ProbeRun) -> ProbeResult:
         "needle_restate": restate,
         "longest_needle_prompt": max((len(test.prompt) for test in prompts), default=0),
     }
-    return ProbeResult({"retrieval_score": result["score"], "retrieval_std": result["std"]}, counts, facts, source)
+    kept = Units({"retrieval_score": per_unit(result["per_test"])}) if result["n_retrieved"] else None
+    scores = {"retrieval_score": result["score"], "retrieval_std": result["std"]}
+    return ProbeResult(scores, counts, facts, source, kept)
 
 
 def score_weights(run: ProbeRun) -> ProbeResult:

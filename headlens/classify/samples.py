@@ -22,7 +22,12 @@ from headlens.capture import Batch, Reducer, run_capture
 from headlens.classify.labels import ClassifyConfig
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
-from headlens.probes.inputs import check_text, random_token_range, repeated_random_tokens
+from headlens.probes.inputs import (
+    check_text,
+    random_token_range,
+    repeated_random_tokens,
+)
+from headlens.probes.tokenize import token_ids, token_pieces
 from headlens.scores.induction import prefix_matching_targets
 
 # Below two tokens there is no attention to show (a lone BOS attends to itself).
@@ -130,10 +135,11 @@ def sample_patterns(
         raise ConfigError(f"max_tokens must be an integer >= {MIN_SAMPLE_TOKENS}, got {max_tokens!r}")
     text = check_text(text, "sample text")
     tokenizer = loaded.tokenizer
-    body = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    limit = min(max_tokens, loaded.spec.n_ctx)
+    body, cut = token_ids(tokenizer, text, limit)  # a long text: tokenized piece by piece, as far as shown
+    total = sum(len(piece) for piece in token_pieces(tokenizer, text)) if cut else len(body)  # counted, not kept
     if not body:
         raise InputTextError("sample text has no tokens")
-    limit = min(max_tokens, loaded.spec.n_ctx)
     chosen = (
         choose_repeated(loaded, body, limit, seed)
         if repeat
@@ -154,7 +160,7 @@ def sample_patterns(
         "tokens": [tokenizer.decode([token]) for token in kept],
         "ids": kept,
         "patterns": patterns,
-        "n_tokens_total": len(body) + 1,
+        "n_tokens_total": total + 1,
         "text": tokenizer.decode(kept[1:]) if repeat and chosen["sample"] == SAMPLE_TEXT else text,
         "repeated": repeat,
         "sample": chosen["sample"],

@@ -2,12 +2,10 @@
 
 The clean run's metric value at every scored position (`EvalSet.counted`, row-major) depends only on
 the model's weights, the set, the dtype, the device and how the set is cut into forward passes. Its
-cache key hashes all of them: the model's digest (headlens.load.devices.model_digest: the GGUF's sha256 or the folder it
-was read from, the config, and every parameter's name, shape, dtype and checksum, the sha256 of its
-bytes on CPU, so a model edited in memory gets its own key), the set's digest (`EvalSet.data_hash`),
-the metric, the attention kernel, the passes' slices and CACHE_VERSION. Entries are
-`CACHE_DIR/<key>.pt` under headlens.files.cache_root, written to a temporary file and renamed into
-place; one that does not read back as a float tensor of the set's scored positions is recomputed.
+key in headlens.cache (kind "clean-runs") hashes all of them: the weights as they are in memory
+(loaded.digest(), so a model edited in memory gets its own key), the set's digest (`EvalSet.data_hash`),
+the metric, the attention kernel and the passes' slices. An entry is the values as torch saves them; one
+that does not read back as a float tensor of the set's scored positions is recomputed.
 
 `run_sets` evaluates head sets ablated together, every one from the clean residual at the first
 layer any of them ablates (headlens.intervene.stacked.set_values), taking the clean values from the
@@ -16,38 +14,38 @@ cache or computing them in the same pass (as one more set, with no heads) and ca
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
+from headlens import cache
 from headlens.arch.context import NO_PATTERN
 from headlens.arch.kernels import onednn_available
-from headlens.files import cache_root, write_cache_entry
 from headlens.heads import Head
 from headlens.intervene.stacked import set_values
-from headlens.load.devices import model_digest
+from headlens.load.models import LoadedModel
 
-CACHE_DIR = "clean-runs"
-CACHE_VERSION = 1
+KIND = "clean-runs"
 NO_CACHE_ENV = "HEADLENS_NO_CLEAN_CACHE"  # set (to anything): neither read nor write clean runs
 
 
-def clean_key(loaded, evalset, batches: Sequence[slice]) -> str:
+def clean_key(loaded: LoadedModel, evalset, batches: Sequence[slice]) -> str:
     """The cache key of the clean run of `loaded` on `evalset` cut into `batches`."""
     param = next(loaded.model.parameters())
-    cuts = [(b.start, b.stop) for b in batches]
-    text = f"{CACHE_VERSION}|{model_digest(loaded)}|{evalset.data_hash}|{evalset.metric}|{param.dtype}|"
-    text += f"{param.device.type}|{NO_PATTERN}|onednn={onednn_available()}|{cuts}"
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _path(key: str) -> Path:
-    return cache_root() / CACHE_DIR / f"{key}.pt"
+    return cache.key(
+        KIND,
+        loaded.digest(),
+        data=evalset.data_hash,
+        metric=evalset.metric,
+        dtype=str(param.dtype),
+        device=param.device.type,
+        attention=NO_PATTERN,
+        onednn=onednn_available(),
+        cuts=[(b.start, b.stop) for b in batches],
+    )
 
 
 def read_clean(key: str, n_scored: int) -> torch.Tensor | None:
@@ -55,22 +53,22 @@ def read_clean(key: str, n_scored: int) -> torch.Tensor | None:
     if os.environ.get(NO_CACHE_ENV):
         return None
     try:
-        values = torch.load(_path(key), weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):
+        values = torch.load(io.BytesIO(cache.get(KIND, key)), weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError, TypeError, pickle.UnpicklingError):
         return None
     if not isinstance(values, torch.Tensor) or values.shape != (n_scored,) or not values.is_floating_point():
         return None
     return values.double()
 
 
-def write_clean(key: str, values: torch.Tensor) -> None:
-    """Keep the clean values [n_scored] (headlens.files.write_atomic); a cache that cannot be written is
-    skipped (the run does not need it)."""
+def write_clean(key: str, values: torch.Tensor, model: str = "") -> None:
+    """Keep the clean values [n_scored] of `model` (headlens.cache.put: one that cannot be written is
+    skipped, the run does not need it)."""
     if os.environ.get(NO_CACHE_ENV):
         return
     buffer = io.BytesIO()
     torch.save(values.detach().double().cpu().clone(), buffer)
-    write_cache_entry(_path(key), buffer.getvalue())
+    cache.put(KIND, key, buffer.getvalue(), model=model)
 
 
 def clean_values(loaded, evalset, batch_size: int | None, on_pass=None) -> torch.Tensor:
@@ -79,7 +77,7 @@ def clean_values(loaded, evalset, batch_size: int | None, on_pass=None) -> torch
     if cached is not None:
         return cached
     values = set_values(loaded.model, evalset, [[]], [None] * loaded.spec.n_layers, batch_size, on_pass=on_pass)[0]
-    write_clean(key, values)
+    write_clean(key, values, loaded.display_name)
     return values
 
 
@@ -94,7 +92,7 @@ def run_sets(
     values = set_values(loaded.model, evalset, sets, reps, batch_size, on_pass=on_pass)  # [n_sets(+1), n_scored]
     if clean is not None:
         return clean, values
-    write_clean(key, values[0])
+    write_clean(key, values[0], loaded.display_name)
     return values[0], values[1:]
 
 

@@ -41,8 +41,10 @@ from pathlib import Path
 
 import torch
 
+from headlens.bounds import shown
 from headlens.capture import pad_batch
 from headlens.errors import ConfigError, InputTextError
+from headlens.files import parse_json, read_capped
 from headlens.intervene.metrics import KIND, NEEDLE_METRICS, PROMPT_METRICS, canonical_metric
 from headlens.intervene.stats import assign_units
 from headlens.probes.inputs import (
@@ -54,6 +56,7 @@ from headlens.probes.inputs import (
     repeated_random_tokens,
     text_windows,
 )
+from headlens.probes.tokenize import token_ids
 
 BATCH_SIZE = 4  # evaluation sequences per forward (and backward) pass, every ablation computation
 # Tokens an ablation's default batch may hold: BATCH_SIZE sequences of 256 tokens. Shorter sequences go more
@@ -214,8 +217,10 @@ def text_evalset(
     windows, available, n_text, n_docs, unread = [], 0, 0, 0, False
     digest = hashlib.sha256(f"text|{window}|{max_windows}|{bos}|".encode())
     stream = iter(documents)
+    body = window - (1 if bos_id is not None else 0)
     for document in stream:
-        ids = loaded.tokenizer(document, add_special_tokens=False)["input_ids"]
+        ids, cut = token_ids(loaded.tokenizer, document, max(1, (max_windows - len(windows)) * body))
+        unread = unread or cut  # a long document: tokenized only as far as the windows still need
         n_text, n_docs = n_text + len(ids), n_docs + 1
         digest.update((b"|doc|" if n_docs > 1 else b"") + document.encode("utf-8"))
         if len(ids) < min_tokens:
@@ -224,7 +229,7 @@ def text_evalset(
         available += len(found)
         windows += found[: max(0, max_windows - len(windows))]
         if len(windows) >= max_windows:
-            unread = next(stream, None) is not None  # more documents, neither read nor tokenized
+            unread = unread or next(stream, None) is not None  # more documents, neither read nor tokenized
             break
     if n_text < 2:
         raise InputTextError(
@@ -262,26 +267,37 @@ def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: in
     return EvalSet(ids, mask, counted, "repeat", digest, description)
 
 
-def read_prompts(path) -> list[dict]:
-    """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
+MAX_PROMPTS = 100_000  # prompts a --prompts file may hold
 
-    InputTextError naming the line for bad JSON, a non-object, a missing or non-string field;
-    blank lines are skipped."""
+
+def json_objects(path, flag: str, example: str):
+    """(where, object) for each non-blank line of a JSONL file, `where` naming the file and line.
+    InputTextError for bad JSON (headlens.files.parse_json), a line that is not an object (`example`
+    shows one), past MAX_PROMPTS objects; a file that is not a regular file or larger than
+    headlens.files.MAX_JSON_BYTES is refused before it is read (`flag`, the option, names it)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputTextError(f"prompts file not found: {path}")
-    text = check_text(path.read_bytes(), str(path))
-    prompts = []
+    text = check_text(read_capped(path, flag, InputTextError), str(path))
+    count = 0
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        where = f"{path} line {number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputTextError(f"{where}: not valid JSON ({exc.msg})") from None
+        where = f"{shown(str(path))} line {number}"
+        if count == MAX_PROMPTS:
+            raise InputTextError(f"{where}: more than {MAX_PROMPTS:,} prompts; give fewer")
+        obj = parse_json(line, where, InputTextError)
         if not isinstance(obj, dict):
-            raise InputTextError(f'{where}: expected an object like {{"prompt": ..., "target": ...}}')
+            raise InputTextError(f"{where}: expected an object like {example}")
+        count += 1
+        yield where, obj
+
+
+def read_prompts(path) -> list[dict]:
+    """The prompts of a JSONL file: dicts with `prompt`, `target`, `foil` (or None) and `line`.
+
+    InputTextError naming the line for bad JSON, a non-object, a missing or non-string field, past
+    MAX_PROMPTS prompts; blank lines are skipped (json_objects)."""
+    prompts = []
+    for where, obj in json_objects(path, "--prompts", '{"prompt": ..., "target": ...}'):
         for key in ("prompt", "target"):
             if not isinstance(obj.get(key), str) or not obj[key]:
                 raise InputTextError(f"{where}: missing or empty string field {key!r}")
@@ -349,7 +365,7 @@ def needle_evalset(
     spec = loaded.spec
     context = min(context or eval_context(loaded), eval_context(loaded))
     needle_len, restate = needle_size(context, needle_len, restate)
-    hay = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    hay = token_ids(loaded.tokenizer, text, context)[0]  # a long text: its first piece(s), past any test's length
     tests = needle_prompts(
         hay,
         context,

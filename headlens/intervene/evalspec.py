@@ -20,11 +20,13 @@ which metric a run uses and why, and notes an explicit metric that is not the ro
 from __future__ import annotations
 
 import hashlib
+import operator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from headlens.bounds import parse_count, shown
 from headlens.errors import ConfigError
 from headlens.intervene.evalset import EvalSet, build_evalset, eval_context
 from headlens.intervene.metrics import canonical_metric
@@ -52,13 +54,20 @@ def parse_tokens(value: Any) -> int | None:
     """A token budget from `--tokens`: a positive integer, or `all` (None). ConfigError otherwise."""
     if value is None or (isinstance(value, str) and value.strip().lower() == ALL):
         return None
-    try:
-        tokens = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--tokens {value!r} is not understood: give a number of tokens (e.g. 4096) or all") from None
+    tokens = parse_count(value) if isinstance(value, str) else _integer(value)  # typed: ASCII digits only
+    if tokens is None:
+        raise ConfigError(f"--tokens {shown(value)} is not understood: give a number of tokens (e.g. 4096) or all")
     if tokens < 2:
         raise ConfigError(f"--tokens {tokens} is too small: an ablation needs at least 2 tokens")
     return tokens
+
+
+def _integer(value: Any) -> int | None:
+    """`value` as an int when it is an integer (numpy's included, a bool not), else None."""
+    try:
+        return None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        return None
 
 
 def budget_label(tokens: int | None) -> str:

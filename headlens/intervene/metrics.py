@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from headlens.bounds import shown
 from headlens.errors import ConfigError
 from headlens.load.devices import onloaded
 
@@ -65,14 +66,14 @@ def canonical_metric(metric: str) -> str:
     """The metric's name with aliases resolved; ConfigError for an unknown one."""
     name = ALIASES.get(metric, metric)
     if name not in METRICS:
-        raise ConfigError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)} (text = loss)")
+        raise ConfigError(f"unknown metric {shown(metric)}: choose one of {', '.join(METRICS)} (text = loss)")
     return name
 
 
 def check_choice(method: str, metric: str) -> str:
     """ConfigError for an unknown method or metric; returns the canonical metric."""
     if method not in METHODS:
-        raise ConfigError(f"unknown ablation method {method!r}: choose one of {', '.join(METHODS)}")
+        raise ConfigError(f"unknown ablation method {shown(method)}: choose one of {', '.join(METHODS)}")
     return canonical_metric(metric)
 
 

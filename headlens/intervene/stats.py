@@ -22,6 +22,7 @@ from itertools import combinations, product
 
 import torch
 
+from headlens.bounds import parse_count, shown
 from headlens.errors import ConfigError
 from headlens.heads import Head
 
@@ -94,14 +95,21 @@ def summarize(base: torch.Tensor, ablated: torch.Tensor, counts: torch.Tensor, s
     return out
 
 
+MAX_CONTROL_SETS = 10_000  # random:K: each set is a full ablation run, so more is never meant
+
+
 def parse_control(spec: str | None) -> int:
     """K of `random:K` (0 for None); ConfigError otherwise."""
     if spec is None:
         return 0
     kind, _, value = str(spec).partition(":")
-    if kind.strip() != "random" or not value.strip().isdigit() or int(value) < 1:
-        raise ConfigError(f"control {spec!r} is not understood: give random:K with K >= 1 (e.g. random:20)")
-    return int(value)
+    k = parse_count(value)
+    if kind.strip() != "random" or k is None or not 1 <= k <= MAX_CONTROL_SETS:
+        raise ConfigError(
+            f"control {shown(spec)} is not understood: give random:K with 1 <= K <= {MAX_CONTROL_SETS:,} "
+            "(e.g. random:20)"
+        )
+    return k
 
 
 def _layer_counts(heads: list[Head]) -> dict[int, int]:

@@ -1,7 +1,6 @@
 """Where a model runs and in what precision: device and dtype names, and accelerate's big-model
 placement (`device_map`), resolved once at load time (headlens.load.models.load_model); and
-`model_digest`, a digest of the weights as they are in memory now, wherever they are placed (the key
-of headlens's caches of computed values)."""
+`tensor_checksum`, a tensor's checksum read where the tensor is (LoadedModel.digest hashes the weights with it)."""
 
 from __future__ import annotations
 
@@ -111,22 +110,6 @@ def with_largest_batch(run, start: int = AUTO_BATCH_START):
         return run(batch_size)
 
     return attempt(), tried[-1]
-
-
-def model_digest(loaded) -> str:
-    """A digest of what the model computes: where its weights came from, its config, and a checksum
-    of every parameter and buffer as it is in memory now (tensor_checksum)."""
-    model = loaded.model
-    source = loaded.source.sha256 if loaded.source is not None else str(loaded.path or loaded.name)
-    digest = hashlib.sha256(f"{source}|{model.config.to_json_string()}".encode())
-    with torch.no_grad():
-        for prefix, module in model.named_modules():
-            with onloaded(module):  # an offloaded module's weights are read where accelerate keeps them
-                own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-                for name, tensor in own:
-                    digest.update(f"{prefix}.{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
-                    digest.update(tensor_checksum(tensor.detach()))
-    return digest.hexdigest()
 
 
 def tensor_checksum(tensor: torch.Tensor) -> bytes:

@@ -3,7 +3,9 @@
 A struct walk over the memory-mapped file (GGUF v2/v3, https://github.com/ggml-org/ggml/blob/master/docs/gguf.md).
 `gguf.GGUFReader` builds a numpy view per vocabulary entry, which takes tens of seconds for a
 262k-token vocabulary; this reads the same header in about a second. A file that is truncated,
-not GGUF, or damaged is one ModelLoadError line.
+not GGUF, or damaged is one ModelLoadError line. Numeric metadata arrays are read as numpy views of the
+mapped file, and an array no reader uses (longer than a per-layer list, not the tokenizer's) is not kept, so
+the memory a header takes does not grow with a hostile array.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from headlens.bounds import check_shape, printable
+from headlens.bounds import MAX_LAYERS, MAX_WIDTH, check_shape, printable
 from headlens.errors import ModelLoadError
 from headlens.load.dequant import GGML_TYPES, row_bytes, type_name
 
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_TAIL = 1 << 20  # bytes a file may run on past its last tensor (padding)
 _INTEGER_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)  # the integer value types (7 is bool)
 
 # metadata value types (gguf.GGUFValueType) -> struct format of the fixed-size ones
@@ -93,7 +96,15 @@ class _Cursor:
         self.pos += length
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, value_type: int):
+    def skip_string(self) -> None:
+        length = self.read("<Q")
+        if self.pos + length > len(self.buffer):
+            raise ModelLoadError(f"{self.path} is truncated or damaged (a header string runs past the end)")
+        self.pos += length
+
+    def value(self, value_type: int, key: str):
+        """The value of metadata `key` and its type; an array no reader uses (kept_array) is walked over and
+        its value is SKIPPED, so a hostile array never becomes millions of Python objects."""
         if value_type in _SCALAR:
             return self.read(_SCALAR[value_type]), value_type
         if value_type == _STRING:
@@ -104,13 +115,46 @@ class _Cursor:
                 raise ModelLoadError(
                     f"{self.path} is truncated or damaged (an array of {count:,} items runs past the end)"
                 )
+            keep = kept_array(self.path, key, count)
             if item_type in _SCALAR:
-                fmt = _SCALAR[item_type]
-                values = list(self.read(f"<{count}{fmt[1]}")) if count else []
-                return values, (value_type, item_type)
+                items = self._numbers(_SCALAR[item_type], count)  # [count], a view of the mapped file
+                return (items.tolist() if keep else SKIPPED), (value_type, item_type)
             if item_type == _STRING:
+                if not keep:
+                    for _ in range(count):
+                        self.skip_string()
+                    return SKIPPED, (value_type, item_type)
                 return [self.string() for _ in range(count)], (value_type, item_type)
         raise ModelLoadError(f"{self.path} holds a metadata value of unknown GGUF type {value_type}: damaged file")
+
+    def _numbers(self, fmt: str, count: int) -> np.ndarray:
+        """`count` numbers of struct format `fmt` from here, as a numpy view (no Python object per item)."""
+        dtype = np.dtype(fmt.replace("?", "b1"))  # [count]
+        end = self.pos + count * dtype.itemsize
+        if end > len(self.buffer):
+            raise ModelLoadError(f"{self.path} is truncated or not a GGUF file (header ends early)")
+        items = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.pos)  # [count]
+        self.pos = end
+        return items
+
+
+SKIPPED = object()  # an unused metadata array's value: never stored
+MAX_TOKENIZER_ITEMS = 4 * MAX_WIDTH  # entries a tokenizer array (tokens, scores, merges) may have
+_TOKENIZER_PREFIX = "tokenizer.ggml."
+
+
+def kept_array(path: Path, key: str, count: int) -> bool:
+    """Whether a metadata array is kept: a tokenizer's (`tokenizer.ggml.*`, up to MAX_TOKENIZER_ITEMS entries,
+    else ModelLoadError) or one of at most MAX_LAYERS items (a per-layer list); any longer one is of no use to
+    headlens or transformers and is skipped."""
+    if key.startswith(_TOKENIZER_PREFIX):
+        if count > MAX_TOKENIZER_ITEMS:
+            raise ModelLoadError(
+                f"{path}: metadata {printable(key)[:60]} has {count:,} entries, more than the "
+                f"{MAX_TOKENIZER_ITEMS:,} a vocabulary may have: the file is damaged or hostile"
+            )
+        return True
+    return count <= MAX_LAYERS
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
@@ -134,7 +178,9 @@ def read_gguf(path: str | Path) -> GGUFFile:
     metadata, types = {}, {}
     for _ in range(n_kv):
         key = cursor.string()
-        metadata[key], types[key] = cursor.value(cursor.read("<I"))
+        value, value_type = cursor.value(cursor.read("<I"), key)
+        if value is not SKIPPED:
+            metadata[key], types[key] = value, value_type
     table = []
     for _ in range(n_tensors):
         name = cursor.string()
@@ -151,7 +197,27 @@ def read_gguf(path: str | Path) -> GGUFFile:
     start = (cursor.pos + alignment - 1) // alignment * alignment
     blob = np.frombuffer(buffer, dtype=np.uint8)
     tensors = tuple(_entry(blob, path, start, *row) for row in table)
+    _check_tail(path, blob, start, tensors)
     return GGUFFile(path=path, metadata=metadata, types=types, tensors=tensors)
+
+
+def _check_tail(path: Path, blob: np.ndarray, start: int, tensors: tuple[TensorEntry, ...]) -> None:
+    """ModelLoadError when the file runs on more than MAX_TAIL bytes past the end of its last tensor: a GGUF
+    ends with its tensor data, and a file that does not (a sparse terabyte behind a small header) is not
+    hashed or read any further."""
+    ends = [start] + [_end(blob, tensor) for tensor in tensors]
+    tail = blob.shape[0] - max(ends)
+    if tail > MAX_TAIL:
+        raise ModelLoadError(
+            f"{path} runs on {tail:,} bytes past the end of its tensor data: not a GGUF file as llama.cpp writes it"
+        )
+
+
+def _end(blob: np.ndarray, tensor: TensorEntry) -> int:
+    if tensor.data.size == 0:
+        return 0
+    begin = tensor.data.__array_interface__["data"][0] - blob.__array_interface__["data"][0]
+    return begin + tensor.data.size
 
 
 def _entry(

@@ -5,13 +5,13 @@ can be reached and HF_HUB_OFFLINE is not set. Every failure is one ModelLoadErro
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from headlens.arch import check_supported
 from headlens.bounds import check_shape
 from headlens.errors import ModelLoadError
+from headlens.files import read_json
 
 # Files a hub snapshot needs; weights are safetensors only (never pickles from the network).
 HUB_PATTERNS = [
@@ -31,12 +31,7 @@ def check_local_dir(path: Path) -> None:
     checked against the file size), else one ModelLoadError line."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: expected a Hugging Face model directory")
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ModelLoadError(f"{path / 'config.json'} nests too deeply to be a model config") from None
+    config = read_json(path / "config.json", "model config", ModelLoadError)
     if not isinstance(config, dict):
         raise ModelLoadError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, not an object")
     check_supported(config.get("model_type"), str(path))

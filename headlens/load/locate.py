@@ -48,20 +48,28 @@ def find_gguf(name_or_path: str) -> tuple[Path, str | None, str] | None:
 
 
 def gguf_folder(gguf_path: Path, sha256: str | None) -> tuple[Path, ModelSource]:
-    """The cached float folder for a GGUF (converted on first use), and its source record."""
+    """The cached float folder for a GGUF (converted on first use), and its source record. A file whose
+    sha256 is not known is hashed only after its header was read and checked (gguf_read): a damaged or
+    hostile file (a sparse terabyte behind a small header) is refused before it is read whole."""
     known = sha256
-    sha256 = sha256 or file_sha256(gguf_path)
+    checked = None
+    if sha256 is None:
+        from headlens.load import gguf_read
+
+        checked = gguf_read.read_gguf(gguf_path)
+        gguf_read.check_model_header(checked)
+        sha256 = file_sha256(gguf_path)
 
     def build(folder: Path) -> dict:
         from headlens.load import gguf_load, gguf_read  # the first load of this GGUF only: converting is optional
 
+        parsed = checked or gguf_read.read_gguf(gguf_path)
+        gguf_read.check_model_header(parsed)  # its shape, before anything is allocated or hashed
         if known is not None and file_sha256(gguf_path) != known:
             raise ModelLoadError(
                 f"{gguf_path} does not have the sha256 its source names ({known}): the file is "
                 f"damaged; fetch it again (headlens pull / ollama pull)"
             )
-        parsed = gguf_read.read_gguf(gguf_path)
-        gguf_read.check_model_header(parsed)  # its shape, before anything is allocated
         gguf_load.convert_gguf(parsed, folder)
         return {
             "format": "gguf",

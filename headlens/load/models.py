@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -24,8 +25,8 @@ import torch
 
 from headlens.arch import Adapter, adapter_for, check_supported, kv_group
 from headlens.errors import ModelLoadError
-from headlens.files import shipped_path
-from headlens.load.devices import placement_kwargs, resolve_device, resolve_dtype
+from headlens.files import read_json, shipped_path
+from headlens.load.devices import onloaded, placement_kwargs, resolve_device, resolve_dtype, tensor_checksum
 from headlens.load.hub import check_local_dir, resolve_hub
 
 if TYPE_CHECKING:  # annotations only: transformers is imported where a model is built or read
@@ -80,6 +81,21 @@ class LoadedModel:
         if self._adapter is None or self._adapter.model is not self.model:
             self._adapter = adapter_for(self.model)
         return self._adapter
+
+    def digest(self) -> str:
+        """The one digest of this model's weights as they are in memory now (the key of headlens.cache): where
+        they came from, the config, and every parameter's and buffer's name, shape, dtype and checksum
+        (tensor_checksum), read wherever accelerate placed it. A weight edited after loading changes it."""
+        source = self.source.sha256 if self.source is not None else str(self.path or self.name)
+        digest = hashlib.sha256(f"{source}|{self.model.config.to_json_string()}".encode())
+        with torch.no_grad():
+            for prefix, module in self.model.named_modules():
+                with onloaded(module):  # an offloaded module's weights are read where accelerate keeps them
+                    own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+                    for name, tensor in own:
+                        digest.update(f"{prefix}.{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
+                        digest.update(tensor_checksum(tensor.detach()))
+        return digest.hexdigest()
 
     @property
     def bos_token_id(self) -> int:
@@ -249,7 +265,8 @@ def converted_tokenizer(path: Path):
     (tests/test_gguf_real.py compares the two on both named models)."""
     from transformers import PreTrainedTokenizerFast
 
-    config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config = read_json(path / "tokenizer_config.json", "tokenizer config", ModelLoadError)
+    config = config if isinstance(config, dict) else {}
     special = {key: config[key] for key in _SPECIAL_TOKEN_KEYS if isinstance(config.get(key), str)}
     return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **special)
 

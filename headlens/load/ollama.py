@@ -15,12 +15,12 @@ up to MAX_MANIFEST bytes.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from headlens.errors import ModelLoadError
+from headlens.files import parse_json
 from headlens.load.cache import SHA256_HEX, inside
 
 PREFIX = "ollama:"
@@ -94,9 +94,9 @@ def _model_digest(manifest: Path) -> str:
             raw = handle.read(MAX_MANIFEST + 1)
         if len(raw) > MAX_MANIFEST:
             raise ValueError("too large")
-        layers = json.loads(raw)["layers"]
+        layers = parse_json(raw, "manifest", ModelLoadError)["layers"]
         digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == MODEL_MEDIA_TYPE)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):  # ModelLoadError is an OSError
         raise ModelLoadError(f"the Ollama manifest {manifest} names no model layer ({MODEL_MEDIA_TYPE})") from None
     if not (isinstance(digest, str) and digest.startswith("sha256:") and SHA256_HEX.fullmatch(digest[7:])):
         raise ModelLoadError(

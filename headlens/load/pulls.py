@@ -16,8 +16,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from headlens.cache import locked
 from headlens.errors import ModelLoadError, NotPulledError, PullError
-from headlens.load.cache import cache_root, file_sha256, locked
+from headlens.files import cache_root
+from headlens.load.cache import file_sha256
 
 FIND_LINKS_ENV = "HEADLENS_FIND_LINKS"  # a local folder of wheels: pip reads only it (--no-index)
 PULL_TMP = "headlens-pull-"  # the prefix of a pull's temporary folder beside the model's GGUF

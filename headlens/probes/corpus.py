@@ -13,14 +13,15 @@ the stream into the model-sized token windows classify scores, document by docum
 from __future__ import annotations
 
 import codecs
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from headlens.errors import InputTextError
+from headlens.files import parse_json
 from headlens.probes.inputs import MIN_TEXT_TOKENS, check_text, read_text, text_windows
+from headlens.probes.tokenize import token_ids
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PIECE_BYTES = 1 << 20  # a plain text file is read in pieces of about this size (a file up to it: one piece)
@@ -157,12 +158,7 @@ def _jsonl_documents(path: Path, check: bool) -> Iterator[str]:
             if not raw.strip():
                 continue
             where = f"{path}:{number}"
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise InputTextError(f"{where} is not valid UTF-8 (byte {exc.start} of the line)") from None
-            except json.JSONDecodeError as exc:
-                raise InputTextError(f"{where} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+            record = parse_json(raw, where, InputTextError)
             if not isinstance(record, dict) or not isinstance(record.get(TEXT_FIELD), str):
                 raise InputTextError(
                     f"{where} has no string {TEXT_FIELD!r} field: each line must be an object "
@@ -188,8 +184,9 @@ def document_windows(
     """Stream each document's text windows (probes.text_windows: BOS + up to n_ctx - 1 tokens, never
     spanning two documents) until `max_windows`, counting every document's tokens and windows in
     `facts` (n_documents, n_text_tokens, n_windows_available, n_windows, longest_window); the first documents'
-    tokens, whole, until `haystack_len` (default n_ctx) are reached, go into `haystack`. A progress bar
-    over documents and tokens when asked."""
+    tokens, whole, until `haystack_len` (default n_ctx) are reached, go into `haystack`. A document is
+    tokenized in pieces and only as far as the windows and the haystack still need (probes.token_ids;
+    `text_partly_read` when text was left). A progress bar over documents and tokens when asked."""
     body = n_ctx - 1
     haystack_len = n_ctx if haystack_len is None else haystack_len
     total = len(documents) if hasattr(documents, "__len__") else None
@@ -199,7 +196,10 @@ def document_windows(
         if streamed and facts["n_windows"] >= max_windows and len(haystack) >= haystack_len:
             facts["text_partly_read"] = True  # a TextFile: the rest is not tokenized
             break
-        ids = tokenizer(document, add_special_tokens=False)["input_ids"]
+        need = max(max_windows - facts["n_windows"], 0) * body + max(haystack_len - len(haystack), 0)
+        ids, cut = token_ids(tokenizer, document, max(need, 1))  # a long document: only as far as needed
+        if cut:
+            facts["text_partly_read"] = True  # counts below are of the part read
         if facts["n_documents"] == 0 or len(haystack) < haystack_len:
             haystack.extend(ids)
         facts["n_documents"] += 1

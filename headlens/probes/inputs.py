@@ -10,6 +10,7 @@ import torch
 
 from headlens.errors import ConfigError, InputTextError
 from headlens.files import shipped_path
+from headlens.probes.tokenize import token_ids
 
 
 def repeated_random_tokens(
@@ -95,14 +96,15 @@ def text_windows(
 ) -> list[list[int]]:
     """Tokenize `text` (or take its token ids) and cut it into consecutive windows of at most `window` tokens, each with
     BOS prepended (BOS counts towards `window`). Never truncates silently: every token lands in
-    a window (up to `max_windows`, which the caller states). The last window may be shorter;
-    it is dropped only if it has fewer than `min_tokens` text tokens.
+    a window (up to `max_windows`, which the caller states; a text is tokenized only as far as those
+    hold). The last window may be shorter; it is dropped only if it has fewer than `min_tokens` text tokens.
     """
 
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if isinstance(text, str) else list(text)
     body = window - (1 if bos_id is not None else 0)
     if body < 1:
         raise InputTextError(f"window of {window} tokens leaves no room for text")
+    limit = None if max_windows is None else body * max_windows  # tokens the windows can hold
+    ids = token_ids(tokenizer, text, limit)[0] if isinstance(text, str) else list(text)
     windows = []
     for start in range(0, len(ids), body):
         chunk = ids[start : start + body]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from headlens.bounds import parse_count, shown
 from headlens.errors import InputTextError
 from headlens.files import shipped_path
 
@@ -66,15 +67,18 @@ def read_conllu(path) -> list[TreeSentence]:
             raise InputTextError(f"{path}:{number} is not CoNLL-U: {len(fields)} tab-separated fields, need 10")
         wid, form, head, deprel, misc = fields[0], fields[1], fields[6], fields[7], fields[9]
         if "-" in wid:  # a multiword token: its words are glued; its last takes the token's SpaceAfter
-            inside = int(wid.split("-")[1]) if wid.split("-")[1].isdigit() else 0
+            inside = parse_count(wid.split("-")[1]) or 0
             token_glued = "SpaceAfter=No" in misc.split("|")
             continue
         if "." in wid:
             continue
-        if not wid.isdigit() or not head.isdigit():
-            raise InputTextError(f"{path}:{number} is not CoNLL-U: ID {wid!r} and HEAD {head!r} must be integers")
-        glued = int(wid) < inside or (int(wid) == inside and token_glued) or "SpaceAfter=No" in misc.split("|")
-        words.append(TreeWord(form, int(head), deprel, glued))
+        word_id, head_id = parse_count(wid), parse_count(head)  # ASCII digits only: never `²`
+        if word_id is None or head_id is None:
+            raise InputTextError(
+                f"{path}:{number} is not CoNLL-U: ID {shown(wid, 40)} and HEAD {shown(head, 40)} must be integers"
+            )
+        glued = word_id < inside or (word_id == inside and token_glued) or "SpaceAfter=No" in misc.split("|")
+        words.append(TreeWord(form, head_id, deprel, glued))
     if not sentences:
         raise InputTextError(f"{path} holds no CoNLL-U sentences")
     return sentences

@@ -22,7 +22,15 @@ class TargetMassReducer(Reducer):
     totals = ("sums", "sq_sums", "counts", "seq_sums", "seq_sq_sums", "n_seqs", "mul_sums", "mul_n")
 
     def __init__(
-        self, n_layers: int, n_heads: int, targets_fn, query_fn=None, layers=None, mass_fn=None, scored_fn=None
+        self,
+        n_layers: int,
+        n_heads: int,
+        targets_fn,
+        query_fn=None,
+        layers=None,
+        mass_fn=None,
+        scored_fn=None,
+        n_units: int = 0,
     ):
         self.layers = layers
         self.targets_fn = targets_fn
@@ -44,6 +52,12 @@ class TargetMassReducer(Reducer):
         self.n_seqs = torch.zeros(n_layers, dtype=torch.long)  # [layer] sequences with a scored query
         self.mul_sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)  # [layer, head]
         self.mul_n = torch.zeros(n_layers, dtype=torch.long)  # [layer] sequences seen
+        # With n_units (the number of sequences the run will see): each sequence's scored mass and scored
+        # queries, the bootstrap's units (headlens.classify.stability), rows by the batch's offset
+        self.unit_mass = torch.zeros(n_layers, n_units, n_heads, dtype=torch.float64)  # [layer, unit, head]
+        self.unit_n = torch.zeros(n_layers, n_units, dtype=torch.float64)  # [layer, unit]
+        if n_units:
+            self.totals = (*type(self).totals, "unit_mass", "unit_n")
         self._cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._partial: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> per-sequence sums so far
 
@@ -84,6 +98,10 @@ class TargetMassReducer(Reducer):
     def _fold_sequences(self, layer, batch, scored_all, scored_mass, real_mass) -> None:
         """Per-sequence statistics once every query row of the layer has been seen."""
         n_scored = scored_all.sum(-1).to(scored_mass.device)  # [batch]
+        if self.unit_n.shape[1]:
+            rows = (layer, slice(batch.offset, batch.offset + len(n_scored)))
+            self.add_total("unit_mass", rows, scored_mass)
+            self.add_total("unit_n", rows, n_scored.double())
         has = n_scored > 0
         seq_mean = scored_mass / n_scored.clamp(min=1)[:, None]  # [batch, head]: mean over scored queries
         kept = seq_mean * has[:, None]  # [batch, head]: sequences with no scored query add 0

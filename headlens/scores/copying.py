@@ -114,14 +114,16 @@ class CopyingReducer(Reducer):
     scores and their sums (`Reducer.add_total`, copied to the host once per batch by
     `flush_to_host`); only the query indices, known on the host, travel the other way. With an
     unembedding accelerate keeps off the device, its gathered rows are the one exception.
-    `result()` -> [n_layers, n_heads].
+    `result()` -> [n_layers, n_heads]. With `n_units` (the sequences the run will see), each sequence's
+    score sum and scored queries are kept too (`unit_sums`, `unit_n`, rows by the batch's offset): the
+    bootstrap's units (headlens.classify.stability).
     """
 
     wants = frozenset({"pattern", "z"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
     totals = ("sums", "sq_sums", "counts")  # added over processes (headlens.distributed.all_reduce_totals)
 
-    def __init__(self, model, query_fn, layers=None):
+    def __init__(self, model, query_fn, layers=None, n_units: int = 0):
         adapter = adapter_for(model)
         n_layers = adapter.n_layers
         self.layers = layers
@@ -133,6 +135,10 @@ class CopyingReducer(Reducer):
         self.sums = torch.zeros(n_layers, self.n_heads, dtype=torch.float64)  # [layer, head]
         self.sq_sums = torch.zeros(n_layers, self.n_heads, dtype=torch.float64)  # [layer, head]
         self.counts = torch.zeros(n_layers, dtype=torch.long)  # [layer]
+        self.unit_sums = torch.zeros(n_layers, n_units, self.n_heads, dtype=torch.float64)  # [layer, unit, head]
+        self.unit_n = torch.zeros(n_layers, n_units, dtype=torch.float64)  # [layer, unit]
+        if n_units:
+            self.totals = (*type(self).totals, "unit_sums", "unit_n")
         self._pending: dict[int, dict] = {}  # layer -> attended keys so far and z, until both are whole
         self._maps: dict[tuple, tuple] = {}  # (layer, device) -> (A m, A C A^T)
         self._on_device: dict = {}  # device -> the final norm's gain, m and C there
@@ -176,6 +182,8 @@ class CopyingReducer(Reducer):
             return
         a, m_vec, m_cov = self._layer_maps(layer, z.device)
         ids = self._device_ids(batch, z.device)  # [batch, pos]
+        units = slice(batch.offset, batch.offset + len(ids)) if self.unit_n.shape[1] else None
+        per_unit = torch.zeros(len(ids), self.n_heads, dtype=torch.float64, device=z.device)  # [batch, head]
         for start in range(0, len(b_idx), FOLD_QUERIES):
             part = slice(start, start + FOLD_QUERIES)
             b_part = b_dev[part].to(keys.device)  # [n]
@@ -188,7 +196,11 @@ class CopyingReducer(Reducer):
             score = _erf_score(target - mean, var.sqrt(), u, self.rms).double()  # [n, head]
             self.add_total("sums", layer, score.sum(0))
             self.add_total("sq_sums", layer, (score**2).sum(0))
+            per_unit.index_add_(0, b_dev[part], score)
         self.counts[layer] += len(b_idx)  # known on the host: no copy
+        if units is not None:
+            self.add_total("unit_sums", (layer, units), per_unit)
+            self.unit_n[layer, units] += torch.bincount(b_idx, minlength=len(ids)).double()
 
     def _device_ids(self, batch: Batch, device) -> torch.Tensor:
         """The batch's token ids on `device` [batch, pos], moved once per batch."""

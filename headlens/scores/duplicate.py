@@ -18,7 +18,9 @@ def duplicate_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
     return same & torch.ones_like(same[0]).tril(-1)[None]
 
 
-def duplicate_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
+def duplicate_token_reducer(n_layers: int, n_heads: int, layers=None, n_units: int = 0) -> TargetMassReducer:
     """Reducer for duplicate_token_score: mean attention mass on earlier copies of the query token,
     over queries that have one (on repeated random tokens: every token of the later copies)."""
-    return TargetMassReducer(n_layers, n_heads, lambda b: duplicate_token_targets(b.input_ids), layers=layers)
+    return TargetMassReducer(
+        n_layers, n_heads, lambda b: duplicate_token_targets(b.input_ids), layers=layers, n_units=n_units
+    )

@@ -23,7 +23,9 @@ def prefix_matching_targets(input_ids: torch.Tensor) -> torch.Tensor:
     return shifted
 
 
-def prefix_matching_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
+def prefix_matching_reducer(n_layers: int, n_heads: int, layers=None, n_units: int = 0) -> TargetMassReducer:
     """Reducer for prefix_matching_score: mean attention mass on prefix-matching targets,
     over queries that have at least one target (on repeated random tokens: the later repeats)."""
-    return TargetMassReducer(n_layers, n_heads, lambda b: prefix_matching_targets(b.input_ids), layers=layers)
+    return TargetMassReducer(
+        n_layers, n_heads, lambda b: prefix_matching_targets(b.input_ids), layers=layers, n_units=n_units
+    )

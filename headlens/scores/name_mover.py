@@ -73,10 +73,10 @@ def name_tokens(tokenizer) -> dict[str, int]:
     return out
 
 
-def ioi_prompts(tokenizer, bos_id: int | None, n: int = N_PROMPTS, seed: int = 0) -> list[dict]:
+def ioi_prompts(tokenizer, bos_id: int | None, n: int = N_PROMPTS, seed: int = 0, templates=TEMPLATES) -> list[dict]:
     """n IOI prompts, half ABBA, half BABA, seeded: dicts with `text`, `ids` (BOS first), `io`,
     `s` (token ids), `io_pos`, `s1_pos`, `s2_pos` (positions in ids) and `target`, `foil` (" IO",
-    " S": the prompt format of headlens.ablation.prompts)."""
+    " S": the prompt format of headlens.ablation.prompts); `templates` a subset of TEMPLATES."""
     names = name_tokens(tokenizer)
     if len(names) < 2:
         raise ConfigError(f"this tokenizer spells {len(names)} of the {len(NAMES)} IOI names as one token; need 2")
@@ -84,7 +84,7 @@ def ioi_prompts(tokenizer, bos_id: int | None, n: int = N_PROMPTS, seed: int = 0
     keys = sorted(names)
     prompts = []
     for index in range(n):
-        template = TEMPLATES[int(torch.randint(len(TEMPLATES), (1,), generator=gen))]
+        template = templates[int(torch.randint(len(templates), (1,), generator=gen))]
         io, s = (keys[int(i)] for i in torch.randperm(len(keys), generator=gen)[:2])
         order = (io, s) if index % 2 == 0 else (s, io)
         prompts.append(_build(tokenizer, bos_id, template, order, io, s, names))
@@ -128,7 +128,8 @@ def end_attention(pattern: torch.Tensor, positions: torch.Tensor, last: torch.Te
 def ioi_run(loaded, prompts: list[dict]) -> dict:
     """One forward pass over the prompts (right-padded): `io_attention`, `s_attention` and
     `ioi_direct_effect` [n_layers, n_heads] (means over prompts) with their `_std` across prompts,
-    and the model's `logit_diff` (mean) and `logit_diffs` [n]."""
+    and the model's `logit_diff` (mean) and `logit_diffs` [n]; `per_prompt` holds the three scores of
+    each prompt, [n, n_layers, n_heads] each."""
     model = loaded.model
     device = next(model.parameters()).device
     length = max(len(p["ids"]) for p in prompts)
@@ -168,6 +169,11 @@ def ioi_run(loaded, prompts: list[dict]) -> dict:
         "ioi_direct_effect_std": direct.std(1) if len(prompts) > 1 else nan.clone(),
         "logit_diff": float(diffs.mean()),
         "logit_diffs": diffs,
+        "per_prompt": {
+            "io_attention": io_att.transpose(0, 1),  # [batch, layer, head]
+            "s_attention": s_att.transpose(0, 1),
+            "ioi_direct_effect": direct.transpose(0, 1),
+        },
     }
 
 

@@ -32,7 +32,7 @@ def offset_mass(pattern: torch.Tensor, offset: int, q_start: int = 0) -> torch.T
     return mass
 
 
-def prev_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
+def prev_token_reducer(n_layers: int, n_heads: int, layers=None, n_units: int = 0) -> TargetMassReducer:
     """Reducer for prev_token_score: mean A[i, i-1] over real positions i >= 1."""
     return TargetMassReducer(
         n_layers,
@@ -41,10 +41,11 @@ def prev_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassRe
         layers=layers,
         mass_fn=lambda pattern, q_start: offset_mass(pattern, -1, q_start),
         scored_fn=lambda b: _from_position(b, 1),
+        n_units=n_units,
     )
 
 
-def current_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
+def current_token_reducer(n_layers: int, n_heads: int, layers=None, n_units: int = 0) -> TargetMassReducer:
     """Reducer for current_token_score: mean A[i, i] over real positions i >= 1 (i = 0 is trivially 1)."""
     return TargetMassReducer(
         n_layers,
@@ -54,6 +55,7 @@ def current_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMas
         layers=layers,
         mass_fn=lambda pattern, q_start: offset_mass(pattern, 0, q_start),
         scored_fn=lambda b: _from_position(b, 0),
+        n_units=n_units,
     )
 
 
@@ -68,7 +70,7 @@ def _from_position_one(batch) -> torch.Tensor:
     return scored
 
 
-def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassReducer:
+def first_token_reducer(n_layers: int, n_heads: int, layers=None, n_units: int = 0) -> TargetMassReducer:
     """Reducer for first_token_score: mean A[t, 0] over real positions t >= 1 (t = 0 is trivially 1)."""
 
     def first_column(batch):
@@ -84,7 +86,13 @@ def first_token_reducer(n_layers: int, n_heads: int, layers=None) -> TargetMassR
         return mass
 
     return TargetMassReducer(
-        n_layers, n_heads, first_column, layers=layers, mass_fn=first_mass, scored_fn=lambda b: _from_position(b, 1)
+        n_layers,
+        n_heads,
+        first_column,
+        layers=layers,
+        mass_fn=first_mass,
+        scored_fn=lambda b: _from_position(b, 1),
+        n_units=n_units,
     )
 
 
@@ -98,18 +106,24 @@ class ArgmaxOffsetReducer(Reducer):
     Queries q >= 2 are scored (with position 0 excluded, q = 1 sees only itself).
     Offsets from -max_offset to 0 get their own bucket; anything further back shares one.
     `result()` -> (dominant_offset [n_layers, n_heads] long, share [n_layers, n_heads] float).
+    With `n_units`, each sequence's bucket counts and scored queries are kept too (`unit_counts`,
+    `unit_n`, rows by the batch's offset): the bootstrap's units (headlens.classify.stability).
     """
 
     wants = frozenset({"pattern"})
     row_blocks = True  # takes patterns in blocks of query rows (capture.Reducer)
     totals = ("counts", "n_scored")  # added over processes (headlens.distributed.all_reduce_totals)
 
-    def __init__(self, n_layers: int, n_heads: int, max_offset: int = 8, layers=None):
+    def __init__(self, n_layers: int, n_heads: int, max_offset: int = 8, layers=None, n_units: int = 0):
         self.layers = layers
         self.max_offset = max_offset
         # counts[layer, head, j]: j = -offset for offsets 0..-max_offset, j = max_offset + 1 for "further"
         self.counts = torch.zeros(n_layers, n_heads, max_offset + 2, dtype=torch.long)
         self.n_scored = torch.zeros(n_layers, dtype=torch.long)  # [layer]
+        self.unit_counts = torch.zeros(n_layers, n_units, n_heads, max_offset + 2)  # [layer, unit, head, bucket]
+        self.unit_n = torch.zeros(n_layers, n_units)  # [layer, unit]
+        if n_units:
+            self.totals = (*type(self).totals, "unit_counts", "unit_n")
 
     def update(self, layer, batch, pattern=None, z=None, q_start: int = 0):
         n_rows, n = pattern.shape[-2], pattern.shape[-1]
@@ -120,8 +134,13 @@ class ArgmaxOffsetReducer(Reducer):
         back = (queries[None, None, :] - arg).clamp(min=0, max=self.max_offset + 1)  # [batch, head, rows]
         scored = batch.mask[:, q_start : q_start + n_rows].to(pattern.device) & (queries >= 2)  # [batch, rows]
         onehot = torch.nn.functional.one_hot(back, self.max_offset + 2)  # [batch, head, rows, bucket]
-        self.add_total("counts", layer, (onehot * scored[:, None, :, None]).sum((0, 2)))  # on the device
+        per_unit = (onehot * scored[:, None, :, None]).sum(2)  # [batch, head, bucket]
+        self.add_total("counts", layer, per_unit.sum(0))  # on the device
         self.add_total("n_scored", layer, scored.sum())
+        if self.unit_n.shape[1]:
+            rows = (layer, slice(batch.offset, batch.offset + len(per_unit)))
+            self.add_total("unit_counts", rows, per_unit.double())
+            self.add_total("unit_n", rows, scored.sum(1).double())
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         self.flush()

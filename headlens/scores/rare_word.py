@@ -43,7 +43,9 @@ MAX_SENTENCES = 64  # sentences scored at most (the rest is counted in the facts
 TOKEN_SHARE = 0.25  # tokens in all, as a share of the natural-text probe's max_windows x window
 MIN_WORDS = 3  # a sentence needs at least this many words to have a rarest one worth the name
 LANGUAGE = "en"  # wordfreq's language code for the shipped English text
-SENTENCE = re.compile(r"[^.!?]+[.!?]")
+SENTENCE = re.compile(r"[^.!?]+[.!?]")  # a sentence: what sentence_spans yields
+TERMINATOR = re.compile(r"[.!?]")
+MAX_TOKEN_CHARS = 64  # characters one token spans at most, white space collapsed (longer sentences are "long")
 WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 
 
@@ -59,6 +61,16 @@ class RareSentence:
     @property
     def query(self) -> int:
         return len(self.ids) - 1
+
+
+def sentence_spans(document: str):
+    """The matches of SENTENCE in `document`, found in one pass (SENTENCE.finditer retries from every
+    position of a text without a sentence end: time that grows with the square of its length)."""
+    start = 0
+    for end in TERMINATOR.finditer(document):
+        if end.start() > start:  # at least one character before the end mark
+            yield document[start : end.end()]
+        start = end.end()
 
 
 def word_spans(text: str) -> list[tuple[int, int, str]]:
@@ -97,8 +109,11 @@ def rare_sentences(
     all, and counts of what was skipped (the sentences beyond the caps are not read)."""
     kept, skipped, total = [], {"short": 0, "long": 0, "tied": 0, "open": 0}, 0
     for document in documents:
-        for match in SENTENCE.finditer(document):
-            text = " " + " ".join(match.group().split())  # as it runs in the text: after a space
+        for found in sentence_spans(document):
+            if len(found) > MAX_TOKEN_CHARS * max_len:  # more tokens than max_len whatever the tokenizer
+                skipped["long"] += 1
+                continue
+            text = " " + " ".join(found.split())  # as it runs in the text: after a space
             sentence, why = rare_sentence(tokenizer, text, bos, max_len)
             if sentence is None:
                 skipped[why] += 1

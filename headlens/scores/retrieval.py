@@ -66,7 +66,8 @@ def retrieval_scores(model, prompts: Sequence, progress: bool = False, cache: bo
     """Greedy-decode every needle prompt and score copy-paste per head (Wu et al. 2024).
 
     `prompts`: NeedlePrompt tuples (probes.needle_prompts). Returns `score` [n_layers, n_heads]
-    (NaN when no test was retrieved), `std` across retrieved tests, `n_tests`, `n_retrieved`,
+    (NaN when no test was retrieved), `std` across retrieved tests, `per_test` [retrieved test, n_layers,
+    n_heads] (each retrieved test's copy-paste share; absent when none), `n_tests`, `n_retrieved`,
     `n_tokens` (asked-for tokens of the retrieved tests). Tests of equal prompt length decode
     together as one batch. `cache` (default: on for Hugging Face models, off for a bridge):
     prefill once and decode with the key/value cache; off, one full forward per token.
@@ -99,6 +100,7 @@ def retrieval_scores(model, prompts: Sequence, progress: bool = False, cache: bo
     return {
         "score": stacked.mean(0).float(),
         "std": stacked.std(0, unbiased=False).float(),
+        "per_test": stacked,
         "n_tests": len(prompts),
         "n_retrieved": len(per_test),
         "n_tokens": n_tokens,

@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 
 from headlens.errors import ConfigError, OutputPathError
-from headlens.files import check_target, special_kind, write_atomic
+from headlens.files import csv_text, write_atomic
 from headlens.training.config import TrainConfig, stages
 from headlens.training.data import byte_tokenizer, load_corpus, lr_at, sample_batch
 from headlens.training.evaluate import build_probes, evaluate
+from headlens.training.outdir import check_run_dir, staged_run
 
 # Columns of training_log.csv: the contract shared with the report (up to elapsed_s), then extras.
 LOG_COLUMNS = [
@@ -106,7 +107,7 @@ def build_model(config: TrainConfig, tokenizer) -> torch.nn.Module:
 
 
 def _write_csv(frame, path: Path) -> None:
-    write_atomic(path, frame.to_csv(index=False))
+    write_atomic(path, csv_text(frame))
 
 
 def _quietly(call):
@@ -122,20 +123,9 @@ def _quietly(call):
             hf_logging.enable_progress_bar()
 
 
-def _prepare_out_dir(out_dir) -> Path:
-    """Create the run folder; refuse a file, or a folder that already holds a run (nothing is lost)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputPathError(f"--out {out_dir} is a file: give a folder for the training run")
-    if (out_dir / "training_log.csv").exists():
-        raise OutputPathError(f"--out {out_dir} already holds a training run: choose a new folder")
-    for entry in sorted(out_dir.iterdir()) if out_dir.is_dir() else ():
-        if special_kind(entry) not in (None, "directory"):  # the run writes its files there by name
-            check_target(entry)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputPathError(f"cannot create --out {out_dir}: {exc.strerror}") from None
+def _prepare_stage_dir(out_dir: Path) -> Path:
+    """The folder of an earlier stage, inside the run's staging folder (headlens.training.outdir)."""
+    out_dir.mkdir()
     return out_dir
 
 
@@ -146,6 +136,7 @@ def train_tiny(
     progress: bool = False,
     config: TrainConfig | None = None,
     arch: str | None = None,
+    force: bool = False,
 ) -> Path:
     """Train a tiny model from scratch; write the model (HF format), checkpoints and the logs to out_dir.
 
@@ -156,27 +147,41 @@ def train_tiny(
     its logs continue the earlier stages' (steps counted from the start of the recipe). Every
     `checkpoint_every` steps (and at the end) the weights go to checkpoints/step_NNNNN/ and one row
     to training_log.csv (columns LOG_COLUMNS) plus one row per head to training_heads.csv
-    (HEAD_COLUMNS). The final model, tokenizer and train_config.json land in out_dir itself.
+    (HEAD_COLUMNS). The final model, tokenizer and train_config.json land in out_dir itself. The run is
+    written beside out_dir and moved into place when complete; out_dir must be absent, empty or an earlier
+    run unless `force` (headlens.training.outdir), else OutputPathError before any work.
     Deterministic on CPU for a given seed and thread count (`config.threads`).
     """
     overrides = {"seed": seed} if seed is not None else {}
     plan = [replace(config, **overrides)] if config else list(stages(arch or "gpt2", **overrides))
     if steps is not None:
         plan = [replace(stage, steps=n) for stage, n in zip(plan, split_steps(steps, plan), strict=True)]
-    out_dir = _prepare_out_dir(out_dir)
+    out_dir = check_run_dir(out_dir, force)
     threads = torch.get_num_threads()
     previous, offset = None, 0
     try:
-        for index, stage in enumerate(plan, start=1):
-            folder = out_dir if index == len(plan) else _prepare_out_dir(out_dir / f"stage{index}")
-            if previous is not None:
-                stage = replace(stage, init_from=str(previous))
-            torch.set_num_threads(stage.threads)
-            _TrainingRun(folder, stage, offset, previous).run(progress)
-            previous, offset = folder, offset + stage.steps
+        with staged_run(out_dir, force) as staging:
+            for index, stage in enumerate(plan, start=1):
+                folder = staging if index == len(plan) else _prepare_stage_dir(staging / f"stage{index}")
+                if previous is not None:
+                    stage = replace(stage, init_from=str(previous))
+                torch.set_num_threads(stage.threads)
+                _TrainingRun(folder, stage, offset, previous).run(progress)
+                previous, offset = folder, offset + stage.steps
+            _name_final_paths(staging, out_dir)
     finally:
         torch.set_num_threads(threads)
     return out_dir
+
+
+def _name_final_paths(staging: Path, out_dir: Path) -> None:
+    """Each stage's train_config.json names the earlier stage it started from (`init_from`) where the run
+    will be once moved into place, not the staging folder it was trained in."""
+    for path in staging.rglob("train_config.json"):
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(config.get("init_from"), str) and config["init_from"].startswith(str(staging)):
+            config["init_from"] = str(out_dir) + config["init_from"][len(str(staging)) :]
+            path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def split_steps(steps: int, plan: list[TrainConfig]) -> list[int]:

@@ -226,10 +226,19 @@
       var th = document.createElement("th"); th.textContent = text; head.appendChild(th);
     });
     var body = table.createTBody();
+    var intervals = data.intervals || {};
     Object.keys(data.scores).forEach(function (name) {
       var row = body.insertRow();
       row.insertCell().textContent = name;
-      row.insertCell().textContent = fixed(data.scores[name], 3);
+      var span = intervals[name];  // its 95% bootstrap interval, where the classification has one
+      row.insertCell().textContent = fixed(data.scores[name], 3) +
+        (span ? " [" + fixed(span[0], 3) + ", " + fixed(span[1], 3) + "]" : "");
+    });
+    Object.keys(intervals).forEach(function (name) {  // the stability of each of the head's labels
+      if (intervals[name].length !== 1) { return; }
+      var row = body.insertRow();
+      row.insertCell().textContent = name;
+      row.insertCell().textContent = fixed(intervals[name][0], 3);
     });
   }
 

@@ -26,7 +26,7 @@ import torch
 
 from headlens.ablation.tokens import token_ablation
 from headlens.classify.kinds import BY_LABEL, LABELS, SCORES
-from headlens.classify.labels import roles_of
+from headlens.classify.labels import label_list, roles_of
 from headlens.classify.samples import capture_patterns
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
@@ -115,6 +115,21 @@ class Explorer:
                 out[score.column] = float(value)
         return out
 
+    def head_intervals(self, layer: int, head: int) -> dict[str, list[float]]:
+        """Score column -> its 95% bootstrap interval [low, high], and label -> [stability] for the head's labels
+        (headlens.classify.stability), where the classification has them."""
+        row = self.frame.loc[(layer, head)]
+        out = {}
+        for score in SCORES:
+            low, high = row.get(f"{score.column}_lo"), row.get(f"{score.column}_hi")
+            if isinstance(low, (float, np.number)) and np.isfinite(low) and np.isfinite(high):
+                out[score.column] = [float(low), float(high)]
+        for label in label_list(row.labels):
+            value = row.get(f"{label}_stability")
+            if isinstance(value, (float, np.number)) and np.isfinite(value):
+                out[f"{label}_stability"] = [float(value)]
+        return out
+
     # -- a typed text -----------------------------------------------------------------------------
     def start_run(self, text: str) -> dict:
         text = check_text(text, "the text")
@@ -171,6 +186,7 @@ class Explorer:
             "labels": self.labels()[f"{layer}.{head}"],
             "scores": self.head_scores(layer, head),
             "backups": self.backups.get(f"{layer}.{head}", []),
+            "intervals": self.head_intervals(layer, head),
         }
 
     def query_row(self, run_id: str, layer: int, query: int) -> dict:

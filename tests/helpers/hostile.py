@@ -25,14 +25,15 @@ def assert_intact(sentinel: Path) -> None:
 
 
 def refused(*args: str, sentinel: Path | None = None) -> str:
-    """Run `headlens ARGS` in process; assert exit 2, one stderr line at most, no traceback, sentinel
-    intact. The stderr line."""
+    """Run `headlens ARGS` in process; assert exit 2, one stderr line at most (of at most 300 characters), no
+    traceback, sentinel intact. The stderr line."""
     result = CliRunner().invoke(cli, [str(arg) for arg in args])
     assert result.exit_code == 2, (result.output, result.exception)
     assert isinstance(result.exception, SystemExit), result.exception  # not an uncaught error
     lines = result.stderr.strip().splitlines()
     assert len(lines) <= 1, result.stderr
     assert "Traceback" not in result.output, result.output
+    assert all(len(line) <= 300 for line in lines), lines  # one line of at most 300 characters
     if sentinel is not None:
         assert_intact(sentinel)
     return lines[0] if lines else ""

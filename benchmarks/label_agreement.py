@@ -1,0 +1,94 @@
+"""Do a real model's labels hold across texts and precisions? And what do its previous-token heads do on
+random tokens, where the previous token is known?
+
+1. `compare_texts`: classify on the shipped held-out texts (English, Spanish, Python) and any `--extra`
+   files (e.g. /usr/share/common-licenses/GPL-3), the probes that do not read the text run once; per role
+   the heads on each text, Jaccard, flips; for `--watch` heads their positional offset, share with its 95%
+   bootstrap interval and stability, and prev_token_score on each text.
+2. `random_tokens`: the same positional probe (Voita argmax share, prev_token_score) on the repeated random
+   token sequences the repeats probe reads (first repeat only: before any token repeats), for the watched
+   heads.
+3. `seeds`: the default text at seed 0 and seed 1 (the random tokens and needles change).
+4. `precision` (with --precision): classify in float32 and bfloat16 on the default text; Jaccard per role and
+   the heads whose label depends on the precision.
+
+    .venv/bin/python benchmarks/label_agreement.py smollm2 --extra /usr/share/common-licenses/GPL-3 \
+        --watch 17.8,19.3,19.8 [--precision]
+Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from previous_token_texts import probe_ids  # benchmarks/ is on sys.path when run as a script
+
+from headlens.classify import ClassifyConfig, classify_heads
+from headlens.classify.compare import classify_texts, compare_labels, shipped_documents
+from headlens.load.models import load_model
+from headlens.probes.inputs import random_token_range, read_text, repeated_random_tokens
+
+
+def _watched(frame, heads: list[tuple[int, int]]) -> dict:
+    out = {}
+    for layer, head in heads:
+        row = frame[(frame["layer"] == layer) & (frame["head"] == head)].iloc[0]
+        out[f"{layer}.{head}"] = {
+            "offset": int(row["positional_offset"]),
+            "share": round(float(row["positional_share"]), 4),
+            "share_ci": [round(float(row["positional_share_lo"]), 4), round(float(row["positional_share_hi"]), 4)],
+            "previous_token_stability": round(float(row["previous_token_stability"]), 4),
+            "prev_token_score": round(float(row["prev_token_score"]), 4),
+            "labels": list(row["labels"]),
+        }
+    return out
+
+
+def random_token_positional(loaded, config, heads) -> dict:
+    """Argmax share at offset -1 and prev_token_score on random tokens (no token repeats)."""
+    low, high = random_token_range(loaded.spec.d_vocab, config.token_low, config.token_high)
+    ids = repeated_random_tokens(16, 255, 1, low, high, None, seed=config.seed).tolist()  # [16, 255]
+    return probe_ids(loaded, config, ids, heads)
+
+
+def _table(results) -> list[dict]:
+    table = compare_labels(results)
+    return json.loads(table.to_json(orient="records"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--extra", nargs="*", default=[])
+    parser.add_argument("--watch", default="")
+    parser.add_argument("--precision", action="store_true")
+    args = parser.parse_args()
+    heads = [tuple(map(int, h.split("."))) for h in args.watch.split(",") if h]
+    config = ClassifyConfig()
+    loaded = load_model(args.model)
+    texts = shipped_documents()
+    texts.update({Path(p).stem: read_text(p) for p in args.extra})
+    start = time.perf_counter()
+    shipped = classify_texts(loaded, {k: texts[k] for k in ("english", "spanish", "code")}, config)
+    out = {"model": args.model, "compare_s": round(time.perf_counter() - start, 1), "shipped": _table(shipped)}
+    results = dict(shipped)
+    if args.extra:
+        results.update(classify_texts(loaded, {Path(p).stem: texts[Path(p).stem] for p in args.extra}, config))
+        out["english_vs_extra"] = _table({k: results[k] for k in ("english", *(Path(p).stem for p in args.extra))})
+    out["watched"] = {name: _watched(result.frame, heads) for name, result in results.items()}
+    out["random_tokens"] = random_token_positional(loaded, config, heads)
+    print(json.dumps(out), flush=True)
+    other = classify_heads(loaded, config=replace(config, seed=1))
+    print(json.dumps({"model": args.model, "seeds": _table({"seed0": results["english"], "seed1": other})}), flush=True)
+    if args.precision:
+        low = classify_heads(load_model(args.model, dtype="bfloat16"), config=config)
+        pair = {"float32": results["english"], "bfloat16": low}
+        print(json.dumps({"model": args.model, "precision": _table(pair)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Circuit discovery on the whole model's graph: score every edge, keep the top ones, measure them.
+
+`discover` scores every edge of the graph (headlens.circuits.graph) by exact patching, EAP or EAP-IG
+(headlens.circuits.faithfulness), then:
+- the faithfulness curve f(k) over a log-spaced grid of k top edges (each circuit pruned to the nodes
+  on a path from `input` to `logits`, as EAP-IG's `Graph.prune`), CPR = area under f and CMD = area
+  under |1 - f|, the x axis k / (all edges), trapezoids (MIB's `area_under_curve`,
+  mech-interp-bench MIB-circuit-track scripts/print_results.py);
+- the smallest k with f >= 0.8 and with f >= 0.9 (first grid point that reaches it, then bisection
+  down to the previous grid point);
+- the circuit: `edges` top edges, or the smallest k reaching `target`;
+- stability: Jaccard overlap of the top-k edge sets scored on 5 bootstrap resamples of the task's
+  sequences (mean over pairs, with the full set's), and on two sets of templates (headlens.circuits.
+  variants), where the caller passes them.
+The Result (kind "circuit_graph"): frame = the circuit's nodes with their roles; tables "edges" (sender,
+receiver, via, score, in_graph: every edge of the graph) and "curve" (k, edges, nodes, faithfulness).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headlens.circuits.faithfulness import GraphTask, faithfulness
+from headlens.circuits.graph import INPUT, LOGITS, nodes_in, prune, top_edges
+from headlens.circuits.tasks import take_rows
+from headlens.errors import ConfigError
+from headlens.results import Result
+
+CURVE_POINTS = 20
+TARGETS = (0.8, 0.9)
+RESAMPLES = 5
+
+
+def log_grid(n_edges: int, points: int = CURVE_POINTS) -> list[int]:
+    """Distinct edge counts, log-spaced from 1 to n_edges (both included)."""
+    grid = np.unique(np.round(np.logspace(0, np.log10(n_edges), points)).astype(int))
+    return [int(k) for k in grid if 1 <= k <= n_edges]
+
+
+def area(xs: list[float], ys: list[float]) -> float:
+    """MIB's normalised area: x divided by its last value, trapezoid rule."""
+    x = np.asarray(xs, dtype=float) / xs[-1]
+    y = np.asarray(ys, dtype=float)
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
+
+
+class Curve:
+    """Faithfulness of the top-k circuits of one score matrix, each k measured once."""
+
+    def __init__(self, gt: GraphTask, scores: torch.Tensor):
+        self.gt, self.scores = gt, scores
+        self.full, self.empty = gt.ends()
+        self.seen: dict[int, tuple[torch.Tensor, float]] = {}
+
+    def circuit(self, k: int) -> tuple[torch.Tensor, float]:
+        if k not in self.seen:
+            keep = prune(self.gt.graph, top_edges(self.gt.graph, self.scores, k))
+            self.seen[k] = keep, faithfulness(self.gt.metric(keep), self.full, self.empty)
+        return self.seen[k]
+
+    def smallest(self, target: float, grid: list[int]) -> int | None:
+        """The smallest k found with f >= target (None: not even the whole model)."""
+        previous = 0
+        for k in grid:
+            if self.circuit(k)[1] >= target:
+                low, high = previous, k  # f(low) < target <= f(high)
+                while high - low > 1:
+                    mid = (low + high) // 2
+                    low, high = (low, mid) if self.circuit(mid)[1] >= target else (mid, high)
+                return high
+            previous = k
+        return None
+
+
+def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
+    union = int((a | b).sum())
+    return int((a & b).sum()) / union if union else 1.0
+
+
+def stability(loaded, task, method, ablation, k, steps, seed, keep, variants=None) -> dict:
+    """Jaccard overlap of the top-k edges over RESAMPLES bootstrap resamples of the task's rows (mean
+    over all pairs of those and the full set's `keep`) and between the two task `variants` (or None)."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    sets = [keep]
+    n = task.tokens.shape[0]
+    for _ in range(RESAMPLES):
+        rows = torch.randint(n, (n,), generator=gen)
+        sets.append(_top(loaded, take_rows(task, rows), method, ablation, k, steps))
+    pairs = [jaccard(a, b) for a, b in itertools.combinations(sets, 2)]
+    out = {"resamples": RESAMPLES, "k": k, "jaccard_resamples": float(np.mean(pairs)), "jaccard_templates": None}
+    if variants is not None:
+        first, second = (_top(loaded, v, method, ablation, k, steps) for v in variants)
+        out["jaccard_templates"] = jaccard(first, second)
+    return out
+
+
+def _top(loaded, task, method, ablation, k, steps) -> torch.Tensor:
+    gt = GraphTask(loaded, task, ablation)
+    return top_edges(gt.graph, gt.scores(method, steps), k)
+
+
+def discover(
+    loaded,
+    task,
+    method: str = "eap",
+    edges: int | None = None,
+    target: float | None = None,
+    ablation: str = "patching",
+    steps: int = 5,
+    points: int = CURVE_POINTS,
+    labels: dict | None = None,
+    variants=None,
+    seed: int = 0,
+    with_stability: bool = True,
+) -> Result:
+    """The circuit of `task` on `loaded` (module docstring): `edges` top edges, or the smallest set
+    reaching faithfulness `target` (default 0.8). `labels`: head "L.H" -> its labels (roles)."""
+    if edges is not None and target is not None:
+        raise ConfigError("give --edges or --target, not both")
+    gt = GraphTask(loaded, task, ablation)
+    scores = gt.scores(method, steps)
+    return measure(gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded, variants)
+
+
+def measure(gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded, variants):
+    """Curve, sizes, chosen circuit and stability of one score matrix: the Result of `discover`."""
+    graph = gt.graph
+    if edges is not None and not 1 <= edges <= graph.n_edges:
+        raise ConfigError(f"--edges {edges}: this model's graph has 1 to {graph.n_edges} edges")
+    curve = Curve(gt, scores)
+    grid = log_grid(graph.n_edges, points)
+    rows = []
+    for k in grid:
+        keep, f = curve.circuit(k)
+        rows.append({"k": k, "edges": int(keep.sum()), "nodes": len(nodes_in(graph, keep)), "faithfulness": f})
+    sizes = {f"size_at_{t}": curve.smallest(t, grid) for t in TARGETS}
+    if edges is None:
+        goal = 0.8 if target is None else target
+        edges = curve.smallest(goal, grid) or graph.n_edges
+    keep, f = curve.circuit(edges)
+    xs, fs = [r["k"] for r in rows], [r["faithfulness"] for r in rows]
+    meta = {
+        "task": gt.task.name,
+        "description": gt.task.description,
+        "method": method,
+        "steps": steps if method == "eap-ig" else None,
+        "ablation": gt.ablation,
+        "metric_full": curve.full,
+        "metric_empty": curve.empty,
+        "k": edges,
+        "n_edges": int(keep.sum()),
+        "n_nodes": len(nodes_in(graph, keep)),
+        "graph_edges": graph.n_edges,
+        "faithfulness": f,
+        "cpr": area(xs, fs),
+        "cmd": area(xs, [abs(1 - v) for v in fs]),
+        **sizes,
+        "stability": None,
+        "seed": seed,
+    }
+    if with_stability:
+        meta["stability"] = stability(loaded, gt.task, method, gt.ablation, edges, steps, seed, keep, variants)
+    tables = {"edges": edge_table(graph, scores, keep), "curve": pd.DataFrame(rows)}
+    return Result("circuit_graph", node_frame(graph, keep, labels or {}), meta, tables=tables)
+
+
+def edge_table(graph, scores: torch.Tensor, keep: torch.Tensor) -> pd.DataFrame:
+    """Every edge of the graph: sender, receiver, via (q, k, v or input), score, in_graph; by |score|."""
+    s, r = graph.real.nonzero(as_tuple=True)
+    frame = pd.DataFrame(
+        {
+            "sender": [graph.sender_names[i] for i in s.tolist()],
+            "receiver": [graph.receiver_names[i][0] for i in r.tolist()],
+            "via": [graph.receiver_names[i][1] for i in r.tolist()],
+            "score": scores[s, r].numpy(),
+            "in_graph": keep[s, r].numpy(),
+        }
+    )
+    order = np.argsort(-np.abs(frame["score"].to_numpy()), kind="stable")
+    return frame.iloc[order].reset_index(drop=True)
+
+
+def node_frame(graph, keep: torch.Tensor, labels: dict) -> pd.DataFrame:
+    """The circuit's nodes: node, kind (input, head, mlp, logits), layer, head, roles."""
+    rows = []
+    for name in nodes_in(graph, keep):
+        if name in (INPUT, LOGITS):
+            rows.append({"node": name, "kind": name, "layer": None, "head": None, "roles": []})
+        elif name.startswith("m"):
+            rows.append({"node": name, "kind": "mlp", "layer": int(name[1:]), "head": None, "roles": []})
+        else:
+            layer, head = (int(p[1:]) for p in name.split("."))
+            rows.append(
+                {"node": name, "kind": "head", "layer": layer, "head": head, "roles": labels.get(f"{layer}.{head}", [])}
+            )
+    return pd.DataFrame(rows, columns=["node", "kind", "layer", "head", "roles"])

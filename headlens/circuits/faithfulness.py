@@ -1,0 +1,170 @@
+"""A circuit's metric, the edges' scores, and faithfulness as MIB defines it.
+
+`GraphTask` holds a task cut into batches, each with its reference run (headlens.circuits.graphrun):
+- "patching": the task's counterfactual sequences (IOI's ABC run, Greater-than's "...from the year
+  1701...", induction's other random tokens), run whole;
+- "mean": every sender's output averaged over the task's sequences, per position.
+`metric(keep)` is the task's metric when only the edges of `keep` carry the clean run. Faithfulness
+(MIB, Mueller et al. 2025): f(C) = (m(C) - m(empty)) / (m(M) - m(empty)), M the whole model.
+
+Edge scores, each the change of the metric when the one edge is patched (m(M minus e) - m(M)):
+- "exact": that change, one pass per edge;
+- "eap": its first-order estimate (Syed et al. 2023), (reference_s - out_s) . dm/dx_r at the clean run,
+  every edge from one forward and one backward pass;
+- "eap-ig": the gradient averaged over `steps` runs whose input embeddings go from the reference's to
+  the clean ones, alpha = k / steps, k = 1..steps (Hanna et al. 2024, EAP-IG "inputs").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from headlens.arch import adapter_for
+from headlens.circuits.graph import graph_of
+from headlens.circuits.graphrun import Record, run_graph
+from headlens.circuits.readout import batch_sum, task_terms
+from headlens.errors import ConfigError
+from headlens.intervene.replace import frozen_weights
+
+ABLATIONS = ("patching", "mean")
+METHODS = ("exact", "eap", "eap-ig")
+BATCH_TOKENS = 192  # positions per batch: the q/k/v inputs of every head of a layer are [3 x head x tokens x d_model]
+
+
+@dataclass
+class Batch:
+    rows: slice
+    ctx: object
+    ref: Record
+
+
+class GraphTask:
+    """A task on a model's graph, with its reference runs (module docstring)."""
+
+    def __init__(self, loaded, task, ablation: str = "patching", batch_tokens: int = BATCH_TOKENS):
+        if ablation not in ABLATIONS:
+            raise ConfigError(f"unknown ablation {ablation!r}: choose one of {', '.join(ABLATIONS)}")
+        if ablation == "patching" and task.corrupted is None:
+            raise ConfigError(f"the {task.name} task has no counterfactual run: use --ablation mean")
+        self.model, self.task, self.ablation = loaded.model, task, ablation
+        self.adapter = adapter_for(loaded.model)
+        self.graph = graph_of(self.adapter)
+        self.terms = task_terms(task)
+        self.n_read = int(task.where.sum())
+        n, pos = task.tokens.shape
+        step = max(1, batch_tokens // pos)
+        self.batches = []
+        with torch.no_grad():
+            for start in range(0, n, step):
+                rows = slice(start, min(n, start + step))
+                ctx = self.adapter.context(task.tokens[rows], task.mask[rows])
+                ref = self._corrupted(rows) if ablation == "patching" else None
+                self.batches.append(Batch(rows, ctx, ref))
+            if ablation == "mean":
+                self._set_means()
+
+    def _corrupted(self, rows: slice) -> Record:
+        ctx = self.adapter.context(self.task.corrupted[rows], self.task.mask[rows])
+        return run_graph(self.adapter, self.graph, ctx, self.graph.real)[1]
+
+    def _set_means(self) -> None:
+        """Each batch's reference: every sender's output and each input averaged over the task's
+        sequences at each position (positions a sequence lacks left out)."""
+        records = [run_graph(self.adapter, self.graph, b.ctx, self.graph.real)[1] for b in self.batches]
+        mask = self.task.mask.to(records[0].outs.dtype)  # [n, pos]
+        count = mask.sum(0).clamp(min=1)[:, None]  # [pos, 1]
+
+        def mean(parts):  # parts: [batch, pos, d_model] per batch -> [pos, d_model]
+            whole = torch.cat(parts)  # [n, pos, d_model]
+            return (whole * mask[..., None]).sum(0) / count
+
+        senders = torch.stack([mean([r.outs[s] for r in records]) for s in range(self.graph.n_senders)])
+        attn = [mean([r.attn_in[layer] for r in records]) for layer in range(self.adapter.n_layers)]
+        mlp = [mean([r.mlp_in[layer] for r in records]) for layer in range(self.adapter.n_layers)]
+        final = mean([r.final for r in records])
+        for b in self.batches:
+            size = b.rows.stop - b.rows.start
+            b.ref = Record(
+                senders[:, None].expand(-1, size, -1, -1),
+                [a.expand(size, -1, -1) for a in attn],
+                [m.expand(size, -1, -1) for m in mlp],
+                final.expand(size, -1, -1),
+            )
+
+    def metric(self, keep: torch.Tensor) -> float:
+        """The task's metric (its mean over read positions) when the edges of `keep` [senders,
+        receivers] carry the clean run and every other edge its reference."""
+        keep = keep & self.graph.real
+        total = 0.0
+        with torch.no_grad():
+            for b in self.batches:
+                final, _ = run_graph(self.adapter, self.graph, b.ctx, keep, b.ref)
+                total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, final))
+        return total / self.n_read
+
+    def ends(self) -> tuple[float, float]:
+        """m(M) and m(empty): the whole model's metric and the reference run's."""
+        full = self.metric(self.graph.real)
+        return full, self.metric(torch.zeros_like(self.graph.real))
+
+    def scores(self, method: str, steps: int = 5) -> torch.Tensor:
+        """Every edge's score [senders, receivers] (0 off the graph's edges) by `method`."""
+        if method not in METHODS:
+            raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        if method == "exact":
+            return self._exact_scores()
+        return self._gradient_scores(1 if method == "eap" else steps, interpolate=method == "eap-ig")
+
+    def _exact_scores(self) -> torch.Tensor:
+        real = self.graph.real
+        base = self.metric(real)
+        out = torch.zeros(real.shape, dtype=torch.float64)
+        for s, r in real.nonzero().tolist():
+            keep = real.clone()
+            keep[s, r] = False
+            out[s, r] = self.metric(keep) - base
+        return out
+
+    def _gradient_scores(self, steps: int, interpolate: bool) -> torch.Tensor:
+        out = torch.zeros(self.graph.real.shape, dtype=torch.float64)
+        with frozen_weights(self.model):
+            for b in self.batches:
+                with torch.no_grad():
+                    _, clean = run_graph(self.adapter, self.graph, b.ctx, self.graph.real)
+                diffs = (b.ref.outs - clean.outs).flatten(2).double()  # [senders, batch, pos * d_model]
+                grads = None
+                for k in range(1, steps + 1):
+                    alpha = k / steps if interpolate else 1.0
+                    embed = b.ref.outs[0] + alpha * (clean.outs[0] - b.ref.outs[0])  # [batch, pos, d_model]
+                    got = self._input_grads(b, embed)
+                    grads = got if grads is None else [g + h for g, h in zip(grads, got, strict=True)]
+                self._add_scores(out, diffs, [g / steps for g in grads])
+        return out / self.n_read
+
+    def _input_grads(self, b: Batch, embed: torch.Tensor) -> list[torch.Tensor]:
+        """dm/dx of every receiver block at one run: per layer the heads' [3 * head, batch, pos,
+        d_model] and the MLP's [1, ...], then the logits' [1, ...], in receiver order."""
+        probes: dict = {"attn": [], "mlp": [], "final": []}
+        with torch.enable_grad():
+            final, _ = run_graph(self.adapter, self.graph, b.ctx, self.graph.real, probes=probes, embed=embed)
+            value = batch_sum(self.adapter, self.terms, self.task.where, b.rows, final)
+            flat = [p for pair in zip(probes["attn"], probes["mlp"], strict=True) for p in pair] + probes["final"]
+            return list(torch.autograd.grad(value, flat))
+
+    def _add_scores(self, out: torch.Tensor, diffs: torch.Tensor, grads: list[torch.Tensor]) -> None:
+        graph, receiver = self.graph, 0
+        for grad in grads:
+            n_up = graph.upstream(receiver)
+            g = grad.flatten(1).double().view(grad.shape[0], diffs.shape[1], -1)  # [recv, batch, pos * d]
+            got = torch.einsum("sbx,rbx->sr", diffs[:n_up], g)  # [n_up, recv]
+            out[:n_up, receiver : receiver + grad.shape[0]] += got
+            receiver += grad.shape[0]
+
+
+def faithfulness(value: float, full: float, empty: float) -> float:
+    """MIB's f = (m(C) - m(empty)) / (m(M) - m(empty)); NaN when the whole model and the empty
+    circuit score alike."""
+    gap = full - empty
+    return (value - empty) / gap if gap != 0 else float("nan")
