@@ -92,6 +92,20 @@ SHOWN_COMPENSATION = 8
     default=None,
     help="heads.json from `headlens classify --out` [default: classify the model]",
 )
+@click.option(
+    "--backups",
+    "backups",
+    is_flag=True,
+    help="also find the heads that make up for the task's role (name movers, induction heads) when it is ablated",
+)
+@click.option(
+    "--control",
+    "control",
+    default="random:39",
+    show_default=True,
+    metavar="random:K",
+    help="with --backups: K random head sets of the role's per-layer counts each head's compensation is tested on",
+)
 @click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the task's inputs and resampling")
 @format_option(*FORMATS)
 @out_option(*OUT_SUFFIXES, what="the circuit's document (.json) or the HTML report (.html)")
@@ -116,6 +130,8 @@ def circuit_command(
     approx,
     steps,
     labels_path,
+    backups,
+    control,
     seed,
     fmt,
     out,
@@ -132,6 +148,7 @@ def circuit_command(
     from headlens.circuits.tasks import make_task
     from headlens.errors import ConfigError
     from headlens.intervene.evalset import read_prompts
+    from headlens.intervene.stats import parse_control
     from headlens.load.models import load_model
 
     if discover or circuit_path:
@@ -151,6 +168,7 @@ def circuit_command(
         from headlens.reports.render import check_output_path
 
         check_output_path(report_path, lang, option="--report")
+    parse_control(control)  # a malformed --control fails before the work
     prompts = read_prompts(prompts_path) if prompts_path else None
     given = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
@@ -159,6 +177,11 @@ def circuit_command(
     heads = resolve_heads(loaded, spec, labels)[0] if spec else None
     result = circuit(loaded, task, labels, heads, method, approx, steps, seed, progress)
     document = to_document(result, model_info(loaded))
+    if backups:
+        from headlens.circuits.backups import attach, find_backups
+
+        found = find_backups(loaded, task, labels, method=method, controls=parse_control(control), seed=seed)
+        document = attach(document, found)
     summary = f"task {document['task']['name']}: {len(document['heads'])} heads, {len(document['edges'])} edges"
     if out_fmt == "json":
         from headlens.files import write_out
@@ -209,6 +232,25 @@ def _print_document(doc: dict) -> None:
         click.echo(f"{'head':>6}  {'clean':>8}  {'ablated':>8}  {'change':>8}")
         for row in repair["compensation"][:SHOWN_COMPENSATION]:
             click.echo(f"{row['head']:>6}  {row['clean']:+8.3f}  {row['ablated']:+8.3f}  {row['change']:+8.3f}")
+    if doc.get("backups"):
+        _print_backups(doc["backups"])
+
+
+def _print_backups(found: dict) -> None:
+    lost = f"{found['lost']:+.3f} {found['unit']}"
+    click.echo(
+        f"\nbackups of {found['role']} ({', '.join(found['ablated'])} {found['method']}-ablated, their direct effect "
+        f"{lost} lost; p against {found['controls']} random sets of the same per-layer counts, "
+        f"floor {found['p_min']:.3f})"
+    )
+    auc = "-" if found["auc"] is None else f"{found['auc']:.2f}"
+    click.echo(f"backups: {', '.join(found['backups']) or 'none'}; OV-similarity detector ROC-AUC against them: {auc}")
+    click.echo(f"{'head':>6}  {'clean':>8}  {'ablated':>8}  {'compensation':>12}  {'p':>6}  {'ov_sim':>6}  backup")
+    for row in found["heads"][:SHOWN_COMPENSATION]:
+        click.echo(
+            f"{row['head']:>6}  {row['clean']:+8.3f}  {row['ablated']:+8.3f}  {row['compensation']:+12.3f}  "
+            f"{row['p_value']:6.3f}  {row['ov_similarity']:6.2f}  {'yes' if row['backup'] else '-'}"
+        )
 
 
 def _print_edges(doc: dict) -> None:

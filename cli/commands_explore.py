@@ -19,6 +19,9 @@ from headlens.cli.options import lang_option, model_argument, placement_options,
 from headlens.errors import ConfigError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+BACKUPS_HELP = (
+    "the JSON of `headlens circuit MODEL --backups --format json`: each backup's head panel says what it backs up"
+)
 
 
 @click.command("explore")
@@ -41,6 +44,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by 
     metavar="FILE",
     help="heads.json / heads.csv from `headlens classify` [default: classify the model once, cached]",
 )
+@click.option("--backups", "backups_path", type=click.Path(dir_okay=False), metavar="FILE", help=BACKUPS_HELP)
 @lang_option
 @click.option(
     "--max-tokens",
@@ -52,14 +56,16 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by 
 )
 @progress_option
 @placement_options
-def explore_cmd(model, port, host, labels_path, lang, max_tokens, progress, placement):
+def explore_cmd(model, port, host, labels_path, backups_path, lang, max_tokens, progress, placement):
     """Serve a live page: type a text, watch every head, remove heads and see what changes."""
+    from headlens.circuits.backups import read_backups
     from headlens.classify.cache import cached_classification, read_classification
     from headlens.load.models import load_model
     from headlens.reports.explore import Explorer, create_app
     from headlens.reports.explore.serve import entry, is_loopback, serve
 
     frame = read_classification(labels_path) if labels_path else None
+    backups = read_backups(backups_path) if backups_path else None
     sock = _listen(host, port)  # a taken port fails here, before the model loads
     try:
         loaded = load_model(model, **placement)
@@ -67,7 +73,7 @@ def explore_cmd(model, port, host, labels_path, lang, max_tokens, progress, plac
             name = printable(loaded.display_name)
             click.echo(f"headlens: classifying {name} (once per model, then cached)", err=True)
             frame = cached_classification(loaded, progress=progress)
-        app = create_app(Explorer(loaded, frame, max_tokens=max_tokens), lang, hosts=(host,))
+        app = create_app(Explorer(loaded, frame, max_tokens=max_tokens, backups=backups), lang, hosts=(host,))
         if not is_loopback(host):
             click.echo(
                 f"headlens: warning: listening on {printable(host)}, not loopback: anyone who can reach this "

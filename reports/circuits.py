@@ -7,8 +7,11 @@ chosen head's direct path to the logits; IOI (where the model does the task, a p
 difference): the heads of largest direct effect into the logits, and dashed "backup" edges from an ablated
 set to the heads that make up for it (self-repair). Beside it: each labelled receiver's evidence ("fed by
 16.0 via K (composition 0.12, path patching +0.90 nats)"), the heads with a large direct effect and no
-label (listed as such: no kind is given to them), the direct-effect table and the self-repair sentence.
-Every piece of prose comes from the catalogue (both languages).
+label (listed as such: no kind is given to them), the direct-effect table and the self-repair sentence; then,
+where the document carries them, the role's backups (`backups`, `headlens circuit --backups`) and the
+discovered circuit with its faithfulness curve (`discovered`), drawn by headlens.reports.circuit_figures.
+Heads are filled with their role's colour from the registry (headlens.classify.kinds, the head map's table), a
+backup (label `backup_<role>`) outlined dashed. Every piece of prose comes from the catalogue (both languages).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from headlens.reports.circuit_figures import backups_block, discovered_block, node_roles, role_handles
 from headlens.reports.colours import LOGITS as LOGITS_COLOUR
 from headlens.reports.colours import OTHER, UNLABELLED, role_colour
 from headlens.reports.figures import figure_uri, plain_text
@@ -73,6 +77,8 @@ def task_block(doc: dict, lang: str) -> str:
     repair = doc.get("self_repair")
     if repair:
         parts.append(f"<p>{esc(repair_text(repair, lang))}</p>")
+    parts.append(backups_block(doc, lang))
+    parts.append(discovered_block(doc, lang))
     return "".join(parts)
 
 
@@ -165,9 +171,9 @@ def circuit_graph(doc: dict) -> nx.DiGraph:
 
     def add(head: str) -> None:
         h = info[head]
-        graph.add_node(head, layer=int(head.split(".")[0]), role=_role(h))
+        graph.add_node(head, layer=int(head.split(".")[0]), role=_role(h), backup=node_roles(h["labels"])[1])
 
-    graph.add_node("logits", layer=n_layers, role="logits")
+    graph.add_node("logits", layer=n_layers, role="logits", backup=None)
     for h in doc["heads"][:GRAPH_HEADS]:
         add(h["head"])
         graph.add_edge(h["head"], "logits", weight=h["direct_effect"], kind="direct")
@@ -216,10 +222,18 @@ def _weights_only(doc: dict) -> bool:
 
 
 def _role(head: dict) -> str:
-    for role in COLOURS:
-        if role in head["labels"]:
-            return role
+    """The head's first role in registry order, else "unlabelled" (large direct effect) or "other"."""
+    role = node_roles(head["labels"])[0]
+    if role is not None:
+        return role
     return "unlabelled" if head["large_unlabelled"] else "other"
+
+
+def _colour(graph: nx.DiGraph, node: str) -> str:
+    role = graph.nodes[node]["role"]
+    if node == "logits":
+        return LOGITS_COLOUR
+    return UNLABELLED if role == "unlabelled" else OTHER if role == "other" else role_colour(role)
 
 
 def graph_uri(doc: dict, lang: str) -> str:
@@ -229,12 +243,22 @@ def graph_uri(doc: dict, lang: str) -> str:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     pos = layout(graph)
-    colours = [
-        COLOURS.get(graph.nodes[n]["role"], UNLABELLED if graph.nodes[n]["role"] == "unlabelled" else OTHER)
-        for n in graph
-    ]
-    colours = [LOGITS_COLOUR if n == "logits" else c for n, c in zip(graph, colours, strict=True)]
-    nx.draw_networkx_nodes(graph, pos, ax=ax, node_color=colours, edgecolors="#333333", node_size=900)
+    for dashed in (False, True):  # a backup (its labels) outlined dashed
+        chosen = [n for n, b in graph.nodes(data="backup") if (b is not None) == dashed]
+        if chosen:
+            drawn = nx.draw_networkx_nodes(
+                graph,
+                pos,
+                nodelist=chosen,
+                ax=ax,
+                node_color=[_colour(graph, n) for n in chosen],
+                edgecolors="#333333",
+                node_size=900,
+            )
+            drawn.set_linestyle((0, (3, 2)) if dashed else "solid")
+    roles = [r for _, r in graph.nodes(data="role") if r not in ("logits", "unlabelled", "other")]
+    if roles:
+        ax.legend(handles=role_handles(roles, lang), loc="upper left", fontsize=7, frameon=False)
     nx.draw_networkx_labels(graph, pos, ax=ax, labels={n: plain_text(n) for n in graph}, font_size=8)
     for kind, style in (("direct", "solid"), ("q", "solid"), ("k", "solid"), ("v", "solid"), ("backup", "dashed")):
         chosen = [(a, b) for a, b, d in graph.edges(data=True) if d["kind"] == kind]

@@ -14,6 +14,8 @@
   et al. 2023);
 - `attribution`: every edge at once from gradients, EAP (Syed et al. 2023) and EAP-IG (Hanna et
   al. 2024), and its agreement with exact path patching;
+- `backups`: the heads that make up for a role's heads when those are ablated (backup name movers), each
+  with its compensation, a p-value against random head sets, and a detector from the weights scored by ROC-AUC;
 - `circuit`: one task's circuit, its heads, edges and self-repair in one result;
 - `graph`, `graphrun`, `readout`, `faithfulness`, `discover`: the whole model's graph (input, heads with q/k/v
   inputs, MLPs, logits), runs with each input built edge by edge, every edge scored by exact patching, EAP or
@@ -33,6 +35,7 @@ from headlens.lazy import lazy_getattr
 # Public name -> the module of headlens.circuits that defines it, imported on first access.
 LAZY = {
     "Task": "tasks",
+    "find_backups": "backups",
     "discover": "discover",
     "GraphTask": "faithfulness",
     "induction_task": "tasks",

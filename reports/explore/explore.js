@@ -7,8 +7,6 @@
 (function explorer() {
   var MODEL = JSON.parse(document.getElementById("explore-model").textContent);
   var L = MODEL.n_layers, H = MODEL.n_heads;
-  var PALETTE = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-                 "#bcbd22", "#7f7f7f", "#393b79", "#637939"];
   var state = { run: null, tokens: [], layer: 0, head: null, query: null, ticked: {}, busy: 0 };
   var $ = function (id) { return document.getElementById(id); };
 
@@ -17,7 +15,8 @@
     for (var i = 0; i < labels.length; i++) { if (MODEL.roles.indexOf(labels[i]) >= 0) { return labels[i]; } }
     return null;
   }
-  function colour(role) { return role === null ? "#bbb" : PALETTE[MODEL.roles.indexOf(role) % PALETTE.length]; }
+  // a role's colour is the registry's (headlens.classify.kinds), as on the report's head map
+  function colour(role) { return role === null ? "#bbb" : MODEL.colours[role]; }
   function fixed(x, digits) { return Number(x).toFixed(digits); }
 
   // -- talking to the server: the page says when it is working, and shows a refusal as one line ----------
@@ -187,6 +186,13 @@
     title.textContent = msg("x_head", { head: data.layer + "." + data.head }) + " — " +
       (data.labels.length ? msg("x_labels", { labels: data.labels.join(", ") }) : msg("x_no_role"));
     figure.appendChild(title);
+    (data.backups || []).forEach(function (b) {
+      var line = document.createElement("p");
+      line.className = "backup-of";
+      line.textContent = msg("x_backup", { role: b.role, task: b.task, compensation: fixed(b.compensation, 3),
+        p: fixed(b.p_value, 3) });
+      figure.appendChild(line);
+    });
     var box = document.createElement("div");
     box.className = "head-box";
     var size = Math.max(3, Math.min(20, Math.floor(420 / n)));

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from headlens.ablation.tokens import token_ablation
-from headlens.classify.kinds import LABELS, SCORES
+from headlens.classify.kinds import BY_LABEL, LABELS, SCORES
 from headlens.classify.labels import label_list, roles_of
 from headlens.classify.samples import capture_patterns
 from headlens.errors import ConfigError, InputTextError
@@ -65,7 +65,9 @@ class Run:
 class Explorer:
     """The model, its classification frame and the typed texts; every method returns a JSON-ready dict."""
 
-    def __init__(self, loaded, frame: pd.DataFrame, max_tokens: int = MAX_TOKENS, seed: int = 0):
+    def __init__(
+        self, loaded, frame: pd.DataFrame, max_tokens: int = MAX_TOKENS, seed: int = 0, backups: dict | None = None
+    ):
         spec = loaded.spec
         if len(frame) != spec.n_layers * spec.n_heads:
             raise ConfigError(
@@ -73,6 +75,8 @@ class Explorer:
                 f"({spec.n_layers} layers x {spec.n_heads} heads)"
             )
         self.loaded, self.frame, self.seed = loaded, frame.set_index(["layer", "head"]), seed
+        # "L.H" -> the roles it backs up (headlens.circuits.backups.read_backups), shown in its head panel
+        self.backups = dict(backups or {})
         # one ablation window (eval_context) holds BOS + the text, as `headlens ablate` cuts it
         self.max_tokens = min(max_tokens, eval_context(loaded) - 1)
         self.lock = threading.Lock()  # the model's forward passes, one at a time
@@ -81,7 +85,11 @@ class Explorer:
 
     # -- the model and its heads ------------------------------------------------------------------
     def labels(self) -> dict[str, list[str]]:
-        return {f"{layer}.{head}": list(row.labels) for (layer, head), row in self.frame.iterrows()}
+        """ "L.H" -> its labels, a backup's label (backup_<role>) after its classify labels."""
+        return {
+            f"{layer}.{head}": [*row.labels, *(b["label"] for b in self.backups.get(f"{layer}.{head}", []))]
+            for (layer, head), row in self.frame.iterrows()
+        }
 
     def model_info(self) -> dict:
         spec = self.loaded.spec
@@ -94,6 +102,7 @@ class Explorer:
             "max_tokens": self.max_tokens,
             "labels": labels,
             "roles": [role for role in LABELS if role in present],
+            "colours": {role: BY_LABEL[role].colour for role in LABELS if role in present},  # the registry's
             "methods": list(METHODS),
         }
 
@@ -174,8 +183,9 @@ class Explorer:
             "head": head,
             "pos": int(pattern.shape[-1]),
             "pattern_b64": quantised_b64(pattern),
-            "labels": list(self.frame.loc[(layer, head)].labels),
+            "labels": self.labels()[f"{layer}.{head}"],
             "scores": self.head_scores(layer, head),
+            "backups": self.backups.get(f"{layer}.{head}", []),
             "intervals": self.head_intervals(layer, head),
         }
 
