@@ -9,6 +9,7 @@ many heads were saved where, and exits 130.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
@@ -31,6 +32,9 @@ from headlens.cli.options import (
     text_option,
     tokens_option,
 )
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 FORMATS = ("table", "json")
 OUT_SUFFIXES = (".csv", ".json", ".html")  # --out FILE: the rows, the document, or the HTML report
@@ -99,7 +103,7 @@ def _batched(run, batch_size, default: int | None = None):
     return result
 
 
-def _run_approx(loaded, heads, kind, graddrop, options, check, fmt, progress):
+def _run_approx(loaded: LoadedModel, heads, kind, graddrop, options, check, fmt, progress):
     from headlens.ablation.ablate import sweep_heads
     from headlens.ablation.approx import agreement, approx_sweep, spot_check
 
@@ -428,7 +432,7 @@ def _show_ablation(meta: dict, fmt: str, out: str | None) -> None:
         _print_ablation(meta)
 
 
-def _run_sweep(loaded, evaluation, seed: int, out, resume: bool, batch_size, fmt: str, progress: bool):
+def _run_sweep(loaded: LoadedModel, evaluation, seed: int, out, resume: bool, batch_size, fmt: str, progress: bool):
     """Every head alone, printed; an interrupt says what was saved and exits EXIT_INTERRUPTED."""
     from headlens.ablation.ablate import sweep_heads
     from headlens.ablation.store import SweepInterrupted

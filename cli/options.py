@@ -13,12 +13,16 @@ import functools
 import os
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from headlens.bounds import parse_count, shown
 from headlens.errors import ConfigError
 from headlens.languages import check_lang
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 # --seed: what torch's generators take (torch.manual_seed: at most 2**64 - 1); beyond it, one usage line
 SEED = click.IntRange(0, 2**64 - 1)
@@ -105,7 +109,7 @@ def text_option(use: str, default: str = "headlens's held-out text, the same for
     )
 
 
-def model_info(loaded) -> dict:
+def model_info(loaded: LoadedModel) -> dict:
     """The shape facts a report and an output file describe a model by (headlens.reports.pipeline.model_info)."""
     from headlens.reports.pipeline import model_info as shape_facts  # report code only when a command needs it
 

@@ -106,7 +106,7 @@ def view(result, heads=None, lang: str = "en"):
 
 
 def show_attention(
-    loaded, text: str, heads=None, max_tokens: int | None = None, repeat: bool = False, lang: str = "en"
+    loaded: "LoadedModel", text: str, heads=None, max_tokens: int | None = None, repeat: bool = False, lang: str = "en"
 ) -> None:
     """Display the interactive attention viewer of `text` for a loaded model (click a token, see every head).
 

@@ -22,6 +22,7 @@ hides it once the interactive viewer is drawn.
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,9 @@ from headlens.reports import circuits, figures, findings, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, report_script, safe_json, viewer_payload
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 # The inline views' own sentences (the rest is the reports' message catalogue, headlens.reports.i18n).
 PROSE = {
@@ -124,7 +128,7 @@ def show(result, heads: Result | None = None, lang: str = DEFAULT_LANG) -> None:
     display(inline)
 
 
-def attention_sample(loaded, text: str, max_tokens: int | None = None, repeat: bool = False) -> dict:
+def attention_sample(loaded: LoadedModel, text: str, max_tokens: int | None = None, repeat: bool = False) -> dict:
     """sample_patterns on `text`, `max_tokens` defaulting to the report's viewer length for this model."""
     from headlens.classify.samples import sample_patterns
 

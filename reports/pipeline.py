@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from headlens.ablation.ablate import ablate_heads, role_experiments, sweep_heads
 from headlens.ablation.prune import prune_curve
@@ -36,6 +37,9 @@ from headlens.reports.viewer import default_viewer_tokens
 from headlens.results import Result
 from headlens.training import load_training_log
 from headlens.validate import validate_model
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 
 @dataclass
@@ -60,7 +64,7 @@ class ReportResults:
         return render_report(path, **kept, text_label=self.text_label or t("text_label.default", lang), lang=lang)
 
 
-def model_info(loaded) -> dict:
+def model_info(loaded: LoadedModel) -> dict:
     """The shape facts a report and an output file describe a model by."""
     spec = loaded.spec
     source = getattr(loaded, "source", None)  # a GGUF: "dequantized from Q4_1" in the report
@@ -80,7 +84,7 @@ def model_info(loaded) -> dict:
     }
 
 
-def training_logs(loaded) -> tuple | None:
+def training_logs(loaded: LoadedModel) -> tuple | None:
     """(log_df, heads_df) when the model folder holds a training log (the shipped tiny model does)."""
     folder = loaded.path
     if folder is None or not (folder / "training_log.csv").is_file() or not (folder / "training_heads.csv").is_file():
@@ -89,7 +93,7 @@ def training_logs(loaded) -> tuple | None:
 
 
 def build_report(
-    loaded,
+    loaded: LoadedModel,
     *,
     text: str | None = None,
     text_label: str | None = None,
@@ -140,7 +144,9 @@ def build_report(
     )
 
 
-def chosen_ablations(loaded, heads: list, text, seed: int, progress: bool, alone: bool = True) -> list[Result]:
+def chosen_ablations(
+    loaded: LoadedModel, heads: list, text, seed: int, progress: bool, alone: bool = True
+) -> list[Result]:
     """ablate_heads results of `heads`: each alone (when `alone`; a sweep already holds them), then all of
     them together; [] without heads."""
     results = [ablate_heads(loaded, [head], text=text, seed=seed, progress=progress) for head in heads] if alone else []

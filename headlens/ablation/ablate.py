@@ -42,8 +42,10 @@ from headlens.results import Result
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; annotations are not evaluated at run time
     from typing_extensions import Unpack
 
+    from headlens.load.models import LoadedModel
 
-def model_label(loaded) -> str:
+
+def model_label(loaded: LoadedModel) -> str:
     return str(loaded.name)
 
 
@@ -92,7 +94,7 @@ def evaluation_of(
 
 
 def ablate_heads(
-    loaded,
+    loaded: LoadedModel,
     heads,
     method: str = "zero",
     evaluation: EvalSpec | None = None,
@@ -178,7 +180,7 @@ def ablation_rows(result: dict) -> list[dict]:
 
 
 def sweep_heads(
-    loaded,
+    loaded: LoadedModel,
     method: str = "zero",
     evaluation: EvalSpec | None = None,
     *,
@@ -270,7 +272,9 @@ SWEEP_COLUMNS = ["layer", "head", "n", "clean", "ablated", "delta", "ci95_low", 
 LOSS_COLUMNS = ["n_tokens", "loss", "loss_ablated", "delta_loss"]
 
 
-def _sweep_rows(loaded, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int | None) -> None:
+def _sweep_rows(
+    loaded: LoadedModel, evalset, method, seed, heads, rows, store, progress, skip, batch_size: int | None
+) -> None:
     """Fill `rows` (head -> row dict) for the heads not in `skip` (done, or another rank's),
     appending each to `store`. The clean run comes from the cache (or runs first, then is cached);
     with `progress`, an estimate of the time is printed first and a bar shows the time left."""
@@ -304,7 +308,7 @@ ROLE_CONTEXT = DEFAULT_TOKEN_BUDGET
 
 
 def role_experiments(
-    loaded,
+    loaded: LoadedModel,
     control: int = 20,
     seed: int = 0,
     labels: dict | None = None,

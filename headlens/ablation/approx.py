@@ -11,6 +11,8 @@ heads with the largest absolute change.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 import torch
 
@@ -22,6 +24,9 @@ from headlens.intervene.metrics import DIFFERENTIABLE, check_choice, is_loss
 from headlens.intervene.replace import replacements
 from headlens.intervene.sums import base_sums, sweep_sums
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
+
 APPROX_METHODS = ("atp", "atp*")
 TOP_K = 10  # heads compared by top10_overlap
 SPOT_HEADS = 12  # heads ablated exactly by the spot check
@@ -30,7 +35,7 @@ ESTIMATES = {"atp": attribution_deltas, "atp*": atp_star_deltas}
 
 
 def approx_sweep(
-    loaded,
+    loaded: LoadedModel,
     method: str = "zero",
     metric: str = "loss",
     text: str | None = None,
@@ -94,7 +99,7 @@ def agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
 
 
 def spot_check(
-    loaded,
+    loaded: LoadedModel,
     method: str = "zero",
     metric: str = "loss",
     text: str | None = None,

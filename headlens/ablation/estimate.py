@@ -10,13 +10,17 @@ rate is the best of a few float32 matmuls of a block's shape, timed here.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from headlens.heads import Head
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
-def block_weights(loaded) -> int:
+
+def block_weights(loaded: LoadedModel) -> int:
     """Weights of one transformer block: the model's parameters less its embedding and unembedding."""
     model = loaded.model
     embed = model.get_input_embeddings().weight
@@ -25,7 +29,7 @@ def block_weights(loaded) -> int:
     return max(1, (loaded.spec.n_params - outside) // loaded.spec.n_layers)
 
 
-def sweep_flops(loaded, evalset, heads: list[Head], cached: bool) -> float:
+def sweep_flops(loaded: LoadedModel, evalset, heads: list[Head], cached: bool) -> float:
     """Matmul FLOPs of sweeping `heads` on `evalset` (the clean run included unless `cached`)."""
     spec = loaded.spec
     tokens = int(evalset.mask.sum())
@@ -36,7 +40,7 @@ def sweep_flops(loaded, evalset, heads: list[Head], cached: bool) -> float:
     return total + sum((spec.n_layers - h.layer) * per_block + unembed for h in heads)
 
 
-def matmul_rate(loaded, rows: int = 512, repeats: int = 3) -> float:
+def matmul_rate(loaded: LoadedModel, rows: int = 512, repeats: int = 3) -> float:
     """FLOP/s of a [rows, d_model] x [d_model, 4 d_model] float32 matmul on this machine now (best of `repeats`)."""
     d_model = loaded.spec.d_model
     a, b = torch.randn(rows, d_model), torch.randn(d_model, 4 * d_model)
@@ -57,7 +61,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def sweep_estimate(loaded, evalset, heads: list[Head], cached: bool) -> str:
+def sweep_estimate(loaded: LoadedModel, evalset, heads: list[Head], cached: bool) -> str:
     """One line: the sweep's heads, tokens and FLOPs, and the time they take at the rate measured now."""
     flops = sweep_flops(loaded, evalset, heads, cached)
     rate = matmul_rate(loaded)

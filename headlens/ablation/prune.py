@@ -15,6 +15,7 @@ one-sided permutation p-value for "labelled heads are removed later".
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -28,6 +29,9 @@ from headlens.intervene.evalset import BATCH_SIZE, EvalSet
 from headlens.intervene.evalspec import EvalSpec
 from headlens.intervene.sums import ablated_sums
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 PRUNE_TOLERANCE = 0.05  # "how many heads can go within +5% loss"
 N_PERMUTATIONS = 10_000  # label shuffles of the removal-order test
@@ -51,7 +55,7 @@ def _split(evalset: EvalSet, part: int) -> EvalSet:
 
 
 def prune_curve(
-    loaded,
+    loaded: LoadedModel,
     text: str | None = None,
     step_fraction: float = 0.1,
     progress: bool = False,

@@ -10,11 +10,16 @@ default probes; the classifier is imported only then).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from headlens.bounds import shown
 from headlens.classify.kinds import LABELS
 from headlens.errors import ConfigError, InputTextError
 from headlens.files import read_json
 from headlens.heads import Head, check_heads, parse_heads
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 MAX_LABELS_BYTES = 64 << 20  # a heads.json: every head of the largest model headlens opens, with room to spare
 
@@ -62,7 +67,7 @@ def frame_labels(frame) -> dict[Head, list[str]]:
     return {Head(int(r.layer), int(r.head)): list(r.labels) for r in frame.itertuples()}
 
 
-def classified(loaded):
+def classified(loaded: LoadedModel):
     """The classification (a classify_heads Result) of the model under the default probes."""
     from headlens.classify import classify_heads  # the whole probe stack, needed only here
 
@@ -77,7 +82,7 @@ def why_absent(heads, role: str) -> str | None:
     return next((a.describe() for a in absent_roles(heads.frame, heads.meta) if a.label == role), None)
 
 
-def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[Head, list[str]]:
+def model_labels(loaded: LoadedModel, labels: dict[Head, list[str]] | None = None) -> dict[Head, list[str]]:
     """`labels` checked against the model's shape, or the labels of classifying the model."""
     spec = loaded.spec
     if labels is None:
@@ -91,7 +96,9 @@ def model_labels(loaded, labels: dict[Head, list[str]] | None = None) -> dict[He
     return labels
 
 
-def resolve_heads(loaded, spec, labels: dict[Head, list[str]] | None = None) -> tuple[list[Head], str | None]:
+def resolve_heads(
+    loaded: LoadedModel, spec, labels: dict[Head, list[str]] | None = None
+) -> tuple[list[Head], str | None]:
     """Heads of a spec ("3.4,5.1", "layer:3", "all", a role, `label:NAME`, or a list of heads)
     and, for a role, how they were chosen (in words). ConfigError when no head has the role (naming,
     when this call classified the model, the head highest on the kind's ranking score: labels.Absence),

@@ -10,6 +10,8 @@ of a float64 sum.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from headlens.ablation.roles import resolve_heads
@@ -22,11 +24,14 @@ from headlens.intervene.replace import replacements
 from headlens.intervene.sums import ablated_hidden, scored_values
 from headlens.load.devices import onloaded
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
+
 TOP_K = 5  # next-token predictions listed at the chosen position
 
 
 def token_ablation(
-    loaded,
+    loaded: LoadedModel,
     text: str,
     heads,
     method: str = "zero",

@@ -33,6 +33,7 @@ are also in the estimate's top k by |attribution|).
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -49,6 +50,9 @@ from headlens.intervene.metrics import DIFFERENTIABLE
 from headlens.intervene.replace import frozen_weights, layer_replacement, z_change
 from headlens.intervene.sums import unit_sums
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 EAP_METHODS = ("eap", "eap-ig", "eap*")  # eap*: headlens.circuits.receivers
 IG_STEPS = 5  # EAP-IG's interpolation points (Hanna et al. 2024 use 5)
@@ -197,7 +201,7 @@ def attribution_tensors(
 
 
 def edge_attribution(
-    loaded, task, method: str = "eap", steps: int = IG_STEPS, ablation: str = "zero", seed: int = 0
+    loaded: LoadedModel, task, method: str = "eap", steps: int = IG_STEPS, ablation: str = "zero", seed: int = 0
 ) -> Result:
     """EAP or EAP-IG (`steps` points) of every edge, with the senders' z replaced by `ablation`
     (zero, mean, resample, or PATCH: the corrupted run's z, EAP-IG then interpolating the input

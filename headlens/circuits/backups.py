@@ -31,6 +31,7 @@ backups for its score, which costs one ablated pass per candidate head, where si
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -41,6 +42,9 @@ from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head, all_heads
 from headlens.intervene.stats import control_design
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 ROLE_OF_TASK = {"ioi": "name_mover", "induction": "induction"}
 BACKUP_PREFIX = "backup_"
@@ -77,7 +81,7 @@ def role_heads(labels: dict[Head, list[str]], role: str) -> list[Head]:
 
 
 def find_backups(
-    loaded,
+    loaded: LoadedModel,
     task,
     labels: dict[Head, list[str]] | None = None,
     role: str | None = None,
@@ -141,7 +145,9 @@ def find_backups(
     return Result("backups", frame, meta)
 
 
-def _control_counts(loaded, task, clean: Decomposition, sets, compensation, sign: float, method: str, seed: int):
+def _control_counts(
+    loaded: LoadedModel, task, clean: Decomposition, sets, compensation, sign: float, method: str, seed: int
+):
     """Per head [layer, head]: how many control sets (not holding it) made it compensate at least as much as the
     role did, and how many control sets did not hold it."""
     beaten = torch.zeros_like(compensation)  # [layer, head]
@@ -157,7 +163,7 @@ def _control_counts(loaded, task, clean: Decomposition, sets, compensation, sign
     return beaten, counted
 
 
-def ov_similarity(loaded, primary: list[Head]) -> torch.Tensor:
+def ov_similarity(loaded: LoadedModel, primary: list[Head]) -> torch.Tensor:
     """|cosine| of every head's OV circuit with the summed OV circuit of `primary`, Frobenius: [layer, head]
     (float64). <V_a O_a, V_b O_b>_F = sum((V_a^T V_b) * (O_a O_b^T)), so only [d_head, d_head] products."""
     from headlens.circuits.composition import head_weights

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -40,6 +41,9 @@ from headlens.circuits.tasks import take_rows
 from headlens.classify.kinds import ROLES
 from headlens.heads import Head, all_heads
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 LARGE_SHARE = 0.1  # ours: a head writing >= 10% of the metric's linear part directly is large
 TOTAL_HEADS = 5  # heads whose total effect is measured (largest |direct effect|)
@@ -68,7 +72,7 @@ REPAIR_KEYS += ("direct_effect_ablated", "rest_change", "sentence")
 
 
 def circuit(
-    loaded,
+    loaded: LoadedModel,
     task,
     labels: dict[Head, list[str]],
     ablate: list[Head] | None = None,
@@ -129,7 +133,7 @@ def head_frame(clean: Decomposition, labels: dict[Head, list[str]], totals: dict
     return frame.loc[order].reset_index(drop=True)
 
 
-def _total_effects(loaded, task, clean: Decomposition, method: str, seed: int) -> dict[Head, float]:
+def _total_effects(loaded: LoadedModel, task, clean: Decomposition, method: str, seed: int) -> dict[Head, float]:
     """The metric's change when each of the TOTAL_HEADS heads of largest |direct effect| is ablated alone."""
     n_heads = clean.heads.shape[1]
     top = torch.topk(clean.heads.flatten().abs(), TOTAL_HEADS).indices.tolist()
@@ -141,7 +145,7 @@ def _total_effects(loaded, task, clean: Decomposition, method: str, seed: int) -
     return out
 
 
-def chosen_heads(loaded, task_name: str, heads: pd.DataFrame, labels: dict[Head, list[str]]):
+def chosen_heads(loaded: LoadedModel, task_name: str, heads: pd.DataFrame, labels: dict[Head, list[str]]):
     """The senders and receivers whose edges are measured (see the module docstring): two sorted lists."""
     from headlens.circuits.composition import composition_scores
 
@@ -167,7 +171,9 @@ def _head(text: str) -> Head:
     return Head(int(layer), int(head))
 
 
-def circuit_edges(loaded, task, senders: list[Head], receivers: list[Head], method: str, seed: int) -> pd.DataFrame:
+def circuit_edges(
+    loaded: LoadedModel, task, senders: list[Head], receivers: list[Head], method: str, seed: int
+) -> pd.DataFrame:
     """Composition of every sender -> later receiver pair, and exact path patching of those edges and of every
     chosen head straight to the logits (on the task's first PATCH_SEQS sequences)."""
     from headlens.circuits.composition import composition_scores
@@ -200,7 +206,7 @@ def subset(task, n: int):
     return replace(first, description=f"the first {n} of {task.description}", prompts=task.prompts[:n])
 
 
-def _with_attribution(loaded, task, edges: pd.DataFrame, approx: str, steps: int, method: str, seed: int):
+def _with_attribution(loaded: LoadedModel, task, edges: pd.DataFrame, approx: str, steps: int, method: str, seed: int):
     """The edges with `attribution` from edge attribution (EAP / EAP-IG, headlens.circuits.attribution) on the
     same sequences as path patching, plus the TOP_ATTRIBUTED edges it ranks highest; and its agreement with
     the exact effects on the edges both measured (Spearman, top-k recall: edge_agreement)."""

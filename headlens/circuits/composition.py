@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -43,6 +44,9 @@ from headlens.circuits.edges import VIAS, edge_frame
 from headlens.heads import Head, all_heads
 from headlens.load.devices import onloaded
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 BASELINE_SAMPLES = 256  # random weight sets the baseline's mean and spread are measured on
 BASELINE_CHUNK = 64  # of them per batch
@@ -180,7 +184,7 @@ def gaussian_r(rng: np.random.Generator, n: int, rows: int, cols: int) -> torch.
 
 
 def composition_scores(
-    loaded,
+    loaded: LoadedModel,
     senders: Sequence[Head] | None = None,
     receivers: Sequence[Head] | None = None,
     seed: int = 0,

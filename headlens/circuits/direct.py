@@ -20,6 +20,7 @@ and returns the heads' direct effects [layer, head] and the rest, each the mean 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from headlens.heads import Head
 from headlens.intervene.evalset import batches
 from headlens.load.devices import onloaded
 from headlens.scores.direct_logit import attn_out_scale, centre, heads_written, readout
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 BATCH = 16  # sequences per forward pass
 
@@ -49,7 +53,9 @@ class Decomposition:
         return float(self.heads[head.layer, head.head])
 
 
-def decompose(loaded, task, replacement: dict[Head, torch.Tensor | None] | None = None, batch: int = BATCH):
+def decompose(
+    loaded: LoadedModel, task, replacement: dict[Head, torch.Tensor | None] | None = None, batch: int = BATCH
+):
     """The direct effects of one run of `task` (see the module docstring); `replacement` maps heads to what
     their z becomes (None: zero; else a tensor broadcastable to [n_seq, pos, d_head] over the task's
     sequences): their outputs are replaced in the run and their direct effects are those of the replacement."""

@@ -19,6 +19,7 @@ receiver, via, score, in_graph: every edge of the graph) and "curve" (k, edges, 
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ from headlens.circuits.graph import INPUT, LOGITS, nodes_in, prune, top_edges
 from headlens.circuits.tasks import take_rows
 from headlens.errors import ConfigError
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 CURVE_POINTS = 20
 TARGETS = (0.8, 0.9)
@@ -81,7 +85,7 @@ def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
     return int((a & b).sum()) / union if union else 1.0
 
 
-def stability(loaded, task, method, ablation, k, steps, seed, keep, variants=None) -> dict:
+def stability(loaded: LoadedModel, task, method, ablation, k, steps, seed, keep, variants=None) -> dict:
     """Jaccard overlap of the top-k edges over RESAMPLES bootstrap resamples of the task's rows (mean
     over all pairs of those and the full set's `keep`) and between the two task `variants` (or None)."""
     gen = torch.Generator().manual_seed(seed + 7)
@@ -98,13 +102,13 @@ def stability(loaded, task, method, ablation, k, steps, seed, keep, variants=Non
     return out
 
 
-def _top(loaded, task, method, ablation, k, steps) -> torch.Tensor:
+def _top(loaded: LoadedModel, task, method, ablation, k, steps) -> torch.Tensor:
     gt = GraphTask(loaded, task, ablation)
     return top_edges(gt.graph, gt.scores(method, steps), k)
 
 
 def discover(
-    loaded,
+    loaded: LoadedModel,
     task,
     method: str = "eap",
     edges: int | None = None,
@@ -126,7 +130,9 @@ def discover(
     return measure(gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded, variants)
 
 
-def measure(gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded, variants):
+def measure(
+    gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded: LoadedModel, variants
+):
     """Curve, sizes, chosen circuit and stability of one score matrix: the Result of `discover`."""
     graph = gt.graph
     if edges is not None and not 1 <= edges <= graph.n_edges:

@@ -18,6 +18,7 @@ Edge scores, each the change of the metric when the one edge is patched (m(M min
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from headlens.circuits.graphrun import Record, run_graph
 from headlens.circuits.readout import batch_sum, task_terms
 from headlens.errors import ConfigError
 from headlens.intervene.replace import frozen_weights
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 ABLATIONS = ("patching", "mean")
 METHODS = ("exact", "eap", "eap-ig")
@@ -43,7 +47,7 @@ class Batch:
 class GraphTask:
     """A task on a model's graph, with its reference runs (module docstring)."""
 
-    def __init__(self, loaded, task, ablation: str = "patching", batch_tokens: int = BATCH_TOKENS):
+    def __init__(self, loaded: LoadedModel, task, ablation: str = "patching", batch_tokens: int = BATCH_TOKENS):
         if ablation not in ABLATIONS:
             raise ConfigError(f"unknown ablation {ablation!r}: choose one of {', '.join(ABLATIONS)}")
         if ablation == "patching" and task.corrupted is None:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,9 @@ from headlens.circuits.readout import MetricTerms
 from headlens.circuits.tasks import Task, induction_task, ioi_task
 from headlens.errors import ConfigError, InputTextError
 from headlens.intervene.evalset import json_objects
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 NOUNS = ("war", "dynasty", "conflict", "empire", "reign", "siege", "treaty", "expedition", "famine", "revolt")
 GT_PROMPTS = 48
@@ -39,7 +43,7 @@ def _digit_tokens(tokenizer, width: int) -> list[int] | None:
     return [i[0] for i in ids] if all(len(i) == 1 for i in ids) else None
 
 
-def greater_than_task(loaded, n: int = GT_PROMPTS, seed: int = 0, nouns=NOUNS) -> Task:
+def greater_than_task(loaded: LoadedModel, n: int = GT_PROMPTS, seed: int = 0, nouns=NOUNS) -> Task:
     """Greater-than prompts (module docstring), seeded; two-digit or last-digit form by the tokenizer."""
     tok, bos = loaded.tokenizer, loaded.bos_token_id
     pairs, digits = _digit_tokens(tok, 2), _digit_tokens(tok, 1)
@@ -90,7 +94,7 @@ def _task(name, bos, clean, corrupt, terms, unit, description) -> Task:
     return Task(name, tokens, mask, where, zeros, None, corrupted, terms.kind, unit, True, description, terms=terms)
 
 
-def file_task(loaded, path) -> Task:
+def file_task(loaded: LoadedModel, path) -> Task:
     """The user's task of a JSONL file (module docstring)."""
     path = Path(path)
     tok = loaded.tokenizer
@@ -141,7 +145,7 @@ def _answers(tok, obj: dict, keys: tuple[str, str], where: str) -> list[int]:
     return ids
 
 
-def variants(loaded, name: str, seed: int = 0):
+def variants(loaded: LoadedModel, name: str, seed: int = 0):
     """Two template sets of task `name` (IOI: even and odd templates; Greater-than: two halves of the
     nouns; induction: two seeds' random tokens), or None for a user's task."""
     if name == "ioi":
@@ -155,7 +159,9 @@ def variants(loaded, name: str, seed: int = 0):
     return None
 
 
-def circuit_task(loaded, name: str, prompts: list[dict] | None = None, task_file=None, seed: int = 0) -> Task:
+def circuit_task(
+    loaded: LoadedModel, name: str, prompts: list[dict] | None = None, task_file=None, seed: int = 0
+) -> Task:
     """The task a circuit is found on: `task_file` (a user's task), greater-than, or induction / ioi."""
     if task_file is not None:
         return file_task(loaded, task_file)

@@ -16,6 +16,8 @@ The documents have the shape of headlens.circuits.circuit.to_document's, with `c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from headlens.circuits.circuit import (
@@ -35,12 +37,15 @@ from headlens.circuits.tasks import induction_task, ioi_task
 from headlens.errors import ConfigError
 from headlens.heads import Head
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
+
 OVERVIEW_SEQS = 16  # sequences (prompts) each task runs on
 MOVERS = 2  # heads ablated for the self-repair picture when no name mover is labelled
 EDGES_PER_RECEIVER = 3  # edges kept per receiver, by composition z-score
 
 
-def overview_documents(loaded, labels: dict[Head, list[str]], seed: int = 0) -> list[dict]:
+def overview_documents(loaded: LoadedModel, labels: dict[Head, list[str]], seed: int = 0) -> list[dict]:
     """One document per task the model can run (module docstring); composition is computed once."""
     composition = composition_scores(loaded).frame
     documents = []
@@ -53,7 +58,9 @@ def overview_documents(loaded, labels: dict[Head, list[str]], seed: int = 0) -> 
     return documents
 
 
-def task_document(loaded, task, labels: dict[Head, list[str]], composition: pd.DataFrame, seed: int) -> dict:
+def task_document(
+    loaded: LoadedModel, task, labels: dict[Head, list[str]], composition: pd.DataFrame, seed: int
+) -> dict:
     """The document of one task (module docstring)."""
     clean = decompose(loaded, task)
     heads = head_frame(clean, labels, {})

@@ -25,6 +25,7 @@ attribution, headlens.circuits.attribution, estimates all of them from one backw
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -40,11 +41,14 @@ from headlens.intervene.replace import capture_z, layer_replacement, replacement
 from headlens.intervene.sums import unit_sums
 from headlens.results import Result
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
+
 PATCH = "patch"  # the sender's z from the task's corrupted run (counterfactual_replacements)
 COPY_TOKENS = 16_384  # batch positions one stacked pass may hold (copies x batch x pos)
 
 
-def task_evalset(loaded, task) -> EvalSet:
+def task_evalset(loaded: LoadedModel, task) -> EvalSet:
     """The evaluation set a task is measured on (an EvalSet is its own)."""
     if isinstance(task, EvalSet):
         return task
@@ -52,7 +56,7 @@ def task_evalset(loaded, task) -> EvalSet:
     return evalset(loaded) if callable(evalset) else evalset
 
 
-def task_replacements(loaded, task, method: str, seed: int = 0) -> tuple[EvalSet, list]:
+def task_replacements(loaded: LoadedModel, task, method: str, seed: int = 0) -> tuple[EvalSet, list]:
     """The task's evaluation set and what each layer's z becomes under `method` (zero, mean,
     resample: headlens.intervene.replace.replacements, as `ablate` replaces; PATCH: the z of the
     task's corrupted run at the same position, counterfactual_replacements)."""
@@ -232,7 +236,7 @@ def _add_batch(adapter, evalset, rows, ctx, state, deltas, receivers, vias, chun
 
 
 def path_patch(
-    loaded,
+    loaded: LoadedModel,
     task,
     senders: Sequence[Head] | None = None,
     receivers: Sequence[Head] | None = None,

@@ -25,6 +25,7 @@ What the set's z becomes (`method`, as `headlens ablate --method`, headlens.inte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -34,6 +35,9 @@ from headlens.errors import ConfigError
 from headlens.heads import Head
 from headlens.intervene.replace import capture_z, replacements
 from headlens.results import Result
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 METHODS = ("zero", "mean", "resample")
 SHOWN = 2  # compensating heads named in the sentence
@@ -126,7 +130,9 @@ class SelfRepair:
         )
 
 
-def replacement_for(loaded, task, heads: list[Head], method: str, seed: int = 0) -> dict[Head, torch.Tensor | None]:
+def replacement_for(
+    loaded: LoadedModel, task, heads: list[Head], method: str, seed: int = 0
+) -> dict[Head, torch.Tensor | None]:
     """What each ablated head's z becomes under `method` (see the module docstring): head -> None (zero) or a
     tensor broadcastable to [n_seq, pos, d_head] over the task's sequences."""
     if method not in METHODS:
@@ -154,7 +160,12 @@ def replacement_for(loaded, task, heads: list[Head], method: str, seed: int = 0)
 
 
 def self_repair(
-    loaded, task, heads: list[Head], method: str = "zero", seed: int = 0, clean: Decomposition | None = None
+    loaded: LoadedModel,
+    task,
+    heads: list[Head],
+    method: str = "zero",
+    seed: int = 0,
+    clean: Decomposition | None = None,
 ) -> Result:
     """The set `heads` ablated by `method` on `task` (see the module docstring): a Result of kind "self_repair",
     `.frame` every other head's direct effect clean and ablated and the change (COMPENSATION_COLUMNS, largest
@@ -184,7 +195,12 @@ def repair_result(repair: SelfRepair) -> Result:
 
 
 def measure_repair(
-    loaded, task, heads: list[Head], method: str = "zero", seed: int = 0, clean: Decomposition | None = None
+    loaded: LoadedModel,
+    task,
+    heads: list[Head],
+    method: str = "zero",
+    seed: int = 0,
+    clean: Decomposition | None = None,
 ) -> SelfRepair:
     """The set `heads` ablated by `method` on `task`: the clean and ablated decompositions (`clean` reuses a
     clean run already decomposed). ConfigError for an empty set or a head outside the model."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from headlens.intervene.evalset import REPEAT_N_SEQ, REPEAT_SEQ_LEN, EvalSet, pr
 from headlens.intervene.metrics import position_values
 from headlens.probes.inputs import random_token_range, repeated_random_tokens
 from headlens.scores.name_mover import N_PROMPTS, TEMPLATES, ioi_prompts, name_tokens
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 IOI_PROMPTS = N_PROMPTS  # template prompts of the ioi task by default (name_mover's probe runs as many)
 TASKS = ("induction", "ioi")
@@ -94,7 +98,7 @@ class Task:
         foil = None if self.foil is None else self.foil[self.where].to(hidden.device)  # [n_read]
         return position_values(hidden, lm_head, target, foil, "loss" if self.metric_name == "loss" else "logit_diff")
 
-    def evalset(self, loaded=None) -> EvalSet:
+    def evalset(self, loaded: LoadedModel = None) -> EvalSet:
         """The task as an ablation evaluation set (headlens.intervene.evalset.EvalSet: the next-token layout
         `ablate` measures, read by replace.py and path patching): each read position's target written as
         the next token (one column appended), `counted` = `where`, the foils where there are; the corrupted
@@ -130,7 +134,11 @@ class Task:
 
 
 def induction_task(
-    loaded, n: int = REPEAT_N_SEQ, seq_len: int = REPEAT_SEQ_LEN, seed: int = 0, corrupt_seed: int | None = None
+    loaded: LoadedModel,
+    n: int = REPEAT_N_SEQ,
+    seq_len: int = REPEAT_SEQ_LEN,
+    seed: int = 0,
+    corrupt_seed: int | None = None,
 ) -> Task:
     """`n` sequences of `seq_len` random tokens repeated twice, BOS first; the loss on the second copy
     (without its first token) is the metric. The corrupted run is the same draw with seed `corrupt_seed`
@@ -171,7 +179,7 @@ def induction_task(
 
 
 def ioi_task(
-    loaded, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS, templates=TEMPLATES
+    loaded: LoadedModel, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS, templates=TEMPLATES
 ) -> Task:
     """IOI prompts: `n` from the templates (seeded; ABC corrupted run), or the user's `prompts` (dicts of
     headlens.intervene.evalset.read_prompts, each scored at its last position; no corrupted run)."""
@@ -193,7 +201,7 @@ def ioi_task(
     return Task("ioi", tokens, mask, where, target, foil, corrupted, "logit-diff", "logits", True, description, built)
 
 
-def abc_tokens(loaded, prompts: list[dict], tokens: torch.Tensor, seed: int) -> torch.Tensor:
+def abc_tokens(loaded: LoadedModel, prompts: list[dict], tokens: torch.Tensor, seed: int) -> torch.Tensor:
     """Wang et al.'s ABC run: each prompt's IO, S1 and S2 slots filled by three distinct random single-token
     names (seeded): [n, pos], the positions of `tokens` kept."""
     names = sorted(set(name_tokens(loaded.tokenizer).values()))
@@ -207,7 +215,7 @@ def abc_tokens(loaded, prompts: list[dict], tokens: torch.Tensor, seed: int) -> 
     return corrupted
 
 
-def _prompts_task(loaded, prompts: list[dict]) -> Task:
+def _prompts_task(loaded: LoadedModel, prompts: list[dict]) -> Task:
     """A user's prompts as an IOI task, tokenized as `ablate --prompts` does (BOS + prompt + target, the
     target a single token; headlens.intervene.evalset.prompt_evalset): the metric reads the last prompt token."""
     evalset = prompt_evalset(loaded, prompts, "logit-diff")
@@ -221,7 +229,7 @@ def _prompts_task(loaded, prompts: list[dict]) -> Task:
     return Task("ioi", tokens, mask, where, target, foil, None, "logit-diff", "logits", True, description)
 
 
-def make_task(loaded, name: str, prompts: list[dict] | None = None, seed: int = 0) -> Task:
+def make_task(loaded: LoadedModel, name: str, prompts: list[dict] | None = None, seed: int = 0) -> Task:
     """The task called `name` ("induction" or "ioi"; `prompts` only with ioi). ConfigError otherwise."""
     if name not in TASKS:
         raise ConfigError(f"unknown task {name!r}: choose one of {', '.join(TASKS)}")

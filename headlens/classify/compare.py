@@ -12,6 +12,7 @@ English (the tiny model's held-out books of the King James Version), Spanish pro
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -20,6 +21,9 @@ from headlens.classify.frame import classify_run
 from headlens.classify.labels import ClassifyConfig, cut_offs, label_list
 from headlens.files import shipped_path
 from headlens.probes.inputs import DEFAULT_TEXT_NAME, read_text
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "texts"
 # name -> file of the shipped texts --compare-texts reads by default
@@ -48,7 +52,9 @@ def read_texts(paths) -> dict[str, str]:
     return texts
 
 
-def classify_texts(loaded, texts: dict[str, str], config: ClassifyConfig | None = None, progress: bool = False):
+def classify_texts(
+    loaded: LoadedModel, texts: dict[str, str], config: ClassifyConfig | None = None, progress: bool = False
+):
     """{name: classify_heads Result} for each text; the probes that do not read the text run once."""
     results, reuse = {}, None
     for name, text in texts.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -37,6 +38,9 @@ from headlens.classify.stability import add_columns
 from headlens.results import Result
 from headlens.scores.ov_copying import folding_once, sign_disagreements
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
+
 __all__ = [
     "SCORE_COLUMNS",
     "SOURCE_COLUMNS",
@@ -54,7 +58,10 @@ SCORE_COLUMNS = kinds.SCORE_COLUMNS
 
 
 def classify_heads(
-    loaded, text: str | Iterable[str] | None = None, config: ClassifyConfig | None = None, progress: bool = False
+    loaded: LoadedModel,
+    text: str | Iterable[str] | None = None,
+    config: ClassifyConfig | None = None,
+    progress: bool = False,
 ) -> Result:
     """Score and label every head of `loaded` (a headlens LoadedModel).
 
@@ -85,7 +92,9 @@ def classify_heads(
     return classify_run(loaded, text, config, progress)[0]
 
 
-def classify_run(loaded, text=None, config: ClassifyConfig | None = None, progress: bool = False, reuse=None):
+def classify_run(
+    loaded: LoadedModel, text=None, config: ClassifyConfig | None = None, progress: bool = False, reuse=None
+):
     """classify_heads, also returning each probe's ProbeResult: (Result, {probe: ProbeResult}). `reuse`: such
     results of an earlier run of the same model and config, taken as they are for the probes that do not
     read the text (kinds.Probe.reads_text) instead of run again."""
@@ -136,7 +145,7 @@ def run_probes(run: ProbeRun, reuse: dict) -> dict:
     return results
 
 
-def window_reach(loaded, info: dict) -> dict | None:
+def window_reach(loaded: LoadedModel, info: dict) -> dict | None:
     """Sliding-window attention against the probes: the narrowest window, the layers that have it,
     and the longest probe sequence run. Keys beyond a layer's window get no attention (the patterns
     respect it), so a probe longer than the window measures those heads only inside it. None on

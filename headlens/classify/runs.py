@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +37,9 @@ from headlens.scores.positional import (
     prev_token_reducer,
 )
 from headlens.scores.retrieval import retrieval_scores
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 # Where a probe's input came from (values of attrs["sources"] and of the `*_source` columns).
 SOURCE_GIVEN = "given_text"  # the text passed to classify_heads (--text)
@@ -253,5 +257,5 @@ def resolve_text(text: str | None) -> str:
         ) from None
 
 
-def default_ids(loaded) -> list[int]:
+def default_ids(loaded: LoadedModel) -> list[int]:
     return loaded.tokenizer(resolve_text(None), add_special_tokens=False)["input_ids"]

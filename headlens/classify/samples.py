@@ -16,6 +16,8 @@ classify's threshold for it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from headlens.capture import Batch, Reducer, run_capture
@@ -29,6 +31,9 @@ from headlens.probes.inputs import (
 )
 from headlens.probes.tokenize import token_ids, token_pieces
 from headlens.scores.induction import prefix_matching_targets
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 # Below two tokens there is no attention to show (a lone BOS attends to itself).
 MIN_SAMPLE_TOKENS = 2
@@ -58,7 +63,7 @@ class _KeepPatterns(Reducer):
         self.patterns[layer] = pattern[0].detach().float().cpu().clone()  # [head, q_pos, k_pos]
 
 
-def copy_losses(loaded, ids: list[int], period: int) -> tuple[float, float]:
+def copy_losses(loaded: LoadedModel, ids: list[int], period: int) -> tuple[float, float]:
     """Mean next-token loss (nats) on the first and on the second copy of `ids` = BOS + segment + segment,
     `period` tokens per copy; each copy's first token is left out (nothing before it predicts it)."""
     input_ids = torch.tensor([ids], dtype=torch.long, device=next(loaded.model.parameters()).device)  # [1, pos]
@@ -69,7 +74,7 @@ def copy_losses(loaded, ids: list[int], period: int) -> tuple[float, float]:
     return float(losses[1:period].mean()), float(losses[period + 1 : 2 * period].mean())
 
 
-def choose_repeated(loaded, body: list[int], limit: int, seed: int = 0) -> dict:
+def choose_repeated(loaded: LoadedModel, body: list[int], limit: int, seed: int = 0) -> dict:
     """The repeated sample of at most `limit` tokens (BOS first): `ids`, `sample` (SAMPLE_TEXT or
     SAMPLE_RANDOM) and the model's `copy_loss` ([first copy, second copy] on the repeated text)."""
     period = max(1, (limit - 1) // 2)
@@ -93,7 +98,7 @@ def prefix_matching(patterns: torch.Tensor, ids: list[int], heads: list[Head]) -
     return {head: float(mass[head.layer, head.head]) for head in heads}
 
 
-def capture_patterns(loaded, ids: list[int]) -> torch.Tensor:
+def capture_patterns(loaded: LoadedModel, ids: list[int]) -> torch.Tensor:
     """Every head's pattern on one sequence: [layer, head, q, k] float32."""
     input_ids = torch.tensor([ids], dtype=torch.long)  # [1, pos]
     keeper = _KeepPatterns()
@@ -101,7 +106,7 @@ def capture_patterns(loaded, ids: list[int]) -> torch.Tensor:
     return torch.stack([keeper.patterns[layer] for layer in range(loaded.spec.n_layers)])  # [layer, head, q, k]
 
 
-def random_repeat(loaded, limit: int, seed: int) -> list[int]:
+def random_repeat(loaded: LoadedModel, limit: int, seed: int) -> list[int]:
     """BOS, then (limit - 1) // 2 seeded random tokens twice."""
     low, high = random_token_range(loaded.spec.d_vocab)
     tokens = repeated_random_tokens(1, max(1, (limit - 1) // 2), 2, low, high, loaded.bos_token_id, seed=seed)
@@ -109,7 +114,7 @@ def random_repeat(loaded, limit: int, seed: int) -> list[int]:
 
 
 def sample_patterns(
-    loaded, text: str, max_tokens: int = 64, *, repeat: bool = False, seed: int = 0, induction_heads=None
+    loaded: LoadedModel, text: str, max_tokens: int = 64, *, repeat: bool = False, seed: int = 0, induction_heads=None
 ) -> dict:
     """Tokenize `text` (BOS first), keep the first `max_tokens` tokens, capture every head's pattern.
 

@@ -71,7 +71,7 @@ def write_clean(key: str, values: torch.Tensor, model: str = "") -> None:
     cache.put(KIND, key, buffer.getvalue(), model=model)
 
 
-def clean_values(loaded, evalset, batch_size: int | None, on_pass=None) -> torch.Tensor:
+def clean_values(loaded: LoadedModel, evalset, batch_size: int | None, on_pass=None) -> torch.Tensor:
     """The clean values [n_scored] float64: from the cache, or one clean run (then cached)."""
     key, cached = lookup(loaded, evalset, batch_size)
     if cached is not None:
@@ -82,7 +82,13 @@ def clean_values(loaded, evalset, batch_size: int | None, on_pass=None) -> torch
 
 
 def run_sets(
-    loaded, evalset, head_sets: Sequence[Sequence[Head]], reps, batch_size: int | None, cached=None, on_pass=None
+    loaded: LoadedModel,
+    evalset,
+    head_sets: Sequence[Sequence[Head]],
+    reps,
+    batch_size: int | None,
+    cached=None,
+    on_pass=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(clean values [n_scored], each set's values [n_sets, n_scored]); every set from the clean
     residual at its first ablated layer. `cached`: (key, the clean values or None) from `lookup`,
@@ -96,7 +102,7 @@ def run_sets(
     return values[0], values[1:]
 
 
-def lookup(loaded, evalset, batch_size: int | None) -> tuple[str, torch.Tensor | None]:
+def lookup(loaded: LoadedModel, evalset, batch_size: int | None) -> tuple[str, torch.Tensor | None]:
     """The clean run's cache key and its cached values [n_scored] (None when not cached)."""
     key = clean_key(loaded, evalset, evalset.row_batches(batch_size))
     return key, read_clean(key, evalset.n_tokens)

@@ -38,6 +38,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -58,6 +59,9 @@ from headlens.probes.inputs import (
 )
 from headlens.probes.tokenize import token_ids
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
+
 BATCH_SIZE = 4  # evaluation sequences per forward (and backward) pass, every ablation computation
 # Tokens an ablation's default batch may hold: BATCH_SIZE sequences of 256 tokens. Shorter sequences go more
 # per pass (the 16 repeated-token sequences of 51 tokens go in one): on 2 CPU cores a matrix product of ~200
@@ -76,7 +80,7 @@ REPEAT_SEQ_LEN = 25  # tokens per copy (Olsson et al.: 25 random tokens)
 EVAL_CONTEXT = 1024
 
 
-def eval_context(loaded) -> int:
+def eval_context(loaded: LoadedModel) -> int:
     """Tokens an evaluation sequence may hold on this model: min(n_ctx, EVAL_CONTEXT)."""
     return min(loaded.spec.n_ctx, EVAL_CONTEXT)
 
@@ -199,7 +203,12 @@ def pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def text_evalset(
-    loaded, text, window: int | None = None, max_windows: int = MAX_TEXT_WINDOWS, bos: bool = True, metric: str = "loss"
+    loaded: LoadedModel,
+    text,
+    window: int | None = None,
+    max_windows: int = MAX_TEXT_WINDOWS,
+    bos: bool = True,
+    metric: str = "loss",
 ) -> EvalSet:
     """Consecutive windows of at most `window` tokens (default: eval_context) of `text`
     (default: the shipped held-out text), BOS first unless `bos=False`; every window is evaluated
@@ -252,7 +261,9 @@ def text_evalset(
     return EvalSet(ids, mask, counted, metric, digest.hexdigest(), description)
 
 
-def repeat_evalset(loaded, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: int = REPEAT_SEQ_LEN) -> EvalSet:
+def repeat_evalset(
+    loaded: LoadedModel, seed: int = 0, n_seq: int = REPEAT_N_SEQ, seq_len: int = REPEAT_SEQ_LEN
+) -> EvalSet:
     """Random tokens repeated twice, BOS first; the loss on the second copy counts."""
     if 1 + 2 * seq_len > loaded.spec.n_ctx:
         raise ConfigError(f"repeat probe of 2 x {seq_len} tokens exceeds the context of {loaded.spec.n_ctx}")
@@ -320,7 +331,7 @@ def _one_token(tokenizer, text: str, field: str, where: str) -> int:
     return int(ids[0])
 
 
-def prompt_evalset(loaded, prompts: list[dict], metric: str) -> EvalSet:
+def prompt_evalset(loaded: LoadedModel, prompts: list[dict], metric: str) -> EvalSet:
     """One sequence per prompt, BOS + prompt + target, scoring the prediction of the target."""
     tok, bos, n_ctx = loaded.tokenizer, loaded.bos_token_id, loaded.spec.n_ctx
     seqs, targets, foils = [], [], []
@@ -350,7 +361,7 @@ def prompt_evalset(loaded, prompts: list[dict], metric: str) -> EvalSet:
 
 
 def needle_evalset(
-    loaded,
+    loaded: LoadedModel,
     text: str | None,
     seed: int = 0,
     needle_len: int = 16,
@@ -392,7 +403,7 @@ def needle_evalset(
 
 
 def build_evalset(
-    loaded,
+    loaded: LoadedModel,
     metric: str,
     text: str | None = None,
     seed: int = 0,
@@ -433,7 +444,7 @@ def build_evalset(
     return evalset
 
 
-def with_reference(loaded, evalset: EvalSet, text: str, label: str = "the reference text") -> EvalSet:
+def with_reference(loaded: LoadedModel, evalset: EvalSet, text: str, label: str = "the reference text") -> EvalSet:
     """Attach the windows of `text` (BOS first, at most MAX_TEXT_WINDOWS) as the reference set."""
     text = check_text(text, label)
     bos = loaded.bos_token_id

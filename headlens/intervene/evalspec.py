@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import operator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from headlens.bounds import parse_count, shown
 from headlens.errors import ConfigError
 from headlens.intervene.evalset import EvalSet, build_evalset, eval_context
 from headlens.intervene.metrics import canonical_metric
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 # Tokens an ablation reads by default (`--tokens`): a fraction of a long text, whose 95% CI is wider than the
 # whole text's but still tells an effect from none (BENCHMARKS.md, "token budget", has the widths and costs).
@@ -100,7 +103,7 @@ class EvalSpec:
     context: int | None = None  # longest needle test; None: evalset.eval_context
     tokens: int | None = DEFAULT_TOKENS  # the token budget; None: every token
 
-    def build(self, loaded, seed: int = 0) -> EvalSet:
+    def build(self, loaded: LoadedModel, seed: int = 0) -> EvalSet:
         """The EvalSet: the metric's set (evalset.build_evalset), cut to the token budget."""
         prompts = ioi_prompts(loaded, seed) if self.prompts == IOI else self.prompts
         window = None if self.tokens is None else min(self.tokens, eval_context(loaded))
@@ -113,7 +116,7 @@ class EvalSpec:
         return replace(self, tokens=tokens)
 
 
-def ioi_prompts(loaded, seed: int = 0) -> list[dict]:
+def ioi_prompts(loaded: LoadedModel, seed: int = 0) -> list[dict]:
     """The IOI prompts of the name-mover probe (seeded), as prompts-file dicts."""
     from headlens.scores.name_mover import ioi_prompts as build  # the IOI templates, needed only here
 

@@ -43,12 +43,17 @@ tokens; the OV and QK parts' cost is fixed by the vocabulary (BENCHMARKS.md).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from headlens.errors import InputTextError
 from headlens.probes.inputs import text_windows
 from headlens.scores.ov_vocab import BOTTOM_K, cs_ov_vocab
 from headlens.scores.qk_vocab import cs_qk_vocab
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 CS_OV_MIN = 0.5  # share of tokens (ours; see the module docstring)
 CS_QK_MIN = 0.5  # share of tokens (ours; see the module docstring)
@@ -81,12 +86,12 @@ def predicted_attention(
     return (mass * counted[:, None]).sum((0, 2)), int(counted.sum())  # [head], count
 
 
-def text_attention(loaded, windows: list[list[int]]) -> torch.Tensor:
+def text_attention(loaded: LoadedModel, windows: list[list[int]]) -> torch.Tensor:
     """predicted_attention of every head, averaged over the counted positions: [n_layers, n_heads]."""
     return window_attention(loaded, windows)[0]
 
 
-def window_attention(loaded, windows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+def window_attention(loaded: LoadedModel, windows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """predicted_attention of every head over all counted positions [n_layers, n_heads], its std
     across windows (each window's own mean; NaN below two windows with a counted position), and the
     number of counted positions. Full windows only (those as long as the first)."""
@@ -119,7 +124,7 @@ def window_attention(loaded, windows: list[list[int]]) -> tuple[torch.Tensor, to
     return mean, std, count
 
 
-def copy_suppression_scores(loaded, text: str, seed: int = 0, window: int = WINDOW) -> dict:
+def copy_suppression_scores(loaded: LoadedModel, text: str, seed: int = 0, window: int = WINDOW) -> dict:
     """`cs_ov_score`, `cs_qk_score` and `predicted_attention` of every head ([n_layers, n_heads]
     float64 each), `copy_suppression` (bool, both weight criteria met), and `n_tokens` [n_layers,
     n_heads] of the vocabulary scored for the OV part (the QK part's in `n_qk_tokens`)."""

@@ -34,11 +34,16 @@ N_PROMPTS; ~18 tokens each) and ranks the names' OV outputs over the whole vocab
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from headlens.errors import ConfigError
 from headlens.scores.direct_logit import head_direct_effects
 from headlens.scores.ov_circuit import own_extremes
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 COPY_TOP_K = 5  # Wang et al.: the name among the top 5 logits of the head's OV output
 IO_ATTENTION_MIN = 0.2  # ours (see the module docstring)
@@ -125,7 +130,7 @@ def end_attention(pattern: torch.Tensor, positions: torch.Tensor, last: torch.Te
     return rows.gather(-1, positions[:, None, :].expand(-1, rows.shape[1], -1)).sum(-1)  # [batch, head]
 
 
-def ioi_run(loaded, prompts: list[dict]) -> dict:
+def ioi_run(loaded: LoadedModel, prompts: list[dict]) -> dict:
     """One forward pass over the prompts (right-padded): `io_attention`, `s_attention` and
     `ioi_direct_effect` [n_layers, n_heads] (means over prompts) with their `_std` across prompts,
     and the model's `logit_diff` (mean) and `logit_diffs` [n]; `per_prompt` holds the three scores of
@@ -215,7 +220,7 @@ class _EndCapture:
         return head_direct_effects(self.adapter, z, attn_out, self.final_in[-1], target, foil)
 
 
-def name_mover_scores(loaded, n: int = N_PROMPTS, seed: int = 0) -> dict:
+def name_mover_scores(loaded: LoadedModel, n: int = N_PROMPTS, seed: int = 0) -> dict:
     """ioi_run's entries plus `name_copy_score`, `name_negative_copy_score` [n_layers, n_heads],
     `name_mover`, `negative_name_mover` (bool [n_layers, n_heads]) and the `prompts`."""
     prompts = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed)

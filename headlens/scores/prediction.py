@@ -9,13 +9,18 @@ difference logit(target) - logit(foil). The activations are those the IOI direct
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from headlens.scores.name_mover import _EndCapture
 
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
+
 
 def prediction_direct_effects(
-    loaded, ids: list[int], position: int, target: int | None = None, foil: int | None = None
+    loaded: LoadedModel, ids: list[int], position: int, target: int | None = None, foil: int | None = None
 ) -> dict:
     """Direct effects on the prediction after token `position` of `ids` (one sequence, BOS included when
     the caller put it there).

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from wordfreq import word_frequency
@@ -37,6 +38,9 @@ from wordfreq import word_frequency
 from headlens import distributed
 from headlens.capture import Batch, pad_batch, run_capture
 from headlens.probes.corpus import chunks
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 RARE_WORD_MIN = 0.5  # share of sentences (ours; Voita et al.'s head: 0.66)
 MAX_SENTENCES = 64  # sentences scored at most (the rest is counted in the facts)
@@ -160,7 +164,7 @@ class RareWordReducer:
         return self.hits / self.n_scored[:, None].clamp(min=1)  # [layer, head]
 
 
-def rare_word_scores(loaded, sentences: list[RareSentence], batch_size: int = 8) -> torch.Tensor:
+def rare_word_scores(loaded: LoadedModel, sentences: list[RareSentence], batch_size: int = 8) -> torch.Tensor:
     """rare_word_score of every head over `sentences`: [n_layers, n_heads] float64."""
     sentences = sorted(sentences, key=lambda s: len(s.ids))  # batches of like lengths: little padding
     reducer = RareWordReducer(loaded.spec.n_layers, loaded.spec.n_heads, sentences)
@@ -168,7 +172,7 @@ def rare_word_scores(loaded, sentences: list[RareSentence], batch_size: int = 8)
     return reducer.result()
 
 
-def stream_sentences(loaded, sentences, reducer, batch_size: int) -> None:
+def stream_sentences(loaded: LoadedModel, sentences, reducer, batch_size: int) -> None:
     """One streamed pass over sentences (each with `.ids`), right-padded with BOS, batch.offset the
     index of a batch's first sentence in `sentences`; the reducer's totals summed over processes."""
     batches = (

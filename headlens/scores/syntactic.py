@@ -29,12 +29,16 @@ over the relations with at least MIN_CASES instances; the per-relation table is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
 from headlens.probes.treebank import TreeSentence, read_conllu, relation_of, sample_path
 from headlens.scores.rare_word import stream_sentences
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 SYNTACTIC_MIN = 0.10  # accuracy over the best fixed-offset baseline (Voita et al. 2019)
 MIN_CASES = 50  # a relation is scored on at least this many instances: an accuracy's standard error is then <= 0.07
@@ -185,7 +189,7 @@ def syntax_sample(tokenizer, treebank: list[TreeSentence], bos, max_len: int, ma
     return SyntaxSample(measured, pd.DataFrame(table), skipped)
 
 
-def relation_accuracy(loaded, sample: SyntaxSample, batch_size: int = 8) -> torch.Tensor:
+def relation_accuracy(loaded: LoadedModel, sample: SyntaxSample, batch_size: int = 8) -> torch.Tensor:
     """Accuracy of every head on each relation of sample.relations: [relation, n_layers, n_heads] float64."""
     relations = list(sample.relations["relation"])
     sentences = sorted(sample.sentences, key=lambda s: len(s.ids))  # batches of like lengths: little padding

@@ -19,6 +19,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,9 @@ from headlens.heads import Head
 from headlens.intervene.evalset import eval_context
 from headlens.probes.inputs import check_text
 from headlens.scores.prediction import prediction_direct_effects
+
+if TYPE_CHECKING:
+    from headlens.load.models import LoadedModel
 
 MAX_TOKENS = 512  # default cap on a text's tokens (BOS not counted)
 RUNS_BYTES = 1 << 30  # patterns of the typed texts kept, at most (the newest text is always kept)
@@ -66,7 +70,12 @@ class Explorer:
     """The model, its classification frame and the typed texts; every method returns a JSON-ready dict."""
 
     def __init__(
-        self, loaded, frame: pd.DataFrame, max_tokens: int = MAX_TOKENS, seed: int = 0, backups: dict | None = None
+        self,
+        loaded: LoadedModel,
+        frame: pd.DataFrame,
+        max_tokens: int = MAX_TOKENS,
+        seed: int = 0,
+        backups: dict | None = None,
     ):
         spec = loaded.spec
         if len(frame) != spec.n_layers * spec.n_heads:
