@@ -88,7 +88,9 @@ def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
 
     monkeypatch.setattr(headlens.classify, "classify_heads", fail)
     result = CliRunner().invoke(cli, ["classify", "tiny", "--no-progress"])
-    assert isinstance(result.exception, RuntimeError) and "out of memory" not in result.stderr
+    # The top-level guard names the error as what it is: one line, never an out-of-memory diagnosis.
+    assert result.exit_code == 2 and "out of memory" not in result.stderr
+    assert "unexpected RuntimeError: a bug" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_model_folder_without_tokenizer_names_the_missing_files(tmp_path):
