@@ -43,9 +43,9 @@ def model_argument(default: str | None):
                 raise ConfigError("no model given: pass MODEL (a shipped name such as tiny, a directory or a hub id)")
             return func(*args, model=chosen, **kwargs)
 
-        shown = f" [default: {default}]" if default is not None else ""
+        default_note = f" [default: {default}]" if default is not None else ""
         wrapper = click.option(
-            "--model", "model_option", default=None, metavar="MODEL", help=f"alias of the MODEL argument{shown}"
+            "--model", "model_option", default=None, metavar="MODEL", help=f"alias of the MODEL argument{default_note}"
         )(wrapper)
         return click.argument("model", required=False, default=None, metavar="[MODEL]" if default else "MODEL")(wrapper)
 
@@ -263,7 +263,7 @@ def out_option(*suffixes: str, default: str | None = None, what: str = "the resu
     """`--out FILE`, the same on every command: one file, its format read from its suffix (`suffixes`, e.g.
     ".csv", ".json", ".html"; headlens.files.out_format). The command receives `out` and checks it with
     check_out before any work; --out never names a folder (that is --out-dir)."""
-    shown = ", ".join(suffixes)
+    suffix_list = ", ".join(suffixes)
     return click.option(
         "--out",
         "out",
@@ -271,7 +271,7 @@ def out_option(*suffixes: str, default: str | None = None, what: str = "the resu
         show_default=default is not None,
         type=click.Path(path_type=str),
         metavar="FILE",
-        help=f"file to write {what} to, as its suffix says ({shown}), replaced atomically; stdout then "
+        help=f"file to write {what} to, as its suffix says ({suffix_list}), replaced atomically; stdout then "
         "gets a short summary",
     )
 
