@@ -510,7 +510,7 @@ def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(
 def test_default_viewer_tokens_fit_the_budget():
     from headlens.reports.viewer import VIEWER_WEIGHT_BUDGET, default_viewer_tokens
 
-    assert default_viewer_tokens(12, 12, 1024) == 56  # GPT-2 small: the capped sample
+    assert default_viewer_tokens(12, 12, 1024) == 44  # GPT-2 small: the budget's own shape, 12 x 12 heads x 44 tokens
     n = default_viewer_tokens(3, 4, 256)
     assert 3 * 4 * n * n <= VIEWER_WEIGHT_BUDGET < 3 * 4 * (n + 1) ** 2
     assert default_viewer_tokens(1, 1, 50) == 50  # never beyond the context
