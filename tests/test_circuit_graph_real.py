@@ -21,6 +21,11 @@ def smollm2(real_model):
     return real_model("smollm2")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="missed: EAP's circuits reach f >= 0.8, but only at 16,910 edges (13.7%) on IOI and 55,215 (44.8%) on "
+    "induction (make test, 2026-12-06), above SHARE",
+)
 @pytest.mark.parametrize("task_name", ["ioi", "induction"])
 def test_smollm2_circuit_reaches_faithfulness_08_with_few_edges(smollm2, task_name):
     task = circuit_task(smollm2, task_name)
