@@ -103,10 +103,9 @@ def test_a_score_reads_the_same_in_the_findings_the_table_and_the_panel(page):
     assert checked >= 4  # tiny's labelled heads carry at least this many scores in both places
 
 
-def test_the_spanish_page_writes_every_decimal_with_a_comma(page):
-    lang, driver = page
-    if lang != "es":
-        pytest.skip("the Spanish page")
+def test_the_spanish_page_writes_every_decimal_with_a_comma(pages, driver):
+    events = open_page(driver, pages["es"])  # the Spanish page only: the English one writes decimal points
+    assert not events["errors"], events["errors"]
     driver.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
     text = driver.execute_script("return document.body.innerText")
     n_layers, n_heads = 2, 4  # tiny: a head id L.H is not a decimal
