@@ -64,8 +64,45 @@ def run_graph_command(model, task_name, task_file, prompts_path, method, labels_
         keep_now, scores_now = _matrices(graph_of(adapter), edges)
         write_graph(options["graph_out"], graph_of(adapter), scores_now, keep_now, adapter.d_model)
         click.echo(f"headlens: wrote {options['graph_out']}", err=True)
+    found = None
+    if options.get("backups") and not options["circuit_path"]:
+        found = _backups(loaded, task, given, options)
     document = to_document(result, str(loaded.name))
+    if found is not None:
+        document["backups"] = found
     click.echo(json.dumps(document) if fmt == "json" else "\n".join(_lines(document)))
+    if options.get("report"):
+        _write_report(loaded, result, found, options)
+
+
+def _backups(loaded, task, given, options) -> dict:
+    """The backups of the task's role (headlens.circuits.backups), the role's heads ablated as the graph's
+    outside is: from the counterfactual run (resample) or by their mean."""
+    from headlens.ablation.roles import model_labels
+    from headlens.circuits.backups import find_backups
+    from headlens.circuits.backups import to_document as backups_document
+
+    method = "resample" if options["ablation"] == "patching" else "mean"
+    labels = model_labels(loaded, given)
+    found = find_backups(loaded, task, labels, method=method, controls=options["backups"], seed=options["seed"])
+    return backups_document(found)
+
+
+def _write_report(loaded, result, found, options) -> None:
+    """The HTML report of the discovered circuit: its drawing, faithfulness curve and backups."""
+    from headlens.cli.options import model_info
+    from headlens.reports import render_report
+    from headlens.reports.circuit_figures import discovery_document
+
+    doc = discovery_document(result, found)
+    written = render_report(
+        options["report"],
+        model_info=model_info(loaded),
+        circuits=[doc],
+        command=options["command"],
+        lang=options["lang"],
+    )
+    click.echo(f"headlens: wrote {written}", err=True)
 
 
 def _file_faithfulness(gt, keep) -> dict:

@@ -156,6 +156,14 @@ def circuit_command(
 
         options = dict(n_edges=n_edges, target=target, ablation=ablation, circuit_path=circuit_path)
         options.update(graph_out=graph_out, stability=not no_stability, steps=steps, seed=seed)
+        if report_path:
+            from headlens.reports.render import check_output_path
+
+            check_output_path(report_path, lang, option="--report")  # fail before the work, not after
+        controls = parse_control(control) if backups else None
+        options.update(
+            report=report_path, lang=lang, backups=controls, command=command_line(click.get_current_context())
+        )
         run_graph_command(model, task_name, task_file, prompts_path, method, labels_path, fmt, placement, options)
         return
     method = method or "zero"

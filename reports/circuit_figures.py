@@ -22,7 +22,7 @@ from headlens.circuits.backups import BACKUP_PREFIX
 from headlens.classify import kinds
 from headlens.reports.colours import OTHER, ROLE_COLOURS
 from headlens.reports.figures import FIGURE_DPI, figure_uri, plain_text
-from headlens.reports.i18n import number, t
+from headlens.reports.i18n import has, number, t
 from headlens.reports.sections import esc, figure, table
 
 IO_NODE, OUTLINE = "#ffffff", "#333333"
@@ -261,3 +261,35 @@ def backups_block(doc: dict, lang: str) -> str:
     key = "circuits.backups_auc" if auc is not None else "circuits.backups_auc_none"
     parts.append(f"<p>{esc(t(key, lang, auc='-' if auc is None else number(auc, lang)))}</p>")
     return "".join(parts)
+
+
+def discovery_document(result, backups: dict | None = None) -> dict:
+    """A circuit document of a discovery Result alone (headlens.circuits.discover): `task` (name,
+    description, method, ablation, the whole model's and the empty circuit's metric), `discovered`
+    (discovered_fields) and `backups` (headlens.circuits.backups.to_document, or None)."""
+    meta = result.meta
+    task = {key: meta[key] for key in ("description", "method", "ablation", "metric_full", "metric_empty")}
+    return {"task": {"name": meta["task"], **task}, "discovered": discovered_fields(result), "backups": backups}
+
+
+def task_title(name: str, lang: str) -> str:
+    """A task's title: the catalogue's for a built-in task, the name itself for a user's task file."""
+    key = f"circuits.task.{name}"
+    return t(key, lang) if has(key, lang) else name
+
+
+def discovery_block(doc: dict, lang: str) -> str:
+    """One discovery document's part of the section: the task, how the circuit was found and measured,
+    the circuit drawn with its curve, and the backups listed."""
+    task = doc["task"]
+    how = t(
+        "circuits.discovered_how",
+        lang,
+        description=task["description"],
+        method=task["method"],
+        ablation=t(f"circuits.ablation.{task['ablation']}", lang),
+        full=number(task["metric_full"], lang),
+        empty=number(task["metric_empty"], lang),
+    )
+    parts = [f"<h3>{esc(task_title(task['name'], lang))}</h3>", f"<p>{esc(how)}</p>"]
+    return "".join([*parts, discovered_block(doc, lang), backups_block(doc, lang)])

@@ -23,7 +23,14 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from headlens.reports.circuit_figures import backups_block, discovered_block, node_roles, role_handles
+from headlens.reports.circuit_figures import (
+    backups_block,
+    discovered_block,
+    discovery_block,
+    node_roles,
+    role_handles,
+    task_title,
+)
 from headlens.reports.colours import LOGITS as LOGITS_COLOUR
 from headlens.reports.colours import OTHER, UNLABELLED, role_colour
 from headlens.reports.figures import figure_uri, plain_text
@@ -46,11 +53,13 @@ def circuit_section(documents: list[dict], lang: str = DEFAULT_LANG, folded: boo
     in one closed <details> naming the tasks (a large model's report, so the page opens short)."""
     if not documents:
         return ""
-    weights_only = all(_weights_only(doc) for doc in documents)
-    body = [f"<p>{esc(t('circuits.intro_weights' if weights_only else 'circuits.intro', lang))}</p>"]
+    measured = [doc for doc in documents if "heads" in doc]  # the others: a discovered circuit alone
+    weights_only = bool(measured) and all(_weights_only(doc) for doc in measured)
+    intro = "circuits.intro_weights" if weights_only else "circuits.intro" if measured else "circuits.intro_discovered"
+    body = [f"<p>{esc(t(intro, lang))}</p>"]
     for doc in documents:
-        body.append(task_block(doc, lang))
-    tasks = ", ".join(t(f"circuits.task.{doc['task']['name']}", lang) for doc in documents)
+        body.append(task_block(doc, lang) if "heads" in doc else discovery_block(doc, lang))
+    tasks = ", ".join(task_title(doc["task"]["name"], lang) for doc in documents)
     opened = fold(t("circuits.open", lang, tasks=tasks), "".join(body), folded)
     return section("circuits", t("circuits.title", lang), opened)
 
