@@ -54,6 +54,7 @@ def run_graph_command(model, task_name, task_file, prompts_path, method, labels_
             variants=pairs,
             seed=options["seed"],
             with_stability=options["stability"],
+            selection=options.get("selection", "top"),
         )
     if options["graph_out"]:
         from headlens.arch import adapter_for
@@ -149,9 +150,10 @@ def to_document(result, model: str) -> dict:
 def _lines(doc: dict) -> list[str]:
     size = f"{doc['n_edges']} edges, {doc['n_nodes']} nodes (of {doc['graph_edges']} edges)"
     ablation = "counterfactual patching" if doc["ablation"] == "patching" else "mean ablation"
+    chosen = f"{doc['method']} ({doc.get('selection', 'top')} edges)"
     lines = [
         f"task {doc['task']}: {doc['description']}",
-        f"circuit by {doc['method']}: {size}; faithfulness {doc['faithfulness']:.3f} ({ablation} outside it)",
+        f"circuit by {chosen}: {size}; faithfulness {doc['faithfulness']:.3f} ({ablation} outside it)",
         f"metric: whole model {doc['metric_full']:.4f}, empty circuit {doc['metric_empty']:.4f}",
         f"curve over {len(doc['curve'])} sizes: CPR {doc['cpr']:.3f}, CMD {doc['cmd']:.3f}; "
         f"smallest with f >= 0.8: {doc['size_at_0.8']} edges, f >= 0.9: {doc['size_at_0.9']} edges",

@@ -70,6 +70,14 @@ SHOWN_COMPENSATION = 8
 @click.option("--graph-out", type=click.Path(dir_okay=False), default=None, help="write the circuit as EAP-IG JSON")
 @click.option("--no-stability", is_flag=True, help="with --discover: skip the resampled circuits")
 @click.option(
+    "--select",
+    "selection",
+    type=click.Choice(["top", "greedy"]),
+    default="top",
+    show_default=True,
+    help="with --discover: the N largest |score| edges, or grown greedily from the logits (EAP-IG's apply_greedy)",
+)
+@click.option(
     "--prompts",
     "prompts_path",
     type=click.Path(dir_okay=False),
@@ -124,6 +132,7 @@ def circuit_command(
     circuit_path,
     graph_out,
     no_stability,
+    selection,
     prompts_path,
     spec,
     method,
@@ -155,7 +164,7 @@ def circuit_command(
         from headlens.cli.circuit_graph import run_graph_command
 
         options = dict(n_edges=n_edges, target=target, ablation=ablation, circuit_path=circuit_path)
-        options.update(graph_out=graph_out, stability=not no_stability, steps=steps, seed=seed)
+        options.update(graph_out=graph_out, stability=not no_stability, steps=steps, seed=seed, selection=selection)
         if report_path:
             from headlens.reports.render import check_output_path
 

@@ -2,9 +2,11 @@
 
 `discover` scores every edge of the graph (headlens.circuits.graph) by exact patching, EAP or EAP-IG
 (headlens.circuits.faithfulness), then:
-- the faithfulness curve f(k) over a log-spaced grid of k top edges (each circuit pruned to the nodes
-  on a path from `input` to `logits`, as EAP-IG's `Graph.prune`), CPR = area under f and CMD = area
-  under |1 - f|, the x axis k / (all edges), trapezoids (MIB's `area_under_curve`,
+- the faithfulness curve f(k) over a log-spaced grid of k edges (each circuit pruned to the nodes
+  on a path from `input` to `logits`, as EAP-IG's `Graph.prune`), the k edges chosen by `selection`:
+  "top", the k largest |score| (EAP-IG's `apply_topn`), or "greedy", grown from the logits one
+  edge at a time, each the largest |score| into a node already in the circuit (`apply_greedy`);
+  CPR = area under f and CMD = area under |1 - f|, the x axis k / (all edges), trapezoids (MIB's `area_under_curve`,
   mech-interp-bench MIB-circuit-track scripts/print_results.py);
 - the smallest k with f >= 0.8 and with f >= 0.9 (first grid point that reaches it, then bisection
   down to the previous grid point);
@@ -18,6 +20,7 @@ receiver, via, score, in_graph: every edge of the graph) and "curve" (k, edges, 
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from typing import TYPE_CHECKING
 
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 CURVE_POINTS = 20
 TARGETS = (0.8, 0.9)
 RESAMPLES = 5
+SELECTIONS = ("top", "greedy")
 
 
 def log_grid(n_edges: int, points: int = CURVE_POINTS) -> list[int]:
@@ -52,17 +56,77 @@ def area(xs: list[float], ys: list[float]) -> float:
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
 
 
-class Curve:
-    """Faithfulness of the top-k circuits of one score matrix, each k measured once."""
+def greedy_order(graph, scores: torch.Tensor) -> torch.Tensor:
+    """Every real edge [n_edges, 2] (sender, receiver) in the order greedy selection adds them (EAP-IG's
+    `Graph.apply_greedy`, MIB's greedy option): from the logits, repeatedly the largest-|score| edge into a
+    node already in the circuit; a sender joins the circuit with its first edge, and its inputs become
+    candidates. Edges into nodes never reached come last, by |score|."""
+    size = scores.abs().masked_fill(~graph.real, -1.0)  # [senders, receivers]
+    node_of = graph.receiver_node.tolist()  # [receivers]: the sender index of each receiver's node
+    inputs_of: dict[int, list[int]] = {}
+    for receiver, node in enumerate(node_of):
+        inputs_of.setdefault(node, []).append(receiver)
+    heap: list = []
 
-    def __init__(self, gt: GraphTask, scores: torch.Tensor):
+    def open_node(node: int) -> None:  # node -1: the logits
+        for r in inputs_of.get(node, []):
+            for s in range(graph.upstream(r)):
+                heapq.heappush(heap, (-float(size[s, r]), s * graph.n_receivers + r))
+
+    open_node(-1)
+    order, joined = [], set()
+    while heap:
+        _, flat = heapq.heappop(heap)
+        s, r = divmod(flat, graph.n_receivers)
+        order.append((s, r))
+        if s not in joined:
+            joined.add(s)
+            open_node(s)
+    taken = torch.zeros_like(graph.real)
+    if order:
+        taken[tuple(torch.tensor(order).T)] = True
+    rest = (size.masked_fill(taken, -1.0)).flatten()
+    tail = torch.sort(rest, descending=True, stable=True).indices[: graph.n_edges - len(order)]
+    tail = torch.stack([tail // graph.n_receivers, tail % graph.n_receivers], 1)
+    return torch.cat([torch.tensor(order, dtype=torch.long).view(-1, 2), tail])
+
+
+def first_edges(graph, order: torch.Tensor, k: int) -> torch.Tensor:
+    """The first k edges of `order` [n_edges, 2] as [senders, receivers] bool."""
+    keep = torch.zeros_like(graph.real)
+    first = order[:k]
+    keep[first[:, 0], first[:, 1]] = True
+    return keep
+
+
+def select(graph, scores: torch.Tensor, k: int, selection: str) -> torch.Tensor:
+    """k edges of `scores` by `selection` ("top" or "greedy"), before pruning: [senders, receivers] bool."""
+    if selection == "greedy":
+        return first_edges(graph, greedy_order(graph, scores), k)
+    return top_edges(graph, scores, k)
+
+
+class Curve:
+    """Faithfulness of the k-edge circuits of one score matrix (the top k by |score|, or the first k
+    of `greedy_order`), each pruned and each k measured once."""
+
+    def __init__(self, gt: GraphTask, scores: torch.Tensor, selection: str = "top"):
+        if selection not in SELECTIONS:
+            raise ConfigError(f"unknown selection {selection!r}: choose one of {', '.join(SELECTIONS)}")
         self.gt, self.scores = gt, scores
+        self.order = greedy_order(gt.graph, scores) if selection == "greedy" else None
         self.full, self.empty = gt.ends()
         self.seen: dict[int, tuple[torch.Tensor, float]] = {}
 
+    def chosen(self, k: int) -> torch.Tensor:
+        """The k edges selected, before pruning: [senders, receivers] bool."""
+        if self.order is None:
+            return top_edges(self.gt.graph, self.scores, k)
+        return first_edges(self.gt.graph, self.order, k)
+
     def circuit(self, k: int) -> tuple[torch.Tensor, float]:
         if k not in self.seen:
-            keep = prune(self.gt.graph, top_edges(self.gt.graph, self.scores, k))
+            keep = prune(self.gt.graph, self.chosen(k))
             self.seen[k] = keep, faithfulness(self.gt.metric(keep), self.full, self.empty)
         return self.seen[k]
 
@@ -85,7 +149,9 @@ def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
     return int((a & b).sum()) / union if union else 1.0
 
 
-def stability(loaded: LoadedModel, task, method, ablation, k, steps, seed, keep, variants=None) -> dict:
+def stability(
+    loaded: LoadedModel, task, method, ablation, k, steps, seed, keep, variants=None, selection="top"
+) -> dict:
     """Jaccard overlap of the top-k edges over RESAMPLES bootstrap resamples of the task's rows (mean
     over all pairs of those and the full set's `keep`) and between the two task `variants` (or None)."""
     gen = torch.Generator().manual_seed(seed + 7)
@@ -93,18 +159,18 @@ def stability(loaded: LoadedModel, task, method, ablation, k, steps, seed, keep,
     n = task.tokens.shape[0]
     for _ in range(RESAMPLES):
         rows = torch.randint(n, (n,), generator=gen)
-        sets.append(_top(loaded, take_rows(task, rows), method, ablation, k, steps))
+        sets.append(_top(loaded, take_rows(task, rows), method, ablation, k, steps, selection))
     pairs = [jaccard(a, b) for a, b in itertools.combinations(sets, 2)]
     out = {"resamples": RESAMPLES, "k": k, "jaccard_resamples": float(np.mean(pairs)), "jaccard_templates": None}
     if variants is not None:
-        first, second = (_top(loaded, v, method, ablation, k, steps) for v in variants)
+        first, second = (_top(loaded, v, method, ablation, k, steps, selection) for v in variants)
         out["jaccard_templates"] = jaccard(first, second)
     return out
 
 
-def _top(loaded: LoadedModel, task, method, ablation, k, steps) -> torch.Tensor:
+def _top(loaded: LoadedModel, task, method, ablation, k, steps, selection="top") -> torch.Tensor:
     gt = GraphTask(loaded, task, ablation)
-    return top_edges(gt.graph, gt.scores(method, steps), k)
+    return select(gt.graph, gt.scores(method, steps), k, selection)
 
 
 def discover(
@@ -120,24 +186,40 @@ def discover(
     variants=None,
     seed: int = 0,
     with_stability: bool = True,
+    selection: str = "top",
 ) -> Result:
     """The circuit of `task` on `loaded` (module docstring): `edges` top edges, or the smallest set
-    reaching faithfulness `target` (default 0.8). `labels`: head "L.H" -> its labels (roles)."""
+    reaching faithfulness `target` (default 0.8), chosen by `selection` ("top": the largest |score|;
+    "greedy": greedy_order). `labels`: head "L.H" -> its labels (roles)."""
     if edges is not None and target is not None:
         raise ConfigError("give --edges or --target, not both")
     gt = GraphTask(loaded, task, ablation)
     scores = gt.scores(method, steps)
-    return measure(gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded, variants)
+    return measure(
+        gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded, variants, selection
+    )
 
 
 def measure(
-    gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded: LoadedModel, variants
+    gt,
+    scores,
+    method,
+    edges,
+    target,
+    points,
+    labels,
+    seed,
+    steps,
+    with_stability,
+    loaded: LoadedModel,
+    variants,
+    selection: str = "top",
 ):
     """Curve, sizes, chosen circuit and stability of one score matrix: the Result of `discover`."""
     graph = gt.graph
     if edges is not None and not 1 <= edges <= graph.n_edges:
         raise ConfigError(f"--edges {edges}: this model's graph has 1 to {graph.n_edges} edges")
-    curve = Curve(gt, scores)
+    curve = Curve(gt, scores, selection)
     grid = log_grid(graph.n_edges, points)
     rows = []
     for k in grid:
@@ -155,6 +237,7 @@ def measure(
         "method": method,
         "steps": steps if method == "eap-ig" else None,
         "ablation": gt.ablation,
+        "selection": selection,
         "metric_full": curve.full,
         "metric_empty": curve.empty,
         "k": edges,
@@ -169,7 +252,9 @@ def measure(
         "seed": seed,
     }
     if with_stability:
-        meta["stability"] = stability(loaded, gt.task, method, gt.ablation, edges, steps, seed, keep, variants)
+        meta["stability"] = stability(
+            loaded, gt.task, method, gt.ablation, edges, steps, seed, keep, variants, selection
+        )
     tables = {"edges": edge_table(graph, scores, keep), "curve": pd.DataFrame(rows)}
     return Result("circuit_graph", node_frame(graph, keep, labels or {}), meta, tables=tables)
 
