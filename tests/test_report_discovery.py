@@ -10,6 +10,7 @@ report path that cannot be written is refused before the work, in one line.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import re
 
@@ -29,19 +30,25 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 @pytest.fixture(scope="module")
 def labels_file(tmp_path_factory, small_config):
     """1.2 labelled induction, no other head labelled."""
-    records = [
-        {"layer": layer, "head": head, "labels": ["induction"] if (layer, head) == (1, 2) else []}
-        for layer in range(small_config.n_layer)
-        for head in range(small_config.n_head)
-    ]
+    heads = itertools.product(range(small_config.n_layer), range(small_config.n_head))
+    rows = [{"layer": a, "head": b, "labels": ["induction"] * ((a, b) == (1, 2))} for a, b in heads]
     path = tmp_path_factory.mktemp("labels") / "heads.json"
-    path.write_text(json.dumps(records))
+    path.write_text(json.dumps(rows))
     return str(path)
 
 
 def _args(model_dir, labels_file, *more):
     base = ["circuit", str(model_dir), "--task", "induction", "--discover", "--edges", "12", "--no-stability"]
     return [*base, "--labels", labels_file, "--backups", "--control", "random:3", *more]
+
+
+def check_page(text: str, lang: str) -> None:
+    """The discovery's introduction, the circuit's title, drawing and curve, and the backups' title."""
+    keys = ("circuits.intro_discovered", "circuits.discovered_title", "circuits.discovered_alt", "circuits.curve_alt")
+    for key in keys:
+        assert t(key, lang) in text, key
+    role = t(kinds.BY_LABEL["induction"].name_key, lang)
+    assert t("circuits.backups_title", lang, role=role) in text
 
 
 def _text(path) -> str:
@@ -84,16 +91,9 @@ def test_a_discovery_page_speaks_its_language(tmp_path, lang):
         tmp_path / "c.html", model_info={"name": "m"}, circuits=[discovery_document(_discovery(), BACKUPS)], lang=lang
     )
     text = _text(page)
-    for key in (
-        "circuits.intro_discovered",
-        "circuits.discovered_title",
-        "circuits.discovered_alt",
-        "circuits.curve_alt",
-    ):
-        assert t(key, lang) in text, key
+    check_page(text, lang)
     assert t("circuits.ablation.patching", lang) in text and t("circuits.task.induction", lang) in text
-    role = t(kinds.BY_LABEL["induction"].name_key, lang)
-    assert t("circuits.backups_title", lang, role=role) in text and "1.2" in text
+    assert "1.2" in text
     other = "es" if lang == "en" else "en"
     assert t("circuits.intro_discovered", other) not in text
 
@@ -104,18 +104,10 @@ def test_discover_report_draws_the_circuit_its_curve_and_the_backups(small_model
     assert got.exit_code == 0, got.output
     doc = json.loads(got.stdout)
     text = _text(page)
-    for key in (
-        "circuits.intro_discovered",
-        "circuits.discovered_title",
-        "circuits.discovered_alt",
-        "circuits.curve_alt",
-    ):
-        assert t(key, "en") in text, key
+    check_page(text, "en")
     assert text.count('<img src="data:image/png;base64,') >= 2  # the circuit and its curve
     found = doc["backups"]
     assert found["role"] == "induction" and found["ablated"] == ["1.2"] and found["method"] == "resample"
-    role = t(kinds.BY_LABEL["induction"].name_key, "en")
-    assert t("circuits.backups_title", "en", role=role) in text
     listed = [h["head"] for h in found["heads"] if h["backup"]]
     assert all(head in text for head in listed) and (listed or t("circuits.backups_none", "en") in text)
     f = t("circuits.discovered_size", "en", edges=doc["n_edges"], nodes=doc["n_nodes"], f="", cpr="", cmd="")
