@@ -72,6 +72,10 @@ def run_graph_command(model, task_name, task_file, prompts_path, method, labels_
     if found is not None:
         document["backups"] = found
     click.echo(json.dumps(document) if fmt == "json" else "\n".join(_lines(document)))
+    if found is not None and fmt != "json":
+        from headlens.cli.commands_circuit import _print_backups
+
+        _print_backups(found)
     if options.get("report"):
         _write_report(loaded, result, found, options)
 

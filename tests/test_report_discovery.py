@@ -112,6 +112,9 @@ def test_discover_report_draws_the_circuit_its_curve_and_the_backups(small_model
     assert all(head in text for head in listed) and (listed or t("circuits.backups_none", "en") in text)
     f = t("circuits.discovered_size", "en", edges=doc["n_edges"], nodes=doc["n_nodes"], f="", cpr="", cmd="")
     assert f.split("f = ")[0] in text  # the circuit's own size, as the page words it
+    table = CliRunner().invoke(cli, _args(small_model_dir, labels_file))
+    assert table.exit_code == 0, table.output
+    assert "backups of induction (1.2 resample-ablated" in table.output and "backups: " in table.output
 
 
 def test_a_discovery_document_names_a_users_task_by_its_file():
