@@ -218,3 +218,46 @@ def test_a_score_heatmap_opens_large_on_a_click_and_closes_on_escape(page):
 
     driver.find_element("tag name", "body").send_keys(Keys.ESCAPE)
     assert image.size["width"] == small
+
+
+# Each language's writing of the built frame's numbers, typed here (not by the page's formatters).
+STABILITY_TEXT = {
+    "en": ("62%", "0.500", "0.310", "0.660", "99.8%"),
+    "es": ("62\u00a0%", "0,500", "0,310", "0,660", "99,8\u00a0%"),
+}
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_the_panel_shows_each_labels_stability_and_interval_a_borderline_one_marked(driver, tmp_path, lang):
+    """A built classification with the stability columns (headlens.classify.stability's schema): the panel
+    of a borderline induction head gives the share of resamples that kept the label, its ranking score with
+    its 95% interval, and marks it; a stable head's line carries no mark."""
+    heads = pd.DataFrame(
+        [
+            {"layer": 0, "head": 0, "labels": ["induction"], "borderline": ["induction"], "induction_stability": 0.62},
+            {"layer": 0, "head": 1, "labels": ["induction"], "borderline": [], "induction_stability": 0.998},
+            {"layer": 1, "head": 0, "labels": [], "borderline": [], "induction_stability": 0.0},
+        ]
+    ).assign(
+        prefix_matching_score=[0.5, 0.9, 0.01],
+        prefix_matching_score_lo=[0.31, 0.85, 0.0],
+        prefix_matching_score_hi=[0.66, 0.95, 0.02],
+        copying_score=0.7,
+    )
+    page = render_report(tmp_path / "st.html", model_info={"name": "built"}, heads=Result("heads", heads), lang=lang)
+    assert not open_page(driver, page)["errors"]
+    share, value, low, high, stable = STABILITY_TEXT[lang]
+    role = t(BY_LABEL["induction"].name_key, lang)
+    open_panel(driver, "0.0")
+    items = driver.execute_script(
+        "return [...document.querySelectorAll('#head-panel li')].filter(li => /%/.test(li.textContent))"
+        ".map(li => [li.textContent, li.className])"
+    )
+    interval = t("panel.interval", lang, low=low, high=high)
+    line = t("panel.stability", lang, label=role, share=share)
+    line += f"; {t('short.prefix_matching_score', lang)} {value} ({interval}) \u2014 {t('panel.borderline', lang)}"
+    assert items == [[line, "borderline"]]
+    open_panel(driver, "0.1")
+    text = driver.find_element("id", "head-panel").get_attribute("textContent")  # .text drops no-break spaces
+    assert t("panel.stability", lang, label=role, share=stable) in text and t("panel.borderline", lang) not in text
+    assert t("js.panel_stability", lang) not in open_panel(driver, "1.0")  # no label, no stability
