@@ -225,7 +225,7 @@ def role_block(
     """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, the ablation of
     its heads together (with its control) where the page holds one, and the circuit evidence of its heads
     (reports/circuits.py role_lines: the heads feeding them) where the page draws circuits; `plot`: the role's
-    scatter of its two deciding scores (reports/scatter.py), when its rule has two."""
+    scatter of its two deciding scores (reports/scatter.py), when its rule has two, beside the heads and evidence."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
     lines = [head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS]]
     items = "".join(lines[:TOP_OPEN])
@@ -249,8 +249,7 @@ def role_block(
     return (
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
         f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p>{role_note(role, rows, lang)}'
-        f"<ul>{items}</ul>{more}{plot}"
-        f"{evidence}</div>"
+        f'<div class="role-body"><div class="role-list"><ul>{items}</ul>{more}{evidence}</div>{plot}</div></div>'
     )
 
 

@@ -247,12 +247,7 @@ def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
     first, with a "labelled only / all heads" switch the page script shows); both folded for a large model.
     `heads`: a classification (classify_heads' Result)."""
     folded = len(heads) > FOLD_HEADS
-    maps = [
-        f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
-        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}"
-        f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
-        for info, uri, cut in score_heatmaps(heads, lang)
-    ]
+    maps = [score_cell(info, uri, cut, lang) for info, uri, cut in score_heatmaps(heads, lang)]
     grid = f'<div class="score-grid">{"".join(maps)}</div>' if maps else ""
     parts = [
         f"<p>{esc(t('scores.intro', lang))} {esc(t('scores.zoom', lang))}</p>",
@@ -274,6 +269,18 @@ def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
         frame = pd.DataFrame({"setting": list(settings), "value": pd.Series(list(settings.values()), dtype=object)})
         parts.append(details(t("scores.settings", lang), table(frame, sortable=False, lang=lang)))
     return section("scores", t("scores.title", lang), "\n".join(parts))
+
+
+def score_cell(info, uri: str, cut: str, lang: str) -> str:
+    """One small multiple: the score's name, its heatmap (opens large on a click), the rule that labels by it,
+    and what it measures with its source folded under a one-line summary."""
+    what = f'<p class="explain">{esc(info.what(lang))} <cite>{esc(info.source(lang))}</cite></p>'
+    rule = f'<p class="rule">{esc(cut.strip())}</p>' if cut else ""
+    return (
+        f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
+        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}{rule}"
+        f"{details(t('scores.what', lang), what)}</div>"
+    )
 
 
 def label_switch(n_labelled: int, n_all: int, lang: str) -> str:
