@@ -255,8 +255,8 @@ def role_block(
 
 def absent_block(heads: Result, lang: str, anchor: str | None = "roles-absent") -> str:
     """The roles no head earned (headlens.classify.labels.absent_roles), each with the head highest on the kind's
-    ranking score and its scores beside their cut-offs, in a div with id `anchor` (None: no id, for
-    inline views that may repeat); "" when every role was found."""
+    ranking score and its scores beside their cut-offs (folded under a line naming the roles), in a div with id
+    `anchor` (None: no id, for inline views that may repeat); "" when every role was found."""
     absent = absent_roles(heads.frame, heads.meta)
     if not absent:
         return ""
@@ -276,9 +276,11 @@ def absent_block(heads: Result, lang: str, anchor: str | None = "roles-absent") 
         before, _, after = esc(line).partition("\0")
         items.append(f"<li>{before}<strong>{esc(absence.head)}</strong>{after}</li>")  # no data-head: no role
     ident = f' id="{esc(anchor)}"' if anchor else ""
+    names = ", ".join(t(kinds.BY_LABEL[absence.label].name_key, lang) for absence in absent)
+    body = f"<p>{esc(t('findings.absent_intro', lang))}</p><ul>{''.join(items)}</ul>"
     return (
         f'<div class="role absent"{ident}><h3>{esc(t("findings.absent_title", lang))}</h3>'
-        f"<p>{esc(t('findings.absent_intro', lang))}</p><ul>{''.join(items)}</ul></div>"
+        f"{details(t('findings.absent_open', lang, n=len(absent), roles=names), body)}</div>"
     )
 
 
