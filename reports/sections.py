@@ -272,13 +272,13 @@ def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
 
 
 def score_cell(info, uri: str, cut: str, lang: str) -> str:
-    """One small multiple: the score's name, its heatmap (opens large on a click), the rule that labels by it,
-    and what it measures with its source folded under a one-line summary."""
-    what = f'<p class="explain">{esc(info.what(lang))} <cite>{esc(info.source(lang))}</cite></p>'
+    """One small multiple: the score's name and its heatmap (opens large on a click), then the rule that labels
+    by it and what it measures with its source, folded under a one-line summary."""
     rule = f'<p class="rule">{esc(cut.strip())}</p>' if cut else ""
+    what = f'{rule}<p class="explain">{esc(info.what(lang))} <cite>{esc(info.source(lang))}</cite></p>'
     return (
         f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
-        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}{rule}"
+        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}"
         f"{details(t('scores.what', lang), what)}</div>"
     )
 
