@@ -444,7 +444,7 @@ def test_report_reads_without_javascript(embedded_report):
 
 
 # The SmolLM2 page as a reader meets it (270 heads): built once by the library's report pipeline, drawn in
-# English and in Spanish from the same results, read in Chromium at 1400 x 900 px.
+# English and in Spanish from the same results (conftest's smollm2_pages), read in Chromium at 1400 x 900 px.
 
 READER_WINDOW = (1400, 900)
 # The page opens at under this many bytes, and about this many screens tall before its folded parts.
@@ -454,16 +454,6 @@ MAX_SCREENS = 10.5
 MIN_STRIPE_PX = 4.0
 # Legend text at least this many CSS pixels (the page's body text is 16 px).
 MIN_LEGEND_PX = 12.0
-
-
-@pytest.fixture(scope="module")
-def smollm2_pages(real_model, tmp_path_factory):
-    """`headlens report smollm2 --lang en,es`: one build_report run, its two pages."""
-    from headlens.reports.pipeline import build_report
-
-    results = build_report(real_model("smollm2"), command="headlens report smollm2 --lang en,es")
-    folder = tmp_path_factory.mktemp("smollm2-pages")
-    return {lang: results.render(folder / f"report.{lang}.html", lang) for lang in ("en", "es")}
 
 
 @pytest.fixture(scope="module")
