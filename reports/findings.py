@@ -34,8 +34,8 @@ from headlens.results import Result
 
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
 TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
-TOP_OPEN = 5  # of which shown open; the others folded
-CIRCUIT_OPEN = 1  # circuit-evidence lines per role shown open (the head of largest direct effect first)
+TOP_OPEN = 3  # of which shown open; the others folded
+CIRCUIT_OPEN = 0  # circuit-evidence lines per role shown open (the others folded under a line counting them)
 SINK_EXAMPLES = 5  # strongest first-token sinks named in their summary
 KV_OPEN_ROWS = 12  # key/value groups with a role shown open up to this many (more are folded)
 
@@ -165,9 +165,10 @@ def findings_section(
             parts.append(role_block(role, rows, ablations, lang, ablation, circuits, plot))
     parts.append(absent_block(heads, lang))
     parts.append(sinks_block(records, labels, heads.meta, lang))
-    parts.append(sizes_text(heads.meta, lang))
     parts.append(ioi_text(heads, lang))
-    parts.append(syntactic_text(heads, lang))
+    probes = sizes_text(heads.meta, lang) + syntactic_text(heads, lang)
+    if probes:  # how the probes were sized and which did not run: folded under one line
+        parts.append(details(t("findings.probes_open", lang), probes))
     parts.append(sources_table(heads, lang))
     parts.append(f"<p>{esc(t('findings.details', lang))}</p>")
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))

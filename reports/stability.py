@@ -17,7 +17,7 @@ from headlens.classify import kinds
 from headlens.classify.labels import ClassifyConfig, label_list
 from headlens.reports.figures import figure_uri
 from headlens.reports.i18n import DEFAULT_LANG, percent, t
-from headlens.reports.sections import details, esc, figure, section, table
+from headlens.reports.sections import about, details, esc, figure, section, table
 
 STEPS = 101  # cut-offs drawn across each score's range
 PANELS_PER_ROW = 4
@@ -33,7 +33,7 @@ def stability_section(heads, lang: str = DEFAULT_LANG) -> str:
     if not facts:
         return section("stability", t("stability.title", lang), f"<p>{esc(t('stability.not_run', lang))}</p>")
     pct = percent(facts["stable_min"], lang)
-    parts = [f"<p>{esc(t('stability.intro', lang, resamples=facts['resamples'], stable_pct=pct))}</p>"]
+    parts = [about(t("stability.intro", lang, resamples=facts["resamples"], stable_pct=pct), lang)]
     weak = borderline_rows(frame, meta)
     if weak.empty:
         parts.append(f"<p>{esc(t('stability.none', lang, stable_pct=pct))}</p>")
