@@ -34,14 +34,16 @@ from headlens.reports.circuit_figures import (
 from headlens.reports.colours import LOGITS as LOGITS_COLOUR
 from headlens.reports.colours import OTHER, UNLABELLED, role_colour
 from headlens.reports.figures import figure_uri, plain_text
+from headlens.reports.graph_labels import edge_table, place_edge_labels
 from headlens.reports.i18n import DEFAULT_LANG, quantity, t
-from headlens.reports.sections import esc, figure, fold, section, table
+from headlens.reports.sections import details, esc, figure, fold, section, table
 
 RECEIVER_ROLES = {"induction": ("induction",), "ioi": ("name_mover", "negative_name_mover", "copy_suppression")}
 GRAPH_HEADS = 8  # heads drawn into the logits, by |direct effect|
 GRAPH_EDGES = 8  # head -> head edges drawn, by |path-patching effect|
 CITED = 3  # incoming edges cited per receiver
 TABLE_HEADS = 12
+NODE_SIZE = 900  # a graph node's area in points²
 # The roles a graph colours, in the order a head with several takes its colour (headlens.reports.colours)
 COLOURS = {role: role_colour(role) for role in ("induction", "previous_token", "name_mover", "negative_name_mover")}
 
@@ -83,6 +85,8 @@ def task_block(doc: dict, lang: str) -> str:
     key = "circuits.unlabelled" if large else "circuits.unlabelled_none"
     parts.append(f"<p>{esc(t(key, lang, heads=', '.join(large), share=share))}</p>")
     parts.append(table(direct_table(doc), lang=lang))
+    edges = edge_table(circuit_graph(doc), lang)
+    parts.append(details(t("circuits.edges_open", lang, n=len(edges)), table(edges, lang=lang)))
     repair = doc.get("self_repair")
     if repair:
         parts.append(f"<p>{esc(repair_text(repair, lang))}</p>")
@@ -246,7 +250,13 @@ def _colour(graph: nx.DiGraph, node: str) -> str:
 
 
 def graph_uri(doc: dict, lang: str) -> str:
-    """The task's graph as a PNG data URI (networkx layout by layer, drawn on an Agg canvas)."""
+    """The task's graph as a PNG data URI."""
+    return figure_uri(graph_figure(doc, lang))
+
+
+def graph_figure(doc: dict, lang: str) -> Figure:
+    """The task's graph (networkx layout by layer, drawn on an Agg canvas), its edges labelled by
+    reports/graph_labels.py."""
     graph = circuit_graph(doc)
     fig = Figure(figsize=(8, 4.5))
     FigureCanvasAgg(fig)
@@ -262,7 +272,7 @@ def graph_uri(doc: dict, lang: str) -> str:
                 ax=ax,
                 node_color=[_colour(graph, n) for n in chosen],
                 edgecolors="#333333",
-                node_size=900,
+                node_size=NODE_SIZE,
             )
             drawn.set_linestyle((0, (3, 2)) if dashed else "solid")
     roles = [r for _, r in graph.nodes(data="role") if r not in ("logits", "unlabelled", "other")]
@@ -276,15 +286,20 @@ def graph_uri(doc: dict, lang: str) -> str:
         widths = [0.5 + 3 * min(1.0, abs(graph.edges[e]["weight"])) for e in chosen]
         colour = ["#2a7f2a" if graph.edges[e]["weight"] >= 0 else "#b22222" for e in chosen]
         nx.draw_networkx_edges(
-            graph, pos, ax=ax, edgelist=chosen, width=widths, edge_color=colour, style=style, node_size=900, arrows=True
+            graph,
+            pos,
+            ax=ax,
+            edgelist=chosen,
+            width=widths,
+            edge_color=colour,
+            style=style,
+            node_size=NODE_SIZE,
+            arrows=True,
         )
-    labels = {(a, b): f"{_edge_word(d['kind'], lang)} {d['weight']:+.2f}" for a, b, d in graph.edges(data=True)}
-    nx.draw_networkx_edge_labels(
-        graph, pos, ax=ax, edge_labels={e: plain_text(s) for e, s in labels.items()}, font_size=6
-    )
     ax.set_axis_off()
     fig.tight_layout()
-    return figure_uri(fig)
+    place_edge_labels(ax, graph, pos, lang, NODE_SIZE)
+    return fig
 
 
 def layout(graph: nx.DiGraph) -> dict:
@@ -296,8 +311,3 @@ def layout(graph: nx.DiGraph) -> dict:
     for node, layer in graph.nodes(data="layer"):
         columns.setdefault(layer, []).append(node)
     return nx.multipartite_layout(graph, subset_key=columns)
-
-
-def _edge_word(kind: str, lang: str) -> str:
-    """An edge's label word: its input (Q, K, V) or, for a direct or backup edge, the catalogue's word."""
-    return kind.upper() if kind in ("q", "k", "v") else t(f"circuits.edge.{kind}", lang)

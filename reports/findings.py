@@ -34,8 +34,8 @@ from headlens.results import Result
 
 SOURCE_COLUMNS = kinds.SOURCE_COLUMNS
 TOP_HEADS = 10  # heads listed per role, strongest first (the label table lists them all)
-TOP_OPEN = 5  # of which shown open; the others folded
-CIRCUIT_OPEN = 1  # circuit-evidence lines per role shown open (the head of largest direct effect first)
+TOP_OPEN = 3  # of which shown open; the others folded
+CIRCUIT_OPEN = 0  # circuit-evidence lines per role shown open (the others folded under a line counting them)
 SINK_EXAMPLES = 5  # strongest first-token sinks named in their summary
 KV_OPEN_ROWS = 12  # key/value groups with a role shown open up to this many (more are folded)
 
@@ -165,9 +165,10 @@ def findings_section(
             parts.append(role_block(role, rows, ablations, lang, ablation, circuits, plot))
     parts.append(absent_block(heads, lang))
     parts.append(sinks_block(records, labels, heads.meta, lang))
-    parts.append(sizes_text(heads.meta, lang))
     parts.append(ioi_text(heads, lang))
-    parts.append(syntactic_text(heads, lang))
+    probes = sizes_text(heads.meta, lang) + syntactic_text(heads, lang)
+    if probes:  # how the probes were sized and which did not run: folded under one line
+        parts.append(details(t("findings.probes_open", lang), probes))
     parts.append(sources_table(heads, lang))
     parts.append(f"<p>{esc(t('findings.details', lang))}</p>")
     return section("findings", t("findings.title", lang), "\n".join(part for part in parts if part))
@@ -225,7 +226,7 @@ def role_block(
     """One role: its name, what it means, its TOP_HEADS strongest heads, how many more, the ablation of
     its heads together (with its control) where the page holds one, and the circuit evidence of its heads
     (reports/circuits.py role_lines: the heads feeding them) where the page draws circuits; `plot`: the role's
-    scatter of its two deciding scores (reports/scatter.py), when its rule has two."""
+    scatter of its two deciding scores (reports/scatter.py), when its rule has two, beside the heads and evidence."""
     rows = sorted(rows, key=lambda row: -head_strength(row, role))  # stable: (layer, head) breaks ties
     lines = [head_line(row, role, ablations, lang) for row in rows[:TOP_HEADS]]
     items = "".join(lines[:TOP_OPEN])
@@ -249,15 +250,14 @@ def role_block(
     return (
         f'<div class="role" id="role-{esc(role)}"><h3>{esc(heading)}</h3>'
         f'<p class="explain">{esc(t(kinds.BY_LABEL[role].what_key, lang))}</p>{role_note(role, rows, lang)}'
-        f"<ul>{items}</ul>{more}{plot}"
-        f"{evidence}</div>"
+        f'<div class="role-body"><div class="role-list"><ul>{items}</ul>{more}{evidence}</div>{plot}</div></div>'
     )
 
 
 def absent_block(heads: Result, lang: str, anchor: str | None = "roles-absent") -> str:
     """The roles no head earned (headlens.classify.labels.absent_roles), each with the head highest on the kind's
-    ranking score and its scores beside their cut-offs, in a div with id `anchor` (None: no id, for
-    inline views that may repeat); "" when every role was found."""
+    ranking score and its scores beside their cut-offs (folded under a line naming the roles), in a div with id
+    `anchor` (None: no id, for inline views that may repeat); "" when every role was found."""
     absent = absent_roles(heads.frame, heads.meta)
     if not absent:
         return ""
@@ -277,9 +277,11 @@ def absent_block(heads: Result, lang: str, anchor: str | None = "roles-absent") 
         before, _, after = esc(line).partition("\0")
         items.append(f"<li>{before}<strong>{esc(absence.head)}</strong>{after}</li>")  # no data-head: no role
     ident = f' id="{esc(anchor)}"' if anchor else ""
+    names = ", ".join(t(kinds.BY_LABEL[absence.label].name_key, lang) for absence in absent)
+    body = f"<p>{esc(t('findings.absent_intro', lang))}</p><ul>{''.join(items)}</ul>"
     return (
         f'<div class="role absent"{ident}><h3>{esc(t("findings.absent_title", lang))}</h3>'
-        f"<p>{esc(t('findings.absent_intro', lang))}</p><ul>{''.join(items)}</ul></div>"
+        f"{details(t('findings.absent_open', lang, n=len(absent), roles=names), body)}</div>"
     )
 
 

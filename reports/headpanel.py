@@ -2,7 +2,9 @@
 them beside their cut-offs, its direct effects and the circuit edges it takes part in, written as text in the
 page's language (numbers by headlens.reports.i18n) and embedded once as a JSON block (`#head-facts`). The page
 script (report.js) puts a clicked head's facts in the panel under the map, with its pattern thumbnail when the
-page has one; the cell's tooltip shows its first TOOLTIP_SCORES scores."""
+page has one; the cell's tooltip shows its first TOOLTIP_SCORES scores. Where the classification measured how
+stable its labels are (headlens.classify.stability), each label's line gives the share of resamples that kept it
+and its ranking score's 95% interval, a borderline label marked."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pandas as pd
 from headlens.classify import kinds
 from headlens.classify.labels import label_list
 from headlens.reports import explain
-from headlens.reports.i18n import DEFAULT_LANG, quantity, short_number, t
+from headlens.reports.i18n import DEFAULT_LANG, percent, quantity, short_number, t
 
 TOOLTIP_SCORES = 3  # deciding scores a cell's tooltip shows
 PANEL_EDGES = 8  # circuit edges a head's panel lists at most (strongest first)
@@ -60,9 +62,30 @@ def circuit_lines(head: str, circuits: list[dict] | None, lang: str) -> tuple[li
     return direct, edges[:PANEL_EDGES]
 
 
+def stability_lines(row: dict, lang: str) -> list[list]:
+    """[text, borderline] per label of the head with a `<label>_stability` column: "induction: kept in 87% of
+    resamples; prefix matching 0.52 (95% interval 0.41 to 0.63)", borderline True below the stable share."""
+    weak = set(label_list(row.get("borderline")))
+    lines = []
+    for label in label_list(row.get("labels")):
+        share = _value(row, f"{label}_stability")
+        if label not in kinds.BY_LABEL or share is None:
+            continue
+        column = kinds.BY_LABEL[label].score
+        text = t("panel.stability", lang, label=t(kinds.BY_LABEL[label].name_key, lang), share=percent(share, lang))
+        value, low, high = (_value(row, f"{column}{end}") for end in ("", "_lo", "_hi"))
+        if None not in (value, low, high):
+            interval = t("panel.interval", lang, low=quantity(low, lang), high=quantity(high, lang))
+            text += f"; {t(f'short.{column}', lang)} {quantity(value, lang)} ({interval})"
+        if label in weak:
+            text += f" \u2014 {t('panel.borderline', lang)}"
+        lines.append([text, label in weak])
+    return lines
+
+
 def head_facts(heads: pd.DataFrame, meta: dict | None, circuits: list[dict] | None, lang: str = DEFAULT_LANG) -> dict:
-    """{"L.H": {"roles": [...], "scores": [...], "direct": [...], "edges": [...]}} for every head of the frame,
-    every entry text in `lang`."""
+    """{"L.H": {"roles": [...], "scores": [...], "direct": [...], "edges": [...], "stability": [[text, borderline]]}}
+    for every head of the frame, every entry text in `lang`."""
     thresholds = explain.score_thresholds(meta)
     facts = {}
     for row in heads.to_dict("records"):
@@ -77,5 +100,6 @@ def head_facts(heads: pd.DataFrame, meta: dict | None, circuits: list[dict] | No
             "scores": score_pieces(row, thresholds, lang),
             "direct": direct,
             "edges": edges,
+            "stability": stability_lines(row, lang),
         }
     return facts

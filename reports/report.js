@@ -22,17 +22,24 @@
 
 (function headPanel() {
   // The head map's cells open the head's panel below the map: its roles, the scores that earned them beside
-  // their cut-offs, its direct effects, its circuit edges (text the page wrote in its language, #head-facts)
-  // and a copy of its pattern thumbnail when the page draws one. Enter on a focused cell does the same.
+  // their cut-offs, how stable each label is, its direct effects, its circuit edges (text the page wrote in
+  // its language, #head-facts) and a copy of its pattern thumbnail when the page draws one.
+  // Enter on a focused cell does the same.
   var factsEl = document.getElementById("head-facts");
   var panel = document.getElementById("head-panel");
   if (!factsEl || !panel) { return; }
   var facts = JSON.parse(factsEl.textContent);
+  // A titled list; an item is its text, or [text, borderline] (a borderline label's line gets the class).
   function list(title, items) {
     if (!items || !items.length) { return; }
     var h = document.createElement("h4"); h.textContent = title; panel.appendChild(h);
     var ul = document.createElement("ul");
-    items.forEach(function (item) { var li = document.createElement("li"); li.textContent = item; ul.appendChild(li); });
+    items.forEach(function (item) {
+      var li = document.createElement("li"), pair = Array.isArray(item);
+      li.textContent = pair ? item[0] : item;
+      if (pair && item[1]) { li.className = "borderline"; }
+      ul.appendChild(li);
+    });
     panel.appendChild(ul);
   }
   function open(head) {
@@ -47,6 +54,7 @@
     panel.appendChild(title);
     list(msg("panel_roles"), found.roles.length ? found.roles : [msg("panel_none")]);
     list(msg("panel_scores"), found.scores);
+    list(msg("panel_stability"), found.stability);
     list(msg("panel_direct"), found.direct);
     list(msg("panel_edges"), found.edges);
     var thumb = document.querySelector('figure.thumb[data-head="' + head + '"] img');

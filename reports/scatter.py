@@ -17,7 +17,7 @@ from headlens.reports.colours import role_colour
 from headlens.reports.i18n import DEFAULT_LANG, short_number, t
 from headlens.reports.sections import esc
 
-SIZE, MARGIN = 220, 40  # plot square and the room for the axes' numbers and names, in CSS pixels
+SIZE, MARGIN = 190, 40  # plot square and the room for the axes' numbers and names, in CSS pixels
 NAMED_HEADS = 12  # role heads named beside their dots at most (the strongest by the first score)
 OTHERS = "#9a9a9a"
 

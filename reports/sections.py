@@ -237,6 +237,12 @@ def score_heatmaps(heads: Result, lang: str = DEFAULT_LANG):
 FOLD_HEADS = 48
 
 
+def about(text: str, lang: str = DEFAULT_LANG, summary: str = "page.about") -> str:
+    """A section's explanation of its method or its use (plain text), folded under the one line `summary` (a
+    catalogue key; "How this was measured" by default)."""
+    return details(t(summary, lang), f'<p class="explain">{esc(text)}</p>')
+
+
 def fold(summary: str, body: str, folded: bool) -> str:
     """`body` in a closed <details> element when `folded`, else as it is."""
     return details(summary, body) if folded else body
@@ -247,12 +253,7 @@ def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
     first, with a "labelled only / all heads" switch the page script shows); both folded for a large model.
     `heads`: a classification (classify_heads' Result)."""
     folded = len(heads) > FOLD_HEADS
-    maps = [
-        f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
-        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}"
-        f'<p class="explain">{esc(info.what(lang))}{esc(cut)} <cite>{esc(info.source(lang))}</cite></p></div>'
-        for info, uri, cut in score_heatmaps(heads, lang)
-    ]
+    maps = [score_cell(info, uri, cut, lang) for info, uri, cut in score_heatmaps(heads, lang)]
     grid = f'<div class="score-grid">{"".join(maps)}</div>' if maps else ""
     parts = [
         f"<p>{esc(t('scores.intro', lang))} {esc(t('scores.zoom', lang))}</p>",
@@ -274,6 +275,18 @@ def scores_section(heads: Result, lang: str = DEFAULT_LANG) -> str:
         frame = pd.DataFrame({"setting": list(settings), "value": pd.Series(list(settings.values()), dtype=object)})
         parts.append(details(t("scores.settings", lang), table(frame, sortable=False, lang=lang)))
     return section("scores", t("scores.title", lang), "\n".join(parts))
+
+
+def score_cell(info, uri: str, cut: str, lang: str) -> str:
+    """One small multiple: the score's name and its heatmap (opens large on a click), then the rule that labels
+    by it and what it measures with its source, folded under a one-line summary."""
+    rule = f'<p class="rule">{esc(cut.strip())}</p>' if cut else ""
+    what = f'{rule}<p class="explain">{esc(info.what(lang))} <cite>{esc(info.source(lang))}</cite></p>'
+    return (
+        f'<div class="score" id="score-{esc(info.column)}"><h3>{esc(info.title(lang))}</h3>'
+        f"{zoomable(uri, t('scores.heatmap_alt', lang, column=info.column))}"
+        f"{details(t('scores.what', lang), what)}</div>"
+    )
 
 
 def label_switch(n_labelled: int, n_all: int, lang: str) -> str:
@@ -406,7 +419,7 @@ def chosen_blocks(ablation, lang: str = DEFAULT_LANG, sortable: bool = True) -> 
 def ablation_section(sweep: Result | None, ablation, pruning: Result | None, lang: str = DEFAULT_LANG) -> str:
     """Sweep heatmap, bars of the chosen heads with CIs (one chart per metric), pruning curve:
     whichever were computed."""
-    parts = [f'<p class="explain">{esc(t("ablation.text", lang))}</p>']
+    parts = [about(t("ablation.text", lang), lang)]
     if sweep is not None:
         parts.append(f"<h3>{esc(t('ablation.sweep_title', lang))}</h3>" + sweep_block(sweep, lang))
     results = results_list(ablation)
@@ -528,7 +541,7 @@ def control_block(ablation, lang: str = DEFAULT_LANG) -> str:
         )
     if not rows:
         return ""
-    return f"<h3>{esc(t('ablation.control_title', lang))}</h3><p>{esc(t('ablation.control_text', lang))}</p>" + table(
+    return f"<h3>{esc(t('ablation.control_title', lang))}</h3>{about(t('ablation.control_text', lang), lang)}" + table(
         pd.DataFrame(rows), lang=lang, table_id="control-table"
     )
 
@@ -565,9 +578,8 @@ def validation_section(validation: Result, lang: str = DEFAULT_LANG) -> str:
             n_tokens=meta.get("n_tokens", "?"),
         )
     failed_row = lambda row: "" if bool(row.get("passed", True)) else "failed"  # noqa: E731
-    body = (
-        f'<p class="explain">{esc(t("validation.text", lang))} {esc(identical_note(validation, lang))}</p>'
-        f"<p><strong>{esc(verdict)}</strong>.</p>"
+    body = f"<p><strong>{esc(verdict)}</strong>.</p>" + about(
+        f"{t('validation.text', lang)} {identical_note(validation, lang)}", lang
     )
     summary = validation_summary(validation)
     if summary is not None:

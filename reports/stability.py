@@ -1,7 +1,8 @@
 """The report's "How stable are these labels" section: the borderline labels of a classification, each with
 its score, 95% bootstrap interval, cut-off and stability (headlens.classify.stability), and per role a small
 plot of the number of heads labelled against the cut-off, the chosen cut-off marked (titled with its origin,
-headlens.classify.kinds.ORIGINS), the heads' scores beneath it."""
+headlens.classify.kinds.ORIGINS), the heads' scores beneath it. The table and the plots are folded, the
+table under a line that counts the borderline labels and names their heads."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from matplotlib.figure import Figure
 from headlens.classify import kinds
 from headlens.classify.labels import ClassifyConfig, label_list
 from headlens.reports.figures import figure_uri
-from headlens.reports.i18n import DEFAULT_LANG, t
-from headlens.reports.sections import esc, figure, section, table
+from headlens.reports.i18n import DEFAULT_LANG, percent, t
+from headlens.reports.sections import about, details, esc, figure, section, table
 
 STEPS = 101  # cut-offs drawn across each score's range
 PANELS_PER_ROW = 4
+NAMED_HEADS = 10  # heads named in the folded table's summary line at most
 
 
 def stability_section(heads, lang: str = DEFAULT_LANG) -> str:
@@ -30,17 +32,20 @@ def stability_section(heads, lang: str = DEFAULT_LANG) -> str:
     facts = (meta.get("probes") or {}).get("stability")
     if not facts:
         return section("stability", t("stability.title", lang), f"<p>{esc(t('stability.not_run', lang))}</p>")
-    pct = f"{facts['stable_min']:.0%}"
-    parts = [f"<p>{esc(t('stability.intro', lang, resamples=facts['resamples'], stable_pct=pct))}</p>"]
+    pct = percent(facts["stable_min"], lang)
+    parts = [about(t("stability.intro", lang, resamples=facts["resamples"], stable_pct=pct), lang)]
     weak = borderline_rows(frame, meta)
     if weak.empty:
         parts.append(f"<p>{esc(t('stability.none', lang, stable_pct=pct))}</p>")
-    else:
-        parts.append(f"<p>{esc(t('stability.table_intro', lang))}</p>" + table(weak, lang=lang))
+    else:  # folded under a one-line summary: the count and the labels' heads, the numbers a click away
+        named = list(dict.fromkeys(weak["head"]))
+        heads = ", ".join(named[:NAMED_HEADS]) + (", …" if len(named) > NAMED_HEADS else "")
+        summary = t("stability.table_open", lang, n=len(weak), stable_pct=pct, heads=heads)
+        parts.append(details(summary, f"<p>{esc(t('stability.table_intro', lang))}</p>" + table(weak, lang=lang)))
     uri = cut_off_plot(frame, _config(meta), lang)
     if uri:
-        parts.append(f"<h3>{esc(t('stability.cutoffs_title', lang))}</h3>")
-        parts.append(f"<p>{esc(t('stability.cutoffs_intro', lang))}</p>" + figure(uri, t("stability.plot_alt", lang)))
+        body = f"<p>{esc(t('stability.cutoffs_intro', lang))}</p>" + figure(uri, t("stability.plot_alt", lang))
+        parts.append(details(t("stability.cutoffs_title", lang), body))
     return section("stability", t("stability.title", lang), "\n".join(parts))
 
 

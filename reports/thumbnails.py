@@ -14,7 +14,7 @@ import numpy as np
 from headlens.classify.labels import roles_of
 from headlens.reports import figures
 from headlens.reports.i18n import DEFAULT_LANG, quantity, t
-from headlens.reports.sections import details, esc, labelled_heads, section
+from headlens.reports.sections import about, details, esc, labelled_heads, section
 
 # Thumbnails show at most this many tokens of the sample (the viewer's sample is already capped).
 THUMB_MAX_TOKENS = 256
@@ -74,7 +74,9 @@ def thumbnails_section(heads, viewer: dict, lang: str = DEFAULT_LANG) -> str:
     grid = f'<div class="thumbs">{"".join(cells)}</div>'
     folded = len(cells) > OPEN_MAX_THUMBS
     scale = f'<p class="explain">{esc(t("thumbs.scale", lang))}</p>'
-    body = f"<p>{esc(t('thumbs.intro', lang, n=n))}</p>{left_out}" + (
-        details(t("thumbs.open", lang, n=len(cells)), scale + grid) if folded else scale + grid
+    body = (
+        about(t("thumbs.intro", lang, n=n), lang, "thumbs.how")
+        + left_out
+        + (details(t("thumbs.open", lang, n=len(cells)), scale + grid) if folded else scale + grid)
     )
     return section("thumbnails", t("thumbs.title", lang), body)

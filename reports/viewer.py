@@ -17,7 +17,7 @@ import numpy as np
 from headlens.classify.labels import label_list
 from headlens.classify.samples import PREFIX_MATCHING_MIN
 from headlens.reports.i18n import DEFAULT_LANG, js_messages, quantity, short_number, t
-from headlens.reports.sections import esc, labelled_heads, section
+from headlens.reports.sections import about, esc, labelled_heads, section
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 44 tokens, which leaves room on a
 # 270-head report such as SmolLM2's (32 tokens) for the head panel's data, the score scatter plots and the small
@@ -125,7 +125,7 @@ def viewer_section(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> str:
     )
     if viewer.get("repeated"):
         cut = repeated_caption(viewer, shown, lang)
-    body = f"""<p>{esc(t("viewer.intro", lang, cut=cut))}</p>
+    body = f"""{about(t("viewer.intro", lang, cut=cut), lang, "viewer.how")}
 <noscript><p class="note">{esc(t("viewer.noscript", lang))}</p></noscript>
 <div id="viewer-app" hidden>
 <p class="controls"><label>{esc(t("viewer.head_menu", lang))} <select id="viewer-head"></select></label>

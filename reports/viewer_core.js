@@ -31,6 +31,16 @@ function num(x) {
   return text.replace(".", MESSAGES.decimal_mark || ".");
 }
 
+// A share as a percentage as the page writes it (headlens.reports.i18n.percent): 3 significant figures without
+// trailing zeros, the sign as the language places it (msg("percent")).
+function pct(share) {
+  var mark = MESSAGES.decimal_mark || ".";
+  var text = num(100 * Number(share));
+  if (text.indexOf(mark) >= 0) { text = text.replace(/0+$/, ""); }
+  if (text.slice(-1) === mark) { text = text.slice(0, -1); }
+  return msg("percent", { value: text });
+}
+
 // A token as shown: newlines and tabs made visible.
 function shownToken(token) { return String(token).replace(/\n/g, "\u21b5").replace(/\t/g, "\u2192"); }
 

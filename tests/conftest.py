@@ -144,6 +144,17 @@ def real_model(pulled):
 
 
 @pytest.fixture(scope="session")
+def smollm2_pages(real_model, tmp_path_factory):
+    """`headlens report smollm2 --lang en,es` as the library runs it: one build_report run, its two pages
+    ({"en": path, "es": path}), shared by every browser module that reads the SmolLM2 page."""
+    from headlens.reports.pipeline import build_report
+
+    results = build_report(real_model("smollm2"), command="headlens report smollm2 --lang en,es")
+    folder = tmp_path_factory.mktemp("smollm2-pages")
+    return {lang: results.render(folder / f"report.{lang}.html", lang) for lang in ("en", "es")}
+
+
+@pytest.fixture(scope="session")
 def classify_cli():
     """`classify_cli(name)` -> the click result of `headlens classify NAME --format json --no-progress`, run once
     per session per model and shared by the tests that read its output (labels, scores, notes on stderr)."""

@@ -20,9 +20,12 @@ import pytest
 from click.testing import CliRunner
 from selenium.webdriver.common.by import By
 
+from headlens.classify.kinds import BY_LABEL
+from headlens.classify.labels import label_list
 from headlens.cli.main import cli
 from headlens.reports.explore import Explorer, create_app
 from headlens.reports.explore.serve import BackgroundServer
+from headlens.reports.i18n import percent, quantity, t
 from tests.helpers.browser import NASTY_TEXT, no_alert, page_events, start_chromium
 from tests.helpers.explore_setup import OTHER, REPEATED, hf_patterns, tiny_setup
 
@@ -96,6 +99,69 @@ def test_a_clicked_head_and_token_show_the_models_attention(driver, server):
     expected = np.concatenate([truth[1, 2, query, : query + 1], np.zeros(truth.shape[-1] - query - 1)])
     np.testing.assert_allclose(shown, expected, atol=WEIGHT_ATOL)
     assert max(shown) > 0.2  # the head attends somewhere in particular: not a comparison of zeros
+
+
+@pytest.fixture(scope="module")
+def spanish_server():
+    loaded, frame, _ = tiny_setup()
+    with BackgroundServer(create_app(Explorer(loaded, frame), lang="es", token=TOKEN)) as url:
+        yield url
+
+
+def test_the_spanish_explorer_writes_numbers_and_a_heads_stability_as_the_report_does(driver, spanish_server):
+    """The Spanish page's numbers are the report's (headlens.reports.i18n.quantity and percent, the Python
+    formatters), to the character: the head's scores and intervals, each label's stability with its ranking
+    score's interval (a borderline label marked), and the status line's weight; none with a decimal point."""
+    frame = tiny_setup()[1]
+    row = frame[(frame["layer"] == 1) & (frame["head"] == 2)].iloc[0]
+    labels = [label for label in label_list(row["labels"]) if np.isfinite(row.get(f"{label}_stability", np.nan))]
+    assert labels  # tiny's 1.2 carries a role whose stability the classification measured
+    submit(driver, spanish_server, REPEATED)
+    wait_for(driver, LOADED)
+    driver.find_element(By.CSS_SELECTOR, '.cell[data-head="1.2"] canvas').click()
+    wait_for(driver, "return document.getElementById('head-canvas') && document.body.className === ''")
+    scores = driver.execute_script(
+        "return [...document.querySelectorAll('#head-scores tbody tr')].map(r => [r.cells[0].textContent,"
+        " r.cells[1].textContent])"
+    )
+    assert scores
+    for name, shown in scores:
+        value = quantity(row[name], "es")
+        low, high = row.get(f"{name}_lo", np.nan), row.get(f"{name}_hi", np.nan)
+        interval = f" [{quantity(low, 'es')}, {quantity(high, 'es')}]" if np.isfinite(low) else ""
+        assert shown == value + interval, (name, shown)
+    lines = driver.execute_script(
+        "return [...document.querySelectorAll('#head-figure ul.stability li')].map(li => [li.dataset.label,"
+        " li.textContent, li.className])"
+    )
+    assert [label for label, _, _ in lines] == labels
+    weak = label_list(row["borderline"])
+    for label, text, kind in lines:
+        column = BY_LABEL[label].score
+        expected = t("js.x_stability", "es", label=label, share=percent(row[f"{label}_stability"], "es"))
+        expected += t(
+            "js.x_interval",
+            "es",
+            score=column,
+            value=quantity(row[column], "es"),
+            low=quantity(row[f"{column}_lo"], "es"),
+            high=quantity(row[f"{column}_hi"], "es"),
+        )
+        expected += t("js.x_borderline", "es") if label in weak else ""
+        assert text == expected and (kind == "borderline") == (label in weak)
+    query = len(driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")) - 4  # on the second copy
+    driver.find_element(By.CSS_SELECTOR, f'#tokens .tok[data-pos="{query}"]').click()
+    wait_for(driver, "return document.querySelectorAll('#row-panel .strip').length === 4 && " + IDLE[7:])
+    weights = [float(s.get_attribute("data-weight")) for s in driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")]
+    found = re.search(r"\((\d+(,\d+)?)\)$", driver.find_element(By.ID, "status").text)
+    assert found and float(found.group(1).replace(",", ".")) == pytest.approx(max(weights), abs=0.005)
+    text = driver.execute_script("return document.getElementById('main').innerText")
+    points = [
+        match.group()
+        for match in re.finditer(r"(?<![\w.])(\d+)\.(\d+)(?![\w.])", text)
+        if not (int(match.group(1)) < 2 and len(match.group(2)) == 1 and int(match.group(2)) < 4)  # head L.H
+    ]
+    assert points == [] and re.search(r"\d,\d", text)
 
 
 def test_the_ablation_panel_equals_headlens_ablate(driver, server, tmp_path):

@@ -167,6 +167,8 @@ def test_absent_roles_name_the_highest_head_and_its_cut_offs():
 @pytest.mark.parametrize("lang", sorted(CATALOGUES))
 def test_the_findings_say_why_each_absent_role_is_absent(lang):
     html = absent_block(Result("heads", _absent_frame(), ABSENT_META), lang)
+    assert CATALOGUES[lang]["role.successor"] in html.split("</summary>")[0]  # named on the folded block's line
+    html = html[html.index("<ul>") :]  # each role's line
     successor = html[html.index(CATALOGUES[lang]["role.successor"]) :].split("</li>")[0]
     assert "<strong>0.1</strong>" in successor and ("0.30" if lang == "en" else "0,30") in successor
     assert ("0.4" if lang == "en" else "0,4") in successor  # the cut-off the frame was labelled with

@@ -137,3 +137,72 @@ def test_layout_is_one_column_per_layer():
 def test_no_ioi_circuit_is_drawn_where_the_model_does_not_do_the_task():
     html = circuit_section([_doc(clean=-0.2)], "en")
     assert "does not do the IOI task" in html and "data:image/png" not in html
+
+
+def _crowded_doc() -> dict:
+    """Eight heads over four layers into the logits and eight measured edges between them: more edges than
+    LABELLED_EDGES, several sharing a node, as on a real model's graph."""
+    doc = _doc()
+    doc["heads"] = [
+        {
+            "head": f"{layer}.{head}",
+            "labels": [],
+            "direct_effect": 0.1 * (layer + 1) * (-1) ** head,
+            "total_effect": None,
+            "large_unlabelled": False,
+        }
+        for layer in range(4)
+        for head in range(2)
+    ]
+    pairs = [("0.0", "1.0"), ("0.0", "1.1"), ("0.1", "1.0"), ("1.0", "2.0"), ("1.1", "2.1"), ("1.0", "3.0")]
+    pairs += [("2.0", "3.1"), ("2.1", "3.0")]
+    doc["edges"] = [
+        {
+            "sender": a,
+            "receiver": b,
+            "via": "kqv"[i % 3],
+            "composition": 0.1,
+            "effect": 0.9 - 0.1 * i,
+            "attribution": None,
+        }
+        for i, (a, b) in enumerate(pairs)
+    ]
+    doc["self_repair"] = None
+    return doc
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_edge_labels_are_legible_apart_and_on_the_strongest_edges(lang):
+    """The labels drawn are at least 9 pt, on the strongest edges only, in the page's number style, and no
+    label's box (measured on the drawn figure) overlaps another label, a node or the legend; every edge of
+    the graph, labelled or not, is in the table under it."""
+    from matplotlib.transforms import Bbox
+
+    from headlens.reports.circuits import NODE_SIZE, graph_figure
+    from headlens.reports.graph_labels import LABELLED_EDGES, edge_table, node_boxes
+    from headlens.reports.i18n import quantity
+
+    doc = _crowded_doc()
+    graph = circuit_graph(doc)
+    fig = graph_figure(doc, lang)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    labels = [text for text in ax.texts if text.get_gid() == "edge-label"]
+    assert 3 <= len(labels) <= LABELLED_EDGES  # most of the strongest find a free spot
+    strongest = sorted(graph.edges(data=True), key=lambda edge: -abs(edge[2]["weight"]))[:LABELLED_EDGES]
+    words = {f"{d['kind'].upper() if d['kind'] in 'qkv' else ''} +{quantity(d['weight'], lang)}" for *_, d in strongest}
+    boxes = []
+    for text in labels:
+        assert text.get_fontsize() >= 9
+        shown = text.get_text()
+        assert any(shown.endswith(word.strip()) for word in words), shown  # a strongest edge, as the page writes it
+        boxes.append(text.get_window_extent(renderer))
+    for i, box in enumerate(boxes):
+        assert not any(box.overlaps(other) for other in boxes[i + 1 :])
+        half = (NODE_SIZE**0.5) / 2 * fig.dpi / 72
+        centres = [ax.transData.transform(xy) for xy in layout(graph).values()]
+        nodes = [Bbox.from_extents(x - half, y - half, x + half, y + half) for x, y in centres]
+        assert not any(box.overlaps(node) for node in nodes)
+    assert len(node_boxes(ax, layout(graph), NODE_SIZE)) == graph.number_of_nodes()
+    table = edge_table(graph, lang)
+    assert len(table) == graph.number_of_edges() and table["weight"].abs().is_monotonic_decreasing

@@ -649,7 +649,8 @@ def test_validation_summary_is_the_worst_layer_per_quantity_and_reference():
         assert row.passed == rows["passed"].all()
     assert len(summary) == len(frame.groupby(["quantity", "reference"]))
     html = sections.validation_section(Result("validation", frame))
-    assert html.count("<details>") == 1  # the full table folded under the summary
+    assert html.count("<details>") == 2  # the method paragraph and the full table, each folded under its line
+    assert "<table" in html.split("<details>")[-1]  # the full table in the last fold, after the summary
 
 
 def test_head_map_draws_every_role_of_a_head_and_counts_overlaps():

@@ -1,7 +1,8 @@
 // headlens explore: the live page. Asks this server (same origin, JSON; the token travels in the cookie
 // the first visit set) for each view, and shows a refusal's own message (a reply that is not JSON as its
 // status); draws with the report viewer's shared functions (viewer_core.js: msg, shownToken, tokenSpan,
-// paintTokenWeights, drawStrip). User text only ever reaches the page through textContent, never innerHTML.
+// paintTokenWeights, drawStrip, and num and pct for every number). User text only ever reaches the page
+// through textContent, never innerHTML.
 "use strict";
 
 (function explorer() {
@@ -17,7 +18,6 @@
   }
   // a role's colour is the registry's (headlens.classify.kinds), as on the report's head map
   function colour(role) { return role === null ? "#bbb" : MODEL.colours[role]; }
-  function fixed(x, digits) { return Number(x).toFixed(digits); }
 
   // -- talking to the server: the page says when it is working, and shows a refusal as one line ----------
   function setStatus(text, error) {
@@ -189,8 +189,8 @@
     (data.backups || []).forEach(function (b) {
       var line = document.createElement("p");
       line.className = "backup-of";
-      line.textContent = msg("x_backup", { role: b.role, task: b.task, compensation: fixed(b.compensation, 3),
-        p: fixed(b.p_value, 3) });
+      line.textContent = msg("x_backup", { role: b.role, task: b.task, compensation: num(b.compensation),
+        p: num(b.p_value) });
       figure.appendChild(line);
     });
     var box = document.createElement("div");
@@ -214,7 +214,7 @@
       var k = Math.floor((e.clientX - rect.left) / rect.width * n), q = Math.floor((e.clientY - rect.top) / rect.height * n);
       if (q >= 0 && q < n && k >= 0 && k <= q) {
         canvas.title = shownToken(state.tokens[q]) + " → " + shownToken(state.tokens[k]) + ": " +
-          msg("weight", { weight: fixed(weights[q * n + k] / 255, 3) });
+          msg("weight", { weight: num(weights[q * n + k] / 255) });
       }
     });
     box.appendChild(xticks); box.appendChild(yticks); box.appendChild(canvas);
@@ -231,15 +231,32 @@
       var row = body.insertRow();
       row.insertCell().textContent = name;
       var span = intervals[name];  // its 95% bootstrap interval, where the classification has one
-      row.insertCell().textContent = fixed(data.scores[name], 3) +
-        (span ? " [" + fixed(span[0], 3) + ", " + fixed(span[1], 3) + "]" : "");
+      row.insertCell().textContent = num(data.scores[name]) +
+        (span ? " [" + num(span[0]) + ", " + num(span[1]) + "]" : "");
     });
-    Object.keys(intervals).forEach(function (name) {  // the stability of each of the head's labels
-      if (intervals[name].length !== 1) { return; }
-      var row = body.insertRow();
-      row.insertCell().textContent = name;
-      row.insertCell().textContent = fixed(intervals[name][0], 3);
+    showStability(figure, data.stability || []);
+  }
+  // how stable each of the head's labels is: the share of resamples that kept it, its ranking score's 95%
+  // interval, a borderline label marked (headlens.classify.stability)
+  function showStability(figure, rows) {
+    if (!rows.length) { return; }
+    var title = document.createElement("h4");
+    title.textContent = msg("panel_stability");
+    var list = document.createElement("ul");
+    list.className = "stability";
+    rows.forEach(function (row) {
+      var item = document.createElement("li");
+      var text = msg("x_stability", { label: row.label, share: pct(row.share) });
+      if (row.value !== null && row.low !== null && row.high !== null) {
+        text += msg("x_interval", { score: row.score, value: num(row.value), low: num(row.low), high: num(row.high) });
+      }
+      if (row.borderline) { text += msg("x_borderline"); item.className = "borderline"; }
+      item.textContent = text;
+      item.setAttribute("data-label", row.label);
+      list.appendChild(item);
     });
+    figure.appendChild(title);
+    figure.appendChild(list);
   }
 
   // -- one token: where every head of the chosen layer sends its attention -------------------------------
@@ -272,7 +289,7 @@
       var found = paintTokenWeights(tokenEls, chosen, query);
       idle(msg("status", {
         query: query, query_token: shownToken(state.tokens[query]), head: layer + "." + (state.head === null ? "-" : state.head),
-        best: found.best, best_token: shownToken(state.tokens[found.best]), weight: fixed(found.weight, 2) }));
+        best: found.best, best_token: shownToken(state.tokens[found.best]), weight: num(found.weight) }));
     }).catch(fail);
   }
   for (var l = 0; l < L; l++) {
@@ -315,7 +332,7 @@
   });
   function showAblation(data, at) {
     var summary = $("ablate-summary");
-    summary.textContent = msg("x_loss_summary", { before: fixed(data.loss, 4), after: fixed(data.loss_ablated, 4),
+    summary.textContent = msg("x_loss_summary", { before: num(data.loss), after: num(data.loss_ablated),
       n: data.clean.length, heads: data.heads.join(", "), method: data.method });
     summary.setAttribute("data-loss", String(data.loss));
     summary.setAttribute("data-loss-ablated", String(data.loss_ablated));
@@ -326,9 +343,9 @@
       var after = data.ablated[i], pos = i + 1, delta = after - before;
       var span = tokenSpan(state.tokens[pos], pos, chooseToken);
       var a = top > 0 ? Math.abs(delta) / top : 0;
-      span.style.backgroundColor = (delta >= 0 ? "rgba(220, 40, 40, " : "rgba(40, 90, 220, ") + fixed(a, 3) + ")";
-      span.title = msg("x_loss_token", { pos: pos, token: shownToken(state.tokens[pos]), before: fixed(before, 3),
-        after: fixed(after, 3) });
+      span.style.backgroundColor = (delta >= 0 ? "rgba(220, 40, 40, " : "rgba(40, 90, 220, ") + a.toFixed(3) + ")";
+      span.title = msg("x_loss_token", { pos: pos, token: shownToken(state.tokens[pos]), before: num(before),
+        after: num(after) });
       span.setAttribute("data-before", String(before));
       span.setAttribute("data-after", String(after));
       box.appendChild(span);
@@ -344,7 +361,7 @@
       var tr = body.insertRow();
       var token = tr.insertCell();
       token.className = "tok-cell"; token.textContent = shownToken(row.token);
-      tr.insertCell().textContent = fixed(row.prob, 3);
+      tr.insertCell().textContent = num(row.prob);
     });
   }
 
@@ -359,7 +376,7 @@
     data.direct.forEach(function (row) { row.forEach(function (v) { sum += v; top = Math.max(top, Math.abs(v)); }); });
     $("direct-summary").textContent = msg("x_direct_summary", { pos: data.position, target: shownToken(data.target),
       foil: data.foil === null ? "" : msg("x_direct_foil", { foil: shownToken(data.foil) }),
-      logit: fixed(data.logit, 3), sum: fixed(sum, 3) });
+      logit: num(data.logit), sum: num(sum) });
     var map = $("direct-map");
     map.textContent = "";
     var table = document.createElement("table");
@@ -374,8 +391,8 @@
       var th = document.createElement("th"); th.textContent = msg("grid_layer", { layer: l }); tr.appendChild(th);
       row.forEach(function (v, hh) {
         var td = tr.insertCell(), a = top > 0 ? Math.abs(v) / top : 0;
-        td.style.backgroundColor = (v >= 0 ? "rgba(220, 40, 40, " : "rgba(40, 90, 220, ") + fixed(a, 3) + ")";
-        td.title = msg("x_direct_cell", { head: l + "." + hh, value: fixed(v, 3) });
+        td.style.backgroundColor = (v >= 0 ? "rgba(220, 40, 40, " : "rgba(40, 90, 220, ") + a.toFixed(3) + ")";
+        td.title = msg("x_direct_cell", { head: l + "." + hh, value: num(v) });
         td.setAttribute("data-head", l + "." + hh);
         td.setAttribute("data-value", String(v));
       });

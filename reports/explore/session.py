@@ -125,18 +125,40 @@ class Explorer:
         return out
 
     def head_intervals(self, layer: int, head: int) -> dict[str, list[float]]:
-        """Score column -> its 95% bootstrap interval [low, high], and label -> [stability] for the head's labels
-        (headlens.classify.stability), where the classification has them."""
+        """Score column -> its 95% bootstrap interval [low, high] (headlens.classify.stability), where the
+        classification has one."""
         row = self.frame.loc[(layer, head)]
         out = {}
         for score in SCORES:
-            low, high = row.get(f"{score.column}_lo"), row.get(f"{score.column}_hi")
-            if isinstance(low, (float, np.number)) and np.isfinite(low) and np.isfinite(high):
-                out[score.column] = [float(low), float(high)]
+            low, high = _finite(row.get(f"{score.column}_lo")), _finite(row.get(f"{score.column}_hi"))
+            if low is not None and high is not None:
+                out[score.column] = [low, high]
+        return out
+
+    def head_stability(self, layer: int, head: int) -> list[dict]:
+        """Per label of the head with a measured stability: {label, share (of resamples that kept it), score
+        (its ranking score's column), value, low, high (its 95% interval; None where not measured),
+        borderline}."""
+        row = self.frame.loc[(layer, head)]
+        weak = set(label_list(row.get("borderline")))
+        out = []
         for label in label_list(row.labels):
-            value = row.get(f"{label}_stability")
-            if isinstance(value, (float, np.number)) and np.isfinite(value):
-                out[f"{label}_stability"] = [float(value)]
+            share = _finite(row.get(f"{label}_stability"))
+            if share is None or label not in BY_LABEL:
+                continue
+            column = BY_LABEL[label].score
+            values = {end or "value": _finite(row.get(f"{column}{end}")) for end in ("", "_lo", "_hi")}
+            out.append(
+                {
+                    "label": label,
+                    "share": share,
+                    "score": column,
+                    "value": values["value"],
+                    "low": values["_lo"],
+                    "high": values["_hi"],
+                    "borderline": label in weak,
+                }
+            )
         return out
 
     # -- a typed text -----------------------------------------------------------------------------
@@ -196,6 +218,7 @@ class Explorer:
             "scores": self.head_scores(layer, head),
             "backups": self.backups.get(f"{layer}.{head}", []),
             "intervals": self.head_intervals(layer, head),
+            "stability": self.head_stability(layer, head),
         }
 
     def query_row(self, run_id: str, layer: int, query: int) -> dict:
@@ -253,3 +276,8 @@ class Explorer:
         if len(ids) != 1:
             raise InputTextError(f"the {what} {text!r} is {len(ids)} tokens: type one token (e.g. ' Paris')")
         return int(ids[0])
+
+
+def _finite(value) -> float | None:
+    """A finite number as a float; None for anything else (a missing column, NaN)."""
+    return float(value) if isinstance(value, (int, float, np.number)) and np.isfinite(value) else None
