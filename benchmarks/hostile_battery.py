@@ -27,12 +27,14 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import hostile_files
-import hostile_tries
-from hostile_explorer import run_explorer
-from hostile_tries import Try
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the GGUF writer of tests/test_security_gguf.py, which hostile_files reuses
+
+import hostile_files  # noqa: E402
+import hostile_tries  # noqa: E402
+from hostile_explorer import run_explorer  # noqa: E402
+from hostile_tries import Try  # noqa: E402
+
 TIMEOUT = 900  # seconds a try may run
 LONG_LINE = 300
 

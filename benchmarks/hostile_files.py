@@ -12,36 +12,15 @@ from pathlib import Path
 
 from hostile_tries import ARRAY, DEEP, GPT2, INT32, PANICS, STRING, UINT32, UINT64, WORDS, Try
 
-LLAMA_KV = {
-    "general.architecture": (STRING, "llama"),
-    "llama.block_count": (UINT32, 2),
-    "llama.embedding_length": (UINT32, 64),
-    "llama.attention.head_count": (UINT32, 4),
-    "llama.attention.head_count_kv": (UINT32, 2),
-}
+from tests.test_security_gguf import LLAMA as LLAMA_KV
+from tests.test_security_gguf import gguf_bytes as test_gguf_bytes
+from tests.test_security_gguf import gguf_string
 
 
-def gguf_string(text: str | bytes) -> bytes:
-    raw = text.encode("utf-8") if isinstance(text, str) else text
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def gguf_bytes(kv: dict, tensors=((b"t", (4,), 0, 0),), raw_kv: bytes = b"", extra_kv: int = 0, version=3) -> bytes:
-    """A GGUF file: `kv` {key: (type, value)}, tensors [(name, dims, ggml type, offset)], `raw_kv` appended."""
-    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kv) + extra_kv)
-    for key, (kind, value) in kv.items():
-        packed = (
-            gguf_string(value)
-            if kind == STRING
-            else struct.pack({UINT32: "<I", INT32: "<i", UINT64: "<Q"}[kind], value)
-        )
-        out += gguf_string(key) + struct.pack("<I", kind) + packed
-    out += raw_kv
-    for name, dims, ggml_type, offset in tensors:
-        out += (
-            gguf_string(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims) + struct.pack("<IQ", ggml_type, offset)
-        )
-    return out + b"\0" * (-len(out) % 32) + b"\0" * 64
+def gguf_bytes(kv: dict, tensors=(("t", (4,), 0, 0),), raw_kv: bytes = b"", extra_kv: int = 0, version=3) -> bytes:
+    """A GGUF file as tests/test_security_gguf.py writes one (`kv`, tensors, `raw_kv`), of format `version`."""
+    data = test_gguf_bytes(kv, tensors, raw_kv, extra_kv)
+    return data[:4] + struct.pack("<I", version) + data[8:]
 
 
 def ggufs(work: Path) -> list[Try]:
@@ -51,8 +30,8 @@ def ggufs(work: Path) -> list[Try]:
         for v in ((UINT32, 0), (INT32, -8), (STRING, "32"), (UINT32, 24), (UINT64, 1 << 40))
     }
     cases |= {
-        "dims whose product overflows": gguf_bytes(LLAMA_KV, [(b"token_embd.weight", (2**62, 2**62, 2**40), 0, 0)]),
-        "64 dimensions": gguf_bytes(LLAMA_KV, [(b"t", (1,) * 64, 0, 0)]),
+        "dims whose product overflows": gguf_bytes(LLAMA_KV, [("token_embd.weight", (2**62, 2**62, 2**40), 0, 0)]),
+        "64 dimensions": gguf_bytes(LLAMA_KV, [("t", (1,) * 64, 0, 0)]),
         "array past the end": gguf_bytes(
             LLAMA_KV,
             raw_kv=gguf_string("tokenizer.ggml.scores") + struct.pack("<IIQ", ARRAY, UINT32, 2**61),

@@ -150,6 +150,34 @@ def json_readers(work: Path) -> list[Try]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes((line if isinstance(line, bytes) else line.encode()) + b"\n")
         tries.append(Try("json", f"classify --text {name}.jsonl", ["classify", "tiny", "--text", str(path)]))
+    for name, text in {
+        "deep": DEEP,
+        "digits": '{"cfg": {"n_layers": ' + DIGITS + "}}",
+        "not-an-object": "[]",
+    }.items():
+        path = work / "docs" / f"graph-{name}.json"
+        path.write_text(text)
+        tries.append(Try("json", f"circuit --circuit {name}", ["circuit", "tiny", "--circuit", str(path)]))
+        path = work / "docs" / f"backups-{name}.json"
+        path.write_text(text)
+        tries.append(
+            Try("json", f"explore --backups {name}", ["explore", "tiny", "--port", "0", "--backups", str(path)])
+        )
+    for special_file in ("/dev/zero", str(work / "labels" / "fifo.json")):
+        tries.append(
+            Try(
+                "json",
+                f"explore --backups {special_file}",
+                ["explore", "tiny", "--port", "0", "--backups", special_file],
+            )
+        )
+        tries.append(
+            Try(
+                "json",
+                f"circuit --circuit {special_file}",
+                ["circuit", "tiny", "--circuit", special_file],
+            )
+        )
     manifests = work / "store" / "manifests" / "registry.ollama.ai" / "library"
     for name, text in {
         "deep": DEEP,

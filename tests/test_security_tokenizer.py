@@ -21,7 +21,8 @@ from transformers import GPT2Config, PreTrainedTokenizerFast
 from headlens.errors import InputTextError
 from headlens.files import shipped_path
 from headlens.load.models import build_model, gpt2_tokenizer, save_model
-from tests.helpers.hostile import make_sentinel, refused
+from tests.helpers import hostile
+from tests.helpers.hostile import refused
 
 ROOT = Path(__file__).resolve().parents[1]
 # Panics on any piece of about five characters or more: nested quantifiers over alternatives that all match,
@@ -35,14 +36,9 @@ TEXT = "The quick brown fox jumps over the lazy dog. " * 64  # none of the trigg
 PANIC_LINES = ("panicked", "stack backtrace", "Onig")
 
 
-@pytest.fixture
-def sentinel(tmp_path):
-    return make_sentinel(tmp_path / "sentinel")
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
+# the shared fixtures (tests/helpers/hostile.py), as names of this module so pytest finds them
+sentinel, fresh_cache = hostile.sentinel, hostile.fresh_cache
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 
 def hostile_json(tokenizer_json: dict, pre: str | None = None, decoder: str | None = None) -> dict:
