@@ -179,6 +179,7 @@ def main() -> None:
     }
     env.pop("HEADLENS_DEBUG", None)
     (work / "home").mkdir()
+    (work / "home" / ".profile").write_text("# a home folder holds files\n")
     (work / "sentinel").mkdir()
     (work / "sentinel" / "keep.txt").write_text("headlens must never remove this\n")
     git_before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout

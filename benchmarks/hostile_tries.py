@@ -41,7 +41,6 @@ def numbers() -> list[Try]:
         "layer:²",
         "٣.1",
         "+1.0",
-        " 1.0",
         "-1.0",
         "0.-1",
         "1" + "0" * 30 + ".0",
@@ -60,7 +59,6 @@ def numbers() -> list[Try]:
         "layer:99",
         "all,x",
         "\x1b[2J0.0",
-        "0 .0",
     ]
     tries = [Try("numbers", f"head spec {spec!r}", ["heads", spec, "tiny"]) for spec in specs]
     ablate = ["ablate", "tiny", "--heads", "0.0"]
