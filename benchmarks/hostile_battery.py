@@ -1,13 +1,13 @@
 """The hostile battery: every finding of the two security rounds tried again as a hostile user would, each try a
 fresh `headlens` process on tiny (or crafted files), plus the explorer's requests (benchmarks/hostile_explorer.py).
 
-A try holds when: the exit status is non-zero; stderr is exactly one line of at most 300 characters, with no
-traceback and no Rust panic text; nothing under the work folder changed but the try's named outputs and
-headlens's cache (a walk of names, types, sizes and modification times before and after; HOME points into the
-work folder too); the process's peak resident memory (os.wait4's ru_maxrss) is at most --limit-mb; and the try's
-own check (no spreadsheet formula in a resumed sweep.csv, control characters escaped, a terabyte GGUF refused
-fast). The repository's `git status` must be the same at the end. Crafted inputs live in a temporary folder,
-removed afterwards.
+A try holds when: the exit status is non-zero (the memory tries' inputs are valid, only large: they may
+succeed); stderr is exactly one line of at most 300 characters, with no traceback and no Rust panic text; nothing
+under the work folder changed but the try's named outputs and headlens's cache (a walk of names, types, sizes and
+modification times before and after; HOME, holding a file, points into the work folder too); the process's peak
+resident memory (os.wait4's ru_maxrss) is at most --limit-mb; and the try's own check (no spreadsheet formula in a
+resumed sweep.csv, control characters escaped, a terabyte GGUF refused fast). The repository's `git status` must
+be the same at the end. Crafted inputs live in a temporary folder, removed afterwards.
 
     python benchmarks/hostile_battery.py [--big-mb 100] [--jobs 4] [--only GROUP] [--json results.json]
 """
@@ -120,6 +120,8 @@ def run_one(argv: list[str], env: dict) -> tuple[int, str, float, float]:
 def judge(attempt: Try, code: int, err: str, peak: float, wall: float, work: Path, limit: float) -> str:
     """Why the try did not hold ("" when it held)."""
     lines = err.strip().splitlines()
+    if attempt.check == "memory" and code == 0:  # a valid input, only large: its memory is what is tried
+        return "" if peak <= limit else f"peak {peak:.0f} MB over {limit:.0f} MB"
     if code == 0:
         return "exit 0: accepted"
     if len(lines) != 1 or len(lines[0]) > LONG_LINE:
