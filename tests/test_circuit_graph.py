@@ -135,7 +135,7 @@ def test_a_circuit_file_of_another_model_or_bad_json_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="3 x 4"):
         read_graph(path, ModelGraph(2, 4))
     path.write_text("{not json")
-    with pytest.raises(InputTextError, match="not a JSON document"):
+    with pytest.raises(InputTextError, match="is not valid JSON"):
         read_graph(path, ModelGraph(2, 4))
 
 

@@ -13,6 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headlens.ablation import roles, store
+from headlens.circuits.backups import read_backups
+from headlens.circuits.graph import ModelGraph
+from headlens.circuits.interchange import read_graph
 from headlens.classify.cache import read_classification
 from headlens.errors import HeadlensError, InvalidHeadError
 from headlens.files import csv_text, parse_json, read_json
@@ -80,6 +83,8 @@ READERS = {
     "jsonl-text": ("docs.jsonl", lambda path: list(Corpus(path))),
     "ollama-manifest": ("latest", ollama._model_digest),
     "config-json": ("config.json", lambda path: hub.check_local_dir(path.parent)),
+    "explore-backups": ("backups.json", read_backups),
+    "eap-ig-graph": ("circuit.json", lambda path: read_graph(path, ModelGraph(N_LAYERS, N_HEADS))),
 }
 
 

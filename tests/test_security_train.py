@@ -40,6 +40,9 @@ def test_home_is_refused(tmp_path, monkeypatch):
     home = make_sentinel(tmp_path / "home")
     monkeypatch.setenv("HOME", str(home))
     assert "not an earlier train-tiny run" in refused("train-tiny", "--out-dir", os.path.expanduser("~"), sentinel=home)
+    monkeypatch.chdir(tmp_path)  # a literal ~ (quoted, or from a program) is the home folder too, never ./~
+    assert "not an earlier train-tiny run" in refused("train-tiny", "--out-dir", "~", sentinel=home)
+    assert not (tmp_path / "~").exists()
 
 
 def test_link_is_refused(tmp_path):

@@ -30,15 +30,16 @@ backups for its score, which costs one ablated pass per candidate head, where si
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
+from headlens.bounds import shown
 from headlens.circuits.direct import Decomposition, decompose
 from headlens.circuits.selfrepair import replacement_for
 from headlens.errors import ConfigError, InputTextError
+from headlens.files import read_json
 from headlens.heads import Head, all_heads
 from headlens.intervene.stats import control_design
 from headlens.results import Result
@@ -222,8 +223,8 @@ def read_backups(path) -> dict[str, list[dict]]:
     from pathlib import Path
 
     path = Path(path)
+    data = read_json(path, "--backups", InputTextError)  # a regular file under the cap, JSON in one line's error
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         found = data.get("backups", data) if isinstance(data, dict) else None
         out: dict[str, list[dict]] = {}
         for row in found["heads"]:
@@ -233,9 +234,7 @@ def read_backups(path) -> dict[str, list[dict]]:
                 entry.update(compensation=float(row["compensation"]), p_value=float(row["p_value"]))
                 out.setdefault(f"{layer}.{head}", []).append(entry)
         return out
-    except FileNotFoundError:
-        raise InputTextError(f"backups file not found: {path}") from None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
         raise InputTextError(
-            f"{path} holds no backups: give the JSON of `headlens circuit MODEL --backups --format json`"
+            f"{shown(str(path))} holds no backups: give the JSON of `headlens circuit MODEL --backups --format json`"
         ) from None

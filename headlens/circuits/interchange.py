@@ -18,7 +18,7 @@ import torch
 
 from headlens.circuits.graph import LOGITS, ModelGraph, nodes_in
 from headlens.errors import ConfigError, InputTextError
-from headlens.files import write_atomic
+from headlens.files import read_json, write_atomic
 
 
 def graph_document(graph: ModelGraph, scores: torch.Tensor, keep: torch.Tensor, d_model: int) -> dict:
@@ -47,12 +47,7 @@ def read_graph(path, graph: ModelGraph) -> tuple[torch.Tensor, torch.Tensor]:
     the circuit with score 0. InputTextError for a file that is not such a document, ConfigError for
     one of another model."""
     path = Path(path)
-    if not path.is_file():
-        raise InputTextError(f"circuit file not found: {path}")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputTextError(f"{path}: not a JSON document ({exc})") from None
+    doc = read_json(path, "--circuit", InputTextError)  # a regular file under the cap, then parse_json's checks
     if not isinstance(doc, dict) or not all(isinstance(doc.get(k), dict) for k in ("cfg", "edges")):
         raise InputTextError(f"{path}: expected an EAP-IG graph with 'cfg' and 'edges' objects")
     cfg = doc["cfg"]
@@ -70,5 +65,5 @@ def read_graph(path, graph: ModelGraph) -> tuple[torch.Tensor, torch.Tensor]:
         s, r = graph.parse_edge(name)
         keep[s, r] = info.get("in_graph", False)
         score = info.get("score", 0.0)
-        scores[s, r] = float(score) if isinstance(score, (int, float)) else float("nan")
+        scores[s, r] = float(score) if isinstance(score, (int, float)) and abs(score) < 1e300 else float("nan")
     return keep, scores

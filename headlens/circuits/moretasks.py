@@ -25,6 +25,7 @@ from headlens.circuits.readout import MetricTerms
 from headlens.circuits.tasks import Task, induction_task, ioi_task
 from headlens.errors import ConfigError, InputTextError
 from headlens.intervene.evalset import json_objects
+from headlens.probes.tokenize import encode
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -34,7 +35,7 @@ GT_PROMPTS = 48
 
 
 def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode(tokenizer, text)
 
 
 def _digit_tokens(tokenizer, width: int) -> list[int] | None:

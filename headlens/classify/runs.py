@@ -26,6 +26,7 @@ from headlens.errors import InputTextError
 from headlens.probes import inputs as probes
 from headlens.probes.corpus import chunks, document_windows
 from headlens.probes.inputs import fit_repeats, random_token_range, repeated_random_tokens
+from headlens.probes.tokenize import encode
 from headlens.scores.copying import CopyingReducer
 from headlens.scores.duplicate import duplicate_token_reducer
 from headlens.scores.induction import prefix_matching_reducer, prefix_matching_targets
@@ -258,4 +259,4 @@ def resolve_text(text: str | None) -> str:
 
 
 def default_ids(loaded: LoadedModel) -> list[int]:
-    return loaded.tokenizer(resolve_text(None), add_special_tokens=False)["input_ids"]
+    return encode(loaded.tokenizer, resolve_text(None))

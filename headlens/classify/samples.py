@@ -29,7 +29,7 @@ from headlens.probes.inputs import (
     random_token_range,
     repeated_random_tokens,
 )
-from headlens.probes.tokenize import token_ids, token_pieces
+from headlens.probes.tokenize import decode, token_ids, token_pieces
 from headlens.scores.induction import prefix_matching_targets
 
 if TYPE_CHECKING:
@@ -162,11 +162,11 @@ def sample_patterns(
             chosen = {**chosen, "sample": SAMPLE_RANDOM, "text_prefix_matching": text_scores}
             chosen["prefix_matching"] = prefix_matching(patterns, kept, heads)
     out = {
-        "tokens": [tokenizer.decode([token]) for token in kept],
+        "tokens": [decode(tokenizer, [token]) for token in kept],
         "ids": kept,
         "patterns": patterns,
         "n_tokens_total": total + 1,
-        "text": tokenizer.decode(kept[1:]) if repeat and chosen["sample"] == SAMPLE_TEXT else text,
+        "text": decode(tokenizer, kept[1:]) if repeat and chosen["sample"] == SAMPLE_TEXT else text,
         "repeated": repeat,
         "sample": chosen["sample"],
     }

@@ -57,7 +57,7 @@ from headlens.probes.inputs import (
     repeated_random_tokens,
     text_windows,
 )
-from headlens.probes.tokenize import token_ids
+from headlens.probes.tokenize import encode, token_ids
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -322,7 +322,7 @@ def read_prompts(path) -> list[dict]:
 
 
 def _one_token(tokenizer, text: str, field: str, where: str) -> int:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = encode(tokenizer, text)
     if len(ids) != 1:
         raise InputTextError(
             f"{where}: {field} {text!r} is {len(ids)} tokens; give a single token "
@@ -336,7 +336,7 @@ def prompt_evalset(loaded: LoadedModel, prompts: list[dict], metric: str) -> Eva
     tok, bos, n_ctx = loaded.tokenizer, loaded.bos_token_id, loaded.spec.n_ctx
     seqs, targets, foils = [], [], []
     for item in prompts:
-        ids = tok(item["prompt"], add_special_tokens=False)["input_ids"]
+        ids = encode(tok, item["prompt"])
         target = _one_token(tok, item["target"], "target", item["line"])
         foil = _one_token(tok, item["foil"], "foil", item["line"]) if item["foil"] is not None else -1
         if metric == "logit-diff" and foil < 0:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from headlens.errors import ConfigError
+from headlens.probes.tokenize import encode
 from headlens.scores.direct_logit import head_direct_effects
 from headlens.scores.ov_circuit import own_extremes
 
@@ -72,7 +73,7 @@ def name_tokens(tokenizer) -> dict[str, int]:
     """Name -> the single token id of " Name", for the NAMES this tokenizer spells in one token."""
     out = {}
     for name in NAMES:
-        ids = tokenizer(" " + name, add_special_tokens=False)["input_ids"]
+        ids = encode(tokenizer, " " + name)
         if len(ids) == 1:
             out[name] = int(ids[0])
     return out
@@ -105,10 +106,10 @@ def _build(tokenizer, bos_id, template, order, io, s, names) -> dict:
     while "{" in rest:
         text, _, tail = rest.partition("{")
         slot, _, rest = tail.partition("}")
-        ids += tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        ids += encode(tokenizer, text) if text else []
         where[filled[slot]].append(len(ids))
         ids.append(names[filled[slot]])
-    ids += tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else []
+    ids += encode(tokenizer, rest) if rest else []
     text = template.replace("{0}", " " + order[0]).replace("{1}", " " + order[1]).replace("{s}", " " + s)
     return {
         "text": text,

@@ -38,6 +38,7 @@ from wordfreq import word_frequency
 from headlens import distributed
 from headlens.capture import Batch, pad_batch, run_capture
 from headlens.probes.corpus import chunks
+from headlens.probes.tokenize import encode_offsets
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -87,8 +88,7 @@ def rare_sentence(tokenizer, text: str, bos: int | None, max_len: int) -> tuple[
     words = word_spans(text)
     if len({w.lower() for *_, w in words}) < MIN_WORDS:
         return None, "short"
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    ids, offsets = encode_offsets(tokenizer, text)
     lead = [bos] if bos is not None else []
     if len(lead) + len(ids) > max_len:
         return None, "long"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from headlens.errors import ConfigError
+from headlens.probes.tokenize import encode
 from headlens.scores.ov_circuit import ov_logits
 
 SUCCESSOR_MIN = 0.5  # share of pairs (ours; Gould et al. rank heads without a cut-off)
@@ -77,7 +78,7 @@ def successor_tasks(tokenizer) -> list[SuccessorTask]:
 
 
 def _single(tokenizer, text: str) -> int | None:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = encode(tokenizer, text)
     return int(ids[0]) if len(ids) == 1 else None
 
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
+from headlens.probes.tokenize import encode_offsets
 from headlens.probes.treebank import TreeSentence, read_conllu, relation_of, sample_path
 from headlens.scores.rare_word import stream_sentences
 
@@ -67,10 +68,10 @@ def align(tokenizer, sentence: TreeSentence, bos: int | None) -> ParsedSentence 
     for word in sentence.words:
         spans.append((len(text), len(text) + len(word.form)))
         text += word.form + ("" if word.no_space else " ")
-    encoded = tokenizer(text.rstrip(), add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = encode_offsets(tokenizer, text.rstrip())
     lead = [bos] if bos is not None else []
     word_of = [-1] * len(lead)
-    for start, end in encoded["offset_mapping"]:
+    for start, end in offsets:
         hit = [w for w, (s, e) in enumerate(spans) if start < e and end > s]
         word_of.append(hit[0] if hit else -1)
     if set(range(len(spans))) - set(word_of):
@@ -81,7 +82,7 @@ def align(tokenizer, sentence: TreeSentence, bos: int | None) -> ParsedSentence 
         if head >= 0:
             way = DEP_TO_HEAD if head < w else HEAD_TO_DEP
             instances.append((max(w, head), min(w, head), relation_of(word.deprel), way))
-    return ParsedSentence(lead + list(encoded["input_ids"]), word_of, len(spans), instances)
+    return ParsedSentence(lead + ids, word_of, len(spans), instances)
 
 
 def pooled_words(pattern: torch.Tensor, word_of: torch.Tensor, n_words: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 
 from headlens.capture import iter_batches, run_capture
 from headlens.probes.inputs import default_text, needle_prompts, needle_size, repeated_random_tokens, text_windows
+from headlens.probes.tokenize import encode
 from headlens.scores.common import TargetMassReducer
 from headlens.scores.icl import copy_losses, icl_score, second_copy_induction_reducer
 from headlens.scores.positional import offset_mass, offset_targets, prev_token_reducer
@@ -43,7 +44,7 @@ def build_probes(tokenizer, config: TrainConfig) -> dict:
     arena = repeated_random_tokens(
         config.probe_seqs, arena_len(config), 2, *PRINTABLE, bos, seed=config.probe_seed
     )  # [n_seq, 1 + 2 * 50]
-    hay = tokenizer(text, add_special_tokens=False)["input_ids"]
+    hay = encode(tokenizer, text)
     needle_len, restate = needle_size(config.n_ctx, NEEDLE_LEN, NEEDLE_RESTATE)
     needles = needle_prompts(
         hay, config.n_ctx, bos, PRINTABLE, needle_len=needle_len, restate=restate, seed=NEEDLE_SEED

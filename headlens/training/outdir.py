@@ -27,8 +27,9 @@ MARKER_TEXT = "written by headlens train-tiny: a later run with this --out-dir r
 
 def check_run_dir(out_dir, force: bool = False) -> Path:
     """`out_dir` as a Path when a run may land there (see the module docstring), else OutputPathError.
-    Creates nothing."""
-    out_dir = Path(out_dir)
+    A leading ~ is the home folder, as wherever headlens reads a path (a literal "~" from a quoted argument
+    would otherwise create a folder named ~ while the home folder's check never ran). Creates nothing."""
+    out_dir = Path(out_dir).expanduser()
     kind = special_kind(out_dir)
     if kind not in (None, "directory"):
         raise OutputPathError(f"--out-dir {shown(str(out_dir))} is a {kind}: give a folder for the training run")

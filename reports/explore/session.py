@@ -33,6 +33,7 @@ from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
 from headlens.intervene.evalset import eval_context
 from headlens.probes.inputs import check_text
+from headlens.probes.tokenize import decode, encode
 from headlens.scores.prediction import prediction_direct_effects
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class Explorer:
     def start_run(self, text: str) -> dict:
         text = check_text(text, "the text")
         tokenizer = self.loaded.tokenizer
-        body = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        body = encode(tokenizer, text)
         if len(body) > self.max_tokens:
             raise TooLong(f"the text is {len(body)} tokens long; this page takes at most {self.max_tokens}")
         if len(body) < 1:
@@ -173,7 +174,7 @@ class Explorer:
         ids = [self.loaded.bos_token_id] + body
         with self.lock:
             patterns = capture_patterns(self.loaded, ids)  # [layer, head, pos, pos]
-        run = Run(text, ids, [tokenizer.decode([token]) for token in ids], patterns)
+        run = Run(text, ids, [decode(tokenizer, [token]) for token in ids], patterns)
         run_id = secrets.token_urlsafe(12)
         with self.runs_lock:
             self.runs[run_id] = run
@@ -247,10 +248,10 @@ class Explorer:
         run.clean = dict(result)  # the unablated losses and top-5 at this position, reused next time
         if result["ids"] != run.ids:
             raise InputTextError("the text does not fit one window of the model's context")
-        decode = self.loaded.tokenizer.decode
+        tokenizer = self.loaded.tokenizer
         shown = dict(result)
         for key in ("top_clean", "top_ablated"):
-            shown[key] = [{"token": decode([i]), "id": i, "prob": p} for i, p in result[key]]
+            shown[key] = [{"token": decode(tokenizer, [i]), "id": i, "prob": p} for i, p in result[key]]
         return shown
 
     def direct(self, run_id: str, position: int, target: str | None, foil: str | None) -> dict:
@@ -262,17 +263,17 @@ class Explorer:
         foil_id = None if not foil else self.one_token(foil, "foil")
         with self.lock:
             result = prediction_direct_effects(self.loaded, run.ids, position, target_id, foil_id)
-        decode = self.loaded.tokenizer.decode
+        tokenizer = self.loaded.tokenizer
         return {
             "position": position,
-            "target": decode([result["target"]]),
-            "foil": None if foil_id is None else decode([foil_id]),
+            "target": decode(tokenizer, [result["target"]]),
+            "foil": None if foil_id is None else decode(tokenizer, [foil_id]),
             "logit": result["logit"],
             "direct": result["direct"].tolist(),  # [layer][head]
         }
 
     def one_token(self, text: str, what: str) -> int:
-        ids = self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = encode(self.loaded.tokenizer, text)
         if len(ids) != 1:
             raise InputTextError(f"the {what} {text!r} is {len(ids)} tokens: type one token (e.g. ' Paris')")
         return int(ids[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from headlens.cli.main import cli
@@ -18,6 +19,19 @@ def make_sentinel(folder: Path) -> Path:
     folder.mkdir(parents=True)
     (folder / "keep.txt").write_text(SENTINEL_TEXT)
     return folder
+
+
+@pytest.fixture
+def sentinel(tmp_path):
+    """A fixture: the sentinel folder of a test (make_sentinel)."""
+    return make_sentinel(tmp_path / "sentinel")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """A fixture: headlens's cache and the Ollama store in the test's own folder."""
+    monkeypatch.setenv("HEADLENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "store"))
 
 
 def assert_intact(sentinel: Path) -> None:
