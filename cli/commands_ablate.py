@@ -14,24 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from headlens.bounds import MAX_HEADS, MAX_LAYERS
-from headlens.cli.options import (
-    SEED,
-    batch_size_option,
-    check_out,
-    command_line,
-    format_option,
-    html_pages,
-    lang_option,
-    model_argument,
-    model_info,
-    out_dir_option,
-    out_option,
-    placement_options,
-    progress_option,
-    say_written,
-    text_option,
-    tokens_option,
-)
+from headlens.cli import options as opt
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -212,7 +195,7 @@ def _print_ablation(ablation: dict) -> None:
 
 
 @click.command("ablate")
-@model_argument("gpt2")
+@opt.model_argument("gpt2")
 @click.option(
     "--heads",
     "spec",
@@ -227,14 +210,8 @@ def _print_ablation(ablation: dict) -> None:
     help="loss (= text) | repeat | logit-diff | prob | needle | needle-loss [default: a role's own metric "
     "(induction: repeat, retrieval: needle-loss, name_mover: logit-diff on IOI prompts), else loss]",
 )
-@text_option("the text of the loss metric, windows per document (the needle metrics read one text file)")
-@click.option(
-    "--prompts",
-    "prompts_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help='JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)',
-)
+@opt.text_option("the text of the loss metric, windows per document (the needle metrics read one text file)")
+@opt.prompts_option('JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)')
 @click.option(
     "--reference",
     "reference_path",
@@ -243,18 +220,12 @@ def _print_ablation(ablation: dict) -> None:
     help="UTF-8 text that mean / resample ablation draw z from [default: the evaluation set itself]",
 )
 @click.option("--bos/--no-bos", default=True, show_default=True, help="prepend BOS to each text window")
-@click.option(
-    "--labels",
-    "labels_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="heads.json from `headlens classify --out-dir` for role heads [default: classify the model]",
-)
+@opt.labels_option("heads.json from `headlens classify --out-dir` for role heads [default: classify the model]")
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of bootstrap, probes, resampling, control")
-@format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
-@out_option(*OUT_SUFFIXES, what="the ablation (.json), its rows (.csv) or the HTML report (.html)")
-@out_dir_option(
+@opt.seed_option("seed of bootstrap, probes, resampling, control")
+@opt.format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
+@opt.out_option(*OUT_SUFFIXES, what="the ablation (.json), its rows (.csv) or the HTML report (.html)")
+@opt.out_dir_option(
     "out_dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -272,12 +243,12 @@ def _print_ablation(ablation: dict) -> None:
 )
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--graddrop", is_flag=True, help="with --approx: add AtP*'s GradDrop score (unsigned)")
-@click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
-@lang_option
-@progress_option
-@placement_options
-@tokens_option("4096; with --heads each 512")  # evalspec.DEFAULT_TOKENS, SWEEP_TOKENS
-@batch_size_option("4, or up to 1024 tokens of shorter sequences")  # evalset.BATCH_SIZE, BATCH_TOKENS
+@opt.report_option()
+@opt.lang_option
+@opt.progress_option
+@opt.placement_options
+@opt.tokens_option("4096; with --heads each 512")  # evalspec.DEFAULT_TOKENS, SWEEP_TOKENS
+@opt.batch_size_option("4, or up to 1024 tokens of shorter sequences")  # evalset.BATCH_SIZE, BATCH_TOKENS
 def ablate_command(
     model,
     spec,
@@ -330,11 +301,8 @@ def ablate_command(
     k = parse_control(control)
     default_budget = None if approx else SWEEP_TOKENS if each else DEFAULT_TOKENS
     budget = parse_tokens(tokens) if tokens is not None else default_budget
-    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
-    if report_path:
-        from headlens.reports.render import check_output_path
-
-        check_output_path(report_path, lang, option="--report")
+    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
+    opt.check_report(report_path, lang)
     if (check or graddrop) and not approx:
         raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
     if resume and out_dir is None:
@@ -404,14 +372,14 @@ def ablate_command(
         _show_ablation(ablation.meta, fmt, out if out_fmt in ("csv", "json") else None)
     if not distributed.is_main():
         return
-    for page in html_pages(report_path, out, out_fmt):
+    for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
 
-        command = command_line(click.get_current_context())
+        command = opt.command_line(click.get_current_context())
         written = render_report(
-            page, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation, command=command, lang=lang
+            page, model_info=opt.model_info(loaded), sweep=sweep_df, ablation=ablation, command=command, lang=lang
         )
-        say_written(written, out, summary_line(ablation.meta) if ablation is not None else "the sweep")
+        opt.say_written(written, out, summary_line(ablation.meta) if ablation is not None else "the sweep")
 
 
 def _show_ablation(meta: dict, fmt: str, out: str | None) -> None:
@@ -474,31 +442,25 @@ def _run_sweep(loaded: LoadedModel, evaluation, seed: int, out, resume: bool, ba
 
 
 @click.command("prune")
-@model_argument("gpt2")
-@text_option("the text the loss is measured on, windows per document")
+@opt.model_argument("gpt2")
+@opt.text_option("the text the loss is measured on, windows per document")
 @click.option("--step-fraction", default=0.1, show_default=True, type=float, help="share of all heads per step")
-@click.option(
-    "--labels",
-    "labels_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="heads.json from `headlens classify --out-dir` [default: classify the model]",
-)
+@opt.labels_option("heads.json from `headlens classify --out-dir` [default: classify the model]")
 @click.option(
     "--roles/--no-roles",
     default=True,
     show_default=True,
     help="mark labelled heads and test whether they are removed later (Voita et al. 2019)",
 )
-@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the removal-order permutation test")
-@format_option(*FORMATS)  # json: one document, the steps under "curve"
-@out_option(*OUT_SUFFIXES, what="the curve (.csv), its document (.json) or the HTML report (.html)")
-@click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
-@lang_option
-@progress_option
-@placement_options
-@tokens_option("4096")  # headlens.intervene.evalspec.DEFAULT_TOKENS
-@batch_size_option(4)  # headlens.intervene.evalset.BATCH_SIZE
+@opt.seed_option("seed of the removal-order permutation test")
+@opt.format_option(*FORMATS)  # json: one document, the steps under "curve"
+@opt.out_option(*OUT_SUFFIXES, what="the curve (.csv), its document (.json) or the HTML report (.html)")
+@opt.report_option()
+@opt.lang_option
+@opt.progress_option
+@opt.placement_options
+@opt.tokens_option("4096")  # headlens.intervene.evalspec.DEFAULT_TOKENS
+@opt.batch_size_option(4)  # headlens.intervene.evalset.BATCH_SIZE
 def prune_command(
     model,
     text_path,
@@ -526,11 +488,8 @@ def prune_command(
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
 
-    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
-    if report_path:
-        from headlens.reports.render import check_output_path
-
-        check_output_path(report_path, lang, option="--report")
+    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
+    opt.check_report(report_path, lang)
     text = open_text(text_path) if text_path else None
     evaluation = EvalSpec(text=text, tokens=parse_tokens(tokens) if tokens is not None else DEFAULT_TOKENS)
     labels = read_labels(labels_path) if labels_path else None
@@ -575,19 +534,19 @@ def prune_command(
         if order is not None:
             click.echo(_order_line(order))
     curve.meta.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
-    for page in html_pages(report_path, out, out_fmt):
+    for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
         from headlens.reports.i18n import t
 
         written = render_report(
             page,
-            model_info=model_info(loaded),
+            model_info=opt.model_info(loaded),
             pruning=curve,
-            command=command_line(click.get_current_context()),
+            command=opt.command_line(click.get_current_context()),
             text_label=text_path or t("text_label.default", lang),
             lang=lang,
         )
-        say_written(written, out, within)
+        opt.say_written(written, out, within)
 
 
 def _order_line(order: dict) -> str:
