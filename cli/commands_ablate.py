@@ -219,28 +219,18 @@ def _print_ablation(ablation: dict) -> None:
 def ablate_command(
     model,
     spec,
-    method,
-    metric,
     text_path,
     prompts_path,
     reference_path,
-    bos,
     labels_path,
-    control,
-    seed,
     fmt,
     out,
     out_dir,
-    resume,
-    approx,
-    check,
-    graddrop,
     report_path,
     lang,
     progress,
     placement,
-    tokens,
-    batch_size,
+    **flags,
 ) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric.
 
@@ -263,22 +253,12 @@ def ablate_command(
         check_sweep_dir(out_dir)  # fail before the work, not after
     request = AblateSpec.parse(
         spec,
-        method,
-        metric,
-        tokens=tokens,
-        control=control,
         text=open_text(text_path) if text_path else None,
         prompts=read_prompts(prompts_path) if prompts_path else None,
         reference=read_text(reference_path) if reference_path else None,
-        bos=bos,
         labels=read_labels(labels_path) if labels_path else None,
-        seed=seed,
-        approx=approx,
-        check=check,
-        graddrop=graddrop,
         out_dir=out_dir,
-        resume=resume,
-        batch_size=batch_size,
+        **flags,  # method, metric, bos, control, seed, resume, approx, check, graddrop, tokens, batch_size
     )
     if request.why:
         click.echo(f"headlens: {request.why}", err=True)

@@ -104,6 +104,7 @@ def run_ablation(loaded: LoadedModel, spec: AblateSpec, progress: bool = False, 
         say(f"{chosen_by}: {', '.join(str(h) for h in heads)}")
     if spec.approx:
         return _approx(loaded, spec, heads, progress)
+    same = {"seed": spec.seed, "progress": progress}
     if spec.each:
         tries: list[int | None] = []
 
@@ -111,30 +112,13 @@ def run_ablation(loaded: LoadedModel, spec: AblateSpec, progress: bool = False, 
             tries.append(size)  # a retry at a smaller batch keeps the rows already in out_dir
             resume = spec.resume or len(tries) > 1
             return sweep_heads(
-                loaded,
-                spec.method,
-                spec.evaluation,
-                seed=spec.seed,
-                progress=progress,
-                out=spec.out_dir,
-                resume=resume,
-                batch_size=size,
+                loaded, spec.method, spec.evaluation, out=spec.out_dir, resume=resume, batch_size=size, **same
             )
 
         return batched(sweep, spec.batch_size, say=say)
+    labelled = {"control": spec.control, "labels": spec.labels, "chosen_by": chosen_by}
     result = batched(
-        lambda size: ablate_heads(
-            loaded,
-            heads,
-            spec.method,
-            spec.evaluation,
-            seed=spec.seed,
-            progress=progress,
-            control=spec.control,
-            labels=spec.labels,
-            batch_size=size,
-            chosen_by=chosen_by,
-        ),
+        lambda size: ablate_heads(loaded, heads, spec.method, spec.evaluation, batch_size=size, **labelled, **same),
         spec.batch_size,
         say=say,
     )
