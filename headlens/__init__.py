@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING  # noqa: E402
 
+from headlens import results as _results  # noqa: E402
 from headlens.errors import HeadlensError  # noqa: E402
 from headlens.heads import Head, all_heads, parse_heads  # noqa: E402
 from headlens.lazy import lazy_getattr  # noqa: E402
@@ -103,6 +104,14 @@ def view(result, heads=None, lang: str = "en"):
     from headlens.reports import inline
 
     return inline.view(result, heads=heads, lang=lang)
+
+
+def _html_view(result) -> str:
+    """A Result's notebook fragment (headlens.results.HTML_VIEW): `view(result).html()`."""
+    return view(result).html()
+
+
+_results.HTML_VIEW = _html_view
 
 
 def show_attention(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,6 +46,11 @@ KINDS = (
     "approx",
     "spot_check",
 )
+
+
+# How a Result draws itself in a notebook: set by the front door (headlens/__init__.py, the one module that may
+# reach the reports stage) to headlens.view's HTML fragment, so this core module imports no later stage.
+HTML_VIEW: Callable[[Result], str] | None = None
 
 
 class _ResultType(type):
@@ -98,11 +103,10 @@ class Result(metaclass=_ResultType):
         more = "".join(f"; .tables[{name!r}]: {len(table)} rows" for name, table in self.tables.items())
         return f"<headlens {self.kind} result: {len(self)} rows in .frame{more}; .meta: {keys or 'empty'}>"
 
-    def _repr_html_(self) -> str:
-        """The inline view (headlens.view) when a notebook shows the result."""
-        import headlens  # the front door reaches headlens.reports; this core module does not
-
-        return headlens.view(self).html()
+    def _repr_html_(self) -> str | None:
+        """The inline view (HTML_VIEW: headlens.view's fragment) when a notebook shows the result; None (the
+        plain repr) when no view is set."""
+        return None if HTML_VIEW is None else HTML_VIEW(self)
 
     def to_json(self, **dumps: Any) -> str:
         """One JSON document: {"kind", "meta", "rows"}, and "tables" (name -> rows) where the result holds
