@@ -229,3 +229,28 @@ def test_lazy_re_exports_are_the_modules_names(package):
     checked = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
     typed = {alias.name: node.module for block in checked for node in block.body for alias in node.names}
     assert typed == {name: f"{package}.{source}" for name, source in module.LAZY.items()}
+
+
+# What the README says scores/ holds: modules whose functions take tensors only, and modules that read a model
+# (a parameter named for one). Each module is in exactly one of the README's two lists, and in the right one.
+MODEL_PARAMETERS = {"model", "loaded", "adapter"}
+
+
+def readme_scores_lists() -> tuple[set[str], set[str]]:
+    r"""The README's `scores/` item: the modules named before "The others" (tensors only) and after it."""
+    block = README.read_text(encoding="utf-8")
+    item = block[block.index("- `scores/`") : block.index("- `classify/`")]
+    tensors, _, models = item.partition("The\n  others")
+    names = lambda text: {word for word in text.split("`")[1::2] if word.isidentifier()}  # noqa: E731
+    return names(tensors), names(models) - MODEL_PARAMETERS
+
+
+def test_scores_modules_are_where_the_readme_says():
+    on_disk = {p.stem for p in (ROOT / "headlens" / "scores").glob("*.py") if p.stem != "__init__"}
+    tensors, models = readme_scores_lists()
+    assert tensors | models == on_disk and not tensors & models
+    for name in on_disk:
+        tree = ast.parse((ROOT / "headlens" / "scores" / f"{name}.py").read_text(encoding="utf-8"))
+        functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+        taken = {arg.arg for fn in functions for arg in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        assert bool(taken & MODEL_PARAMETERS) == (name in models), name
