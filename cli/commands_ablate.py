@@ -370,10 +370,8 @@ def prune_command(
 
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
-    from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
-    from headlens.ablation.request import batched
-    from headlens.ablation.roles import model_labels, read_labels
-    from headlens.intervene.evalset import BATCH_SIZE
+    from headlens.ablation.request import run_pruning
+    from headlens.ablation.roles import read_labels
     from headlens.intervene.evalspec import DEFAULT_TOKENS, EvalSpec, parse_tokens
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
@@ -384,33 +382,15 @@ def prune_command(
     evaluation = EvalSpec(text=text, tokens=parse_tokens(tokens) if tokens is not None else DEFAULT_TOKENS)
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
-    labels = model_labels(loaded, labels) if roles else None
-    curve = batched(
-        lambda size: prune_curve(
-            loaded,
-            step_fraction=step_fraction,
-            progress=progress,
-            labels=labels,
-            batch_size=size,
-            evaluation=evaluation,
-        ),
-        batch_size,
-        default=BATCH_SIZE,
-        say=lambda line: click.echo(f"headlens: {line}", err=True),
-    )
-    order = removal_by_role(curve.frame, labels, seed=seed) if roles else None
-    n_ok = heads_within(curve.frame)
-    n_total = loaded.spec.n_layers * loaded.spec.n_heads
+    say = lambda line: click.echo(f"headlens: {line}", err=True)  # noqa: E731
+    curve = run_pruning(loaded, evaluation, step_fraction, labels, roles, seed, batch_size, progress, say)
     if not distributed.is_main():  # every rank holds the same curve; rank 0 alone writes
         return
-    document = {
-        "curve": curve.frame.to_dict("records"),
-        "heads_within_tolerance": n_ok,
-        "n_heads": n_total,
-        "tolerance": PRUNE_TOLERANCE,
-        "removal_by_role": order,
-    }
-    within = f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss"
+    meta = curve.meta
+    document = {"curve": curve.frame.to_dict("records"), "heads_within_tolerance": meta["heads_within"]}
+    document.update({key: meta[key] for key in ("n_heads", "tolerance", "removal_by_role")})
+    n_ok, n_total, order = meta["heads_within"], meta["n_heads"], meta["removal_by_role"]
+    within = f"{n_ok} of {n_total} heads can go within +{meta['tolerance']:.0%} loss"
     if out_fmt in ("csv", "json"):
         from headlens.files import write_out
 
@@ -424,7 +404,6 @@ def prune_command(
         click.echo(f"text: {curve.meta['data']}; importance on the odd windows, loss on the even ones")
         if order is not None:
             click.echo(_order_line(order))
-    curve.meta.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
     for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
         from headlens.reports.i18n import t

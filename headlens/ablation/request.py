@@ -176,3 +176,45 @@ def batched(
     if say is not None and distributed.is_main():
         say(f"note: --batch-size auto chose {chosen}")
     return result
+
+
+def run_pruning(
+    loaded: LoadedModel,
+    evaluation: EvalSpec,
+    step_fraction: float = 0.1,
+    labels: dict | None = None,
+    roles: bool = True,
+    seed: int = 0,
+    batch_size: int | str | None = None,
+    progress: bool = False,
+    say: Say | None = None,
+) -> Result:
+    """`headlens prune`'s one call: prune_curve (headlens.ablation.prune) on `evaluation` with the model's role
+    labels marked (`labels`, or classifying the model; none with `roles` False), its meta completed with
+    `heads_within` (heads removable within PRUNE_TOLERANCE of the unpruned loss), `n_heads`, `tolerance` and
+    `removal_by_role` (whether labelled heads are removed later, a permutation test seeded by `seed`; None
+    without `roles`). `batch_size` as for run_ablation."""
+    from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role  # gradients
+    from headlens.ablation.roles import model_labels
+    from headlens.intervene.evalset import BATCH_SIZE
+
+    labels = model_labels(loaded, labels) if roles else None
+    curve = batched(
+        lambda size: prune_curve(
+            loaded,
+            step_fraction=step_fraction,
+            progress=progress,
+            labels=labels,
+            batch_size=size,
+            evaluation=evaluation,
+        ),
+        batch_size,
+        default=BATCH_SIZE,
+        say=say,
+    )
+    order = removal_by_role(curve.frame, labels, seed=seed) if labels is not None else None
+    n_heads = loaded.spec.n_layers * loaded.spec.n_heads
+    curve.meta.update(
+        heads_within=heads_within(curve.frame), n_heads=n_heads, tolerance=PRUNE_TOLERANCE, removal_by_role=order
+    )
+    return curve
