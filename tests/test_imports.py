@@ -31,14 +31,14 @@ CORE = "core"
 # mha, models, hub's local-folder check, arch with its base, context, hooks, sites, kernels (the no-pattern
 # forward's fused attention and oneDNN products) and the GPT-2 adapter only);
 # the capture reducers (padding) and the probes' inputs (the evaluation text, tokenized in pieces: tokenize); the
-# exact ablation (ablate,
+# exact ablation (request, the command's one entry point with its checks on combinations of flags; ablate,
 # roles with the kinds registry's labels, store; intervene's evalset, metrics, replace, stats, sums, and stacked: the
 # controls' runs from one cached residual; evalspec, the evaluation set as one value with its token budget;
 # estimate, the time left; clean, with the core's cache module headlens.cache, for the clean run's losses) and
 # bounds (a config's shape checked on load). Not on it: the
 # GGUF sources (named models, ollama, reading and dequantizing), the capture run and bridge, the gradient
 # estimates and pruning.
-MAX_ABLATE_MODULES = 44
+MAX_ABLATE_MODULES = 45
 # Modules the ablate data path never needs.
 NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify.frame", "headlens.classify.labels",
                       "headlens.classify.runs", "headlens.classify.kind_runs", "headlens.training",
