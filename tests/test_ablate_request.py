@@ -62,3 +62,21 @@ def test_run_ablation_dispatches_to_the_stage_functions(strong_model):
     ]
     assert estimate.frame["delta_approx"].tolist() == alone[alone.layer == 1]["delta_approx"].tolist()
     assert estimate.meta["check"]["kind"] == "check" and estimate.meta["approx"] == "atp" and said == []
+
+
+def test_token_ablation_is_a_result_whose_means_are_ablate_heads_losses(small_model):
+    """token_ablation's per-token losses average to ablate_heads's loss and loss_ablated on the same text (its
+    docstring's promise, up to the order of a float64 sum), and reusing an earlier result's clean half gives
+    the same Result as computing it again."""
+    from headlens.ablation.tokens import token_ablation
+
+    text = "one two three four five six seven eight nine ten " * 3
+    first = token_ablation(small_model, text, "0.1")
+    again = token_ablation(small_model, text, "1.0", clean=first)
+    fresh = token_ablation(small_model, text, "1.0")
+    assert first.kind == "tokens" and list(first.frame.columns) == ["index", "clean", "ablated"]
+    assert again == fresh
+    whole = ablate_heads(small_model, [Head(1, 0)], metric="loss", text=text, tokens="all")
+    assert fresh.meta["loss"] == pytest.approx(whole.meta["loss"], rel=1e-6)
+    assert fresh.meta["loss_ablated"] == pytest.approx(whole.meta["loss_ablated"], rel=1e-6)
+    assert fresh.frame["clean"].mean() == pytest.approx(fresh.meta["loss"], rel=1e-12)
