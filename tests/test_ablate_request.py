@@ -46,6 +46,7 @@ def test_defaults_follow_the_heads_asked():
     assert AblateSpec.parse("0.1", control="random:3").control == 3
 
 
+@pytest.mark.slow  # four exact runs and a gradient estimate: the slowest of make test-fast otherwise
 def test_run_ablation_dispatches_to_the_stage_functions(strong_model):
     """Each kind of request gives what the stage function it names gives on the same inputs."""
     spec = AblateSpec.parse("0.1,1.0", metric="repeat", tokens="all", seed=3)
