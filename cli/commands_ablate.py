@@ -13,28 +13,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from headlens.bounds import MAX_HEADS, MAX_LAYERS
-from headlens.cli.options import (
-    SEED,
-    batch_size_option,
-    check_out,
-    command_line,
-    format_option,
-    html_pages,
-    lang_option,
-    model_argument,
-    model_info,
-    out_dir_option,
-    out_option,
-    placement_options,
-    progress_option,
-    say_written,
-    text_option,
-    tokens_option,
-)
+from headlens.cli import options as opt
 
 if TYPE_CHECKING:
-    from headlens.load.models import LoadedModel
+    pass
 
 FORMATS = ("table", "json")
 OUT_SUFFIXES = (".csv", ".json", ".html")  # --out FILE: the rows, the document, or the HTML report
@@ -88,54 +70,22 @@ def _print_frame(frame, fmt: str, to_objects, head: dict, tail: dict | None = No
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.5f}"))
 
 
-def _batched(run, batch_size, default: int | None = None):
-    """`run(size)` at `batch_size` (None: `default`; a None default lets the library size each batch
-    to its sequences, headlens.intervene.evalset.EvalSet.row_batches), or under auto at the
-    largest size that fits, the choice reported on stderr by rank 0."""
-    from headlens import distributed
-    from headlens.load.devices import with_largest_batch
-
-    if batch_size != "auto":
-        return run(batch_size or default)
-    result, chosen = with_largest_batch(run)
-    if distributed.is_main():
-        click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
-    return result
-
-
-def _run_approx(loaded: LoadedModel, heads, kind, graddrop, options, check, fmt, progress):
-    from headlens.ablation.ablate import sweep_heads
-    from headlens.ablation.approx import agreement, approx_sweep, spot_check
-
-    approx = approx_sweep(loaded, approx=kind, graddrop=graddrop, **options)
-    keep = {(h.layer, h.head) for h in heads}
-    approx = approx[[(r.layer, r.head) in keep for r in approx.itertuples()]].reset_index(drop=True)
-    if check:
-        exact = sweep_heads(loaded, progress=progress, heads=heads, tokens=None, **options).frame
-        approx = approx.merge(exact[["layer", "head", "delta"]], on=["layer", "head"])
-        summary = {"kind": "check", "n_seq": "all", **agreement(exact, approx)}
-    else:
-        summary = {"kind": "spot check", **spot_check(loaded, approx=kind, **options)}
-    name = str(loaded.name)
+def _show_approx(result, fmt: str) -> None:
+    """An estimate's rows printed (a table or one JSON document, its trust summary last) or written to --out."""
+    meta = result.meta
+    head = {key: meta[key] for key in ("model", "method", "metric", "approx")}
+    trust = {key: meta[key] for key in ("check", "trust") if key in meta}
 
     def to_obj(row):
-        obj = {
-            "model": name,
-            "heads": [f"{row['layer']}.{row['head']}"],
-            "method": options["method"],
-            "metric": options["metric"],
-            "approx": kind,
-            "n": int(row["n"]),
-            "delta_approx": row["delta_approx"],
-        }
+        obj = {**{key: head[key] for key in ("model",)}, "heads": [f"{row['layer']}.{row['head']}"]}
+        obj.update(method=head["method"], metric=head["metric"], approx=head["approx"], n=int(row["n"]))
+        obj["delta_approx"] = row["delta_approx"]
         obj.update({key: row[key] for key in ("delta_loss_approx", "graddrop", "delta") if key in row})
         return obj
 
-    head = {"model": name, "method": options["method"], "metric": options["metric"], "approx": kind}
-    _print_frame(approx, fmt, to_obj, head, {"check" if check else "trust": summary})
+    _print_frame(result.frame, fmt, to_obj, head, trust)
     if fmt != "json":
-        click.echo(_trust_line(kind, summary))
-    return approx
+        click.echo(_trust_line(head["approx"], next(iter(trust.values()))))
 
 
 def _trust_line(kind: str, summary: dict) -> str:
@@ -212,7 +162,7 @@ def _print_ablation(ablation: dict) -> None:
 
 
 @click.command("ablate")
-@model_argument("gpt2")
+@opt.model_argument("gpt2")
 @click.option(
     "--heads",
     "spec",
@@ -227,14 +177,8 @@ def _print_ablation(ablation: dict) -> None:
     help="loss (= text) | repeat | logit-diff | prob | needle | needle-loss [default: a role's own metric "
     "(induction: repeat, retrieval: needle-loss, name_mover: logit-diff on IOI prompts), else loss]",
 )
-@text_option("the text of the loss metric, windows per document (the needle metrics read one text file)")
-@click.option(
-    "--prompts",
-    "prompts_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help='JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)',
-)
+@opt.text_option("the text of the loss metric, windows per document (the needle metrics read one text file)")
+@opt.prompts_option('JSONL, one {"prompt": ..., "target": ..., "foil": ...} per line (loss, logit-diff, prob)')
 @click.option(
     "--reference",
     "reference_path",
@@ -243,18 +187,12 @@ def _print_ablation(ablation: dict) -> None:
     help="UTF-8 text that mean / resample ablation draw z from [default: the evaluation set itself]",
 )
 @click.option("--bos/--no-bos", default=True, show_default=True, help="prepend BOS to each text window")
-@click.option(
-    "--labels",
-    "labels_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="heads.json from `headlens classify --out-dir` for role heads [default: classify the model]",
-)
+@opt.labels_option("heads.json from `headlens classify --out-dir` for role heads [default: classify the model]")
 @click.option("--control", default=None, help="random:K: the same ablation on K random head sets, same heads per layer")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of bootstrap, probes, resampling, control")
-@format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
-@out_option(*OUT_SUFFIXES, what="the ablation (.json), its rows (.csv) or the HTML report (.html)")
-@out_dir_option(
+@opt.seed_option("seed of bootstrap, probes, resampling, control")
+@opt.format_option(*FORMATS)  # json: one document (a sweep's and --approx's rows under "rows")
+@opt.out_option(*OUT_SUFFIXES, what="the ablation (.json), its rows (.csv) or the HTML report (.html)")
+@opt.out_dir_option(
     "out_dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -272,146 +210,89 @@ def _print_ablation(ablation: dict) -> None:
 )
 @click.option("--check", is_flag=True, help="with --approx: also run the exact sweep and report agreement")
 @click.option("--graddrop", is_flag=True, help="with --approx: add AtP*'s GradDrop score (unsigned)")
-@click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
-@lang_option
-@progress_option
-@placement_options
-@tokens_option("4096; with --heads each 512")  # evalspec.DEFAULT_TOKENS, SWEEP_TOKENS
-@batch_size_option("4, or up to 1024 tokens of shorter sequences")  # evalset.BATCH_SIZE, BATCH_TOKENS
+@opt.report_option()
+@opt.lang_option
+@opt.progress_option
+@opt.placement_options
+@opt.tokens_option("4096; with --heads each 512")  # evalspec.DEFAULT_TOKENS, SWEEP_TOKENS
+@opt.batch_size_option("4, or up to 1024 tokens of shorter sequences")  # evalset.BATCH_SIZE, BATCH_TOKENS
 def ablate_command(
     model,
     spec,
-    method,
-    metric,
     text_path,
     prompts_path,
     reference_path,
-    bos,
     labels_path,
-    control,
-    seed,
     fmt,
     out,
     out_dir,
-    resume,
-    approx,
-    check,
-    graddrop,
     report_path,
     lang,
     progress,
     placement,
-    tokens,
-    batch_size,
+    **flags,
 ) -> None:
     """What does MODEL lose without these heads? Ablate them at z and measure the metric.
 
     `--heads each` ablates every head alone (one row per head: `--out-dir` keeps each row, `--resume`
     continues); any other spec ablates its heads together. `--format json` prints one JSON document."""
     from headlens import distributed
-    from headlens.ablation.ablate import ablate_heads
-    from headlens.ablation.roles import EACH, read_labels, resolve_heads, role_name
-    from headlens.errors import ConfigError
-    from headlens.heads import all_heads, parse_heads
+    from headlens.ablation.request import AblateSpec, run_ablation
+    from headlens.ablation.roles import read_labels
+    from headlens.ablation.store import SweepInterrupted
     from headlens.intervene.evalset import read_prompts
-    from headlens.intervene.evalspec import DEFAULT_TOKENS, IOI, SWEEP_TOKENS, EvalSpec, choose_metric, parse_tokens
-    from headlens.intervene.metrics import check_choice
-    from headlens.intervene.stats import parse_control
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
     from headlens.probes.inputs import read_text
 
-    each = spec.strip().lower() == EACH
-    role = None if each else role_name(spec)
-    if not each and role is None:
-        parse_heads(spec, MAX_LAYERS, MAX_HEADS)  # a malformed spec fails before the model loads (bounds: any model's)
-    metric, why = choose_metric(role, metric)
-    check_choice(method, metric)
-    k = parse_control(control)
-    default_budget = None if approx else SWEEP_TOKENS if each else DEFAULT_TOKENS
-    budget = parse_tokens(tokens) if tokens is not None else default_budget
-    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
-    if report_path:
-        from headlens.reports.render import check_output_path
-
-        check_output_path(report_path, lang, option="--report")
-    if (check or graddrop) and not approx:
-        raise ConfigError("--check and --graddrop go with --approx: pass --approx too")
-    if resume and out_dir is None:
-        raise ConfigError("--resume needs --out-dir DIR (the directory of the interrupted sweep)")
+    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
+    opt.check_report(report_path, lang)
     if out_dir is not None:
         from headlens.ablation.store import check_sweep_dir
 
         check_sweep_dir(out_dir)  # fail before the work, not after
-    if approx and batch_size is not None:
-        raise ConfigError("--batch-size sets the exact ablation's batches; --approx runs its own (4 sequences)")
-    if approx and budget is not None:
-        raise ConfigError("--approx reads every token of the evaluation set: leave out --tokens (or give all)")
-    labels = read_labels(labels_path) if labels_path else None  # read, and refused, before any note
-    options = {
-        "method": method,
-        "metric": metric,
-        "seed": seed,
-        "bos": bos,
-        "text": open_text(text_path) if text_path else None,
-        "prompts": read_prompts(prompts_path) if prompts_path else None,
-        "reference": read_text(reference_path) if reference_path else None,
-    }
-    if why:
-        click.echo(f"headlens: {why}", err=True)
-    role_prompts = IOI if metric == "logit-diff" and role is not None else None  # the role's own prompts
-    evaluation = EvalSpec(
-        metric=metric,
-        text=options["text"],
-        prompts=options["prompts"] if options["prompts"] is not None else role_prompts,
-        reference=options["reference"],
-        bos=bos,
-        tokens=budget,
+    request = AblateSpec.parse(
+        spec,
+        text=open_text(text_path) if text_path else None,
+        prompts=read_prompts(prompts_path) if prompts_path else None,
+        reference=read_text(reference_path) if reference_path else None,
+        labels=read_labels(labels_path) if labels_path else None,
+        out_dir=out_dir,
+        **flags,  # method, metric, bos, control, seed, resume, approx, check, graddrop, tokens, batch_size
     )
+    if request.why:
+        click.echo(f"headlens: {request.why}", err=True)
     loaded = load_model(model, **placement)
-    shape = loaded.spec
-    heads, chosen_by = (all_heads(shape.n_layers, shape.n_heads), None) if each else resolve_heads(loaded, spec, labels)
-    if chosen_by:
-        click.echo(f"{chosen_by}: {', '.join(str(h) for h in heads)}", err=True)
-    sweep_df, ablation = None, None
-    if approx:
-        _run_approx(loaded, heads, approx, graddrop, options, check, fmt, progress)
-    elif each:
-        sweep_df = _run_sweep(loaded, evaluation, seed, out_dir, resume, batch_size, fmt, progress)
+    try:
+        result = run_ablation(loaded, request, progress, say=lambda line: click.echo(f"headlens: {line}", err=True))
+    except SweepInterrupted as stop:
+        advice = "; rerun with --resume" if stop.directory is not None else ""
+        click.echo(f"headlens: interrupted: {stop}{advice}", err=True)
+        click.get_current_context().exit(EXIT_INTERRUPTED)
+    if result.kind == "approx":
+        _show_approx(result, fmt)
+    elif result.kind == "sweep":
+        _show_sweep(result, fmt)
     else:
-        ablation = _batched(
-            lambda size: ablate_heads(
-                loaded,
-                heads,
-                method,
-                evaluation,
-                seed=seed,
-                progress=progress,
-                control=k,
-                labels=labels,
-                batch_size=size,
-                chosen_by=chosen_by,
-            ),
-            batch_size,
-        )
         if out_dir is not None and distributed.is_main():
             from pathlib import Path
 
             Path(out_dir).mkdir(parents=True, exist_ok=True)
-            _write_json_atomic(Path(out_dir) / "ablation.json", ablation.meta)
-        if why:
-            ablation.meta["metric_why"] = why
-        _show_ablation(ablation.meta, fmt, out if out_fmt in ("csv", "json") else None)
+            _write_json_atomic(Path(out_dir) / "ablation.json", result.meta)
+        _show_ablation(result.meta, fmt, out if out_fmt in ("csv", "json") else None)
     if not distributed.is_main():
         return
-    for page in html_pages(report_path, out, out_fmt):
+    for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
 
-        command = command_line(click.get_current_context())
+        command = opt.command_line(click.get_current_context())
+        ablation = result if result.kind == "ablation" else None
+        sweep = result if result.kind == "sweep" else None
         written = render_report(
-            page, model_info=model_info(loaded), sweep=sweep_df, ablation=ablation, command=command, lang=lang
+            page, model_info=opt.model_info(loaded), sweep=sweep, ablation=ablation, command=command, lang=lang
         )
-        say_written(written, out, summary_line(ablation.meta) if ablation is not None else "the sweep")
+        say_line = summary_line(ablation.meta) if ablation is not None else "the sweep"
+        opt.say_written(written, out, say_line)
 
 
 def _show_ablation(meta: dict, fmt: str, out: str | None) -> None:
@@ -432,35 +313,12 @@ def _show_ablation(meta: dict, fmt: str, out: str | None) -> None:
         _print_ablation(meta)
 
 
-def _run_sweep(loaded: LoadedModel, evaluation, seed: int, out, resume: bool, batch_size, fmt: str, progress: bool):
-    """Every head alone, printed; an interrupt says what was saved and exits EXIT_INTERRUPTED."""
-    from headlens.ablation.ablate import sweep_heads
-    from headlens.ablation.store import SweepInterrupted
+def _show_sweep(result, fmt: str) -> None:
+    """A sweep's rows printed (a table or one JSON document) or written to --out, and what it measured."""
     from headlens.intervene.metrics import UNIT
 
-    tries = []
-    method = click.get_current_context().params["method"]
-
-    def sweep(size: int | None):
-        tries.append(size)  # a retry at a smaller batch keeps the rows already in --out-dir
-        return sweep_heads(
-            loaded,
-            method,
-            evaluation,
-            seed=seed,
-            progress=progress,
-            out=out,
-            resume=resume or len(tries) > 1,
-            batch_size=size,
-        )
-
-    try:
-        result = _batched(sweep, batch_size)
-    except SweepInterrupted as stop:
-        advice = "; rerun with --resume" if stop.directory is not None else ""
-        click.echo(f"headlens: interrupted: {stop}{advice}", err=True)
-        click.get_current_context().exit(EXIT_INTERRUPTED)
-    name, metric = str(loaded.name), evaluation.metric
+    method = result.meta["method"]
+    name, metric = result.meta["model"], result.meta["metric"]
     about = {key: result.meta[key] for key in ABOUT_KEYS}
     _print_frame(
         result.frame,
@@ -470,35 +328,28 @@ def _run_sweep(loaded: LoadedModel, evaluation, seed: int, out, resume: bool, ba
     )
     if fmt != "json":
         click.echo("; ".join(f"{_TEXT_NAMES.get(key, key)}: {about[key]}" for key in ABOUT_KEYS))
-    return result
 
 
 @click.command("prune")
-@model_argument("gpt2")
-@text_option("the text the loss is measured on, windows per document")
+@opt.model_argument("gpt2")
+@opt.text_option("the text the loss is measured on, windows per document")
 @click.option("--step-fraction", default=0.1, show_default=True, type=float, help="share of all heads per step")
-@click.option(
-    "--labels",
-    "labels_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="heads.json from `headlens classify --out-dir` [default: classify the model]",
-)
+@opt.labels_option("heads.json from `headlens classify --out-dir` [default: classify the model]")
 @click.option(
     "--roles/--no-roles",
     default=True,
     show_default=True,
     help="mark labelled heads and test whether they are removed later (Voita et al. 2019)",
 )
-@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the removal-order permutation test")
-@format_option(*FORMATS)  # json: one document, the steps under "curve"
-@out_option(*OUT_SUFFIXES, what="the curve (.csv), its document (.json) or the HTML report (.html)")
-@click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
-@lang_option
-@progress_option
-@placement_options
-@tokens_option("4096")  # headlens.intervene.evalspec.DEFAULT_TOKENS
-@batch_size_option(4)  # headlens.intervene.evalset.BATCH_SIZE
+@opt.seed_option("seed of the removal-order permutation test")
+@opt.format_option(*FORMATS)  # json: one document, the steps under "curve"
+@opt.out_option(*OUT_SUFFIXES, what="the curve (.csv), its document (.json) or the HTML report (.html)")
+@opt.report_option()
+@opt.lang_option
+@opt.progress_option
+@opt.placement_options
+@opt.tokens_option("4096")  # headlens.intervene.evalspec.DEFAULT_TOKENS
+@opt.batch_size_option(4)  # headlens.intervene.evalset.BATCH_SIZE
 def prune_command(
     model,
     text_path,
@@ -519,48 +370,27 @@ def prune_command(
 
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
-    from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role
-    from headlens.ablation.roles import model_labels, read_labels
-    from headlens.intervene.evalset import BATCH_SIZE
+    from headlens.ablation.request import run_pruning
+    from headlens.ablation.roles import read_labels
     from headlens.intervene.evalspec import DEFAULT_TOKENS, EvalSpec, parse_tokens
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
 
-    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
-    if report_path:
-        from headlens.reports.render import check_output_path
-
-        check_output_path(report_path, lang, option="--report")
+    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
+    opt.check_report(report_path, lang)
     text = open_text(text_path) if text_path else None
     evaluation = EvalSpec(text=text, tokens=parse_tokens(tokens) if tokens is not None else DEFAULT_TOKENS)
     labels = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
-    labels = model_labels(loaded, labels) if roles else None
-    curve = _batched(
-        lambda size: prune_curve(
-            loaded,
-            step_fraction=step_fraction,
-            progress=progress,
-            labels=labels,
-            batch_size=size,
-            evaluation=evaluation,
-        ),
-        batch_size,
-        default=BATCH_SIZE,
-    )
-    order = removal_by_role(curve.frame, labels, seed=seed) if roles else None
-    n_ok = heads_within(curve.frame)
-    n_total = loaded.spec.n_layers * loaded.spec.n_heads
+    say = lambda line: click.echo(f"headlens: {line}", err=True)  # noqa: E731
+    curve = run_pruning(loaded, evaluation, step_fraction, labels, roles, seed, batch_size, progress, say)
     if not distributed.is_main():  # every rank holds the same curve; rank 0 alone writes
         return
-    document = {
-        "curve": curve.frame.to_dict("records"),
-        "heads_within_tolerance": n_ok,
-        "n_heads": n_total,
-        "tolerance": PRUNE_TOLERANCE,
-        "removal_by_role": order,
-    }
-    within = f"{n_ok} of {n_total} heads can go within +{PRUNE_TOLERANCE:.0%} loss"
+    meta = curve.meta
+    document = {"curve": curve.frame.to_dict("records"), "heads_within_tolerance": meta["heads_within"]}
+    document.update({key: meta[key] for key in ("n_heads", "tolerance", "removal_by_role")})
+    n_ok, n_total, order = meta["heads_within"], meta["n_heads"], meta["removal_by_role"]
+    within = f"{n_ok} of {n_total} heads can go within +{meta['tolerance']:.0%} loss"
     if out_fmt in ("csv", "json"):
         from headlens.files import write_out
 
@@ -574,20 +404,19 @@ def prune_command(
         click.echo(f"text: {curve.meta['data']}; importance on the odd windows, loss on the even ones")
         if order is not None:
             click.echo(_order_line(order))
-    curve.meta.update(heads_within=n_ok, n_heads=n_total, tolerance=PRUNE_TOLERANCE, removal_by_role=order)
-    for page in html_pages(report_path, out, out_fmt):
+    for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
         from headlens.reports.i18n import t
 
         written = render_report(
             page,
-            model_info=model_info(loaded),
+            model_info=opt.model_info(loaded),
             pruning=curve,
-            command=command_line(click.get_current_context()),
+            command=opt.command_line(click.get_current_context()),
             text_label=text_path or t("text_label.default", lang),
             lang=lang,
         )
-        say_written(written, out, within)
+        opt.say_written(written, out, within)
 
 
 def _order_line(order: dict) -> str:

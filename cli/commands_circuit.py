@@ -11,20 +11,7 @@ import json
 
 import click
 
-from headlens.cli.options import (
-    SEED,
-    check_out,
-    command_line,
-    format_option,
-    html_pages,
-    lang_option,
-    model_argument,
-    model_info,
-    out_option,
-    placement_options,
-    progress_option,
-    say_written,
-)
+from headlens.cli import options as opt
 
 FORMATS = ("table", "json")
 OUT_SUFFIXES = (".json", ".html")  # --out FILE: the document (heads, edges, self-repair) or the HTML report
@@ -34,7 +21,7 @@ SHOWN_COMPENSATION = 8
 
 
 @click.command("circuit")
-@model_argument(default=None)
+@opt.model_argument(default=None)
 @click.option(
     "--task",
     "task_name",
@@ -77,13 +64,7 @@ SHOWN_COMPENSATION = 8
     show_default=True,
     help="with --discover: the N largest |score| edges, or grown greedily from the logits (EAP-IG's apply_greedy)",
 )
-@click.option(
-    "--prompts",
-    "prompts_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help='with --task ioi: JSONL of {"prompt", "target", "foil"} [default: headlens\'s IOI templates]',
-)
+@opt.prompts_option('with --task ioi: JSONL of {"prompt", "target", "foil"} [default: headlens\'s IOI templates]')
 @click.option("--ablate", "spec", default=None, help="heads (23.0,23.1) or a role: the self-repair table")
 @click.option(
     "--method",
@@ -93,13 +74,7 @@ SHOWN_COMPENSATION = 8
 )
 @click.option("--approx", default=None, metavar="eap|eap-ig|eap*", help="also score the edges by edge attribution")
 @click.option("--steps", default=5, show_default=True, type=int, help="integration steps of eap-ig")
-@click.option(
-    "--labels",
-    "labels_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="heads.json from `headlens classify --out` [default: classify the model]",
-)
+@opt.labels_option("heads.json from `headlens classify --out` [default: classify the model]")
 @click.option(
     "--backups",
     "backups",
@@ -114,13 +89,13 @@ SHOWN_COMPENSATION = 8
     metavar="random:K",
     help="with --backups: K random head sets of the role's per-layer counts each head's compensation is tested on",
 )
-@click.option("--seed", default=0, show_default=True, type=SEED, help="seed of the task's inputs and resampling")
-@format_option(*FORMATS)
-@out_option(*OUT_SUFFIXES, what="the circuit's document (.json) or the HTML report (.html)")
-@click.option("--report", "report_path", default=None, type=click.Path(), help="also write an HTML report")
-@lang_option
-@progress_option
-@placement_options
+@opt.seed_option("seed of the task's inputs and resampling")
+@opt.format_option(*FORMATS)
+@opt.out_option(*OUT_SUFFIXES, what="the circuit's document (.json) or the HTML report (.html)")
+@opt.report_option()
+@opt.lang_option
+@opt.progress_option
+@opt.placement_options
 def circuit_command(
     model,
     task_name,
@@ -171,7 +146,7 @@ def circuit_command(
             check_output_path(report_path, lang, option="--report")  # fail before the work, not after
         controls = parse_control(control) if backups else None
         options.update(
-            report=report_path, lang=lang, backups=controls, command=command_line(click.get_current_context())
+            report=report_path, lang=lang, backups=controls, command=opt.command_line(click.get_current_context())
         )
         run_graph_command(model, task_name, task_file, prompts_path, method, labels_path, fmt, placement, options)
         return
@@ -180,11 +155,8 @@ def circuit_command(
         raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
     if approx is not None and approx not in EAP_METHODS:
         raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(EAP_METHODS)}")
-    out_fmt = check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
-    if report_path:
-        from headlens.reports.render import check_output_path
-
-        check_output_path(report_path, lang, option="--report")
+    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
+    opt.check_report(report_path, lang)
     parse_control(control)  # a malformed --control fails before the work
     prompts = read_prompts(prompts_path) if prompts_path else None
     given = read_labels(labels_path) if labels_path else None
@@ -193,7 +165,7 @@ def circuit_command(
     labels = model_labels(loaded, given)
     heads = resolve_heads(loaded, spec, labels)[0] if spec else None
     result = circuit(loaded, task, labels, heads, method, approx, steps, seed, progress)
-    document = to_document(result, model_info(loaded))
+    document = to_document(result, opt.model_info(loaded))
     if backups:
         from headlens.circuits.backups import attach, find_backups
 
@@ -209,12 +181,12 @@ def circuit_command(
         click.echo(json.dumps(document))
     elif out_fmt is None:
         _print_document(document)
-    for page in html_pages(report_path, out, out_fmt):
+    for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
 
-        command = command_line(click.get_current_context())
+        command = opt.command_line(click.get_current_context())
         written = render_report(page, model_info=document["model"], circuits=[document], command=command, lang=lang)
-        say_written(written, out, summary)
+        opt.say_written(written, out, summary)
 
 
 def _signed(value) -> str:

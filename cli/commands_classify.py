@@ -9,23 +9,7 @@ import click
 
 from headlens.classify.kinds import DEFAULT_MAX_WINDOWS, DEFAULT_TOKEN_BUDGET, TABLE_COLUMNS, THRESHOLDS
 from headlens.classify.stability import N_RESAMPLES, STABLE_MIN
-from headlens.cli.options import (
-    SEED,
-    batch_size_option,
-    check_out,
-    command_line,
-    format_option,
-    html_pages,
-    lang_option,
-    model_argument,
-    model_info,
-    out_dir_option,
-    out_option,
-    placement_options,
-    progress_option,
-    say_written,
-    text_option,
-)
+from headlens.cli import options as opt
 
 FORMATS = ("table", "full", "csv", "json")  # table: the labelled heads and their evidence; full: every head
 OUT_FILES = ("heads.csv", "heads.json")  # what --out-dir DIR receives
@@ -56,7 +40,7 @@ def _check_seq_len(ctx, param, value):
 
 
 @click.command("classify")
-@model_argument("tiny")
+@opt.model_argument("tiny")
 @click.argument("compare_paths", nargs=-1, type=click.Path(path_type=str), metavar="[PATH...]")
 @click.option(
     "--compare-texts",
@@ -64,8 +48,8 @@ def _check_seq_len(ctx, param, value):
     help="classify on each PATH (default: the held-out English, Spanish and Python texts shipped with headlens) "
     "and print, per role, the heads on each text, their Jaccard overlap and the heads that flip",
 )
-@text_option("the natural-text and needle probes' text, windows per document")
-@click.option("--seed", type=SEED, default=None, help="seed of the random tokens and needles [default: 0]")
+@opt.text_option("the natural-text and needle probes' text, windows per document")
+@opt.seed_option("seed of the random tokens and needles [default: 0]", default=None)
 @click.option("--n-seq", type=int, default=None, help="repeated-random-token sequences [default: 8]")
 @click.option(
     "--seq-len",
@@ -121,22 +105,16 @@ def _check_seq_len(ctx, param, value):
     default=None,
     help=f"bootstrap resamples of the score intervals and label stabilities, 0 for none [default: {N_RESAMPLES}]",
 )
-@out_option(*OUT_SUFFIXES, what="every head and score (.csv, .json) or the HTML report (.html)")
-@out_dir_option(
+@opt.out_option(*OUT_SUFFIXES, what="every head and score (.csv, .json) or the HTML report (.html)")
+@opt.out_dir_option(
     "out_dir", type=click.Path(path_type=str), default=None, help="folder to write heads.csv and heads.json into"
 )
-@format_option(*FORMATS)
-@click.option(
-    "--report",
-    "report_path",
-    type=click.Path(path_type=str),
-    default=None,
-    help="also write a self-contained HTML report to this file",
-)
-@lang_option
-@progress_option
-@placement_options
-@batch_size_option(8)
+@opt.format_option(*FORMATS)
+@opt.report_option("also write a self-contained HTML report to this file", path_type=str)
+@opt.lang_option
+@opt.progress_option
+@opt.placement_options
+@opt.batch_size_option(8)
 @click.pass_context
 def classify_command(
     ctx,
@@ -202,12 +180,9 @@ def classify_command(
         from headlens.probes.treebank import read_conllu
 
         read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
-    out_fmt = check_out(out, OUT_SUFFIXES, lang)
+    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)
     out_folder = _check_out_dir(out_dir) if out_dir is not None else None
-    if report_path is not None:
-        from headlens.reports.render import check_output_path
-
-        check_output_path(report_path, lang, option="--report")
+    opt.check_report(report_path, lang)
     loaded = load_model(model, **placement)
     show = progress and distributed.is_main()
     if batch_size == "auto":
@@ -231,19 +206,19 @@ def classify_command(
         from headlens.files import write_out
 
         write_out(out, table=_csv_frame(frame), document=head_records(frame))
-    for page in html_pages(report_path, out, out_fmt):
+    for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
         from headlens.reports.i18n import t
 
         written = render_report(
             page,
-            model_info=model_info(loaded),
+            model_info=opt.model_info(loaded),
             heads=heads,
-            command=command_line(ctx),
+            command=opt.command_line(ctx),
             text_label=text_path or t("text_label.default", lang),
             lang=lang,
         )
-        say_written(written, out, _summary(frame))
+        opt.say_written(written, out, _summary(frame))
     if out_fmt in ("csv", "json"):
         click.echo(f"{_summary(frame)}; wrote {out}")
     if out is not None:

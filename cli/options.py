@@ -308,3 +308,33 @@ def say_written(written, out: str | None, summary: str) -> None:
 def out_dir_option(name: str, help: str, **kwargs):
     """`--out-dir DIR`, a folder the command writes several files into; the command receives it as `name`."""
     return click.option("--out-dir", name, metavar="DIR", help=help, **kwargs)
+
+
+def seed_option(help: str, default: int | None = 0):
+    """`--seed N` (0 .. 2**64 - 1, what torch's generators take); `help` says what it seeds."""
+    return click.option("--seed", default=default, show_default=default is not None, type=SEED, help=help)
+
+
+def labels_option(help: str):
+    """`--labels FILE`, heads.json from `headlens classify --out-dir`; the command receives `labels_path`."""
+    return click.option("--labels", "labels_path", type=click.Path(dir_okay=False), default=None, help=help)
+
+
+def prompts_option(help: str):
+    """`--prompts FILE`, a JSONL of prompts (headlens.intervene.evalset.read_prompts); the command receives
+    `prompts_path`."""
+    return click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None, help=help)
+
+
+def report_option(help: str = "also write an HTML report", path_type: type | None = None):
+    """`--report PATH`, an HTML page written besides the command's output; the command receives `report_path`
+    and checks it with check_report before any work."""
+    return click.option("--report", "report_path", default=None, type=click.Path(path_type=path_type), help=help)
+
+
+def check_report(path: str | None, lang: str) -> None:
+    """`--report PATH` checked before any work (headlens.reports.render.check_output_path, in `lang`)."""
+    if path is not None:
+        from headlens.reports.render import check_output_path
+
+        check_output_path(path, lang, option="--report")

@@ -24,58 +24,18 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING  # noqa: E402
 
+from headlens import results as _results  # noqa: E402
 from headlens.errors import HeadlensError  # noqa: E402
 from headlens.heads import Head, all_heads, parse_heads  # noqa: E402
-from headlens.lazy import lazy_getattr  # noqa: E402
+from headlens.lazy import lazy_exports, lazy_getattr  # noqa: E402
 
-# Public name -> the module (below headlens) that defines it, imported on first access.
-LAZY = {
-    "load_model": "load.models",
-    "LoadedModel": "load.models",
-    "ClassifyConfig": "classify.labels",
-    "classify_heads": "classify.frame",
-    "ablate_heads": "ablation.ablate",
-    "sweep_heads": "ablation.ablate",
-    "prune_curve": "ablation.prune",
-    "validate_model": "validate.check",
-    "Result": "results",
-    "concat_results": "results",
-    "build_report": "reports.pipeline",
-    "make_task": "circuits.tasks",
-    "circuit": "circuits.circuit",
-    "composition_scores": "circuits.composition",
-    "path_patch": "circuits.paths",
-    "edge_attribution": "circuits.attribution",
-    "self_repair": "circuits.selfrepair",
-}
+# Public name -> the module (below headlens) that defines it, imported on first access: the names the
+# TYPE_CHECKING imports at the end of this module name, written there once (headlens.lazy.lazy_exports).
+LAZY = lazy_exports(__name__, __file__)
 
-__all__ = [
-    "ClassifyConfig",
-    "Head",
-    "HeadlensError",
-    "LoadedModel",
-    "Result",
-    "__version__",
-    "ablate_heads",
-    "all_heads",
-    "build_report",
-    "circuit",
-    "classify_heads",
-    "composition_scores",
-    "concat_results",
-    "edge_attribution",
-    "load_model",
-    "make_task",
-    "parse_heads",
-    "path_patch",
-    "prune_curve",
-    "self_repair",
-    "show",
-    "show_attention",
-    "sweep_heads",
-    "validate_model",
-    "view",
-]
+__all__ = sorted(
+    ["Head", "HeadlensError", "__version__", "all_heads", "parse_heads", "show", "show_attention", "view", *LAZY]
+)
 
 
 def show(result, heads=None, lang: str = "en") -> None:
@@ -105,6 +65,14 @@ def view(result, heads=None, lang: str = "en"):
     return inline.view(result, heads=heads, lang=lang)
 
 
+def _html_view(result) -> str:
+    """A Result's notebook fragment (headlens.results.HTML_VIEW): `view(result).html()`."""
+    return view(result).html()
+
+
+_results.HTML_VIEW = _html_view
+
+
 def show_attention(
     loaded: "LoadedModel", text: str, heads=None, max_tokens: int | None = None, repeat: bool = False, lang: str = "en"
 ) -> None:
@@ -119,7 +87,7 @@ def show_attention(
     inline.show(inline.attention_sample(loaded, text, max_tokens=max_tokens, repeat=repeat), heads=heads, lang=lang)
 
 
-if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+if TYPE_CHECKING:  # the lazily re-exported names, written once (LAZY above reads them)
     from headlens.ablation.ablate import ablate_heads, sweep_heads
     from headlens.ablation.prune import prune_curve
     from headlens.circuits.attribution import edge_attribution

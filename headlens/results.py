@@ -4,9 +4,10 @@
 Every stage function returns a `Result`: classify_heads (kind "heads"), sweep_heads ("sweep"), ablate_heads
 ("ablation"), prune_curve ("pruning"), validate_model ("validation"), the circuits' edge tables,
 composition_scores, path_patch and edge_attribution ("edges"), circuit ("circuit"), self_repair
-("self_repair") and find_backups ("backups"); each function's docstring gives its frame's columns and its
-meta's keys. A result of several tables keeps its main one in `.frame` and the others by name in `.tables`
-(circuit: `tables["edges"]` and, with an ablation, `tables["compensation"]`); most results have none. The
+("self_repair"), find_backups ("backups"), approx_sweep ("approx"), spot_check ("spot_check") and
+token_ablation ("tokens"); each function's docstring gives its frame's columns and its meta's keys. A result
+of several tables keeps its main one in `.frame` and the others by name in `.tables` (circuit:
+`tables["edges"]` and, with an ablation, `tables["compensation"]`); most results have none. The
 metadata lives beside the frame, not in pandas' `DataFrame.attrs` (which `pd.concat` and `merge` drop):
 `pd.concat` refuses a Result with a TypeError that names `concat_results`, which concatenates the frames and
 keeps the metadata, or refuses when it would be lost.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,7 +43,15 @@ KINDS = (
     "self_repair",
     "cache",
     "backups",
+    "approx",
+    "spot_check",
+    "tokens",
 )
+
+
+# How a Result draws itself in a notebook: set by the front door (headlens/__init__.py, the one module that may
+# reach the reports stage) to headlens.view's HTML fragment, so this core module imports no later stage.
+HTML_VIEW: Callable[[Result], str] | None = None
 
 
 class _ResultType(type):
@@ -95,11 +104,10 @@ class Result(metaclass=_ResultType):
         more = "".join(f"; .tables[{name!r}]: {len(table)} rows" for name, table in self.tables.items())
         return f"<headlens {self.kind} result: {len(self)} rows in .frame{more}; .meta: {keys or 'empty'}>"
 
-    def _repr_html_(self) -> str:
-        """The inline view (headlens.view) when a notebook shows the result."""
-        import headlens  # the front door reaches headlens.reports; this core module does not
-
-        return headlens.view(self).html()
+    def _repr_html_(self) -> str | None:
+        """The inline view (HTML_VIEW: headlens.view's fragment) when a notebook shows the result; None (the
+        plain repr) when no view is set."""
+        return None if HTML_VIEW is None else HTML_VIEW(self)
 
     def to_json(self, **dumps: Any) -> str:
         """One JSON document: {"kind", "meta", "rows"}, and "tables" (name -> rows) where the result holds

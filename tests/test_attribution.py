@@ -62,8 +62,8 @@ def test_atp_star_ranks_the_planted_circuit_first(seed):
     planted = build_planted(seed)
     circuit = {planted.positions["induction"], planted.positions["previous_token"]}
     exact = sweep_heads(planted.loaded, metric="repeat", seed=seed).frame
-    plain = approx_sweep(planted.loaded, metric="repeat", seed=seed, approx="atp").set_index(["layer", "head"])
-    star = approx_sweep(planted.loaded, metric="repeat", seed=seed, approx="atp*")
+    plain = approx_sweep(planted.loaded, metric="repeat", seed=seed, approx="atp").frame.set_index(["layer", "head"])
+    star = approx_sweep(planted.loaded, metric="repeat", seed=seed, approx="atp*").frame
     prev = planted.positions["previous_token"]
     assert exact.set_index(["layer", "head"]).loc[prev, "delta"] > 1.0 and plain.loc[prev, "delta_approx"] < 0
     top = star.sort_values("delta_approx", ascending=False).head(2)
@@ -81,7 +81,7 @@ def test_agreement_is_the_rank_correlation_the_card_states(metric):
     exact = sweep_heads(tiny, metric=metric, tokens="all").frame  # the card's sweep: every token, as approx_sweep reads
     assert len(exact) == N_TINY_HEADS
     for kind in ("atp", "atp*"):
-        approx = approx_sweep(tiny, metric=metric, approx=kind)
+        approx = approx_sweep(tiny, metric=metric, approx=kind).frame
         merged = exact.merge(approx, on=["layer", "head"])
         assert merged["delta"].nunique() == merged["delta_approx"].nunique() == N_TINY_HEADS  # no exact ties
         rho = spearman(merged["delta"], merged["delta_approx"])
@@ -91,6 +91,9 @@ def test_agreement_is_the_rank_correlation_the_card_states(metric):
 
 def test_spot_check_and_errors(strong_model):
     result = spot_check(strong_model, metric="repeat", approx="atp*")
+    assert result.kind == "spot_check" and len(result.frame) == 8  # the heads ablated exactly
+    assert list(result.frame.columns) == ["layer", "head", "delta", "delta_approx"]
+    result = result.meta
     assert result["n_heads"] == 8 and result["n_seq"] == 4  # 8 heads (all of them), the last 4 sequences
     assert -1 <= result["spearman"] <= 1 and 0 <= result["top10_overlap"] <= 1
     with pytest.raises(ConfigError, match="no gradient"):
@@ -113,7 +116,7 @@ def test_graddrop_without_a_drop_is_attribution_and_scores_are_unsigned(strong_m
     scores = graddrop_scores(strong_model.model, evalset, reps)
     assert torch.allclose(scores[1], plain[1].abs(), rtol=1e-4, atol=1e-7)
     assert (scores >= 0).all() and (scores[0] - plain[0].abs()).abs().max() > 1e-3
-    frame = approx_sweep(strong_model, metric="repeat", approx="atp", graddrop=True)
+    frame = approx_sweep(strong_model, metric="repeat", approx="atp", graddrop=True).frame
     assert "graddrop" in frame and (frame.graddrop >= 0).all()
 
 

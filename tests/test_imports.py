@@ -31,14 +31,14 @@ CORE = "core"
 # mha, models, hub's local-folder check, arch with its base, context, hooks, sites, kernels (the no-pattern
 # forward's fused attention and oneDNN products) and the GPT-2 adapter only);
 # the capture reducers (padding) and the probes' inputs (the evaluation text, tokenized in pieces: tokenize); the
-# exact ablation (ablate,
+# exact ablation (request, the command's one entry point with its checks on combinations of flags; ablate,
 # roles with the kinds registry's labels, store; intervene's evalset, metrics, replace, stats, sums, and stacked: the
 # controls' runs from one cached residual; evalspec, the evaluation set as one value with its token budget;
 # estimate, the time left; clean, with the core's cache module headlens.cache, for the clean run's losses) and
 # bounds (a config's shape checked on load). Not on it: the
 # GGUF sources (named models, ollama, reading and dequantizing), the capture run and bridge, the gradient
 # estimates and pruning.
-MAX_ABLATE_MODULES = 44
+MAX_ABLATE_MODULES = 45
 # Modules the ablate data path never needs.
 NOT_ON_ABLATE_PATH = ("headlens.reports", "headlens.scores", "headlens.classify.frame", "headlens.classify.labels",
                       "headlens.classify.runs", "headlens.classify.kind_runs", "headlens.training",
@@ -215,8 +215,8 @@ LAZY_PACKAGES = ("headlens", "headlens.ablation", "headlens.capture", "headlens.
 
 @pytest.mark.parametrize("package", LAZY_PACKAGES)
 def test_lazy_re_exports_are_the_modules_names(package):
-    """Every public name resolves to its defining module's object, and the TYPE_CHECKING imports that type
-    checkers read name the same modules as the LAZY table (one listing cannot drift from the other)."""
+    """Every public name resolves to its defining module's object, and the LAZY table is the TYPE_CHECKING
+    imports that type checkers read (headlens.lazy.lazy_exports), not a second listing that could drift."""
     module = importlib.import_module(package)
     assert set(module.LAZY) <= set(module.__all__)
     for name in module.__all__:
@@ -229,3 +229,29 @@ def test_lazy_re_exports_are_the_modules_names(package):
     checked = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
     typed = {alias.name: node.module for block in checked for node in block.body for alias in node.names}
     assert typed == {name: f"{package}.{source}" for name, source in module.LAZY.items()}
+    assert "LAZY = {" not in modules()[package].read_text(encoding="utf-8")  # read from the imports, not retyped
+
+
+# What the README says scores/ holds: modules whose functions take tensors only, and modules that read a model
+# (a parameter named for one). Each module is in exactly one of the README's two lists, and in the right one.
+MODEL_PARAMETERS = {"model", "loaded", "adapter"}
+
+
+def readme_scores_lists() -> tuple[set[str], set[str]]:
+    r"""The README's `scores/` item: the modules named before "The others" (tensors only) and after it."""
+    block = README.read_text(encoding="utf-8")
+    item = block[block.index("- `scores/`") : block.index("- `classify/`")]
+    tensors, _, models = item.partition("The\n  others")
+    names = lambda text: {word for word in text.split("`")[1::2] if word.isidentifier()}  # noqa: E731
+    return names(tensors), names(models) - MODEL_PARAMETERS
+
+
+def test_scores_modules_are_where_the_readme_says():
+    on_disk = {p.stem for p in (ROOT / "headlens" / "scores").glob("*.py") if p.stem != "__init__"}
+    tensors, models = readme_scores_lists()
+    assert tensors | models == on_disk and not tensors & models
+    for name in on_disk:
+        tree = ast.parse((ROOT / "headlens" / "scores" / f"{name}.py").read_text(encoding="utf-8"))
+        functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+        taken = {arg.arg for fn in functions for arg in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        assert bool(taken & MODEL_PARAMETERS) == (name in models), name

@@ -13,24 +13,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.lazy import lazy_getattr
+from headlens.lazy import lazy_exports, lazy_getattr
 
-if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.lazy_exports reads them)
     from headlens.ablation.approx import agreement, approx_sweep
     from headlens.ablation.prune import prune_curve, removal_by_role
 
-# Public name -> the module of headlens.ablation that defines it, imported on first access.
-LAZY = {"agreement": "approx", "approx_sweep": "approx", "prune_curve": "prune", "removal_by_role": "prune"}
+LAZY = lazy_exports(__name__, __file__)  # the names the TYPE_CHECKING imports above name
 
 if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
     __getattr__ = lazy_getattr(__name__, LAZY)
 
 
-__all__ = [
-    "ablate_heads",
-    "agreement",
-    "approx_sweep",
-    "prune_curve",
-    "removal_by_role",
-    "sweep_heads",
-]
+__all__ = sorted(["ablate_heads", "sweep_heads", *LAZY])

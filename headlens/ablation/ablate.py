@@ -24,12 +24,9 @@ from headlens.heads import Head, all_heads
 from headlens.intervene.clean import clean_values, lookup, pass_count, run_sets
 from headlens.intervene.evalspec import (
     ALL,
-    IOI,
     ROLE_METRICS,
     SWEEP_TOKENS,
     EvalSpec,
-    choose_metric,
-    parse_tokens,
     tokens_read,
 )
 from headlens.intervene.metrics import UNIT, check_choice, is_loss
@@ -85,12 +82,7 @@ def evaluation_of(
             raise ConfigError(f"give the evaluation set as `evaluation` or as keywords, not both: {', '.join(fields)}")
         return evaluation, None
     given: dict[str, Any] = dict(fields)  # the keyword fields, checked by EvalSpec
-    metric, why = choose_metric(role, given.pop("metric", None))
-    if "tokens" in given:
-        given["tokens"] = parse_tokens(given["tokens"])
-    if metric == "logit-diff" and role in ROLE_METRICS and given.get("prompts") is None:
-        given["prompts"] = IOI
-    return EvalSpec(metric=metric, **given), why
+    return EvalSpec.for_role(role if role in ROLE_METRICS else None, given.pop("metric", None), **given)
 
 
 def ablate_heads(

@@ -23,6 +23,7 @@ from headlens.intervene.evalset import BATCH_SIZE, build_evalset
 from headlens.intervene.metrics import DIFFERENTIABLE, check_choice, is_loss
 from headlens.intervene.replace import replacements
 from headlens.intervene.sums import base_sums, sweep_sums
+from headlens.results import Result
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -45,10 +46,11 @@ def approx_sweep(
     reference: str | None = None,
     bos: bool = True,
     graddrop: bool = False,
-) -> pd.DataFrame:
-    """Every single-head ablation delta estimated by `approx` (APPROX_METHODS). DataFrame:
-    `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), and with
-    `graddrop` the unsigned GradDrop score (headlens.ablation.gradients), sorted by (layer, head)."""
+) -> Result:
+    """Every single-head ablation delta estimated by `approx` (APPROX_METHODS). A Result of kind "approx"
+    whose frame has `layer`, `head`, `n`, `delta_approx` (and `delta_loss_approx` for loss metrics), and
+    with `graddrop` the unsigned GradDrop score (headlens.ablation.gradients), sorted by (layer, head); its
+    meta holds `model`, `method`, `metric` and `approx`."""
     metric = check_choice(method, metric)
     if approx not in APPROX_METHODS:
         raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(APPROX_METHODS)}")
@@ -69,17 +71,19 @@ def approx_sweep(
             if dropped is not None:
                 row["graddrop"] = float(dropped[layer, head])
             rows.append(row)
-    return pd.DataFrame(rows)
+    meta = {"model": str(loaded.name), "method": method, "metric": metric, "approx": approx}
+    return Result("approx", pd.DataFrame(rows), meta)
 
 
-def agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict:
+def agreement(exact: pd.DataFrame | Result, approx: pd.DataFrame | Result) -> dict:
     """Pearson and Spearman correlation of exact `delta` and `delta_approx` per head, and
     `top10_overlap`: the share of the exact top-k heads (by |delta|) that are also in the
     estimate's top k, k = min(10, n_heads // 4) so that a small model's overlap is not 1 by default.
     Why a top head is missed, measured on the exact top k: `top_under` heads whose estimate has
     the right sign but under half the exact size, `top_flipped` heads whose estimate has the
     wrong sign (a first-order estimate misses curvature and paths through later nonlinearities:
-    Kramar et al. 2024, arXiv 2403.00745, Section 3)."""
+    Kramar et al. 2024, arXiv 2403.00745, Section 3). Either side may be a Result (its frame is read)."""
+    exact, approx = _frame(exact), _frame(approx)
     merged = exact[["layer", "head", "delta"]].merge(approx[["layer", "head", "delta_approx"]], on=["layer", "head"])
     x, y = merged["delta"], merged["delta_approx"]
     k = min(TOP_K, max(1, len(merged) // 4))
@@ -108,10 +112,11 @@ def spot_check(
     prompts: list[dict] | None = None,
     reference: str | None = None,
     bos: bool = True,
-) -> dict:
+) -> Result:
     """How far `approx` can be trusted on this model, cheaply: on the last SPOT_SEQS sequences of
     the evaluation set, SPOT_HEADS heads drawn at random (seeded) are ablated exactly and compared
-    with the estimate on the same sequences (`agreement`, plus `n_seq`)."""
+    with the estimate on the same sequences. A Result of kind "spot_check": its frame the heads drawn
+    (`layer`, `head`, `delta`, `delta_approx`), its meta their `agreement` plus `n_seq`."""
     evalset = build_evalset(loaded, check_choice(method, metric), text, seed, prompts, reference, bos)
     n_seq = evalset.input_ids.shape[0]
     part = evalset.subset(slice(max(0, n_seq - SPOT_SEQS), n_seq))
@@ -130,4 +135,8 @@ def spot_check(
             for h in heads
         ]
     )
-    return {**agreement(frame, frame), "n_seq": part.input_ids.shape[0]}
+    return Result("spot_check", frame, {**agreement(frame, frame), "n_seq": part.input_ids.shape[0]})
+
+
+def _frame(table: pd.DataFrame | Result) -> pd.DataFrame:
+    return table.frame if isinstance(table, Result) else table

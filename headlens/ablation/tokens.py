@@ -23,6 +23,7 @@ from headlens.intervene.metrics import check_choice
 from headlens.intervene.replace import replacements
 from headlens.intervene.sums import ablated_hidden, scored_values
 from headlens.load.devices import onloaded
+from headlens.results import Result
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -39,18 +40,18 @@ def token_ablation(
     position: int | None = None,
     top_k: int = TOP_K,
     labels: dict | None = None,
-    clean: dict | None = None,
-) -> dict:
+    clean: Result | None = None,
+) -> Result:
     """Each next-token prediction's loss (nats) with `heads` kept and ablated, on `text` cut as `ablate_heads`
     cuts it (windows of the model's context, BOS first).
-
     heads: as ablate_heads takes them (a list of Head, "3.4,5.1", "layer:3", `all`, a role with `labels`).
     position: a position of the first window (0 = BOS) whose next-token predictions are listed (None: the last).
-    clean: a result of this function on the same text, position and top_k, whose unablated `clean` and
+    clean: a result of this function on the same text, position and top_k, whose unablated losses and
     `top_clean` are reused instead of recomputed (they depend on neither the heads nor the method).
-    Returns `heads` (["L.H"]), `method`, `ids` (the first window's token ids), `clean` and `ablated` ([n] losses:
-    value i predicts the window's token i + 1, windows in order), `loss` and `loss_ablated` (their means),
-    `position`, and `top_clean` / `top_ablated`: [(token id, probability)] * top_k at that position.
+    Returns a Result of kind "tokens": its frame one row per scored prediction, windows in order (`index`: row i
+    predicts the window's token i + 1; `clean` and `ablated`: its loss); its meta `heads` (["L.H"]), `method`,
+    `ids` (the first window's token ids), `loss` and `loss_ablated` (the losses' means), `position`, and
+    `top_clean` / `top_ablated`: [(token id, probability)] * top_k at that position.
     """
     check_choice(method, "loss")
     heads, _ = resolve_heads(loaded, heads, labels)
@@ -61,23 +62,19 @@ def token_ablation(
         raise ConfigError(f"position {position} is outside the text's {width} positions (0-{width - 1})")
     reps = replacements(loaded.model, evalset, method, seed, batch_size=None)
     ids = evalset.input_ids[0, :width].tolist()
-    if clean is not None and (clean["ids"], clean["position"], len(clean["top_clean"])) == (ids, position, top_k):
-        base, top_clean = torch.tensor(clean["clean"], dtype=torch.float64), list(clean["top_clean"])  # [n]
+    before = clean.meta if clean is not None else None
+    if before is not None and (before["ids"], before["position"], len(before["top_clean"])) == (ids, position, top_k):
+        base = torch.tensor(clean.frame["clean"].tolist(), dtype=torch.float64)  # [n]
+        top_clean = list(before["top_clean"])
     else:
         base, top_clean = _losses_and_top(loaded.model, evalset, [], reps, position, top_k)
     ablated, top_ablated = _losses_and_top(loaded.model, evalset, heads, reps, position, top_k)
-    return {
-        "heads": [str(h) for h in heads],
-        "method": method,
-        "ids": ids,
-        "clean": base.tolist(),
-        "ablated": ablated.tolist(),
-        "loss": float(base.sum() / len(base)),
-        "loss_ablated": float(ablated.sum() / len(ablated)),
-        "position": position,
-        "top_clean": top_clean,
-        "top_ablated": top_ablated,
-    }
+    meta = {"heads": [str(h) for h in heads], "method": method, "ids": ids}
+    meta.update(loss=float(base.sum() / len(base)), loss_ablated=float(ablated.sum() / len(ablated)), position=position)
+    meta.update(top_clean=top_clean, top_ablated=top_ablated)
+    pairs = zip(base.tolist(), ablated.tolist(), strict=True)  # [n] each
+    rows = [{"index": i, "clean": c, "ablated": a} for i, (c, a) in enumerate(pairs)]
+    return Result("tokens", meta=meta, rows=rows)
 
 
 def _losses_and_top(model, evalset, heads, reps, position: int, top_k: int) -> tuple[torch.Tensor, list]:

@@ -20,40 +20,18 @@ from headlens.capture.reducers import (
     iter_batches,
     pad_batch,
 )
-from headlens.lazy import lazy_getattr
+from headlens.lazy import lazy_exports, lazy_getattr
 
-if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.lazy_exports reads them)
     from headlens.capture.bridge import is_bridge, n_heads_of, n_layers_of
     from headlens.capture.run import attention_pattern, capture_hooks, forward, run_capture
 
-# Public name -> the module of headlens.capture that defines it, imported on first access.
-LAZY = {
-    "attention_pattern": "run",
-    "capture_hooks": "run",
-    "forward": "run",
-    "is_bridge": "bridge",
-    "n_heads_of": "bridge",
-    "n_layers_of": "bridge",
-    "run_capture": "run",
-}
+LAZY = lazy_exports(__name__, __file__)  # the names the TYPE_CHECKING imports above name
 
 if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
     __getattr__ = lazy_getattr(__name__, LAZY)
 
 
-__all__ = [
-    "Batch",
-    "CollectPatterns",
-    "Reducer",
-    "attention_pattern",
-    "capture_hooks",
-    "check_atol",
-    "check_pattern",
-    "forward",
-    "is_bridge",
-    "iter_batches",
-    "n_heads_of",
-    "n_layers_of",
-    "pad_batch",
-    "run_capture",
-]
+__all__ = sorted(
+    ["Batch", "CollectPatterns", "Reducer", "check_atol", "check_pattern", "iter_batches", "pad_batch", *LAZY]
+)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headlens.lazy import lazy_getattr
+from headlens.lazy import lazy_exports, lazy_getattr
 
-if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.lazy_exports reads them)
     from headlens.classify.frame import (
         SCORE_COLUMNS,
         SOURCE_COLUMNS,
@@ -23,17 +23,9 @@ if TYPE_CHECKING:  # the names LAZY imports, for type checkers
     )
     from headlens.classify.labels import ClassifyConfig
 
-# Public name -> the module of headlens.classify that defines it, imported on first access.
-LAZY = {
-    "SCORE_COLUMNS": "frame",
-    "SOURCE_COLUMNS": "frame",
-    "SOURCE_DEFAULT": "frame",
-    "classify_heads": "frame",
-    "head_records": "frame",
-    "ClassifyConfig": "labels",
-}
+LAZY = lazy_exports(__name__, __file__)  # the names the TYPE_CHECKING imports above name
 
 if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
     __getattr__ = lazy_getattr(__name__, LAZY)
 
-__all__ = ["SCORE_COLUMNS", "SOURCE_COLUMNS", "SOURCE_DEFAULT", "ClassifyConfig", "classify_heads", "head_records"]
+__all__ = sorted([*LAZY])

@@ -29,7 +29,7 @@ import torch
 from headlens.bounds import parse_count, shown
 from headlens.errors import ConfigError
 from headlens.intervene.evalset import EvalSet, build_evalset, eval_context
-from headlens.intervene.metrics import canonical_metric
+from headlens.intervene.metrics import canonical_metric, check_choice
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -111,6 +111,26 @@ class EvalSpec:
             loaded, self.metric, self.text, seed, prompts, self.reference, self.bos, self.context, window=window
         )
         return within_budget(evalset, self.tokens)
+
+    @classmethod
+    def for_role(cls, role: str | None, metric: str | None = None, **fields: Any) -> tuple[EvalSpec, str | None]:
+        """The EvalSpec of an ablation of `role`'s heads (None: explicit heads) from keyword fields, and a line
+        on the metric chosen (choose_metric: the role's own when `metric` is None). `tokens` is parsed
+        (parse_tokens: a number or `all`); a role measured by logit-diff reads the IOI prompts unless
+        `prompts` are given."""
+        metric, why = choose_metric(role, metric)
+        if "tokens" in fields:
+            fields["tokens"] = parse_tokens(fields["tokens"])
+        if metric == "logit-diff" and role is not None and fields.get("prompts") is None:
+            fields["prompts"] = IOI  # the role's own prompts
+        return cls(metric=metric, **fields), why
+
+    def check_method(self, method: str, approx: str | None = None) -> None:
+        """ConfigError for an unknown ablation method, or for a gradient estimate (`approx`) under a token
+        budget: the estimate reads every token of the set."""
+        check_choice(method, self.metric)
+        if approx and self.tokens is not None:
+            raise ConfigError("--approx reads every token of the evaluation set: leave out --tokens (or give all)")
 
     def with_budget(self, tokens: int | None) -> EvalSpec:
         return replace(self, tokens=tokens)

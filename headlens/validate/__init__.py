@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from headlens.lazy import lazy_getattr
+from headlens.lazy import lazy_exports, lazy_getattr
 
-if TYPE_CHECKING:  # the names LAZY imports, for type checkers
+if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.lazy_exports reads them)
     from headlens.validate.check import BUILTIN_TEXT, TL_FAMILIES, VALIDATION_ATOL, validate_model
 
-# Public name -> the module of headlens.validate that defines it, imported on first access.
-LAZY = {"BUILTIN_TEXT": "check", "TL_FAMILIES": "check", "VALIDATION_ATOL": "check", "validate_model": "check"}
+LAZY = lazy_exports(__name__, __file__)  # the names the TYPE_CHECKING imports above name
 
 if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
     __getattr__ = lazy_getattr(__name__, LAZY)
 
-__all__ = ["BUILTIN_TEXT", "TL_FAMILIES", "VALIDATION_ATOL", "validate_model"]
+__all__ = sorted([*LAZY])

@@ -34,6 +34,7 @@ from headlens.heads import Head
 from headlens.intervene.evalset import eval_context
 from headlens.probes.inputs import check_text
 from headlens.probes.tokenize import decode, encode
+from headlens.results import Result
 from headlens.scores.prediction import prediction_direct_effects
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class Run:
     ids: list[int]
     tokens: list[str]
     patterns: torch.Tensor  # [layer, head, pos, pos] float32
-    clean: dict | None = None  # the last token_ablation result on this text (its unablated part is reused)
+    clean: Result | None = None  # the last token_ablation result on this text (its unablated part is reused)
 
 
 class Explorer:
@@ -245,13 +246,16 @@ class Explorer:
             result = token_ablation(
                 self.loaded, run.text, spec, method, self.seed, position, labels=labels, clean=run.clean
             )
-        run.clean = dict(result)  # the unablated losses and top-5 at this position, reused next time
-        if result["ids"] != run.ids:
+        run.clean = result  # the unablated losses and top-5 at this position, reused next time
+        meta = result.meta
+        if meta["ids"] != run.ids:
             raise InputTextError("the text does not fit one window of the model's context")
         tokenizer = self.loaded.tokenizer
-        shown = dict(result)
+        shown = {key: meta[key] for key in ("heads", "method", "ids")}
+        shown.update(clean=result.frame["clean"].tolist(), ablated=result.frame["ablated"].tolist())
+        shown.update({key: meta[key] for key in ("loss", "loss_ablated", "position")})
         for key in ("top_clean", "top_ablated"):
-            shown[key] = [{"token": decode(tokenizer, [i]), "id": i, "prob": p} for i, p in result[key]]
+            shown[key] = [{"token": decode(tokenizer, [i]), "id": i, "prob": p} for i, p in meta[key]]
         return shown
 
     def direct(self, run_id: str, position: int, target: str | None, foil: str | None) -> dict:
