@@ -1,9 +1,9 @@
 """SmolLM2's labels across seeds and texts, stated and checked against figures computed here.
 
 1. Retrieval from seed to seed (the needles and random tokens redrawn): the Jaccard overlap and the flipping
-   heads `compare_labels` reports equal the ones computed here from the two runs' label sets, and every head
-   the new seed flips was marked borderline (bootstrap stability below STABLE_MIN) on one of the two runs:
-   the stability says which retrieval labels may not survive another draw of needles.
+   heads `compare_labels` reports equal the ones computed here from the two runs' label sets. Whether every
+   head the new seed flips was borderline (bootstrap stability below STABLE_MIN) on the run that labelled it
+   is a strict xfail stating the measured miss: a head can gain a stable label on the next seed.
 2. Previous-token heads across the shipped texts (English, Spanish, Python): the Jaccard and flips equal the
    ones computed here, and each flipping head's scores in `flip_scores` are its positional share (the
    role's ranking score) on each text, read here from the frames.
@@ -60,25 +60,48 @@ def figures():
         Path(os.environ["HEADLENS_REAL_FIGURES"]).write_text(json.dumps(found, indent=1))
 
 
-def test_retrieval_heads_from_seed_to_seed(smollm2, figures):
+@pytest.fixture(scope="module")
+def seed_runs(smollm2):
     config = ClassifyConfig()
     runs = {"seed0": classify_heads(smollm2, config=config)}
     runs["seed1"] = classify_heads(smollm2, config=dataclasses.replace(config, seed=1))
+    return runs
+
+
+def _seed_flips(runs) -> tuple[dict, set]:
     sets = {name: _heads(result, "retrieval") for name, result in runs.items()}
-    flips = sets["seed0"] ^ sets["seed1"]
-    stabilities = {
-        _named([head])[0]: [round(_stability(run, "retrieval", head), 4) for run in runs.values()] for head in flips
-    }
+    return sets, sets["seed0"] ^ sets["seed1"]
+
+
+def test_retrieval_heads_from_seed_to_seed(seed_runs, figures):
+    sets, flips = _seed_flips(seed_runs)
     figures["retrieval_seeds"] = {
         "jaccard": _jaccard(sets.values()),
         "heads": {name: _named(heads) for name, heads in sets.items()},
-        "flips_stability_seed0_seed1": stabilities,
+        "flips_stability_seed0_seed1": {
+            _named([head])[0]: [round(_stability(run, "retrieval", head), 4) for run in seed_runs.values()]
+            for head in flips
+        },
     }
-    row = compare_labels(runs).set_index("role").loc["retrieval"]
+    row = compare_labels(seed_runs).set_index("role").loc["retrieval"]
     assert row["jaccard"] == pytest.approx(_jaccard(sets.values()))
     assert row["flips"] == _named(flips)
-    unflagged = {head: s for head, s in stabilities.items() if min(s) >= STABLE_MIN}
-    assert not unflagged, f"heads the seed flips that no run marked borderline: {unflagged}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured 2026-12-06 (BENCHMARKS.md): 6 of the 7 retrieval heads the seed flips were borderline on the "
+    "run that labelled them; 14.1 (0.097 at seed 0, 0.167 at seed 1) was stable at seed 1",
+)
+def test_every_retrieval_head_the_seed_flips_was_borderline_where_labelled(seed_runs):
+    sets, flips = _seed_flips(seed_runs)
+    unflagged = {}
+    for head in flips:
+        name = "seed0" if head in sets["seed0"] else "seed1"  # the run that labelled it
+        stability = _stability(seed_runs[name], "retrieval", head)
+        if stability >= STABLE_MIN:
+            unflagged[_named([head])[0]] = (name, stability)
+    assert not unflagged, f"heads the seed flips, stable where labelled: {unflagged}"
 
 
 def test_previous_token_heads_across_the_shipped_texts(smollm2, figures):
