@@ -167,17 +167,17 @@ VOITA = "Voita et al. 2019, arXiv 1905.09418"
 IOI = "Wang et al. 2022, arXiv 2211.00593"
 OLSSON = "Olsson et al. 2022, arXiv 2209.11895"
 KINDS: tuple[Kind, ...] = (
-    # Previous-token heads of a real model can sit just above the positional cut-off: on another kind of text
-    # their argmax share at offset -1 moves across it while the offset and their previous-token mass hardly
-    # change (SmolLM2's 17.8, 19.3 and 19.8 on the GPL-3 licence against the shipped English text; their
-    # numbered sections and repeated words do not explain it). The bootstrap over one text's windows says how
-    # sure a label is on text like that one; `classify --compare-texts` measures other kinds of text.
-    # The causal check (benchmarks/previous_token_causal.py: each head's write path-patched into the
-    # induction heads' keys, against the other heads of its layer) backs 17.8 and 19.3, each far above every
-    # other head of its layer, so their flip on the licence is the probe's miss; it does not back 19.8, whose
-    # key path carries nothing. The argmax share on random tokens, where the previous token is known, labels
-    # 17.8 and 19.3 and not 19.8, as the causal check does; the probe still reads natural text, as Voita et
-    # al. define the head, until random tokens are checked against the causal test on every head, not three.
+    # Previous-token heads of a real model can sit just above the positional cut-off: on another kind of text their
+    # argmax share at offset -1 moves across it while the offset and their previous-token mass hardly change (SmolLM2's
+    # 17.8, 19.3 and 19.8 on the GPL-3 licence, 19.3 and 19.8 on the shipped Spanish prose, against the shipped English
+    # text; the licence's numbered sections and repeated words do not explain it). The bootstrap over one text's windows
+    # says how sure a label is on text like that one; `classify --compare-texts` measures other kinds of text. The
+    # causal check (benchmarks/previous_token_causal.py: each head's write path-patched into the induction heads' keys,
+    # against the other heads of its layer) backs 16.0, 17.8 and 19.3, each far above every other head of its layer, so
+    # the flip of 17.8 and 19.3 is the probe's miss; it does not back 19.8, whose key path carries nothing. The argmax
+    # share on random tokens, where the previous token is known, labels 16.0, 17.8 and 19.3 and not 19.8, as the causal
+    # check does; the probe still reads natural text, as Voita et al. define the head, until random tokens are checked
+    # against the causal test on every head, not four.
     # Figures: BENCHMARKS.md, "Labels that say how sure they are".
     Kind(
         "previous_token",
