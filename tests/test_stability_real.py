@@ -7,16 +7,12 @@
 2. Previous-token heads across the shipped texts (English, Spanish, Python): the Jaccard and flips equal the
    ones computed here, and each flipping head's scores in `flip_scores` are its positional share (the
    role's ranking score) on each text, read here from the frames.
-The figures (Jaccard, flips, stabilities) are written as JSON to $HEADLENS_REAL_FIGURES when set;
-BENCHMARKS.md quotes them ("Labels that say how sure they are").
+BENCHMARKS.md ("Labels that say how sure they are") states the figures these runs give.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -53,14 +49,6 @@ def smollm2(real_model):
 
 
 @pytest.fixture(scope="module")
-def figures():
-    found: dict = {}
-    yield found
-    if os.environ.get("HEADLENS_REAL_FIGURES"):
-        Path(os.environ["HEADLENS_REAL_FIGURES"]).write_text(json.dumps(found, indent=1))
-
-
-@pytest.fixture(scope="module")
 def seed_runs(smollm2):
     config = ClassifyConfig()
     runs = {"seed0": classify_heads(smollm2, config=config)}
@@ -73,16 +61,8 @@ def _seed_flips(runs) -> tuple[dict, set]:
     return sets, sets["seed0"] ^ sets["seed1"]
 
 
-def test_retrieval_heads_from_seed_to_seed(seed_runs, figures):
+def test_retrieval_heads_from_seed_to_seed(seed_runs):
     sets, flips = _seed_flips(seed_runs)
-    figures["retrieval_seeds"] = {
-        "jaccard": _jaccard(sets.values()),
-        "heads": {name: _named(heads) for name, heads in sets.items()},
-        "flips_stability_seed0_seed1": {
-            _named([head])[0]: [round(_stability(run, "retrieval", head), 4) for run in seed_runs.values()]
-            for head in flips
-        },
-    }
     row = compare_labels(seed_runs).set_index("role").loc["retrieval"]
     assert row["jaccard"] == pytest.approx(_jaccard(sets.values()))
     assert row["flips"] == _named(flips)
@@ -104,7 +84,7 @@ def test_every_retrieval_head_the_seed_flips_was_borderline_where_labelled(seed_
     assert not unflagged, f"heads the seed flips, stable where labelled: {unflagged}"
 
 
-def test_previous_token_heads_across_the_shipped_texts(smollm2, figures):
+def test_previous_token_heads_across_the_shipped_texts(smollm2):
     runs = classify_texts(smollm2, shipped_documents(), ClassifyConfig())
     sets = {name: _heads(result, "previous_token") for name, result in runs.items()}
     flips = set().union(*sets.values()) - set.intersection(*sets.values())
@@ -116,11 +96,6 @@ def test_previous_token_heads_across_the_shipped_texts(smollm2, figures):
             row = frame[(frame["layer"] == layer) & (frame["head"] == head)].iloc[0]
             values.append(float(row["positional_share"]))
         scores[f"{layer}.{head}"] = values
-    figures["previous_token_texts"] = {
-        "jaccard": _jaccard(sets.values()),
-        "heads": {name: _named(heads) for name, heads in sets.items()},
-        "flip_positional_shares": scores,
-    }
     row = compare_labels(runs).set_index("role").loc["previous_token"]
     assert row["jaccard"] == pytest.approx(_jaccard(sets.values()))
     assert row["flips"] == _named(flips)
