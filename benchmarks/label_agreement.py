@@ -1,10 +1,11 @@
 """Do a real model's labels hold across texts and precisions? And what do its previous-token heads do on
 random tokens, where the previous token is known?
 
-1. `compare_texts`: classify on the shipped held-out texts (English, Spanish, Python) and any `--extra`
-   files (e.g. /usr/share/common-licenses/GPL-3), the probes that do not read the text run once; per role
-   the heads on each text, Jaccard, flips; for `--watch` heads their positional offset, share with its 95%
-   bootstrap interval and stability, and prev_token_score on each text.
+1. `shipped`: classify on the shipped held-out texts (English, Spanish, Python), then any `--extra` files
+   (e.g. /usr/share/common-licenses/GPL-3), the probes that do not read the text run once (as --compare-texts
+   does); per role the heads on each text, Jaccard, flips, the borderline heads of each run; the wall and CPU
+   seconds of the load and of each text; for `--watch` heads their positional offset, share with its 95% bootstrap
+   interval and stability, and prev_token_score on each text.
 2. `random_tokens`: the same positional probe (Voita argmax share, prev_token_score) on the repeated random
    token sequences the repeats probe reads (first repeat only: before any token repeats), for the watched
    heads.
@@ -14,7 +15,8 @@ random tokens, where the previous token is known?
 
     .venv/bin/python benchmarks/label_agreement.py smollm2 --extra /usr/share/common-licenses/GPL-3 \
         --watch 17.8,19.3,19.8 [--precision]
-Prints one JSON document.
+Prints one JSON line per stage as it finishes (shipped; seeds; the extra texts, watched heads and random
+tokens; precision).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 from previous_token_texts import probe_ids  # benchmarks/ is on sys.path when run as a script
 
 from headlens.classify import ClassifyConfig, classify_heads
-from headlens.classify.compare import classify_texts, compare_labels, shipped_documents
+from headlens.classify.compare import compare_labels, shipped_documents
+from headlens.classify.frame import classify_run
 from headlens.load.models import load_model
 from headlens.probes.inputs import random_token_range, read_text, repeated_random_tokens
 
@@ -55,9 +58,17 @@ def random_token_positional(loaded, config, heads) -> dict:
     return probe_ids(loaded, config, ids, heads)
 
 
+def _borderline(frame, label: str) -> list[str]:
+    return [f"{r.layer}.{r.head}" for r in frame.itertuples() if label in r.borderline]
+
+
 def _table(results) -> list[dict]:
-    table = compare_labels(results)
-    return json.loads(table.to_json(orient="records"))
+    """compare_labels' rows, each with `borderline_<name>`: the role's heads borderline on that run."""
+    rows = json.loads(compare_labels(results).to_json(orient="records"))
+    for row in rows:
+        for name, result in results.items():
+            row[f"borderline_{name}"] = _borderline(result.frame, row["role"])
+    return rows
 
 
 def main() -> None:
@@ -69,21 +80,28 @@ def main() -> None:
     args = parser.parse_args()
     heads = [tuple(map(int, h.split("."))) for h in args.watch.split(",") if h]
     config = ClassifyConfig()
+    start, cpu = time.perf_counter(), time.process_time()
     loaded = load_model(args.model)
     texts = shipped_documents()
     texts.update({Path(p).stem: read_text(p) for p in args.extra})
-    start = time.perf_counter()
-    shipped = classify_texts(loaded, {k: texts[k] for k in ("english", "spanish", "code")}, config)
-    out = {"model": args.model, "compare_s": round(time.perf_counter() - start, 1), "shipped": _table(shipped)}
-    results = dict(shipped)
+    seconds = {"load": [round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)]}
+    results, reuse = {}, None
+    for name, text in texts.items():  # the shipped three first, as --compare-texts runs them
+        start, cpu = time.perf_counter(), time.process_time()
+        results[name], probes = classify_run(loaded, text, config, reuse=reuse)
+        reuse = reuse or probes
+        seconds[name] = [round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)]
+        if len(results) == 3:
+            out = {"model": args.model, "seconds": seconds, "shipped": _table(results)}
+            print(json.dumps(out), flush=True)
+    other = classify_heads(loaded, config=replace(config, seed=1))
+    print(json.dumps({"model": args.model, "seeds": _table({"seed0": results["english"], "seed1": other})}), flush=True)
+    out = {"model": args.model, "seconds": seconds}
     if args.extra:
-        results.update(classify_texts(loaded, {Path(p).stem: texts[Path(p).stem] for p in args.extra}, config))
         out["english_vs_extra"] = _table({k: results[k] for k in ("english", *(Path(p).stem for p in args.extra))})
     out["watched"] = {name: _watched(result.frame, heads) for name, result in results.items()}
     out["random_tokens"] = random_token_positional(loaded, config, heads)
     print(json.dumps(out), flush=True)
-    other = classify_heads(loaded, config=replace(config, seed=1))
-    print(json.dumps({"model": args.model, "seeds": _table({"seed0": results["english"], "seed1": other})}), flush=True)
     if args.precision:
         low = classify_heads(load_model(args.model, dtype="bfloat16"), config=config)
         pair = {"float32": results["english"], "bfloat16": low}

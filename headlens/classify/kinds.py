@@ -167,18 +167,18 @@ VOITA = "Voita et al. 2019, arXiv 1905.09418"
 IOI = "Wang et al. 2022, arXiv 2211.00593"
 OLSSON = "Olsson et al. 2022, arXiv 2209.11895"
 KINDS: tuple[Kind, ...] = (
-    # Previous-token heads of a real model sit close to the positional cut-off. SmolLM2's 17.8, 19.3 and 19.8
-    # look one token back at 0.92-0.94 of the shipped English text's tokens (95% intervals over its windows
-    # wholly above 0.9: stability 1.0) and at 0.894-0.898 of the GPL-3 licence's (intervals straddling 0.9:
-    # stability 0.18-0.29, borderline), their offset -1 and prev_token_score (0.24-0.49) nearly unchanged.
-    # The heads do the same on both texts; a drop of 0.03-0.04 in the share moves them across a cut-off that
-    # sits inside their spread. The licence's numbered sections and repeated words do not explain it: fewer
-    # of its tokens repeat one of the 8 before them (5.3%) than the English text's (10.3%). A bootstrap over
-    # one text's windows says how sure a label is on text like that one; `classify --compare-texts` measures
-    # another kind of text (BENCHMARKS.md, "Labels that say how sure they are"). The probe still reads
-    # natural text, as Voita et al. define the head. On random tokens 17.8 and 19.3 look back at 0.97 and
-    # 1.00 of positions but 19.8 at 0.88, so random tokens would trade its flip across texts for a miss; and
-    # no causal test (K-composition into the induction heads, `headlens circuit`) has been run to back a move.
+    # Previous-token heads of a real model can sit just above the positional cut-off: on another kind of text their
+    # argmax share at offset -1 moves across it while the offset and their previous-token mass hardly change (SmolLM2's
+    # 17.8, 19.3 and 19.8 on the GPL-3 licence, 19.3 and 19.8 on the shipped Spanish prose, against the shipped English
+    # text; the licence's numbered sections and repeated words do not explain it). The bootstrap over one text's windows
+    # says how sure a label is on text like that one; `classify --compare-texts` measures other kinds of text. The
+    # causal check (benchmarks/previous_token_causal.py: each head's write path-patched into the induction heads' keys,
+    # against the other heads of its layer) backs 16.0, 17.8 and 19.3, each far above every other head of its layer, so
+    # the flip of 17.8 and 19.3 is the probe's miss; it does not back 19.8, whose key path carries nothing. The argmax
+    # share on random tokens, where the previous token is known, labels 16.0, 17.8 and 19.3 and not 19.8, as the causal
+    # check does; the probe still reads natural text, as Voita et al. define the head, until random tokens are checked
+    # against the causal test on every head, not four.
+    # Figures: BENCHMARKS.md, "Labels that say how sure they are".
     Kind(
         "previous_token",
         lambda s, c: _positional(s, c) & (s["positional_offset"] == -1),
