@@ -102,9 +102,9 @@ class GraphTask:
         receivers] carry the clean run and every other edge its reference."""
         keep = keep & self.graph.real
         total = 0.0
-        with torch.no_grad():
+        with torch.inference_mode():
             for b in self.batches:
-                final, _ = run_graph(self.adapter, self.graph, b.ctx, keep, b.ref)
+                final, _ = run_graph(self.adapter, self.graph, b.ctx, keep, b.ref, record=False)
                 total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, final))
         return total / self.n_read
 
