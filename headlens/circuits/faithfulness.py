@@ -153,7 +153,7 @@ class GraphTask:
                     got, record = self._input_grads(b, embed, with_record=True)
                     clean = record if alpha == 1.0 else clean
                     grads = got if grads is None else [g + h for g, h in zip(grads, got, strict=True)]
-                diffs = (b.ref.outs - clean.outs).flatten(2).double()  # [senders, batch, pos * d_model]
+                diffs = (b.ref.outs - clean.outs).flatten(1)  # [senders, batch * pos * d_model]
                 self._add_scores(out, diffs, [g / steps for g in grads])
         return out / self.n_read
 
@@ -170,12 +170,13 @@ class GraphTask:
         return (grads, record) if with_record else grads
 
     def _add_scores(self, out: torch.Tensor, diffs: torch.Tensor, grads: list[torch.Tensor]) -> None:
+        """out[s, r] += diffs[s] . grads[r] for every edge: one float32 product per receiver block
+        (each a sum over batch x pos x d_model terms), added to the float64 total."""
         graph, receiver = self.graph, 0
         for grad in grads:
             n_up = graph.upstream(receiver)
-            g = grad.flatten(1).double().view(grad.shape[0], diffs.shape[1], -1)  # [recv, batch, pos * d]
-            got = torch.einsum("sbx,rbx->sr", diffs[:n_up], g)  # [n_up, recv]
-            out[:n_up, receiver : receiver + grad.shape[0]] += got
+            got = diffs[:n_up] @ grad.flatten(1).T  # [n_up, recv]
+            out[:n_up, receiver : receiver + grad.shape[0]] += got.double()
             receiver += grad.shape[0]
 
 
