@@ -3,14 +3,16 @@
 Each receiver's input is the sum of its senders' outputs, each taken from the running pass if the
 edge is in the circuit and from the reference (the counterfactual run, or the mean over the task's
 sequences) otherwise: the edge patching of EAP-IG's `evaluate_graph` (Hanna et al. 2024) and MIB.
-Two equal ways to build it, chosen per block of receivers for the fewer terms:
+Two equal ways to build it, chosen per receiver for the fewer terms:
 - x = resid + sum over edges out of the circuit of (reference_s - out_s), resid the running residual;
 - x = reference input + sum over edges in the circuit of (out_s - reference_s).
 The full circuit so runs the clean model exactly, the empty one the reference run exactly.
 
 A head's q, k and v inputs are separate residual streams: each goes through the layer's input norm
-and the head's own slice of the projection; the rows are spliced into the projection modules'
-outputs (headlens.arch.sites.splice_row) and the layer's own attention module runs. With grouped
+and the head's own slice of the projection; the rows, spliced into the projection modules' output
+layout (headlens.arch.sites.splice_row), stand in for those modules while the layer's own attention
+module runs (its output projection replaced by a stand-in that keeps z), so nothing is projected twice.
+Without a Record, blocks whose inputs are all the reference's are not run (`run_graph`). With grouped
 key/value heads (GQA), query head h's key and value come from copy h mod g of g stacked copies of
 the batch, each copy carrying the keys and values its query heads' inputs give. A head's output is
 z_h W_O[h]; where the family normalises the attention output (Gemma 3) the norm's scale, computed
