@@ -14,7 +14,9 @@ from tests.helpers.explore_setup import tiny_setup
 from tests.helpers.notebooks import jupyter_path_in
 from tests.helpers.strong import build_strong_model
 
-torch.set_num_threads(2)
+# Two threads for one test process on the 2-core machines this suite runs on; one per worker where pytest-xdist
+# runs two processes side by side (`make test`: -n 2), so the workers do not fight over the cores.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 # Every test starts from the same global random state, so an unseeded torch.randn / np.random call gives the
 # same input whatever ran before it (the suite passes in any order: pytest -p randomly).

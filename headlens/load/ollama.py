@@ -19,6 +19,7 @@ import os
 import re
 from pathlib import Path
 
+from headlens.bounds import shown
 from headlens.errors import ModelLoadError
 from headlens.files import parse_json
 from headlens.load.cache import SHA256_HEX, inside
@@ -63,20 +64,20 @@ def parse_name(spec: str) -> tuple[str, str, str, str]:
 def ollama_blob(spec: str) -> tuple[Path, str, str]:
     """`ollama:NAME[:TAG]` -> (GGUF blob path, its sha256, "NAME:TAG")."""
     host, namespace, model, tag = parse_name(spec)
-    shown = f"{model if namespace == DEFAULT_NAMESPACE else f'{namespace}/{model}'}:{tag}"
+    label = f"{model if namespace == DEFAULT_NAMESPACE else f'{namespace}/{model}'}:{tag}"
     store = ollama_store()
     manifest = store / "manifests" / host / namespace / model / tag
     if not manifest.is_file():
         raise ModelLoadError(
-            f"ollama model {shown} is not in the Ollama store ({manifest} is missing): "
-            f"run `ollama pull {shown}` or set OLLAMA_MODELS"
+            f"ollama model {label} is not in the Ollama store ({manifest} is missing): "
+            f"run `ollama pull {label}` or set OLLAMA_MODELS"
         )
-    digest = _model_digest(_inside_store(manifest, store, shown))
+    digest = _model_digest(_inside_store(manifest, store, label))
     hexdigest = digest.removeprefix("sha256:")
     blob = store / "blobs" / f"sha256-{hexdigest}"
     if not blob.is_file():
-        raise ModelLoadError(f"ollama model {shown}: its blob {blob} is missing from the store")
-    return _inside_store(blob, store, shown), hexdigest, shown
+        raise ModelLoadError(f"ollama model {label}: its blob {blob} is missing from the store")
+    return _inside_store(blob, store, label), hexdigest, label
 
 
 def _inside_store(path: Path, store: Path, shown: str) -> Path:
@@ -100,7 +101,7 @@ def _model_digest(manifest: Path) -> str:
         raise ModelLoadError(f"the Ollama manifest {manifest} names no model layer ({MODEL_MEDIA_TYPE})") from None
     if not (isinstance(digest, str) and digest.startswith("sha256:") and SHA256_HEX.fullmatch(digest[7:])):
         raise ModelLoadError(
-            f"the Ollama manifest {manifest} gives its model layer the digest {str(digest)[:80]!r}, "
+            f"the Ollama manifest {shown(str(manifest))} gives its model layer the digest {shown(digest, 40)}, "
             "not sha256: and 64 hex digits: the store is damaged or hostile; refused"
         )
     return digest
