@@ -152,9 +152,13 @@ class GraphTask:
                     embed = None if alpha == 1.0 else b.ref.outs[0] + alpha * (clean_embed - b.ref.outs[0])
                     got, record = self._input_grads(b, embed, with_record=True)
                     clean = record if alpha == 1.0 else clean
-                    grads = got if grads is None else [g + h for g, h in zip(grads, got, strict=True)]
+                    if grads is None:
+                        grads = got
+                    else:
+                        for total, part in zip(grads, got, strict=True):
+                            total += part
                 diffs = (b.ref.outs - clean.outs).flatten(1)  # [senders, batch * pos * d_model]
-                self._add_scores(out, diffs, [g / steps for g in grads])
+                self._add_scores(out, diffs, [g.div_(steps) for g in grads])
         return out / self.n_read
 
     def _input_grads(self, b: Batch, embed: torch.Tensor | None, with_record: bool = False):

@@ -215,11 +215,12 @@ def run_graph(
 ):
     """The final input of the logits [batch, pos, d_model] and the pass's Record, for circuit `keep`
     [senders, receivers] bool against reference `ref` (None: the plain model). `probes`, if given, gets
-    a zero tensor requiring grad added to each receiver block's inputs ("attn" [layer], "mlp"
-    [layer], "final"); `embed` replaces the embeddings; `record` False leaves the Record's outputs
-    and inputs out (None). Without a Record, a block whose inputs are all the reference's (no edge
-    in the circuit from a sender that differs from it) is not run: its outputs are the reference's,
-    diffs 0, wherever no later input is built from the running residual."""
+    each receiver block's inputs as built, requiring grad ("attn" [layer], "mlp" [layer], "final"):
+    the gradient with respect to them is the metric's with respect to those inputs; `embed` replaces
+    the embeddings; `record` False leaves the Record's outputs and inputs out (None). Without a
+    Record, a block whose inputs are all the reference's (no edge in the circuit from a sender that
+    differs from it) is not run: its outputs are the reference's, diffs 0, wherever no later input
+    is built from the running residual."""
     resid = adapter.embed_tokens(ctx) if embed is None else embed  # [batch, pos, d_model]
     n_heads = adapter.n_heads
     shape = (graph.n_senders, *resid.shape)
@@ -250,8 +251,9 @@ def run_graph(
         block = keep[:n_up, receivers]
         x = build_inputs(base, site_ref, None if diffs is None else diffs[:n_up], block)
         if probes is not None:
-            probes[key].append(torch.zeros_like(x, requires_grad=True))
-            x = x + probes[key][-1]
+            if not x.requires_grad:
+                x.requires_grad_(True)  # a leaf: nothing before it depends on anything that requires grad
+            probes[key].append(x)
         return x  # [receivers, batch, pos, d_model]
 
     keep_out(0, resid)
