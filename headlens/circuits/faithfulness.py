@@ -150,13 +150,14 @@ class GraphTask:
                     alpha = k / steps if interpolate else 1.0
                     # alpha 1 is the clean run itself: its pass also records every sender's clean output
                     embed = None if alpha == 1.0 else b.ref.outs[0] + alpha * (clean_embed - b.ref.outs[0])
-                    got, record = self._input_grads(b, embed, with_record=True)
+                    got, record = self._input_grads(b, embed, with_record=alpha == 1.0)
                     clean = record if alpha == 1.0 else clean
                     if grads is None:
                         grads = got
                     else:
                         for total, part in zip(grads, got, strict=True):
                             total += part
+                    del got, record  # the step's gradients are summed: free them before the next pass
                 diffs = (b.ref.outs - clean.outs).flatten(1)  # [senders, batch * pos * d_model]
                 self._add_scores(out, diffs, [g.div_(steps) for g in grads])
         return out / self.n_read
@@ -164,14 +165,17 @@ class GraphTask:
     def _input_grads(self, b: Batch, embed: torch.Tensor | None, with_record: bool = False):
         """dm/dx of every receiver block at one run: per layer the heads' [3 * head, batch, pos,
         d_model] and the MLP's [1, ...], then the logits' [1, ...], in receiver order (and the
-        run's Record, with `with_record`). `embed` None: the clean embeddings."""
+        run's Record with every sender's output if `with_record`, else None). `embed` None: the clean
+        embeddings."""
         probes: dict = {"attn": [], "mlp": [], "final": []}
         with torch.enable_grad():
-            final, record = run_graph(self.adapter, self.graph, b.ctx, self.graph.real, probes=probes, embed=embed)
+            final, record = run_graph(
+                self.adapter, self.graph, b.ctx, self.graph.real, probes=probes, embed=embed, record=with_record
+            )
             value = batch_sum(self.adapter, self.terms, self.task.where, b.rows, final)
             flat = [p for pair in zip(probes["attn"], probes["mlp"], strict=True) for p in pair] + probes["final"]
             grads = list(torch.autograd.grad(value, flat))
-        return (grads, record) if with_record else grads
+        return (grads, record if with_record else None)
 
     def _add_scores(self, out: torch.Tensor, diffs: torch.Tensor, grads: list[torch.Tensor]) -> None:
         """out[s, r] += diffs[s] . grads[r] for every edge: one float32 product per receiver block
