@@ -111,6 +111,34 @@ def test_faithfulness_matches_an_independent_hooked_patching_loop(tiny):
     assert 0.02 < abs(1 - ours)  # the patched nodes matter: f is not trivially 1
 
 
+def test_a_circuit_whose_blocks_are_not_all_run_matches_the_hooked_loop(tiny):
+    # the input, two heads and MLP 0 send all their edges, into the receivers of those nodes and the
+    # logits only: MLP 1 gets no edge, so it is not run; the hooked loop patches every other node
+    task = induction_task(tiny, n=4, seq_len=8, seed=3)
+    gt = GraphTask(tiny, task)
+    graph, config = gt.graph, tiny.model.config
+    kept_heads, kept_mlps = [(0, 2), (1, 0)], [0]
+    senders = [0, *(graph.head_sender(*h) for h in kept_heads), *(graph.mlp_sender(m) for m in kept_mlps)]
+    receivers = [graph.head_receiver(*h, via) for h in kept_heads for via in "qkv"]
+    receivers += [graph.mlp_receiver(m) for m in kept_mlps] + [graph.logits_receiver]
+    keep = torch.zeros_like(graph.real)
+    keep[torch.tensor(senders)[:, None], torch.tensor(receivers)[None, :]] = True
+    heads = [(layer, head) for layer in range(config.n_layer) for head in range(config.n_head)]
+    patched = [h for h in heads if h not in kept_heads]
+    mlps = [m for m in range(config.n_layer) if m not in kept_mlps]
+    full, empty = gt.ends()
+    runs = []
+    handle = tiny.model.transformer.h[1].mlp.register_forward_hook(lambda *args: runs.append(1))
+    try:
+        ours = faithfulness(gt.metric(keep), full, empty)
+    finally:
+        handle.remove()
+    theirs = faithfulness(_hooked_metric(tiny, task, patched, mlps), full, empty)
+    assert runs == []  # MLP 1 was not run
+    assert ours == pytest.approx(theirs, abs=1e-5)
+    assert 0.02 < abs(ours) and 0.02 < abs(1 - ours)  # neither end: the kept nodes carry part of it
+
+
 def test_eap_ig_json_round_trips(tmp_path, tiny):
     graph = ModelGraph(2, 4)
     gen = torch.Generator().manual_seed(0)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from headlens.circuits.discover import discover
+from headlens.circuits.discover import Curve, log_grid
+from headlens.circuits.faithfulness import GraphTask
 from headlens.circuits.moretasks import circuit_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
@@ -28,9 +29,12 @@ def smollm2(real_model):
 )
 @pytest.mark.parametrize("task_name", ["ioi", "induction"])
 def test_smollm2_circuit_reaches_faithfulness_08_with_few_edges(smollm2, task_name):
+    # discover's circuit for target 0.8 (method eap, 12 grid points), without the sizes at other targets
     task = circuit_task(smollm2, task_name)
-    result = discover(smollm2, task, method="eap", target=0.8, points=12, with_stability=False)
-    meta = result.meta
-    assert meta["faithfulness"] >= 0.8
-    assert meta["n_edges"] <= SHARE * meta["graph_edges"], meta
-    assert meta["metric_full"] != meta["metric_empty"]
+    gt = GraphTask(smollm2, task)
+    curve = Curve(gt, gt.scores("eap"))
+    k = curve.smallest(0.8, log_grid(gt.graph.n_edges, 12)) or gt.graph.n_edges  # as discover chooses it
+    keep, f = curve.circuit(k)
+    assert f >= 0.8
+    assert int(keep.sum()) <= SHARE * gt.graph.n_edges, (k, int(keep.sum()), f)
+    assert curve.full != curve.empty

@@ -99,19 +99,27 @@ class GraphTask:
 
     def metric(self, keep: torch.Tensor) -> float:
         """The task's metric (its mean over read positions) when the edges of `keep` [senders,
-        receivers] carry the clean run and every other edge its reference."""
+        receivers] carry the clean run and every other edge its reference. The whole graph is the
+        plain model's pass; a circuit with no edge into the logits is the reference run (no pass)."""
         keep = keep & self.graph.real
+        whole = torch.equal(keep, self.graph.real)
+        none = not bool(keep[:, self.graph.logits_receiver].any())
         total = 0.0
-        with torch.no_grad():
+        with torch.inference_mode():
             for b in self.batches:
-                final, _ = run_graph(self.adapter, self.graph, b.ctx, keep, b.ref)
+                if none:
+                    final = b.ref.final  # [batch, pos, d_model]: the logits read the reference alone
+                else:
+                    ref = None if whole else b.ref
+                    final, _ = run_graph(self.adapter, self.graph, b.ctx, keep, ref, record=False)
                 total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, final))
         return total / self.n_read
 
     def ends(self) -> tuple[float, float]:
-        """m(M) and m(empty): the whole model's metric and the reference run's."""
-        full = self.metric(self.graph.real)
-        return full, self.metric(torch.zeros_like(self.graph.real))
+        """m(M) and m(empty): the whole model's metric and the reference run's (computed once)."""
+        if getattr(self, "_ends", None) is None:
+            self._ends = self.metric(self.graph.real), self.metric(torch.zeros_like(self.graph.real))
+        return self._ends
 
     def scores(self, method: str, steps: int = 5) -> torch.Tensor:
         """Every edge's score [senders, receivers] (0 off the graph's edges) by `method`."""
@@ -136,34 +144,47 @@ class GraphTask:
         with frozen_weights(self.model):
             for b in self.batches:
                 with torch.no_grad():
-                    _, clean = run_graph(self.adapter, self.graph, b.ctx, self.graph.real)
-                diffs = (b.ref.outs - clean.outs).flatten(2).double()  # [senders, batch, pos * d_model]
-                grads = None
+                    clean_embed = self.adapter.embed_tokens(b.ctx)  # [batch, pos, d_model]
+                grads, clean = None, None
                 for k in range(1, steps + 1):
                     alpha = k / steps if interpolate else 1.0
-                    embed = b.ref.outs[0] + alpha * (clean.outs[0] - b.ref.outs[0])  # [batch, pos, d_model]
-                    got = self._input_grads(b, embed)
-                    grads = got if grads is None else [g + h for g, h in zip(grads, got, strict=True)]
-                self._add_scores(out, diffs, [g / steps for g in grads])
+                    # alpha 1 is the clean run itself: its pass also records every sender's clean output
+                    embed = None if alpha == 1.0 else b.ref.outs[0] + alpha * (clean_embed - b.ref.outs[0])
+                    got, record = self._input_grads(b, embed, with_record=alpha == 1.0)
+                    clean = record if alpha == 1.0 else clean
+                    if grads is None:
+                        grads = got
+                    else:
+                        for total, part in zip(grads, got, strict=True):
+                            total += part
+                    del got, record  # the step's gradients are summed: free them before the next pass
+                diffs = (b.ref.outs - clean.outs).flatten(1)  # [senders, batch * pos * d_model]
+                self._add_scores(out, diffs, [g.div_(steps) for g in grads])
         return out / self.n_read
 
-    def _input_grads(self, b: Batch, embed: torch.Tensor) -> list[torch.Tensor]:
+    def _input_grads(self, b: Batch, embed: torch.Tensor | None, with_record: bool = False):
         """dm/dx of every receiver block at one run: per layer the heads' [3 * head, batch, pos,
-        d_model] and the MLP's [1, ...], then the logits' [1, ...], in receiver order."""
+        d_model] and the MLP's [1, ...], then the logits' [1, ...], in receiver order (and the
+        run's Record with every sender's output if `with_record`, else None). `embed` None: the clean
+        embeddings."""
         probes: dict = {"attn": [], "mlp": [], "final": []}
         with torch.enable_grad():
-            final, _ = run_graph(self.adapter, self.graph, b.ctx, self.graph.real, probes=probes, embed=embed)
+            final, record = run_graph(
+                self.adapter, self.graph, b.ctx, self.graph.real, probes=probes, embed=embed, record=with_record
+            )
             value = batch_sum(self.adapter, self.terms, self.task.where, b.rows, final)
             flat = [p for pair in zip(probes["attn"], probes["mlp"], strict=True) for p in pair] + probes["final"]
-            return list(torch.autograd.grad(value, flat))
+            grads = list(torch.autograd.grad(value, flat))
+        return (grads, record if with_record else None)
 
     def _add_scores(self, out: torch.Tensor, diffs: torch.Tensor, grads: list[torch.Tensor]) -> None:
+        """out[s, r] += diffs[s] . grads[r] for every edge: one float32 product per receiver block
+        (each a sum over batch x pos x d_model terms), added to the float64 total."""
         graph, receiver = self.graph, 0
         for grad in grads:
             n_up = graph.upstream(receiver)
-            g = grad.flatten(1).double().view(grad.shape[0], diffs.shape[1], -1)  # [recv, batch, pos * d]
-            got = torch.einsum("sbx,rbx->sr", diffs[:n_up], g)  # [n_up, recv]
-            out[:n_up, receiver : receiver + grad.shape[0]] += got
+            got = diffs[:n_up] @ grad.flatten(1).T  # [n_up, recv]
+            out[:n_up, receiver : receiver + grad.shape[0]] += got.double()
             receiver += grad.shape[0]
 
 
