@@ -80,7 +80,7 @@ def test_a_heads_facts_give_its_roles_and_the_scores_beside_their_cut_offs():
     assert facts["1.1"]["direct"] == [
         "Inducción sobre tokens aleatorios repetidos: efecto directo 1,20 logits (frases de este circuito)"
     ]
-    assert facts["0.2"] == {"roles": [], "scores": [], "direct": [], "edges": []}
+    assert facts["0.2"] == {"roles": [], "scores": [], "direct": [], "edges": [], "stability": []}
 
 
 def circuit_document() -> dict:
