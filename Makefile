@@ -31,12 +31,13 @@ models: $(STAMP)
 	$(BIN)/headlens pull gemma3-270m
 
 # pytest-xdist runs two worker processes, one per core (tests/conftest.py gives each one torch thread); each
-# file stays on one worker (--dist loadfile), so its module fixtures are built once.
+# file stays on one worker (--dist loadfile), so its module fixtures are built once, and the files are handed out
+# in collection order (--no-loadscope-reorder), where tests/conftest.py puts the minutes-long ones first.
 test: $(STAMP) models
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) typecheck
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 # The edit-test loop, within 5 minutes on 2 cores: everything except the `slow`, `browser`, `notebook` and
 # `real` (pulled-model) tests, with at least one quick test per stage (one planted-ground-truth test stays in

@@ -22,19 +22,51 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 # same input whatever ran before it (the suite passes in any order: pytest -p randomly).
 TEST_SEED = 0
 
+# The files that take minutes (real models, the SmolLM2 page, notebooks), costliest first: they lead the collection,
+# so under `make test` (two xdist workers, --no-loadscope-reorder) both workers start on them and the run does not
+# end with one worker on a long file while the other idles.
+FIRST = (
+    "test_circuit_graph_real.py",
+    "test_real_models.py",
+    "test_browser.py",
+    "test_page_browser.py",
+    "test_stability_real.py",
+    "test_notebooks.py",
+    "test_circuits_backups.py",
+    "test_retrieval_cache.py",
+)
+# Files that share a session fixture too costly to build twice (the SmolLM2 report): one xdist work unit.
+SHARED = {"tests/test_page_browser.py": "tests/test_browser.py"}
+
 
 def pytest_addoption(parser):
     parser.addoption("--bench-heavy", action="store_true", help="run the minutes-long benchmark smoke cases")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The `bench_heavy` benchmark smoke cases leave the suite unless --bench-heavy (make bench-smoke-all)."""
+    """FIRST's files lead the collection; the `bench_heavy` benchmark smoke cases leave the suite unless
+    --bench-heavy (make bench-smoke-all)."""
+    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))  # stable
     if config.getoption("--bench-heavy"):
         return
     heavy = [item for item in items if item.get_closest_marker("bench_heavy")]
     if heavy:
         config.hook.pytest_deselected(items=heavy)
         items[:] = [item for item in items if not item.get_closest_marker("bench_heavy")]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist loadfile`: xdist's scheduling by file, with SHARED's files in one work unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED.get(scope, scope)
+
+    return SharedFiles(config, log)
 
 
 @pytest.fixture(autouse=True)
