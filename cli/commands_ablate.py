@@ -260,8 +260,6 @@ def ablate_command(
         out_dir=out_dir,
         **flags,  # method, metric, bos, control, seed, resume, approx, check, graddrop, tokens, batch_size
     )
-    if request.why:
-        click.echo(f"headlens: {request.why}", err=True)
     loaded = load_model(model, **placement)
     try:
         result = run_ablation(loaded, request, progress, say=lambda line: click.echo(f"headlens: {line}", err=True))

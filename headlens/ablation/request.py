@@ -97,9 +97,13 @@ class AblateSpec:
 def run_ablation(loaded: LoadedModel, spec: AblateSpec, progress: bool = False, say: Say | None = None) -> Result:
     """Run `spec` on `loaded`: a Result of kind "approx" (with `approx`), "sweep" (`each`) or "ablation"
     (heads together), as approx_sweep, sweep_heads and ablate_heads describe. The heads a role resolves
-    to and the batch size `auto` chose are said through `say` before they are used."""
+    to and the batch size `auto` chose are said through `say` before they are used, after why the metric was
+    chosen (`spec.why`); nothing is said before the heads are checked against the model, so a refused input
+    gets its error line alone."""
     say = say or (lambda line: None)
     heads, chosen_by = _heads(loaded, spec)
+    if spec.why:
+        say(spec.why)
     if chosen_by:
         say(f"{chosen_by}: {', '.join(str(h) for h in heads)}")
     if spec.approx:
