@@ -178,7 +178,7 @@ KINDS: tuple[Kind, ...] = (
     # share on random tokens, where the previous token is known, labels 16.0, 17.8 and 19.3 and not 19.8, as the causal
     # check does; the probe still reads natural text, as Voita et al. define the head, until random tokens are checked
     # against the causal test on every head, not four.
-    # Figures: BENCHMARKS.md, "Labels that say how sure they are".
+    # The measurements behind this entry: BENCHMARKS.md, "Labels that say how sure they are".
     Kind(
         "previous_token",
         lambda s, c: _positional(s, c) & (s["positional_offset"] == -1),

@@ -29,7 +29,7 @@ from headlens.probes.inputs import (
     random_token_range,
     repeated_random_tokens,
 )
-from headlens.probes.tokenize import decode, token_ids, token_pieces
+from headlens.probes.tokenize import decode, decode_each, token_ids, token_pieces
 from headlens.scores.induction import prefix_matching_targets
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def sample_patterns(
             chosen = {**chosen, "sample": SAMPLE_RANDOM, "text_prefix_matching": text_scores}
             chosen["prefix_matching"] = prefix_matching(patterns, kept, heads)
     out = {
-        "tokens": [decode(tokenizer, [token]) for token in kept],
+        "tokens": decode_each(tokenizer, kept),
         "ids": kept,
         "patterns": patterns,
         "n_tokens_total": total + 1,

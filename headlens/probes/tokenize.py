@@ -2,9 +2,9 @@
 place. A tokenizer's memory grows with its input (tens of bytes per character), so a long text is tokenized
 piece by piece (`token_pieces`) and only as far as a reader needs (`token_ids`). A tokenizer that cannot finish
 (a hostile tokenizer.json whose regex exhausts Oniguruma's retry limit: the Rust library panics) is one
-InputTextError: `encode`, `encode_offsets` and `decode` are the only ways headlens calls a tokenizer, each
-through `guarded`, which also keeps the panic's own lines (Rust's panic hook writes to file descriptor 2,
-and nothing in Python can silence it) off the terminal."""
+InputTextError: `encode`, `encode_offsets`, `decode` and `decode_each` are the only ways headlens calls a
+tokenizer, each through `guarded`, which also keeps the panic's own lines (Rust's panic hook writes to file
+descriptor 2, and nothing in Python can silence it) off the terminal."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def encode_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int
 def decode(tokenizer, ids: list[int]) -> str:
     """The text of token ids (guarded)."""
     return guarded("these tokens", tokenizer.decode, list(ids))
+
+
+def decode_each(tokenizer, ids: list[int]) -> list[str]:
+    """The text of each token id alone, in one guarded call (not one per token)."""
+    return guarded("these tokens", lambda: [tokenizer.decode([i]) for i in ids])
 
 
 def guarded(what: str, call, *args, **kwargs):

@@ -33,7 +33,7 @@ from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
 from headlens.intervene.evalset import eval_context
 from headlens.probes.inputs import check_text
-from headlens.probes.tokenize import decode, encode
+from headlens.probes.tokenize import decode, decode_each, encode
 from headlens.results import Result
 from headlens.scores.prediction import prediction_direct_effects
 
@@ -175,7 +175,7 @@ class Explorer:
         ids = [self.loaded.bos_token_id] + body
         with self.lock:
             patterns = capture_patterns(self.loaded, ids)  # [layer, head, pos, pos]
-        run = Run(text, ids, [decode(tokenizer, [token]) for token in ids], patterns)
+        run = Run(text, ids, decode_each(tokenizer, ids), patterns)
         run_id = secrets.token_urlsafe(12)
         with self.runs_lock:
             self.runs[run_id] = run
@@ -255,7 +255,9 @@ class Explorer:
         shown.update(clean=result.frame["clean"].tolist(), ablated=result.frame["ablated"].tolist())
         shown.update({key: meta[key] for key in ("loss", "loss_ablated", "position")})
         for key in ("top_clean", "top_ablated"):
-            shown[key] = [{"token": decode(tokenizer, [i]), "id": i, "prob": p} for i, p in meta[key]]
+            pairs = meta[key]
+            names = decode_each(tokenizer, [i for i, _ in pairs])
+            shown[key] = [{"token": name, "id": i, "prob": p} for name, (i, p) in zip(names, pairs, strict=True)]
         return shown
 
     def direct(self, run_id: str, position: int, target: str | None, foil: str | None) -> dict:
