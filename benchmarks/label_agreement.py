@@ -14,9 +14,11 @@ random tokens, where the previous token is known?
    the heads whose label depends on the precision.
 
     .venv/bin/python benchmarks/label_agreement.py smollm2 --extra /usr/share/common-licenses/GPL-3 \
-        --watch 17.8,19.3,19.8 [--precision]
+        --watch 17.8,19.3,19.8 [--precision] [--stages shipped,seeds]
 Prints one JSON line per stage as it finishes (shipped; seeds; the extra texts, watched heads and random
-tokens; precision).
+tokens; precision). `--stages` runs part of it (a long run split over several processes): `shipped` (with the
+extra texts, watched heads and random tokens), `seeds`; `--stages ""` with `--precision` runs the precision
+stage alone. Without `shipped`, seed 0's float32 run on the default text is classified afresh.
 """
 
 from __future__ import annotations
@@ -77,7 +79,9 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[])
     parser.add_argument("--watch", default="")
     parser.add_argument("--precision", action="store_true")
+    parser.add_argument("--stages", default="shipped,seeds", help="comma-separated: shipped, seeds")
     args = parser.parse_args()
+    stages = set(filter(None, args.stages.split(",")))
     heads = [tuple(map(int, h.split("."))) for h in args.watch.split(",") if h]
     config = ClassifyConfig()
     start, cpu = time.perf_counter(), time.process_time()
@@ -86,7 +90,8 @@ def main() -> None:
     texts.update({Path(p).stem: read_text(p) for p in args.extra})
     seconds = {"load": [round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)]}
     results, reuse = {}, None
-    for name, text in texts.items():  # the shipped three first, as --compare-texts runs them
+    todo = texts.items() if "shipped" in stages else ()
+    for name, text in todo:  # the shipped three first, as --compare-texts runs them
         start, cpu = time.perf_counter(), time.process_time()
         results[name], probes = classify_run(loaded, text, config, reuse=reuse)
         reuse = reuse or probes
@@ -94,18 +99,30 @@ def main() -> None:
         if len(results) == 3:
             out = {"model": args.model, "seconds": seconds, "shipped": _table(results)}
             print(json.dumps(out), flush=True)
-    other = classify_heads(loaded, config=replace(config, seed=1))
-    print(json.dumps({"model": args.model, "seeds": _table({"seed0": results["english"], "seed1": other})}), flush=True)
-    out = {"model": args.model, "seconds": seconds}
-    if args.extra:
-        out["english_vs_extra"] = _table({k: results[k] for k in ("english", *(Path(p).stem for p in args.extra))})
-    out["watched"] = {name: _watched(result.frame, heads) for name, result in results.items()}
-    out["random_tokens"] = random_token_positional(loaded, config, heads)
-    print(json.dumps(out), flush=True)
+    if "english" not in results and ("seeds" in stages or args.precision):
+        start, cpu = time.perf_counter(), time.process_time()
+        results["english"] = classify_heads(loaded, config=config)
+        seconds["english"] = [round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)]
+    if "seeds" in stages:
+        start, cpu = time.perf_counter(), time.process_time()
+        other = classify_heads(loaded, config=replace(config, seed=1))
+        seconds["seed1"] = [round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)]
+        table = _table({"seed0": results["english"], "seed1": other})
+        print(json.dumps({"model": args.model, "seconds": seconds, "seeds": table}), flush=True)
+    if "shipped" in stages:
+        out = {"model": args.model, "seconds": seconds}
+        if args.extra:
+            names = ("english", *(Path(p).stem for p in args.extra))
+            out["english_vs_extra"] = _table({k: results[k] for k in names})
+        out["watched"] = {name: _watched(result.frame, heads) for name, result in results.items()}
+        out["random_tokens"] = random_token_positional(loaded, config, heads)
+        print(json.dumps(out), flush=True)
     if args.precision:
+        start, cpu = time.perf_counter(), time.process_time()
         low = classify_heads(load_model(args.model, dtype="bfloat16"), config=config)
+        seconds["bfloat16"] = [round(time.perf_counter() - start, 1), round(time.process_time() - cpu, 1)]
         pair = {"float32": results["english"], "bfloat16": low}
-        print(json.dumps({"model": args.model, "precision": _table(pair)}), flush=True)
+        print(json.dumps({"model": args.model, "seconds": seconds, "precision": _table(pair)}), flush=True)
 
 
 if __name__ == "__main__":
