@@ -74,7 +74,7 @@ def validate_command(model: str, text_path: str | None, fmt: str, out: str | Non
     from headlens.errors import ValidationFailed
     from headlens.load.models import load_model
     from headlens.probes.corpus import first_document, open_text
-    from headlens.reports.sections import identical_note
+    from headlens.reports.facts import identical_note
     from headlens.validate import validate_model
 
     out_fmt = check_out(out, OUT_SUFFIXES)

@@ -110,8 +110,8 @@ def text_option(use: str, default: str = "headlens's held-out text, the same for
 
 
 def model_info(loaded: LoadedModel) -> dict:
-    """The shape facts a report and an output file describe a model by (headlens.reports.pipeline.model_info)."""
-    from headlens.reports.pipeline import model_info as shape_facts  # report code only when a command needs it
+    """The shape facts a report and an output file describe a model by (headlens.reports.facts.model_info)."""
+    from headlens.reports.facts import model_info as shape_facts  # report code only when a command needs it
 
     return shape_facts(loaded)
 

@@ -31,6 +31,7 @@ from headlens.classify.samples import sample_patterns
 from headlens.heads import parse_heads
 from headlens.probes.corpus import first_document
 from headlens.probes.inputs import default_text
+from headlens.reports.facts import model_info
 from headlens.reports.i18n import DEFAULT_LANG, t
 from headlens.reports.render import render_report
 from headlens.reports.viewer import default_viewer_tokens
@@ -62,26 +63,6 @@ class ReportResults:
         """Write the page in `lang` to `path` (replaced atomically) and return the path."""
         kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "text_label"}
         return render_report(path, **kept, text_label=self.text_label or t("text_label.default", lang), lang=lang)
-
-
-def model_info(loaded: LoadedModel) -> dict:
-    """The shape facts a report and an output file describe a model by."""
-    spec = loaded.spec
-    source = getattr(loaded, "source", None)  # a GGUF: "dequantized from Q4_1" in the report
-    quantization = {"source_format": source.format, "quantization": source.quantization} if source else {}
-    return {
-        "name": str(loaded.name),
-        "display_name": getattr(loaded, "display_name", str(loaded.name)),
-        **quantization,
-        "family": spec.family,
-        "n_layers": spec.n_layers,
-        "n_heads": spec.n_heads,
-        "n_kv_heads": spec.n_kv_heads or spec.n_heads,
-        "d_head": spec.d_head,
-        "d_model": spec.d_model,
-        "n_ctx": spec.n_ctx,
-        "n_params": spec.n_params,
-    }
 
 
 def training_logs(loaded: LoadedModel) -> tuple | None:

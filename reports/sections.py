@@ -19,6 +19,7 @@ from headlens.classify import kinds
 from headlens.classify.labels import PROPERTIES, ROLES, label_list, rank_heads
 from headlens.intervene.metrics import ALIASES, KIND, UNIT
 from headlens.reports import explain, figures
+from headlens.reports.facts import identical_note, validation_summary
 from headlens.reports.i18n import (
     DEFAULT_LANG,
     column_heading,
@@ -589,39 +590,6 @@ def validation_section(validation: Result, lang: str = DEFAULT_LANG) -> str:
     full = table(validation.reset_index(drop=True), lang=lang, row_class=failed_row)
     body += details(t("validation.all_rows", lang, n=len(validation)), full) if summary is not None else full
     return section("validation", t("validation.title", lang), body)
-
-
-def identical_note(validation: pd.DataFrame, lang: str = DEFAULT_LANG) -> str:
-    """Which references agree bit for bit (max error exactly 0 on every row) and why, and which comparison
-    is independent (sdpa)."""
-    if not {"reference", "max_abs_error"} <= set(validation.columns):
-        return ""
-    zero = validation.groupby("reference", sort=True)["max_abs_error"].apply(lambda errors: bool((errors == 0).all()))
-    identical = [reference for reference, exact in zero.items() if exact]
-    if not identical:
-        return t("validation.independent", lang)
-    others = [reference for reference, exact in zero.items() if not exact]
-    return t("validation.identical", lang, refs=", ".join(identical), others=", ".join(others) or "-")
-
-
-def validation_summary(validation: pd.DataFrame) -> pd.DataFrame | None:
-    """One row per quantity and reference: the layers compared, the largest error and its tolerance, whether
-    every layer passed; None for a frame without those columns."""
-    needed = {"layer", "quantity", "reference", "max_abs_error", "tolerance", "passed"}
-    if not needed <= set(validation.columns):
-        return None
-    grouped = validation.groupby(["quantity", "reference"], sort=False)
-    worst = validation.loc[grouped["max_abs_error"].idxmax()]
-    return pd.DataFrame(
-        {
-            "quantity": worst["quantity"].to_numpy(),
-            "reference": worst["reference"].to_numpy(),
-            "layers": grouped["layer"].nunique().to_numpy(),
-            "max_abs_error": worst["max_abs_error"].to_numpy(),
-            "tolerance": worst["tolerance"].to_numpy(),
-            "passed": grouped["passed"].all().to_numpy(),
-        }
-    )
 
 
 def training_figure(training, lang: str = DEFAULT_LANG) -> str:

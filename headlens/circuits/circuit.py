@@ -228,7 +228,7 @@ def _number(value) -> float | None:
 def to_document(result: Result, model: dict | None = None) -> dict:
     """The JSON document of `headlens circuit --format json` (README, "The circuit JSON") of a circuit Result:
     `heads`, `edges`, `self_repair` (null without an ablation), with the task and the clean run's figures;
-    `model` describes the model (headlens.reports.pipeline.model_info)."""
+    `model` describes the model (headlens.reports.facts.model_info)."""
     meta = result.meta
     heads = [
         {
