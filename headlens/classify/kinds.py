@@ -285,7 +285,8 @@ KINDS: tuple[Kind, ...] = (
     # more depths shrink its standard error as 1/sqrt(retrieved tests), and the heads that still flip score at the
     # cut-off at every size and are marked borderline. BENCHMARKS.md ("Why SmolLM2's retrieval labels") gives the
     # depths at which SmolLM2's seed and precision agreement reach 0.95, their time, and the retrieved tests a score
-    # needs to be known to +-0.02; the default stays at 5 depths until the tests and texts that state 15 tests move.
+    # needs to be known to +-0.02. The default stays at 5 depths: the depths that reach 0.95 there about double
+    # classify's time.
     Kind(
         "retrieval",
         lambda s, c: s["retrieval_score"] > c.retrieval_min,
