@@ -132,6 +132,7 @@ def test_needle_counts_are_tests_run_and_tests_retrieved(small_frame, small_clas
         small_model.bos_token_id,
         probes.random_token_range(spec.d_vocab),
         needle_len=min(16, spec.n_ctx // 8),
+        depths=probes.even_depths(FAST.needle_depths),
     )
     assert (small_frame["n_needle_tests"] == len(expected)).all()  # every test run, retrieved or not
     assert (small_frame["n_needle_retrieved"] <= small_frame["n_needle_tests"]).all()
@@ -254,6 +255,8 @@ def test_config_rejects_out_of_range_values():
         ClassifyConfig(positional_min=1.5)
     with pytest.raises(ConfigError, match="n_seq = 0"):
         ClassifyConfig(n_seq=0)
+    with pytest.raises(ConfigError, match="needle_depths = 0 is out of range: an integer >= 1"):
+        ClassifyConfig(needle_depths=0)
     with pytest.raises(ConfigError, match="unknown threshold 'bogus'"):
         config_with_thresholds(ClassifyConfig(), ["bogus=0.5"])
 

@@ -8,6 +8,8 @@ import torch
 from headlens.errors import ConfigError, InputTextError
 from headlens.load.models import gpt2_tokenizer
 from headlens.probes.inputs import (
+    NEEDLE_LENGTHS,
+    even_depths,
     fit_repeats,
     needle_prompts,
     needle_size,
@@ -77,6 +79,17 @@ def test_needle_prompts_place_and_restate_the_needle():
     assert sorted({p.depth for p in prompts}) == [0.1, 0.3, 0.5, 0.7, 0.9]
     again = needle_prompts(hay, 128, 50256, (1005, 10051), needle_len=10, restate=3, seed=0)
     assert again == prompts
+
+
+@pytest.mark.parametrize("n", [1, 5, 10, 20])
+def test_even_depths_split_the_haystack_into_equal_shares(n):
+    depths = even_depths(n)
+    assert len(depths) == n
+    assert depths == pytest.approx([(2 * i + 1) / (2 * n) for i in range(n)])  # the middle of each 1/n share
+    tok = gpt2_tokenizer()
+    hay = tok(TEXT * 3, add_special_tokens=False)["input_ids"]
+    prompts = needle_prompts(hay, 128, 50256, (1005, 10051), needle_len=10, restate=3, depths=depths, seed=0)
+    assert len(prompts) == n * len(NEEDLE_LENGTHS)  # one needle per depth and test length
 
 
 # Errors ---------------------------------------------------------------------------------------

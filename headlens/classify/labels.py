@@ -59,6 +59,7 @@ class ProbeConfig:
     needles: bool = True  # run the needle-in-a-haystack probe (retrieval_score NaN when off)
     needle_len: int = 16  # needle tokens (restated + generated); shrunk to needle context // 8 when short
     needle_restate: int = 4  # needle tokens restated at the end of the prompt
+    needle_depths: int = 5  # needle depths per test length (probes.even_depths): needle tests = depths x lengths
     syntax: str | None = None  # CoNLL-U treebank of the syntactic-head probe; "sample": the shipped one; None: not run
     resamples: int = N_RESAMPLES  # bootstrap resamples of the intervals and stabilities; 0: none
     strict: bool = False  # keep only stable labels (stability >= headlens.classify.stability.STABLE_MIN)
@@ -68,7 +69,7 @@ class ProbeConfig:
             if not ok:
                 raise ConfigError(f"{name} = {getattr(self, name)!r} is out of range: {rule}")
 
-        for name in ("n_seq", "seq_len", "batch_size", "max_windows", "max_offset", "needle_len"):
+        for name in ("n_seq", "seq_len", "batch_size", "max_windows", "max_offset", "needle_len", "needle_depths"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name, "an integer >= 1")
         for name in ("token_budget", "needle_budget"):
             value = getattr(self, name)

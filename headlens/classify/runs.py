@@ -222,7 +222,14 @@ def score_needles(run: ProbeRun) -> ProbeResult:
     if len(ids) < probes.needle_haystack_min(context, bos, needle_len, restate) and source != SOURCE_DEFAULT:
         source, ids = SOURCE_DEFAULT, default_ids(loaded)
     prompts = probes.needle_prompts(
-        ids, context, bos, token_range(run), needle_len=needle_len, restate=restate, seed=config.seed
+        ids,
+        context,
+        bos,
+        token_range(run),
+        needle_len=needle_len,
+        restate=restate,
+        depths=probes.even_depths(config.needle_depths),
+        seed=config.seed,
     )
     result = retrieval_scores(loaded.model, prompts, progress=run.progress)
     counts = {
@@ -234,6 +241,7 @@ def score_needles(run: ProbeRun) -> ProbeResult:
         **counts,
         "needle_len": needle_len,
         "needle_restate": restate,
+        "needle_depths": config.needle_depths,
         "longest_needle_prompt": max((len(test.prompt) for test in prompts), default=0),
     }
     kept = Units({"retrieval_score": per_unit(result["per_test"])}) if result["n_retrieved"] else None

@@ -170,7 +170,14 @@ def fit_repeats(seq_len: int, repeats: int, n_ctx: int) -> int:
 
 # Needle in a haystack ------------------------------------------------------------------------
 
-NEEDLE_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the needle sits in the haystack (Wu et al. use 10 depths)
+
+def even_depths(n: int) -> tuple[float, ...]:
+    """`n` needle depths spread evenly through the haystack, each at the middle of its 1/n share:
+    (i + 0.5) / n; 5 gives 0.1, 0.3, 0.5, 0.7, 0.9."""
+    return tuple((i + 0.5) / n for i in range(n))
+
+
+NEEDLE_DEPTHS = even_depths(5)  # where the needle sits in the haystack (Wu et al. use 10 depths)
 NEEDLE_LENGTHS = (0.25, 0.5, 1.0)  # total test lengths, as shares of the context
 MIN_HAYSTACK = 8  # haystack tokens a test needs at least
 
