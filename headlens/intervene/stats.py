@@ -123,7 +123,7 @@ def control_design(heads: list[Head], n_heads: int, k: int, seed: int, outside: 
     """The control sets of `heads` (see the module docstring): `sets` (sorted head lists),
     `n_possible` (how many sets with the same per-layer counts differ from the chosen one) and
     `exact` (True when all of them were taken). With `outside`, the sets are drawn from the other
-    heads of those layers only: no set shares a head with `heads`."""
+    heads of those layers only: no set shares a head with `heads`, and `n_possible` counts those."""
     counts = _layer_counts(heads)
     chosen = sorted(heads)
     pools = {layer: [h for h in range(n_heads) if not (outside and Head(layer, h) in chosen)] for layer in counts}
