@@ -20,7 +20,7 @@ import torch
 from headlens.circuits.backups import ALPHA, COLUMNS, attach, find_backups, ov_similarity, roc_auc, to_document
 from headlens.errors import ConfigError
 from headlens.heads import Head
-from tests.helpers.planted_backup import BACKUP, DECOY, PRIMARY, build_planted_backup, planted_task
+from tests.helpers.planted_backup import BACKUP, DECOY, N_HEADS, PRIMARY, build_planted_backup, planted_task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in conftest.py
 
@@ -38,13 +38,13 @@ def found(planted):
 def test_the_planted_backup_is_found_and_the_decoys_are_not(found):
     frame = found.frame.set_index("head")
     backup = frame.loc["{}.{}".format(*BACKUP)]
-    assert found.meta["exact"] and found.meta["controls"] == 27  # every other pair of layer 0's 8 heads
+    assert found.meta["exact"] and found.meta["controls"] == 28  # every pair of layer 0's 8 heads outside the role
     assert backup["compensation"] > 0.1 * found.meta["lost"]
     assert backup["p_value"] == pytest.approx(found.meta["p_min"]) and backup["p_value"] < ALPHA
     assert found.meta["backups"] == ["{}.{}".format(*BACKUP)]
     assert not frame.loc["{}.{}".format(*DECOY), "backup"]  # same OV circuit, never suppressed
     assert frame["backup"].sum() == 1
-    assert list(found.frame.columns) == COLUMNS and len(found.frame) == 16 - 2
+    assert list(found.frame.columns) == COLUMNS and len(found.frame) == 2 * N_HEADS - 2
     assert list(found.frame["compensation"]) == sorted(found.frame["compensation"], reverse=True)
 
 
@@ -165,11 +165,22 @@ def test_smollm2_24_4_makes_up_most_for_the_name_movers(smollm2_backups):
 
 @pytest.mark.slow
 @pytest.mark.real
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured (BENCHMARKS, backups): 24.4 rises +0.715 logits (56% of the movers' 1.27), the most of any head, "
-    "but 7 of 39 random sets of 3 layer-23 heads raise it as much: p = 0.175, not < 0.05",
-)
 def test_smollm2_24_4_is_a_backup_of_the_name_movers(smollm2_backups):
-    """The issue's ground truth: 24.4 is among the name movers' backups (compensation and p < 0.05)."""
+    """The issue's ground truth: 24.4 is among the name movers' backups (compensation and p < 0.05), against
+    every set of 3 of layer 23's other 6 heads (20 sets: p can be no smaller than 1/21)."""
+    assert smollm2_backups.meta["exact"] and smollm2_backups.meta["controls"] == 20
     assert "24.4" in smollm2_backups.meta["backups"]
+
+
+def test_outside_controls_share_no_head_with_the_role():
+    from headlens.intervene.stats import control_design
+
+    role = [Head(23, 0), Head(23, 1), Head(23, 2)]
+    every = control_design(role, 9, 39, 0, outside=True)  # C(6, 3) = 20 sets of the 6 other heads: all taken
+    assert every["exact"] and every["n_possible"] == 20 and len({tuple(s) for s in every["sets"]}) == 20
+    assert all(len(s) == 3 and {h.layer for h in s} == {23} and not set(s) & set(role) for s in every["sets"])
+    pair = [Head(0, 1), Head(2, 3)]
+    drawn = control_design(pair, 12, 20, 3, outside=True)  # 11 x 11 = 121 possible: 20 drawn
+    assert not drawn["exact"] and drawn["n_possible"] == 121 and len({tuple(s) for s in drawn["sets"]}) == 20
+    assert all([h.layer for h in s] == [0, 2] and not set(s) & set(pair) for s in drawn["sets"])
+    assert control_design(role[:3], 4, 39, 0, outside=True)["sets"] == []  # one other head: no set of 3

@@ -1,22 +1,25 @@
 """Backups: the heads that make up for a role's heads when those are ablated, each with its measured
 compensation, a p-value against random head sets, and a cheap detector from the weights scored against them.
 
-A role's heads (the labels' `role`, by default ROLE_OF_TASK: name movers on IOI, induction heads on induction)
-are ablated together (headlens.circuits.selfrepair.replacement_for) and every other head's direct effect on the
-task's metric is measured in the clean and the ablated run (headlens.circuits.direct, each run's final norm
-frozen at its own scale). A head's *compensation* is its change, signed so that positive means it moves the
-metric the way the ablated heads wrote it (their lost direct effect): it makes up for them. Wang et al. 2022
-(arXiv 2211.00593) name such heads in GPT-2 small's IOI circuit "backup name movers"; McGrath et al. 2023
-(arXiv 2307.15771) find whole layers that do it (the Hydra effect).
+A role's heads (the labels' `role`, by default ROLE_OF_TASK: name movers on IOI, induction heads on induction) are
+ablated together (headlens.circuits.selfrepair.replacement_for) and every other head's direct effect on the task's
+metric is measured in the clean and the ablated run (headlens.circuits.direct), both read through the clean run's
+final norm scale: a head's change is then its own write's change (it attends or computes otherwise), not the final
+norm rescaling every head once the role's writes are gone (Rushing & Nanda 2024, arXiv 2402.15390, separate that
+LayerNorm share of self-repair from the heads'). A head's *compensation* is that change, signed so that positive
+means it moves the metric the way the ablated heads wrote it (their lost direct effect): it makes up for them. Wang
+et al. 2022 (arXiv 2211.00593) name such heads in GPT-2 small's IOI circuit "backup name movers"; McGrath et al.
+2023 (arXiv 2307.15771) find whole layers that do it (the Hydra effect).
 
-Is a head's compensation more than ablating any heads would cause? CONTROLS random sets with the role's
-per-layer counts (headlens.intervene.stats.control_design, seeded; all of them when there are no more) are
-ablated the same way. A head's p-value is one-sided, (1 + #{controls without it whose compensation of it is
->= its own}) / (1 + #{controls without it}) (Phipson & Smyth 2010). A head is a backup of the role, labelled
-BACKUP_PREFIX + role ("backup_name_mover"), when p < ALPHA and its compensation is at least MIN_SHARE of
-the role's lost direct effect (a change smaller than that makes up for nothing worth naming, however
-unusual: the final norm's rescaling alone moves every head a little). Every head is
-tested and nothing corrects for that: about ALPHA of the heads with no backup role pass by chance.
+Is a head's compensation more than ablating other heads would cause? CONTROLS random sets with the role's per-layer
+counts drawn from the other heads of those layers (headlens.intervene.stats.control_design with `outside`, seeded;
+all of them when there are no more) are ablated the same way: random heads, none of the role's (a set holding some
+of the role's heads ablates part of the role itself, which a backup answers). A head's p-value is one-sided, (1 +
+#{controls without it whose compensation of it is >= its own}) / (1 + #{controls without it}) (Phipson & Smyth
+2010). A head is a backup of the role, labelled BACKUP_PREFIX + role ("backup_name_mover"), when p < ALPHA and its
+compensation is at least MIN_SHARE of the role's lost direct effect (a change smaller than that makes up for nothing
+worth naming, however unusual). Every head is tested and nothing corrects for that: about ALPHA of the heads with no
+backup role pass by chance.
 
 The cheap detector reads only the weights: how much a head's OV circuit W_OV = W_V W_O (norms, GQA groups
 and the output norm folded in: headlens.circuits.composition.head_weights) lies along the role's summed OV
@@ -104,11 +107,11 @@ def find_backups(
         raise ConfigError(f"backups need at least one random control set (got {controls})")
     spec = loaded.spec
     clean = clean if clean is not None else decompose(loaded, task)
-    after = decompose(loaded, task, replacement_for(loaded, task, primary, method, seed))
+    after = decompose(loaded, task, replacement_for(loaded, task, primary, method, seed), read_as=clean)
     lost = sum(clean.head(h) - after.head(h) for h in primary)
     sign = 1.0 if lost >= 0 else -1.0
     compensation = sign * (after.heads - clean.heads)  # [layer, head]
-    design = control_design(primary, spec.n_heads, controls, seed)
+    design = control_design(primary, spec.n_heads, controls, seed, outside=True)
     beaten, counted = _control_counts(loaded, task, clean, design["sets"], compensation, sign, method, seed)
     p_values = (1 + beaten) / (1 + counted)  # [layer, head]
     similarity = ov_similarity(loaded, primary)  # [layer, head]
@@ -154,7 +157,7 @@ def _control_counts(
     beaten = torch.zeros_like(compensation)  # [layer, head]
     counted = torch.zeros_like(compensation)  # [layer, head]
     for index, chosen in enumerate(sets):
-        after = decompose(loaded, task, replacement_for(loaded, task, chosen, method, seed + 1 + index))
+        after = decompose(loaded, task, replacement_for(loaded, task, chosen, method, seed + 1 + index), read_as=clean)
         control = sign * (after.heads - clean.heads)  # [layer, head]
         free = torch.ones_like(compensation, dtype=torch.bool)  # [layer, head]
         for h in chosen:

@@ -43,6 +43,7 @@ class Decomposition:
     rest: dict[str, float]  # "embeddings", "attention bias L", "MLP L", "biases" -> direct effect
     logit_metric: float  # the metric's linear part from the run's logits
     metric: float  # the task's metric from the run's logits
+    final: torch.Tensor | None = None  # [n, d_model] the final norm's input at the read positions
 
     @property
     def total(self) -> float:
@@ -54,11 +55,18 @@ class Decomposition:
 
 
 def decompose(
-    loaded: LoadedModel, task, replacement: dict[Head, torch.Tensor | None] | None = None, batch: int = BATCH
+    loaded: LoadedModel,
+    task,
+    replacement: dict[Head, torch.Tensor | None] | None = None,
+    batch: int = BATCH,
+    read_as: Decomposition | None = None,
 ):
     """The direct effects of one run of `task` (see the module docstring); `replacement` maps heads to what
     their z becomes (None: zero; else a tensor broadcastable to [n_seq, pos, d_head] over the task's
-    sequences): their outputs are replaced in the run and their direct effects are those of the replacement."""
+    sequences): their outputs are replaced in the run and their direct effects are those of the replacement.
+    `read_as` (another run of the task) reads every component through that run's final norm scale instead
+    of this run's: each direct effect then changes only where the component's own write does, and they no
+    longer add up to this run's metric."""
     model, adapter = loaded.model, loaded.adapter
     device = next(model.parameters()).device
     parts: list[dict] = []
@@ -68,7 +76,7 @@ def decompose(
     seen["resid"] = [torch.cat([p["resid"][i] for p in parts]) for i in range(adapter.n_layers + 1)]
     seen["z"] = [torch.cat([p["z"][i] for p in parts]) for i in range(adapter.n_layers)]
     seen["attn_out"] = [torch.cat([p["attn_out"][i] for p in parts]) for i in range(adapter.n_layers)]
-    return _decomposition(adapter, task, seen)
+    return _decomposition(adapter, task, seen, None if read_as is None else read_as.final)
 
 
 def _run(adapter, model, task, rows: slice, replacement: dict, device) -> dict:
@@ -122,7 +130,7 @@ def _rows(rep: torch.Tensor, rows: slice) -> torch.Tensor:
     return rep if rep.shape[0] == 1 else rep[rows]
 
 
-def _decomposition(adapter, task, seen: dict) -> Decomposition:
+def _decomposition(adapter, task, seen: dict, final: torch.Tensor | None = None) -> Decomposition:
     unembed = adapter.unembed()
     with onloaded(unembed), torch.no_grad():
         w_u = unembed.weight.detach()  # [d_vocab, d_model]
@@ -132,7 +140,7 @@ def _decomposition(adapter, task, seen: dict) -> Decomposition:
         values = task.hidden_values(seen["hidden"], unembed).double()  # [n]
         linear = (seen["hidden"].double() * direction.to(seen["hidden"].device)).sum(-1) + bias_term  # [n]
     resid = seen["resid"]
-    along = readout(adapter, resid[-1], direction)  # [n, d_model]
+    along = readout(adapter, resid[-1] if final is None else final, direction)  # [n, d_model]
 
     def worth(x: torch.Tensor) -> torch.Tensor:  # x [n, ..., d_model] -> [n, ...]
         x = centre(adapter, x.double())
@@ -147,7 +155,7 @@ def _decomposition(adapter, task, seen: dict) -> Decomposition:
         rest[f"attention bias {layer}"] = float((attention - per_head.sum(-1)).mean())
         rest[f"MLP {layer}"] = float((block - attention).mean())
     rest["biases"] = float((_final_bias_term(adapter, direction) + bias_term).mean())
-    return Decomposition(torch.stack(heads).cpu(), rest, float(linear.mean()), float(values.mean()))
+    return Decomposition(torch.stack(heads).cpu(), rest, float(linear.mean()), float(values.mean()), resid[-1])
 
 
 def _bias_term(task, bias: torch.Tensor | None) -> torch.Tensor:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from headlens.arch import adapter_for
+from headlens.arch import adapter_for, get_module
 from headlens.circuits.graph import graph_of
 from headlens.circuits.graphrun import Record, run_graph
 from headlens.circuits.readout import batch_sum, task_terms
@@ -167,7 +167,7 @@ class GraphTask:
         d_model] and the MLP's [1, ...], then the logits' [1, ...], in receiver order (and the
         run's Record with every sender's output if `with_record`, else None). `embed` None: the clean
         embeddings."""
-        probes: dict = {"attn": [], "mlp": [], "final": []}
+        probes: dict = {"attn": [], "attn_x": [], "mlp": [], "final": []}
         with torch.enable_grad():
             final, record = run_graph(
                 self.adapter, self.graph, b.ctx, self.graph.real, probes=probes, embed=embed, record=with_record
@@ -175,6 +175,8 @@ class GraphTask:
             value = batch_sum(self.adapter, self.terms, self.task.where, b.rows, final)
             flat = [p for pair in zip(probes["attn"], probes["mlp"], strict=True) for p in pair] + probes["final"]
             grads = list(torch.autograd.grad(value, flat))
+        for layer, x in enumerate(probes["attn_x"]):  # the heads' gradients after the norm: before it
+            grads[2 * layer] = head_input_grads(self.adapter, layer, x, grads[2 * layer])
         return (grads, record if with_record else None)
 
     def _add_scores(self, out: torch.Tensor, diffs: torch.Tensor, grads: list[torch.Tensor]) -> None:
@@ -193,3 +195,15 @@ def faithfulness(value: float, full: float, empty: float) -> float:
     circuit score alike."""
     gap = full - empty
     return (value - empty) / gap if gap != 0 else float("nan")
+
+
+def head_input_grads(adapter, layer: int, x: torch.Tensor, normed_grads: torch.Tensor) -> torch.Tensor:
+    """The metric's gradient with respect to each of `layer`'s heads' q, k and v inputs [3 * head,
+    batch, pos, d_model], all equal to x [batch, pos, d_model], from its gradient with respect to
+    them after the layer's input norm, normed_grads [3, head, batch, pos, d_model]: the norm's
+    vector-Jacobian product at x."""
+    xs = x.detach().expand(normed_grads.shape).clone().requires_grad_(True)  # [3, head, batch, pos, d_model]
+    with torch.enable_grad():
+        normed = get_module(adapter.layer(layer), adapter.sites.input_norm)(xs)
+        (grads,) = torch.autograd.grad(normed, xs, normed_grads)
+    return grads.flatten(0, 1)

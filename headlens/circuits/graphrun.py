@@ -12,6 +12,10 @@ A head's q, k and v inputs are separate residual streams: each goes through the 
 and the head's own slice of the projection; the rows, spliced into the projection modules' output
 layout (headlens.arch.sites.splice_row), stand in for those modules while the layer's own attention
 module runs (its output projection replaced by a stand-in that keeps z), so nothing is projected twice.
+In the plain model's pass that EAP differentiates, every input of a layer's heads is the residual
+itself: it is normed once and the gradients are taken after the norm (then carried through the norm's
+vector-Jacobian product, headlens.circuits.faithfulness.head_input_grads), rather than running
+3 x head copies through the norm and keeping them for the backward pass.
 Without a Record, blocks whose inputs are all the reference's are not run (`run_graph`). With grouped
 key/value heads (GQA), query head h's key and value come from copy h mod g of g stacked copies of
 the batch, each copy carrying the keys and values its query heads' inputs give. A head's output is
@@ -117,19 +121,18 @@ def _projection_outputs(adapter, rows: dict) -> dict:
     return out
 
 
-def split_attention(adapter, layer: int, x: torch.Tensor, ctx) -> torch.Tensor:
-    """z [batch, pos, head, d_head] of `layer` when head h's query, key and value read x[0, h],
-    x[1, h], x[2, h] (x [3, head, batch, pos, d_model]). The layer's attention module runs with its
-    q/k/v projections replaced by their known outputs and its output projection by a stand-in that
-    keeps z, so no projection is computed twice."""
+def split_attention(adapter, layer: int, normed: torch.Tensor, ctx) -> torch.Tensor:
+    """z [batch, pos, head, d_head] of `layer` when head h's query, key and value read normed[0, h],
+    normed[1, h], normed[2, h] (normed [3, head, batch, pos, d_model], after the layer's input norm).
+    The layer's attention module runs with its q/k/v projections replaced by their known outputs and
+    its output projection by a stand-in that keeps z, so no projection is computed twice."""
     block, n_heads = adapter.layer(layer), adapter.n_heads
-    copies, batch = n_heads // adapter.n_kv_heads, x.shape[2]
-    normed = get_module(block, adapter.sites.input_norm)(x)  # [3, head, batch, pos, d_model]
+    copies, batch = n_heads // adapter.n_kv_heads, normed.shape[2]
     stand_ins = {
         path: _Given(value)
         for path, value in _projection_outputs(adapter, _rows(adapter, layer, normed, copies)).items()
     }
-    capture = _Capture(x.shape[-1])
+    capture = _Capture(normed.shape[-1])
     attn_path = adapter.sites.attn
     z_path = adapter.sites.z.module
     with swapped(block, {**stand_ins, z_path: capture}):
@@ -214,14 +217,18 @@ def run_graph(
     adapter, graph, ctx, keep, ref: Record | None = None, probes: dict | None = None, embed=None, record: bool = True
 ):
     """The final input of the logits [batch, pos, d_model] and the pass's Record, for circuit `keep`
-    [senders, receivers] bool against reference `ref` (None: the plain model). `probes`, if given, gets
-    each receiver block's inputs as built, requiring grad ("attn" [layer], "mlp" [layer], "final"):
-    the gradient with respect to them is the metric's with respect to those inputs; `embed` replaces
-    the embeddings; `record` False leaves the Record's outputs and inputs out (None). Without a
-    Record, a block whose inputs are all the reference's (no edge in the circuit from a sender that
-    differs from it) is not run: its outputs are the reference's, diffs 0, wherever no later input
-    is built from the running residual."""
+    [senders, receivers] bool against reference `ref` (None: the plain model). `probes`, if given (the
+    plain model's pass only: `keep` the whole graph, no `ref`), gets what each receiver block reads,
+    requiring grad: per layer the heads' q, k and v inputs after the layer's input norm ("attn"
+    [layer], [3, head, batch, pos, d_model], every input the residual "attn_x" [layer] normed once),
+    the MLP's input ("mlp" [layer]) and the logits' ("final"); `embed` replaces the embeddings;
+    `record` False leaves the Record's outputs and inputs out (None). Without a Record, a block whose
+    inputs are all the reference's (no edge in the circuit from a sender that differs from it) is not
+    run: its outputs are the reference's, diffs 0, wherever no later input is built from the running
+    residual."""
     resid = adapter.embed_tokens(ctx) if embed is None else embed  # [batch, pos, d_model]
+    if probes is not None:  # every later input depends on it, so each requires grad
+        resid = resid.detach().requires_grad_(True)
     n_heads = adapter.n_heads
     shape = (graph.n_senders, *resid.shape)
     record = Record(torch.empty(shape, dtype=resid.dtype) if record else None)
@@ -251,8 +258,6 @@ def run_graph(
         block = keep[:n_up, receivers]
         x = build_inputs(base, site_ref, None if diffs is None else diffs[:n_up], block)
         if probes is not None:
-            if not x.requires_grad:
-                x.requires_grad_(True)  # a leaf: nothing before it depends on anything that requires grad
             probes[key].append(x)
         return x  # [receivers, batch, pos, d_model]
 
@@ -266,8 +271,15 @@ def run_graph(
         heads = slice(graph.head_sender(layer, 0), graph.head_sender(layer, 0) + n_heads)
         mid, write = resid, None  # a block not run leaves the residual stale: no later input reads it
         if not skip(2 * layer, receivers, heads):
-            x = inputs(receivers, resid, _ref(ref, "attn_in", layer), "attn")
-            z = split_attention(adapter, layer, x.view(3, n_heads, *resid.shape), ctx)  # [batch, pos, head, d_head]
+            norm = get_module(adapter.layer(layer), adapter.sites.input_norm)
+            if probes is None:
+                x = inputs(receivers, resid, _ref(ref, "attn_in", layer), "attn")
+                normed = norm(x.view(3, n_heads, *resid.shape))  # [3, head, batch, pos, d_model]
+            else:  # the plain pass: every input of the layer's heads is `resid`, normed once
+                normed = norm(resid).expand(3, n_heads, *resid.shape)  # [3, head, batch, pos, d_model]
+                probes["attn"].append(normed)
+                probes["attn_x"].append(resid.detach())
+            z = split_attention(adapter, layer, normed, ctx)  # [batch, pos, head, d_head]
             per_head, write = head_writes(adapter, layer, z)
             keep_out(heads, per_head)
             mid = resid + write if not adapter.parallel_residual else resid

@@ -119,15 +119,17 @@ def _layer_counts(heads: list[Head]) -> dict[int, int]:
     return dict(sorted(counts.items()))
 
 
-def control_design(heads: list[Head], n_heads: int, k: int, seed: int) -> dict:
+def control_design(heads: list[Head], n_heads: int, k: int, seed: int, outside: bool = False) -> dict:
     """The control sets of `heads` (see the module docstring): `sets` (sorted head lists),
     `n_possible` (how many sets with the same per-layer counts differ from the chosen one) and
-    `exact` (True when all of them were taken)."""
+    `exact` (True when all of them were taken). With `outside`, the sets are drawn from the other
+    heads of those layers only: no set shares a head with `heads`, and `n_possible` counts those."""
     counts = _layer_counts(heads)
     chosen = sorted(heads)
-    n_possible = math.prod(math.comb(n_heads, c) for c in counts.values()) - 1
+    pools = {layer: [h for h in range(n_heads) if not (outside and Head(layer, h) in chosen)] for layer in counts}
+    n_possible = math.prod(math.comb(len(pools[layer]), c) for layer, c in counts.items()) - (0 if outside else 1)
     if n_possible <= k:
-        every = product(*(combinations(range(n_heads), c) for c in counts.values()))
+        every = product(*(combinations(pools[layer], c) for layer, c in counts.items()))
         sets = [
             sorted(Head(layer, h) for layer, picked in zip(counts, choice, strict=True) for h in picked)
             for choice in every
@@ -137,7 +139,9 @@ def control_design(heads: list[Head], n_heads: int, k: int, seed: int) -> dict:
     sets, seen = [], {tuple(chosen)}
     while len(sets) < k:
         picked = sorted(
-            Head(layer, int(h)) for layer, c in counts.items() for h in torch.randperm(n_heads, generator=gen)[:c]
+            Head(layer, pools[layer][int(i)])
+            for layer, c in counts.items()
+            for i in torch.randperm(len(pools[layer]), generator=gen)[:c]
         )
         if tuple(picked) not in seen:
             seen.add(tuple(picked))

@@ -1,6 +1,6 @@
 """A planted backup: a two-layer GPT-2 whose backup head wakes up only when the primary heads are gone.
 
-A real `transformers.GPT2LMHeadModel` (8 heads of 64 dims a layer, LayerNorms, zero MLPs) with written
+A real `transformers.GPT2LMHeadModel` (10 heads of 64 dims a layer, LayerNorms, zero MLPs) with written
 weights. The residual stream is split, by an orthonormal basis orthogonal to the all-ones vector (so
 LayerNorm only rescales: LN(x) = sqrt(d_model) x / |x|), into POS (position i as its own unit vector),
 TOK (token v as a random unit vector e_v, the input embedding), OUT (the unembedding reads only OUT: logit
@@ -19,7 +19,8 @@ position 1 (the metric: its loss there). Heads:
                     OV circuit is theirs (the cheap detector cannot tell it apart); in layer 0 its output
                     depends on nothing ablated, only on the final norm's scale;
   the others        small random Q/K/V/O weights everywhere: random decoys.
-Ablating a random pair of layer 0 (a control) removes at most one primary: FLAG stays and the backup sleeps.
+A control ablates a pair of layer 0's other heads: FLAG stays and the backup sleeps. Ten heads a layer, so
+that those pairs (28) allow a p-value of 1/29, under 0.05.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from headlens.circuits.tasks import Task
 from tests.helpers.planted import Planted
 
-N_LAYERS, N_HEADS, D_HEAD = 2, 8, 64
+N_LAYERS, N_HEADS, D_HEAD = 2, 10, 64
 D_MODEL = N_HEADS * D_HEAD
 N_CTX, N_TOK_DIMS = 16, 48
 N_TOKENS = 12  # random tokens after BOS
