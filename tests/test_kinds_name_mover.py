@@ -136,7 +136,7 @@ def test_classify_labels_the_planted_name_mover_alone_and_reports_the_logit_diff
 
 @pytest.fixture(scope="module")
 def smollm2(real_model, one_thread):
-    """SmolLM2, its checks on one thread: name_mover_scores took 14 s on one, 36 s on two (loaded machine)."""
+    """SmolLM2, its checks on one thread: name_mover_scores is many small products, which a second thread slows."""
     return real_model("smollm2")
 
 
