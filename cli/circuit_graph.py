@@ -18,11 +18,11 @@ SHOWN_EDGES = 20
 
 
 def run_graph_command(model, task_name, task_file, prompts_path, method, labels_path, fmt, placement, options) -> None:
-    from headlens.ablation.roles import model_labels, read_labels
     from headlens.circuits.discover import discover, measure
     from headlens.circuits.faithfulness import METHODS, GraphTask
     from headlens.circuits.interchange import read_graph, write_graph
     from headlens.circuits.moretasks import circuit_task, variants
+    from headlens.classify.roles import model_labels, read_labels
     from headlens.errors import ConfigError
     from headlens.intervene.evalset import read_prompts
     from headlens.load.models import load_model
@@ -83,9 +83,9 @@ def run_graph_command(model, task_name, task_file, prompts_path, method, labels_
 def _backups(loaded, task, given, options) -> dict:
     """The backups of the task's role (headlens.circuits.backups), the role's heads ablated as the graph's
     outside is: from the counterfactual run (resample) or by their mean."""
-    from headlens.ablation.roles import model_labels
     from headlens.circuits.backups import find_backups
     from headlens.circuits.backups import to_document as backups_document
+    from headlens.classify.roles import model_labels
 
     method = "resample" if options["ablation"] == "patching" else "mean"
     labels = model_labels(loaded, given)

@@ -125,11 +125,11 @@ def circuit_command(
     placement,
 ) -> None:
     """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
-    from headlens.ablation.roles import model_labels, read_labels, resolve_heads
     from headlens.circuits.attribution import EAP_METHODS
     from headlens.circuits.circuit import circuit, to_document
     from headlens.circuits.selfrepair import METHODS
     from headlens.circuits.tasks import make_task
+    from headlens.classify.roles import model_labels, read_labels, resolve_heads
     from headlens.errors import ConfigError
     from headlens.intervene.evalset import read_prompts
     from headlens.intervene.stats import parse_control

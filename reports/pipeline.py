@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from headlens.ablation.ablate import ablate_heads, role_experiments, sweep_heads
 from headlens.ablation.prune import prune_curve
-from headlens.ablation.roles import frame_labels
 from headlens.circuits.overview import overview_documents
 from headlens.classify import classify_heads
+from headlens.classify.roles import frame_labels
 from headlens.classify.samples import sample_patterns
 from headlens.heads import parse_heads
 from headlens.probes.corpus import first_document

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.ablation.roles import resolve_heads
 from headlens.classify import ClassifyConfig, classify_heads
+from headlens.classify.roles import resolve_heads
 from headlens.heads import Head
 from headlens.probes.inputs import default_text, text_windows
 from headlens.scores.copy_suppression import (

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ablate_heads
-from headlens.ablation.roles import resolve_heads
 from headlens.circuits.selfrepair import self_repair
 from headlens.circuits.tasks import ioi_task
 from headlens.classify import ClassifyConfig, classify_heads
+from headlens.classify.roles import resolve_heads
 from headlens.errors import ConfigError
 from headlens.heads import Head
 from headlens.load.models import gpt2_tokenizer
