@@ -6,7 +6,7 @@ Recognised results: the Results (headlens.results) of classify_heads (score heat
 (heatmap of its metric's change), ablate_heads, one or a list (bars with 95% CIs, one chart per metric),
 prune_curve and validate_model, the circuits' edge tables (the EDGE_ROWS largest edges), circuit (the report's
 block of the task: graph, evidence, direct effects, self-repair), self_repair (its sentence and the EDGE_ROWS
-largest compensating changes), load_training_log's (log, heads) pair and a sample_patterns dict (the
+largest compensating changes), load_training_log's Result and a sample_patterns dict (the
 report's interactive attention viewer).
 Return types of the library are untouched: the views only read them. Prose comes from the reports' message
 catalogue (headlens.reports.i18n) in the language asked for (`lang="en"` or `"es"`); only the viewer's static
@@ -152,12 +152,10 @@ def kind_of(result) -> str:
         return result.kind
     if isinstance(result, list) and result and all(_is_ablation(r) for r in result):
         return "ablation"
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], pd.DataFrame) and "step" in result[0]:
-        return "training"
     raise TypeError(
         f"headlens cannot display a {type(result).__name__} of this shape: it shows the Results of "
         "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model and the circuits' functions "
-        "(not their .frame alone, which has lost its metadata), load_training_log's pair and sample_patterns' dict"
+        "and load_training_log (not their .frame alone, which has lost its metadata), and sample_patterns' dict"
     )
 
 

@@ -52,7 +52,7 @@ class ReportResults:
     ablation: list[Result] | None = None  # ablate_heads results: chosen heads together, role sets with controls
     pruning: Result | None = None  # prune_curve
     validation: Result | None = None  # validate_model
-    training: tuple | None = None  # load_training_log's (log, heads) pair, for a model that ships its log
+    training: Result | None = None  # load_training_log's Result, for a model that ships its log
     viewer: dict | None = None  # sample_patterns
     circuits: list[dict] | None = None  # overview_documents: how the heads work together, one per task
     command: str | None = None  # the command line that rebuilds the page
@@ -84,8 +84,8 @@ def model_info(loaded: LoadedModel) -> dict:
     }
 
 
-def training_logs(loaded: LoadedModel) -> tuple | None:
-    """(log_df, heads_df) when the model folder holds a training log (the shipped tiny model does)."""
+def training_logs(loaded: LoadedModel) -> Result | None:
+    """load_training_log's Result when the model folder holds a training log (the shipped tiny model does)."""
     folder = loaded.path
     if folder is None or not (folder / "training_log.csv").is_file() or not (folder / "training_heads.csv").is_file():
         return None

@@ -37,7 +37,7 @@ def _asset(name: str) -> str:
 
 
 # The report's inputs that are headlens Results, each named for its kind (headlens.results.KINDS).
-RESULT_KINDS = ("heads", "sweep", "ablation", "pruning", "validation")
+RESULT_KINDS = ("heads", "sweep", "ablation", "pruning", "validation", "training")
 
 
 def check_results(results: dict) -> None:
@@ -63,8 +63,6 @@ def _is_empty(value) -> bool:
         return len(value) == 0
     if isinstance(value, pd.DataFrame):
         return value.empty
-    if isinstance(value, tuple):  # training: (log_df, heads_df)
-        return value[0] is None or value[0].empty
     if isinstance(value, dict) and "tokens" in value:  # viewer
         return len(value["tokens"]) == 0
     if isinstance(value, list):
@@ -130,7 +128,7 @@ def render_report(
 
     Inputs are the library's results (headlens.Result; each schema in its function's docstring): `heads` from
     classify_heads, `sweep` from sweep_heads, `ablation` an ablate_heads Result (or a list of them), `pruning`
-    from prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
+    from prune_curve, `validation` from validate_model, `training` from
     load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]),
     `circuits` a list of headlens.circuits.circuit.to_document documents (one per task).
     `lang` ("en" or "es", headlens.reports.i18n.LANGS) is the language of every piece of prose,

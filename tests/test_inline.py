@@ -151,7 +151,7 @@ def training_pair():
             "prefix_matching_score": np.tile([0.1, 0.5], len(steps)),
         }
     )
-    return log, head_log
+    return Result("training", log, {"folder": None}, tables={"heads": head_log})
 
 
 def sample(tokens=None) -> dict:

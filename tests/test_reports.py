@@ -322,24 +322,24 @@ def test_validation_section_flags_failures():
 
 
 def test_phase_change_step_is_the_planted_jump():
-    log, heads = training_pair(jump_step=300)
-    assert figures.phase_change_step(log) == 300
-    html = sections.training_section((log, heads))
+    training = training_pair(jump_step=300)
+    assert figures.phase_change_step(training.frame) == 300
+    html = sections.training_section(training)
     assert img_count(html) == 1 and "step 300" in html
 
 
 def test_phase_change_found_in_a_ramp_over_several_checkpoints():
-    log, heads = training_pair()
+    log = training_pair().frame
     log["best_induction_score"] = [0.02, 0.05, 0.15, 0.3, 0.45, 0.55]  # no single jump of 0.5, one window
     log["step"] = [0, 1000, 2000, 2100, 2200, 2300]
     assert figures.phase_change_step(log) == 2300
 
 
 def test_no_phase_change_marked_on_a_flat_run():
-    log, heads = training_pair()
-    log["best_induction_score"] = 0.017 + 0.001 * np.arange(len(log))  # drifts, never jumps
-    assert figures.phase_change_step(log) is None
-    assert "no phase change is marked" in sections.training_section((log, heads))
+    training = training_pair()
+    training.frame["best_induction_score"] = 0.017 + 0.001 * np.arange(len(training.frame))  # drifts, never jumps
+    assert figures.phase_change_step(training.frame) is None
+    assert "no phase change is marked" in sections.training_section(training)
 
 
 # The whole page

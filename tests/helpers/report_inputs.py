@@ -8,6 +8,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from headlens.results import Result
+
 N_LAYERS, N_HEADS, POS = 2, 3, 5
 MODEL_INFO = {
     "name": "hand-made",
@@ -86,7 +88,7 @@ def validation_frame(fail_layer=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def training_pair(jump_step=300):
+def training_pair(jump_step=300) -> Result:
     steps = np.arange(0, 600, 100)
     log = pd.DataFrame(
         {
@@ -108,7 +110,7 @@ def training_pair(jump_step=300):
             for h in range(N_HEADS)
         ]
     )
-    return log, heads
+    return Result("training", log, {"folder": None}, tables={"heads": heads})
 
 
 def words(text: str) -> set[str]:
