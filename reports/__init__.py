@@ -5,17 +5,25 @@
 heads=None, sweep=None, ablation=None, pruning=None, validation=None, training=None, viewer=None, command=None,
 text_label=None, lang="en") -> Path` draws given results and never runs a model. Prose comes from one message
 catalogue in English or Spanish (headlens.reports.i18n: `t(key, lang)`).
+
+The public names are re-exported here, each imported when first asked for (headlens.lazy.lazy_getattr, PEP 562),
+so importing one submodule (the message catalogue, say) loads no page code and no matplotlib.
 """
 
-from headlens.reports.render import EmptyReportError, render_report
+from __future__ import annotations
 
-__all__ = ["EmptyReportError", "ReportResults", "build_report", "render_report"]
+from typing import TYPE_CHECKING
+
+from headlens.lazy import lazy_exports, lazy_getattr
+
+if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.lazy_exports reads them)
+    from headlens.reports.pipeline import ReportResults, build_report
+    from headlens.reports.render import EmptyReportError, render_report
+
+LAZY = lazy_exports(__name__, __file__)  # the names the TYPE_CHECKING imports above name
+
+if not TYPE_CHECKING:  # type checkers read the imports above, and flag a name that is neither
+    __getattr__ = lazy_getattr(__name__, LAZY)
 
 
-def __getattr__(name: str):
-    """build_report and ReportResults, imported when first asked for (they bring the classifier and ablation)."""
-    if name in ("build_report", "ReportResults"):
-        from headlens.reports import pipeline
-
-        return getattr(pipeline, name)
-    raise AttributeError(f"module 'headlens.reports' has no attribute {name!r}")
+__all__ = sorted(LAZY)

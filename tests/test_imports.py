@@ -210,7 +210,14 @@ def is_folder_only(name: str) -> bool:
 
 
 # Packages whose __init__ re-exports some public names lazily (a `LAZY` table read by the module's __getattr__).
-LAZY_PACKAGES = ("headlens", "headlens.ablation", "headlens.capture", "headlens.classify", "headlens.validate")
+LAZY_PACKAGES = (
+    "headlens",
+    "headlens.ablation",
+    "headlens.capture",
+    "headlens.classify",
+    "headlens.validate",
+    "headlens.reports",
+)
 
 
 @pytest.mark.parametrize("package", LAZY_PACKAGES)
