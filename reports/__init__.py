@@ -4,10 +4,12 @@
 `ReportResults.render(path, lang)` writes the page in English or Spanish. `render_report(path, *, model_info,
 heads=None, sweep=None, ablation=None, pruning=None, validation=None, training=None, viewer=None, command=None,
 text_label=None, lang="en") -> Path` draws given results and never runs a model. Prose comes from one message
-catalogue in English or Spanish (headlens.reports.i18n: `t(key, lang)`).
+catalogue in English or Spanish (headlens.reports.i18n: `t(key, lang)`); the languages a report is written in
+are headlens.reports.languages'.
 
 The public names are re-exported here, each imported when first asked for (headlens.lazy.lazy_getattr, PEP 562),
-so importing one submodule (the message catalogue, say) loads no page code and no matplotlib.
+so importing one submodule (the languages, which every command's `--lang` checks) loads no page code and no
+matplotlib.
 """
 
 from __future__ import annotations
