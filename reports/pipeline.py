@@ -53,7 +53,7 @@ class ReportResults:
     pruning: Result | None = None  # prune_curve
     validation: Result | None = None  # validate_model
     training: Result | None = None  # load_training_log's Result, for a model that ships its log
-    viewer: dict | None = None  # sample_patterns
+    viewer: Result | None = None  # sample_patterns
     circuits: list[dict] | None = None  # overview_documents: how the heads work together, one per task
     command: str | None = None  # the command line that rebuilds the page
     text_label: str | None = None  # the text's name (None: the shipped default text, named in each language)

@@ -63,8 +63,6 @@ def _is_empty(value) -> bool:
         return len(value) == 0
     if isinstance(value, pd.DataFrame):
         return value.empty
-    if isinstance(value, dict) and "tokens" in value:  # viewer
-        return len(value["tokens"]) == 0
     if isinstance(value, list):
         return len(value) == 0
     return False
@@ -129,7 +127,7 @@ def render_report(
     Inputs are the library's results (headlens.Result; each schema in its function's docstring): `heads` from
     classify_heads, `sweep` from sweep_heads, `ablation` an ablate_heads Result (or a list of them), `pruning`
     from prune_curve, `validation` from validate_model, `training` from
-    load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]),
+    load_training_log, `viewer` from sample_patterns (tokens, patterns [n_layers, n_heads, pos, pos]),
     `circuits` a list of headlens.circuits.circuit.to_document documents (one per task).
     `lang` ("en" or "es", headlens.reports.i18n.LANGS) is the language of every piece of prose,
     error messages included. Raises ConfigError for an unknown language, OutputPathError for a
@@ -178,7 +176,8 @@ def build_page(
     lang: str = DEFAULT_LANG,
 ) -> str:
     """The whole HTML document as a string: what the heads do first, then the details in reading order."""
-    excerpt = once((viewer or {}).get("text"), bool((viewer or {}).get("repeated")))
+    facts = viewer.meta if viewer is not None else {}  # the viewer's sample
+    excerpt = once(facts.get("text"), bool(facts.get("repeated")))
     if isinstance(excerpt, str) and len(excerpt) > TEXT_EXCERPT_CHARS:
         excerpt = excerpt[:TEXT_EXCERPT_CHARS] + " [...]"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -201,8 +200,8 @@ def build_page(
             text_label=text_label,
             text_excerpt=excerpt,
             lang=lang,
-            repeated=excerpt != (viewer or {}).get("text"),
-            random_sample=(viewer or {}).get("sample") == "random_tokens",
+            repeated=excerpt != facts.get("text"),
+            random_sample=facts.get("sample") == "random_tokens",
         ),
     )
     if heads is not None:

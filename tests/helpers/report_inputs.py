@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from headlens.classify.samples import sample_result
 from headlens.results import Result
 
 N_LAYERS, N_HEADS, POS = 2, 3, 5
@@ -42,7 +43,7 @@ def heads_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def viewer_dict(tokens=None) -> dict:
+def viewer_dict(tokens=None) -> Result:
     tokens = tokens or ["<|endoftext|>", "The", " cat", " sat", "."]
     pos = len(tokens)
     causal = np.tril(np.ones((pos, pos)))  # [q_pos, k_pos]
@@ -50,7 +51,7 @@ def viewer_dict(tokens=None) -> dict:
     patterns = np.broadcast_to(uniform, (N_LAYERS, N_HEADS, pos, pos)).copy()  # [layer, head, q, k]
     patterns[0, 1] = np.eye(pos, k=-1)  # a perfect previous-token head
     patterns[0, 1, 0, 0] = 1.0
-    return {"tokens": tokens, "patterns": patterns, "n_tokens_total": pos + 10, "text": "The cat sat."}
+    return sample_result(tokens, patterns, n_tokens_total=pos + 10, text="The cat sat.")
 
 
 def sweep_frame() -> pd.DataFrame:
