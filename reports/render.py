@@ -21,6 +21,7 @@ from headlens.errors import HeadlensError, OutputPathError
 from headlens.reports import circuits as circuits_mod
 from headlens.reports import findings, sections, stability, thumbnails
 from headlens.reports import viewer as viewer_mod
+from headlens.reports.circuit_figures import page_document
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 from headlens.results import Result
 
@@ -128,13 +129,15 @@ def render_report(
     classify_heads, `sweep` from sweep_heads, `ablation` an ablate_heads Result (or a list of them), `pruning`
     from prune_curve, `validation` from validate_model, `training` from
     load_training_log, `viewer` from sample_patterns (tokens, patterns [n_layers, n_heads, pos, pos]),
-    `circuits` a list of headlens.circuits.circuit.to_document documents (one per task).
+    `circuits` a list, one per task, of headlens.circuits.request.run_circuit Results (a circuit, or one found on
+    the whole graph) or their documents (headlens.circuits.request.circuit_document).
     `lang` ("en" or "es", headlens.reports.i18n.LANGS) is the language of every piece of prose,
     error messages included. Raises ConfigError for an unknown language, OutputPathError for a
     directory or unwritable path, EmptyReportError when every result is missing or empty.
     """
     lang = check_lang(lang)
     path = check_output_path(path, lang)
+    circuits = None if circuits is None else [page_document(item, model_info) for item in circuits]
     results = {
         "heads": heads,
         "sweep": sweep,
