@@ -16,10 +16,10 @@ import argparse
 import json
 import time
 
-from headlens.ablation.roles import frame_labels
 from headlens.circuits.backups import find_backups
 from headlens.circuits.tasks import make_task
 from headlens.classify.cache import cached_classification
+from headlens.classify.roles import frame_labels
 from headlens.load.models import load_model
 
 

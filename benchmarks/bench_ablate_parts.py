@@ -17,7 +17,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from headlens.ablation.roles import resolve_heads
+from headlens.classify.roles import resolve_heads
 from headlens.intervene.evalspec import EvalSpec
 from headlens.intervene.replace import replacements
 from headlens.intervene.stacked import set_values

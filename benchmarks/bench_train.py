@@ -66,7 +66,7 @@ def main() -> None:
                 f"| {name} recipe ({arch}): training step, {threads} thread(s), batch {config.batch_size} x "
                 f"{config.n_ctx} | {seconds * 1000:.0f} ms, {tokens / seconds:,.0f} tokens/s |"
             )
-        log, _ = load_training_log(shipped_path(name))
+        log = load_training_log(shipped_path(name)).frame
         last = log.iloc[-1]
         wall = stage_walls(log)
         print(

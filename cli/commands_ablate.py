@@ -238,8 +238,8 @@ def ablate_command(
     continues); any other spec ablates its heads together. `--format json` prints one JSON document."""
     from headlens import distributed
     from headlens.ablation.request import AblateSpec, run_ablation
-    from headlens.ablation.roles import read_labels
     from headlens.ablation.store import SweepInterrupted
+    from headlens.classify.roles import read_labels
     from headlens.intervene.evalset import read_prompts
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text
@@ -369,7 +369,7 @@ def prune_command(
     `--format json` prints one JSON document: the steps under "curve", then the summary."""
     from headlens import distributed
     from headlens.ablation.request import run_pruning
-    from headlens.ablation.roles import read_labels
+    from headlens.classify.roles import read_labels
     from headlens.intervene.evalspec import DEFAULT_TOKENS, EvalSpec, parse_tokens
     from headlens.load.models import load_model
     from headlens.probes.corpus import open_text

@@ -1,7 +1,8 @@
-"""`headlens circuit`: a thin shell over headlens.circuits.circuit.
+"""`headlens circuit`: a thin shell over headlens.circuits.request: one `CircuitSpec`, one call, `run_circuit`.
 
-`--format json` prints one JSON document (headlens.circuits.circuit.to_document): `heads`, `edges`,
-`self_repair`. The table names the heads of largest direct effect with their labels, the unlabelled
+`--format json` prints one JSON document (headlens.circuits.request.circuit_document): `heads`, `edges`,
+`self_repair`; with `--discover` or `--circuit FILE` the circuit found on the whole graph (its lines are
+headlens.cli.circuit_graph's). The table names the heads of largest direct effect with their labels, the unlabelled
 ones (no role) among them, the strongest edges, and with `--ablate` the self-repair sentence and table.
 """
 
@@ -125,52 +126,47 @@ def circuit_command(
     placement,
 ) -> None:
     """How do MODEL's heads work together on a task? Direct effects, edges and self-repair."""
-    from headlens.ablation.roles import model_labels, read_labels, resolve_heads
-    from headlens.circuits.attribution import EAP_METHODS
-    from headlens.circuits.circuit import circuit, to_document
-    from headlens.circuits.selfrepair import METHODS
-    from headlens.circuits.tasks import make_task
-    from headlens.errors import ConfigError
-    from headlens.intervene.evalset import read_prompts
-    from headlens.intervene.stats import parse_control
+    from headlens.circuits.request import CircuitSpec, circuit_document, run_circuit
     from headlens.load.models import load_model
 
-    if discover or circuit_path:
-        from headlens.cli.circuit_graph import run_graph_command
-
-        options = dict(n_edges=n_edges, target=target, ablation=ablation, circuit_path=circuit_path)
-        options.update(graph_out=graph_out, stability=not no_stability, steps=steps, seed=seed, selection=selection)
-        if report_path:
-            from headlens.reports.render import check_output_path
-
-            check_output_path(report_path, lang, option="--report")  # fail before the work, not after
-        controls = parse_control(control) if backups else None
-        options.update(
-            report=report_path, lang=lang, backups=controls, command=opt.command_line(click.get_current_context())
-        )
-        run_graph_command(model, task_name, task_file, prompts_path, method, labels_path, fmt, placement, options)
-        return
-    method = method or "zero"
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
-    if approx is not None and approx not in EAP_METHODS:
-        raise ConfigError(f"unknown --approx {approx!r}: choose one of {', '.join(EAP_METHODS)}")
-    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work, not after
+    request = CircuitSpec.parse(
+        method=method,
+        prompts_path=prompts_path,
+        labels_path=labels_path,
+        backups=backups,
+        control=control,
+        task=task_name,
+        task_file=task_file,
+        discover=discover,
+        graph=circuit_path or None,
+        edges=n_edges,
+        target=target,
+        ablation=ablation,
+        graph_out=graph_out,
+        stability=not no_stability,
+        selection=selection,
+        heads=spec,
+        approx=approx,
+        steps=steps,
+        seed=seed,
+    )
+    out_fmt = None if request.on_graph else opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work
     opt.check_report(report_path, lang)
-    parse_control(control)  # a malformed --control fails before the work
-    prompts = read_prompts(prompts_path) if prompts_path else None
-    given = read_labels(labels_path) if labels_path else None
     loaded = load_model(model, **placement)
-    task = make_task(loaded, task_name, prompts=prompts, seed=seed)
-    labels = model_labels(loaded, given)
-    heads = resolve_heads(loaded, spec, labels)[0] if spec else None
-    result = circuit(loaded, task, labels, heads, method, approx, steps, seed, progress)
-    document = to_document(result, opt.model_info(loaded))
-    if backups:
-        from headlens.circuits.backups import attach, find_backups
+    result = run_circuit(loaded, request, progress, say=lambda line: click.echo(f"headlens: {line}", err=True))
+    info = opt.model_info(loaded)
+    document = circuit_document(result, info)
+    summary = _print_graph(document, fmt) if request.on_graph else _print_circuit(document, fmt, out, out_fmt)
+    for page in opt.html_pages(report_path, out, out_fmt):
+        from headlens.reports import render_report
 
-        found = find_backups(loaded, task, labels, method=method, controls=parse_control(control), seed=seed)
-        document = attach(document, found)
+        command = opt.command_line(click.get_current_context())
+        written = render_report(page, model_info=info, circuits=[result], command=command, lang=lang)
+        opt.say_written(written, out, summary)
+
+
+def _print_circuit(document: dict, fmt: str, out: str | None, out_fmt: str | None) -> str:
+    """The circuit's document on stdout (JSON or the table), or written to `--out FILE.json`; its summary."""
     summary = f"task {document['task']['name']}: {len(document['heads'])} heads, {len(document['edges'])} edges"
     if out_fmt == "json":
         from headlens.files import write_out
@@ -181,12 +177,17 @@ def circuit_command(
         click.echo(json.dumps(document))
     elif out_fmt is None:
         _print_document(document)
-    for page in opt.html_pages(report_path, out, out_fmt):
-        from headlens.reports import render_report
+    return summary
 
-        command = opt.command_line(click.get_current_context())
-        written = render_report(page, model_info=document["model"], circuits=[document], command=command, lang=lang)
-        opt.say_written(written, out, summary)
+
+def _print_graph(document: dict, fmt: str) -> str:
+    """A circuit found on the whole graph on stdout: JSON, or its lines and the backups' table; its summary."""
+    from headlens.cli.circuit_graph import graph_lines
+
+    click.echo(json.dumps(document) if fmt == "json" else "\n".join(graph_lines(document)))
+    if "backups" in document and fmt != "json":
+        _print_backups(document["backups"])
+    return f"task {document['task']}: {document['n_edges']} edges"
 
 
 def _signed(value) -> str:

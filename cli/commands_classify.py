@@ -1,4 +1,5 @@
-"""`headlens classify`: a thin shell over headlens.classify.classify_heads."""
+"""`headlens classify`: a thin shell over headlens.classify.request: one `ClassifySpec`, one call, `run_classify`
+(with `--compare-texts`, headlens.classify.compare's classification of each text and their comparison)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,6 @@ OUT_SUFFIXES = (".csv", ".json", ".html")  # --out FILE: every head and score, o
 # offset the positional test buckets (ClassifyConfig.max_offset = 8; Voita et al. 2019), so a positional
 # head cannot pass for an induction head: T >= max_offset + 2 = 10 (Olsson et al. 2022 use 25).
 MIN_SEQ_LEN = 10
-# Share of the memory free now that the repeat probe's random tokens may take; past it the run is refused
-# before it starts, instead of ending in an out-of-memory error after minutes of work.
-MAX_MEMORY_SHARE = 0.5
 # TABLE_COLUMNS (headlens.classify.kinds): the columns of the table view (every column goes to csv / json).
 __all__ = ["COMMANDS", "TABLE_COLUMNS", "classify_command"]
 
@@ -143,60 +141,35 @@ def classify_command(
     batch_size,
 ):
     """Score and label every attention head of MODEL (default: the shipped tiny model)."""
-    from dataclasses import replace
-
     from headlens import distributed
-    from headlens.classify import ClassifyConfig, classify_heads
     from headlens.classify.labels import rank_heads
-    from headlens.load.devices import with_largest_batch
+    from headlens.classify.request import ClassifySpec, run_classify
     from headlens.load.models import load_model
-    from headlens.probes.corpus import open_text
 
-    flags = {
-        "seed": seed,
-        "n_seq": n_seq,
-        "seq_len": seq_len,
-        "max_windows": max_windows,
-        "token_budget": token_budget,
-        "needle_budget": needle_budget,
-        "syntax": syntax_file,
-        "resamples": resamples,
-        "strict": strict or None,
-    }
-    config = replace(
-        ClassifyConfig(),
-        **{k: v for k, v in flags.items() if v is not None},
-        **({"needles": False} if no_needles else {}),
-    )
-    config = _with_thresholds(config, thresholds)
-    _check_work_size(config)
     if compare_paths and not compare_texts:
         raise click.UsageError(f"unexpected argument {compare_paths[0]!r}: text paths follow --compare-texts")
+    flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
+    flags.update(token_budget=token_budget, needle_budget=needle_budget, syntax=syntax_file, resamples=resamples)
+    request = ClassifySpec.parse(
+        text_path=None if compare_texts else text_path,
+        thresholds=thresholds,
+        needles=not no_needles,
+        batch_size=batch_size,
+        strict=strict or None,
+        **flags,
+    )
     if compare_texts:
-        click.echo(_compare(model, compare_paths, config, placement, progress))
+        click.echo(_compare(model, compare_paths, request.config, placement, progress))
         return
-    text = open_text(text_path, stream=True) if text_path is not None else None
-    if syntax_file not in (None, "sample"):
-        from headlens.probes.treebank import read_conllu
-
-        read_conllu(syntax_file)  # a bad treebank fails here, before the model loads
     out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)
     out_folder = _check_out_dir(out_dir) if out_dir is not None else None
     opt.check_report(report_path, lang)
     loaded = load_model(model, **placement)
-    show = progress and distributed.is_main()
-    if batch_size == "auto":
-        heads, chosen = with_largest_batch(
-            lambda size: classify_heads(loaded, text=text, config=replace(config, batch_size=size), progress=show)
-        )
-        if distributed.is_main():
-            click.echo(f"headlens: note: --batch-size auto chose {chosen}", err=True)
-    else:
-        config = replace(config, batch_size=batch_size) if batch_size is not None else config
-        heads = classify_heads(loaded, text=text, config=config, progress=show)
+    say = lambda line: click.echo(f"headlens: {line}", err=True)  # noqa: E731
+    heads = run_classify(loaded, request, progress and distributed.is_main(), say)
     if not distributed.is_main():
         return  # rank 0 alone prints and writes
-    _notes(heads, text)
+    _notes(heads, request.text)
     frame = heads.frame
     if out_folder is not None:
         _write_outputs(out_folder, frame)
@@ -325,44 +298,6 @@ def _kind_notes(heads) -> None:
                 click.echo(f"headlens: note: no {label} heads: the probe found no {unit} to score", err=True)
             continue
         click.echo(f"headlens: note: no {label} heads: {absence.describe()}", err=True)
-
-
-def _with_thresholds(config, pairs):
-    """labels.config_with_thresholds, its range errors naming the option the user wrote, not the field."""
-    from headlens.classify.labels import THRESHOLDS, config_with_thresholds
-    from headlens.errors import ConfigError
-
-    try:
-        return config_with_thresholds(config, pairs)
-    except ConfigError as exc:
-        message = str(exc)
-        for name, field in THRESHOLDS.items():
-            if message.startswith(f"{field} = "):
-                value = message.split(" = ", 1)[1].split(" ", 1)[0]
-                raise ConfigError(
-                    f"--threshold {name}={value} is out of range: {message.split('out of range: ', 1)[-1]}"
-                ) from None
-        raise
-
-
-def _check_work_size(config) -> None:
-    """Refuse a repeat probe whose random tokens alone would take more than MAX_MEMORY_SHARE of the memory
-    free now (int64 ids: n_seq x (1 + seq_len x repeats) x 8 bytes)."""
-    import os
-
-    from headlens.errors import ConfigError
-
-    needed = config.n_seq * (1 + config.seq_len * config.repeats) * 8
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not every platform says
-        return
-    if needed > MAX_MEMORY_SHARE * free:
-        raise ConfigError(
-            f"--n-seq {config.n_seq} is too large: its random tokens alone need "
-            f"{needed / 2**30:,.1f} GiB and this machine has {free / 2**30:,.1f} GiB free; "
-            f"lower --n-seq (at most about {int(MAX_MEMORY_SHARE * free // (needed // config.n_seq)):,})"
-        )
 
 
 def _check_out_dir(out_dir: str):

@@ -21,7 +21,7 @@ from headlens.cli.options import (
     progress_option,
     text_option,
 )
-from headlens.languages import LANGS, check_lang
+from headlens.reports.languages import LANGS, check_lang
 
 
 def parse_langs(ctx, param, value: str) -> tuple[str, ...]:

@@ -47,7 +47,7 @@ def train_tiny_command(
 
     start = time.perf_counter()
     folder = train_tiny(out_dir, steps=steps, seed=seed, progress=progress, arch=arch, force=force)
-    log, _ = load_training_log(folder)
+    log = load_training_log(folder).frame
     last = log.iloc[-1]
     click.echo(f"trained {int(last['step'])} steps in {time.perf_counter() - start:.0f} s -> {folder}")
     click.echo(

@@ -19,7 +19,7 @@ import click
 
 from headlens.bounds import parse_count, shown
 from headlens.errors import ConfigError
-from headlens.languages import check_lang
+from headlens.reports.languages import check_lang
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -86,7 +86,7 @@ def progress_option(func):
 
 
 def lang_option(func):
-    """`--lang en|es`: the language of the HTML report's prose (headlens.languages.LANGS)."""
+    """`--lang en|es`: the language of the HTML report's prose (headlens.reports.languages.LANGS)."""
 
     def check(ctx, param, value):
         return check_lang(value)

@@ -43,7 +43,7 @@ def show(result, heads=None, lang: str = "en") -> None:
 
     `result`: a Result of classify_heads (score heatmaps + label table), sweep_heads (heatmap), ablate_heads
     (delta with its 95% CI; a list of them too), prune_curve, validate_model, the circuits' functions (edge
-    tables, circuit, self_repair), load_training_log's (log, heads) pair, or a sample_patterns dict (the
+    tables, circuit, self_repair), load_training_log, or sample_patterns (the
     interactive attention viewer; `heads`, a classify_heads Result, names the labelled heads in its menu).
     `lang`: "en" or "es", the language of the prose. TypeError for anything else; RuntimeError outside
     IPython. For an object that renders as the last expression of a cell, use `view(result)`.

@@ -4,12 +4,13 @@
 Every stage function returns a `Result`: classify_heads (kind "heads"), sweep_heads ("sweep"), ablate_heads
 ("ablation"), prune_curve ("pruning"), validate_model ("validation"), the circuits' edge tables,
 composition_scores, path_patch and edge_attribution ("edges"), circuit ("circuit"), self_repair
-("self_repair"), find_backups ("backups"), approx_sweep ("approx"), spot_check ("spot_check") and
-token_ablation ("tokens"); each function's docstring gives its frame's columns and its meta's keys. A result
-of several tables keeps its main one in `.frame` and the others by name in `.tables` (circuit:
-`tables["edges"]` and, with an ablation, `tables["compensation"]`); most results have none. The
-metadata lives beside the frame, not in pandas' `DataFrame.attrs` (which `pd.concat` and `merge` drop):
-`pd.concat` refuses a Result with a TypeError that names `concat_results`, which concatenates the frames and
+("self_repair"), find_backups ("backups"), approx_sweep ("approx"), spot_check ("spot_check"),
+token_ablation ("tokens"), load_training_log ("training") and sample_patterns ("sample"); each function's
+docstring gives its frame's columns and its meta's keys. A result of several tables keeps its main one in
+`.frame` and the others by name in `.tables` (circuit: `tables["edges"]` and, with an ablation,
+`tables["compensation"]`; a training log: `tables["heads"]`); most results have none. The metadata lives
+beside the frame, not in pandas' `DataFrame.attrs` (which `pd.concat` and `merge` drop): `pd.concat` refuses
+a Result with a TypeError that names `concat_results`, which concatenates the frames and
 keeps the metadata, or refuses when it would be lost.
 
     heads = headlens.classify_heads(loaded)
@@ -46,6 +47,8 @@ KINDS = (
     "approx",
     "spot_check",
     "tokens",
+    "training",
+    "sample",
 )
 
 

@@ -4,7 +4,8 @@
 `ReportResults.render(path, lang)` writes the page in English or Spanish. `render_report(path, *, model_info,
 heads=None, sweep=None, ablation=None, pruning=None, validation=None, training=None, viewer=None, command=None,
 text_label=None, lang="en") -> Path` draws given results and never runs a model. Prose comes from one message
-catalogue in English or Spanish (headlens.reports.i18n: `t(key, lang)`).
+catalogue in English or Spanish (headlens.reports.i18n: `t(key, lang)`); the languages a report is written in
+are headlens.reports.languages'.
 
 The entry points are re-exported here, imported when first asked for (headlens.lazy.lazy_getattr), so a command
 that only needs the catalogue (i18n) or a sentence loads no drawing code. Every module here that draws imports

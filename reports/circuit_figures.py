@@ -19,11 +19,14 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from headlens.circuits.backups import BACKUP_PREFIX
+from headlens.circuits.backups import to_document as backups_document
+from headlens.circuits.request import backups_of, circuit_document
 from headlens.classify import kinds
 from headlens.reports.colours import OTHER, ROLE_COLOURS
 from headlens.reports.figures import FIGURE_DPI, figure_uri, plain_text
 from headlens.reports.i18n import has, number, t
 from headlens.reports.sections import esc, figure, table
+from headlens.results import Result
 
 IO_NODE, OUTLINE = "#ffffff", "#333333"
 LINES = (0.8, 0.9)  # faithfulness levels drawn on the curve (MIB's smallest circuits reaching them)
@@ -270,6 +273,17 @@ def discovery_document(result, backups: dict | None = None) -> dict:
     meta = result.meta
     task = {key: meta[key] for key in ("description", "method", "ablation", "metric_full", "metric_empty")}
     return {"task": {"name": meta["task"], **task}, "discovered": discovered_fields(result), "backups": backups}
+
+
+def page_document(item, model_info: dict) -> dict:
+    """A circuit as the page reads it: a run_circuit Result (headlens.circuits.request) made into its document,
+    a circuit_graph Result into discovery_document, a document (a dict) as it is."""
+    if not isinstance(item, Result):
+        return item
+    if item.kind == "circuit_graph":
+        found = backups_of(item)
+        return discovery_document(item, None if found is None else backups_document(found))
+    return circuit_document(item, model_info)
 
 
 def task_title(name: str, lang: str) -> str:

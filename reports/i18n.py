@@ -16,7 +16,7 @@ import math
 from functools import lru_cache
 from importlib import resources
 
-from headlens.languages import DEFAULT_LANG, LANGS, check_lang
+from headlens.reports.languages import DEFAULT_LANG, LANGS, check_lang
 
 
 @lru_cache(maxsize=len(LANGS))

@@ -6,7 +6,7 @@ Recognised results: the Results (headlens.results) of classify_heads (score heat
 (heatmap of its metric's change), ablate_heads, one or a list (bars with 95% CIs, one chart per metric),
 prune_curve and validate_model, the circuits' edge tables (the EDGE_ROWS largest edges), circuit (the report's
 block of the task: graph, evidence, direct effects, self-repair), self_repair (its sentence and the EDGE_ROWS
-largest compensating changes), load_training_log's (log, heads) pair and a sample_patterns dict (the
+largest compensating changes), load_training_log's and sample_patterns' Results (the
 report's interactive attention viewer).
 Return types of the library are untouched: the views only read them. Prose comes from the reports' message
 catalogue (headlens.reports.i18n) in the language asked for (`lang="en"` or `"es"`); only the viewer's static
@@ -24,10 +24,10 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
 from headlens.circuits.circuit import repair_document, to_document
+from headlens.classify.samples import patterns_of, sample_patterns
 from headlens.reports import circuits, figures, findings, sections
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, js_messages, t
 from headlens.reports.viewer import default_viewer_tokens, report_script, safe_json, viewer_payload
@@ -128,9 +128,8 @@ def show(result, heads: Result | None = None, lang: str = DEFAULT_LANG) -> None:
     display(inline)
 
 
-def attention_sample(loaded: LoadedModel, text: str, max_tokens: int | None = None, repeat: bool = False) -> dict:
+def attention_sample(loaded: LoadedModel, text: str, max_tokens: int | None = None, repeat: bool = False) -> Result:
     """sample_patterns on `text`, `max_tokens` defaulting to the report's viewer length for this model."""
-    from headlens.classify.samples import sample_patterns
 
     spec = loaded.spec
     n = max_tokens or default_viewer_tokens(spec.n_layers, spec.n_heads, spec.n_ctx)
@@ -146,18 +145,16 @@ def _is_ablation(value) -> bool:
 
 def kind_of(result) -> str:
     """A Result's kind (headlens.results.KINDS) | ablation (a list) | training | attention; TypeError otherwise."""
-    if isinstance(result, dict) and "tokens" in result and "patterns" in result:
+    if isinstance(result, Result) and result.kind == "sample":
         return "attention"
     if isinstance(result, Result):
         return result.kind
     if isinstance(result, list) and result and all(_is_ablation(r) for r in result):
         return "ablation"
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], pd.DataFrame) and "step" in result[0]:
-        return "training"
     raise TypeError(
         f"headlens cannot display a {type(result).__name__} of this shape: it shows the Results of "
         "classify_heads, sweep_heads, ablate_heads, prune_curve, validate_model and the circuits' functions "
-        "(not their .frame alone, which has lost its metadata), load_training_log's pair and sample_patterns' dict"
+        "load_training_log and sample_patterns (not their .frame alone, which has lost its metadata)"
     )
 
 
@@ -279,19 +276,19 @@ def repair_html(repair: Result, lang: str) -> str:
     return f"<p>{esc(text)}</p>" + sections.table(repair.frame.head(EDGE_ROWS), sortable=False, lang=lang)
 
 
-def attention_html(sample: dict, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:
+def attention_html(sample: Result, heads: pd.DataFrame | None, suffix: str, lang: str) -> str:
     """The report's viewer (report.js) on elements whose ids end in `suffix`, and a static stand-in."""
     payload = viewer_payload(sample, heads, lang)
     layer, head = (int(x) for x in payload["default_head"].split("."))
-    patterns = np.asarray(sample["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
+    patterns = patterns_of(sample).numpy()  # [layer, head, pos, pos]
     static, _ = figures.pattern_image_uri(patterns[layer, head])  # [q_pos, k_pos] -> PNG, a pixel per weight
-    total, shown = sample.get("n_tokens_total"), payload["pos"]
+    total, shown = sample.meta.get("n_tokens_total"), payload["pos"]
     cut = (
         t("viewer.cut", lang, total=total, shown=shown)
         if isinstance(total, int) and total > shown
         else t("viewer.all", lang, shown=shown)
     )
-    if sample.get("repeated"):
+    if sample.meta.get("repeated"):
         cut = t("viewer.repeated", lang, shown=shown)
     caption = PROSE[lang]["viewer_static"].format(head=f"{layer}.{head}")
     s = suffix

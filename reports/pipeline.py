@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from headlens.ablation.ablate import ablate_heads, role_experiments, sweep_heads
 from headlens.ablation.prune import prune_curve
-from headlens.ablation.roles import frame_labels
 from headlens.circuits.overview import overview_documents
 from headlens.classify import classify_heads
+from headlens.classify.roles import frame_labels
 from headlens.classify.samples import sample_patterns
 from headlens.heads import parse_heads
 from headlens.probes.corpus import first_document
@@ -53,8 +53,8 @@ class ReportResults:
     ablation: list[Result] | None = None  # ablate_heads results: chosen heads together, role sets with controls
     pruning: Result | None = None  # prune_curve
     validation: Result | None = None  # validate_model
-    training: tuple | None = None  # load_training_log's (log, heads) pair, for a model that ships its log
-    viewer: dict | None = None  # sample_patterns
+    training: Result | None = None  # load_training_log's Result, for a model that ships its log
+    viewer: Result | None = None  # sample_patterns
     circuits: list[dict] | None = None  # overview_documents: how the heads work together, one per task
     command: str | None = None  # the command line that rebuilds the page
     text_label: str | None = None  # the text's name (None: the shipped default text, named in each language)
@@ -65,8 +65,8 @@ class ReportResults:
         return render_report(path, **kept, text_label=self.text_label or t("text_label.default", lang), lang=lang)
 
 
-def training_logs(loaded: LoadedModel) -> tuple | None:
-    """(log_df, heads_df) when the model folder holds a training log (the shipped tiny model does)."""
+def training_logs(loaded: LoadedModel) -> Result | None:
+    """load_training_log's Result when the model folder holds a training log (the shipped tiny model does)."""
     folder = loaded.path
     if folder is None or not (folder / "training_log.csv").is_file() or not (folder / "training_heads.csv").is_file():
         return None

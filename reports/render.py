@@ -21,6 +21,7 @@ from headlens.errors import HeadlensError, OutputPathError
 from headlens.reports import circuits as circuits_mod
 from headlens.reports import findings, sections, stability, thumbnails
 from headlens.reports import viewer as viewer_mod
+from headlens.reports.circuit_figures import page_document
 from headlens.reports.i18n import DEFAULT_LANG, check_lang, t
 from headlens.results import Result
 
@@ -37,7 +38,7 @@ def _asset(name: str) -> str:
 
 
 # The report's inputs that are headlens Results, each named for its kind (headlens.results.KINDS).
-RESULT_KINDS = ("heads", "sweep", "ablation", "pruning", "validation")
+RESULT_KINDS = ("heads", "sweep", "ablation", "pruning", "validation", "training")
 
 
 def check_results(results: dict) -> None:
@@ -63,10 +64,6 @@ def _is_empty(value) -> bool:
         return len(value) == 0
     if isinstance(value, pd.DataFrame):
         return value.empty
-    if isinstance(value, tuple):  # training: (log_df, heads_df)
-        return value[0] is None or value[0].empty
-    if isinstance(value, dict) and "tokens" in value:  # viewer
-        return len(value["tokens"]) == 0
     if isinstance(value, list):
         return len(value) == 0
     return False
@@ -130,15 +127,17 @@ def render_report(
 
     Inputs are the library's results (headlens.Result; each schema in its function's docstring): `heads` from
     classify_heads, `sweep` from sweep_heads, `ablation` an ablate_heads Result (or a list of them), `pruning`
-    from prune_curve, `validation` from validate_model, `training` the (log_df, heads_df) pair of
-    load_training_log, `viewer` the sample_patterns dict (tokens, patterns [n_layers, n_heads, pos, pos]),
-    `circuits` a list of headlens.circuits.circuit.to_document documents (one per task).
+    from prune_curve, `validation` from validate_model, `training` from
+    load_training_log, `viewer` from sample_patterns (tokens, patterns [n_layers, n_heads, pos, pos]),
+    `circuits` a list, one per task, of headlens.circuits.request.run_circuit Results (a circuit, or one found on
+    the whole graph) or their documents (headlens.circuits.request.circuit_document).
     `lang` ("en" or "es", headlens.reports.i18n.LANGS) is the language of every piece of prose,
     error messages included. Raises ConfigError for an unknown language, OutputPathError for a
     directory or unwritable path, EmptyReportError when every result is missing or empty.
     """
     lang = check_lang(lang)
     path = check_output_path(path, lang)
+    circuits = None if circuits is None else [page_document(item, model_info) for item in circuits]
     results = {
         "heads": heads,
         "sweep": sweep,
@@ -180,7 +179,8 @@ def build_page(
     lang: str = DEFAULT_LANG,
 ) -> str:
     """The whole HTML document as a string: what the heads do first, then the details in reading order."""
-    excerpt = once((viewer or {}).get("text"), bool((viewer or {}).get("repeated")))
+    facts = viewer.meta if viewer is not None else {}  # the viewer's sample
+    excerpt = once(facts.get("text"), bool(facts.get("repeated")))
     if isinstance(excerpt, str) and len(excerpt) > TEXT_EXCERPT_CHARS:
         excerpt = excerpt[:TEXT_EXCERPT_CHARS] + " [...]"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -203,8 +203,8 @@ def build_page(
             text_label=text_label,
             text_excerpt=excerpt,
             lang=lang,
-            repeated=excerpt != (viewer or {}).get("text"),
-            random_sample=(viewer or {}).get("sample") == "random_tokens",
+            repeated=excerpt != facts.get("text"),
+            random_sample=facts.get("sample") == "random_tokens",
         ),
     )
     if heads is not None:

@@ -594,8 +594,8 @@ def validation_section(validation: Result, lang: str = DEFAULT_LANG) -> str:
 
 def training_figure(training, lang: str = DEFAULT_LANG) -> str:
     """What the training curves show (the phase change, or its absence, by the rule) and the figure:
-    the body of the page's training section and of the inline view."""
-    log, heads = training
+    the body of the page's training section and of the inline view. `training`: load_training_log's Result."""
+    log, heads = training.frame, training.tables["heads"]
     change = figures.phase_change_step(log)
     rule = t(
         "training.rule",
@@ -625,7 +625,7 @@ def training_figure(training, lang: str = DEFAULT_LANG) -> str:
 
 def training_section(training, lang: str = DEFAULT_LANG) -> str:
     """Loss and score curves of the embedded model's training run, the phase change marked."""
-    log, _ = training
+    log = training.frame
     body = training_figure(training, lang) + details(
         t("training.log", lang, n=len(log)), table(log.reset_index(drop=True), lang=lang)
     )

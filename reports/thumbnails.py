@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from headlens.classify.labels import roles_of
+from headlens.classify.samples import patterns_of
 from headlens.reports import figures
 from headlens.reports.i18n import DEFAULT_LANG, quantity, t
 from headlens.reports.sections import about, details, esc, labelled_heads, section
+from headlens.results import Result
 
 # Thumbnails show at most this many tokens of the sample (the viewer's sample is already capped).
 THUMB_MAX_TOKENS = 256
@@ -55,16 +57,16 @@ def thumbnail(pattern: np.ndarray, head: str, labels: list[str], tokens: list[st
     )
 
 
-def thumbnails_section(heads, viewer: dict, lang: str = DEFAULT_LANG) -> str:
+def thumbnails_section(heads, viewer: Result, lang: str = DEFAULT_LANG) -> str:
     """Pattern thumbnails of every head with a role on the sample's first tokens, in a regular grid; heads
     that are only first-token sinks are counted, not drawn; many thumbnails are folded."""
-    patterns = np.asarray(viewer["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
+    patterns = patterns_of(viewer).numpy()  # [layer, head, pos, pos]
     n = min(patterns.shape[-1], THUMB_MAX_TOKENS)
     labelled = labelled_heads(heads)
     chosen = [(layer, head, labels) for layer, head, labels in labelled if roles_of(labels)]
     if not chosen:
         return section("thumbnails", t("thumbs.title", lang), f"<p>{esc(t('thumbs.none', lang))}</p>")
-    tokens = [str(token) for token in viewer["tokens"][:n]]
+    tokens = [str(token) for token in viewer.frame["token"][:n]]
     cells = [
         thumbnail(patterns[layer, head, :n, :n], f"{layer}.{head}", labels, tokens, lang)  # [q_pos, k_pos]
         for layer, head, labels in chosen

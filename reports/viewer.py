@@ -15,9 +15,10 @@ from importlib import resources
 import numpy as np
 
 from headlens.classify.labels import label_list
-from headlens.classify.samples import PREFIX_MATCHING_MIN
+from headlens.classify.samples import PREFIX_MATCHING_MIN, patterns_of
 from headlens.reports.i18n import DEFAULT_LANG, js_messages, quantity, short_number, t
 from headlens.reports.sections import about, esc, labelled_heads, section
+from headlens.results import Result
 
 # Weights the viewer embeds at most by default: GPT-2 small's 12 x 12 heads over 44 tokens, which leaves room on a
 # 270-head report such as SmolLM2's (32 tokens) for the head panel's data, the score scatter plots and the small
@@ -42,17 +43,19 @@ def safe_json(data) -> str:
     return "".join(_JSON_ESCAPES.get(ch, ch) for ch in text)
 
 
-def viewer_payload(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> dict:
-    """The viewer's data: tokens, shape, quantised patterns (base64 of uint8 [layer, head, q, k]), labels."""
-    patterns = np.asarray(viewer["patterns"], dtype=np.float32)  # [layer, head, pos, pos]
-    if patterns.ndim != 4 or patterns.shape[-1] != patterns.shape[-2] or patterns.shape[-1] != len(viewer["tokens"]):
-        raise ValueError(t("error.viewer_shape", lang, shape=tuple(patterns.shape), n_tokens=len(viewer["tokens"])))
+def viewer_payload(viewer: Result, heads=None, lang: str = DEFAULT_LANG) -> dict:
+    """The viewer's data: tokens, shape, quantised patterns (base64 of uint8 [layer, head, q, k]), labels.
+    `viewer`: a sample Result (headlens.classify.samples.sample_patterns)."""
+    tokens, n_weights = viewer.frame["token"], len(viewer.tables["patterns"])
+    if n_weights != viewer.meta["n_layers"] * viewer.meta["n_heads"] * len(tokens) ** 2:
+        raise ValueError(t("error.viewer_shape", lang, shape=(n_weights,), n_tokens=len(tokens)))
+    patterns = patterns_of(viewer).numpy()  # [layer, head, pos, pos]
     quantised = np.rint(np.clip(patterns, 0.0, 1.0) * 255).astype(np.uint8)  # [layer, head, pos, pos]
     labels = {f"{layer}.{head}": ", ".join(names) for layer, head, names in labelled_heads(heads)}
     first = strongest_induction_head(heads) or next(iter(labels), "0.0")
     return {
-        "tokens": [str(t) for t in viewer["tokens"]],
-        "ids": [int(i) for i in viewer.get("ids", [])],  # the token ids the model read (checkable by a peer)
+        "tokens": [str(t) for t in tokens],
+        "ids": [int(i) for i in viewer.frame["id"]] if "id" in viewer.frame else [],  # checkable by a peer
         "n_layers": int(patterns.shape[0]),
         "n_heads": int(patterns.shape[1]),
         "pos": int(patterns.shape[2]),
@@ -85,12 +88,13 @@ def messages_block(lang: str = DEFAULT_LANG) -> str:
     return f'<script type="application/json" id="report-messages">{safe_json(js_messages(lang))}</script>'
 
 
-def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
+def repeated_caption(viewer: Result, shown: int, lang: str = DEFAULT_LANG) -> str:
     """What a repeated sample is, and why: the text's start twice, or random tokens twice when the model
     does not copy the text or its induction heads do not prefix-match on it (headlens.classify.samples measured it)."""
-    if viewer.get("sample") != "random_tokens":
+    facts = viewer.meta
+    if facts.get("sample") != "random_tokens":
         return t("viewer.repeated", lang, shown=shown)
-    on_text = viewer.get("text_prefix_matching")
+    on_text = facts.get("text_prefix_matching")
     if on_text:  # the model copies the text, but its induction heads do not prefix-match on it
         head, low = min(on_text.items(), key=lambda item: item[1])
         return t(
@@ -102,7 +106,7 @@ def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
             head=head,
             threshold=short_number(PREFIX_MATCHING_MIN, lang),
         )
-    first, second = viewer.get("copy_loss") or (float("nan"), float("nan"))
+    first, second = facts.get("copy_loss") or (float("nan"), float("nan"))
     return t(
         "viewer.repeated_random",
         lang,
@@ -113,17 +117,17 @@ def repeated_caption(viewer: dict, shown: int, lang: str = DEFAULT_LANG) -> str:
     )
 
 
-def viewer_section(viewer: dict, heads=None, lang: str = DEFAULT_LANG) -> str:
+def viewer_section(viewer: Result, heads=None, lang: str = DEFAULT_LANG) -> str:
     """Tokens to click, a layer x head grid of attention rows, and one chosen head's weights on the tokens."""
     payload = viewer_payload(viewer, heads, lang)
-    total = viewer.get("n_tokens_total")
+    total = viewer.meta.get("n_tokens_total")
     shown = payload["pos"]
     cut = (
         t("viewer.cut", lang, total=total, shown=shown)
         if isinstance(total, int) and total > shown
         else t("viewer.all", lang, shown=shown)
     )
-    if viewer.get("repeated"):
+    if viewer.meta.get("repeated"):
         cut = repeated_caption(viewer, shown, lang)
     body = f"""{about(t("viewer.intro", lang, cut=cut), lang, "viewer.how")}
 <noscript><p class="note">{esc(t("viewer.noscript", lang))}</p></noscript>

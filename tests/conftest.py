@@ -117,8 +117,8 @@ def strong_model():
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """Small models run op by op; on a loaded shared machine one thread avoids OpenMP barrier stalls
-    (~16 ms per op measured with two) and ran ~8x faster. Restored after the module."""
+    """Small models run op by op; on a loaded shared machine one thread avoids OpenMP's barrier stalls between
+    them (BENCHMARKS.md, the test suite's rows). Restored after the module."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.ablation.roles import read_labels, resolve_heads
+from headlens.classify.roles import read_labels, resolve_heads
 from headlens.errors import ConfigError, InputTextError
 from headlens.heads import Head
 from headlens.intervene.evalset import build_evalset, read_prompts

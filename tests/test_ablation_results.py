@@ -337,7 +337,7 @@ def test_approx_json_is_one_document(small_model_dir):
 @pytest.mark.slow
 def test_importing_the_ablation_package_does_not_import_the_classifier():
     code = (
-        "import sys, headlens.ablation, headlens.ablation.roles, headlens.ablation.ablate; "
+        "import sys, headlens.ablation, headlens.classify.roles, headlens.ablation.ablate; "
         "print(any(m in sys.modules for m in ('headlens.classify.frame', 'headlens.classify.labels', "
         "'headlens.classify.runs')), 'headlens.scores' in sys.modules)"
     )

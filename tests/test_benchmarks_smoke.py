@@ -76,8 +76,8 @@ CASES = [
     ),
 ]
 # Scripts with no option smaller than a GPT-2-small-shaped (or SmolLM-shaped) random model swept or captured in
-# several fresh subprocesses, or a whole classify per child: 50 s to several minutes each on 2 loaded cores, too
-# long for the suite's budget. `make bench-smoke-all` runs them.
+# several fresh subprocesses, or a whole classify per child: each is a benchmark's own run, too long for the
+# suite's budget. `make bench-smoke-all` runs them.
 HEAVY = [
     ("measure_roles.py", ["headlens/data/tiny"], r"^\| 1\.0 \| -?\d+ \| [\d.]+ \|"),
     ("bench_budget.py", ["tiny", "--budget", "64", "--factor", "2", "--out", "{tmp}"], r'^ "n_heads": 8,$'),

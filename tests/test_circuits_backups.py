@@ -146,9 +146,9 @@ def test_no_role_head_is_a_config_error(planted):
 @pytest.fixture(scope="module")
 def smollm2_backups(real_model):
     """The name movers' backups on SmolLM2's 48 IOI prompts (zero ablation, 39 same-layer controls)."""
-    from headlens.ablation.roles import frame_labels
     from headlens.circuits.tasks import ioi_task
     from headlens.classify.cache import cached_classification
+    from headlens.classify.roles import frame_labels
 
     smollm2 = real_model("smollm2")
     return find_backups(smollm2, ioi_task(smollm2), frame_labels(cached_classification(smollm2)))

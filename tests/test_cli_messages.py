@@ -8,6 +8,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
+from headlens.classify import request
 from headlens.cli import commands_classify
 from headlens.cli.main import cli
 from headlens.files import shipped_path
@@ -45,12 +46,12 @@ def test_work_larger_than_the_memory_is_refused_before_it_starts(monkeypatch):
     page, free_pages = os.sysconf("SC_PAGE_SIZE"), 2**20  # 4 GiB free with 4 KiB pages
     monkeypatch.setattr(os, "sysconf", lambda name: free_pages if name == "SC_AVPHYS_PAGES" else page)
     free = free_pages * page
-    n_seq = int(commands_classify.MAX_MEMORY_SHARE * free / (8 * 101)) + 1  # just past the limit
+    n_seq = int(request.MAX_MEMORY_SHARE * free / (8 * 101)) + 1  # just past the limit
     line = _one_line_error(
         CliRunner().invoke(cli, ["classify", "tiny", "--n-seq", str(n_seq)]), f"--n-seq {n_seq} is too large"
     )
     assert "GiB" in line
-    commands_classify._check_work_size(commands_classify_config(n_seq - 2))  # just under: accepted
+    request.check_work_size(commands_classify_config(n_seq - 2))  # just under: accepted
 
 
 def commands_classify_config(n_seq: int):
@@ -71,22 +72,18 @@ def commands_classify_config(n_seq: int):
     ],
 )
 def test_out_of_memory_is_one_line(monkeypatch, error):
-    import headlens.classify
-
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(headlens.classify, "classify_heads", fail)
+    monkeypatch.setattr(request, "classify_heads", fail)  # the command's one call runs classify_heads
     _one_line_error(CliRunner().invoke(cli, ["classify", "tiny", "--no-progress"]), "out of memory")
 
 
 def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
-    import headlens.classify
-
     def fail(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(headlens.classify, "classify_heads", fail)
+    monkeypatch.setattr(request, "classify_heads", fail)
     result = CliRunner().invoke(cli, ["classify", "tiny", "--no-progress"])
     # The top-level guard names the error as what it is: one line, never an out-of-memory diagnosis.
     assert result.exit_code == 2 and "out of memory" not in result.stderr
@@ -123,12 +120,10 @@ def test_validate_defaults_to_tiny(monkeypatch):
 
 
 def test_unwritable_report_fails_once_before_the_work(tmp_path, monkeypatch):
-    import headlens.classify
-
     def never(*args, **kwargs):
         raise AssertionError("the work started before the output was checked")
 
-    monkeypatch.setattr(headlens.classify, "classify_heads", never)
+    monkeypatch.setattr(request, "classify_heads", never)
     blocker = tmp_path / "file"
     blocker.write_text("keep me")
     line = _one_line_error(

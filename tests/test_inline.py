@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import headlens
+from headlens.classify.samples import patterns_of, sample_result
 from headlens.reports import inline
 from headlens.results import Result
 
@@ -151,17 +152,17 @@ def training_pair():
             "prefix_matching_score": np.tile([0.1, 0.5], len(steps)),
         }
     )
-    return log, head_log
+    return Result("training", log, {"folder": None}, tables={"heads": head_log})
 
 
-def sample(tokens=None) -> dict:
+def sample(tokens=None) -> Result:
     tokens = tokens or [f"t{i}" for i in range(POS)]
     pos = len(tokens)
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(N_LAYERS, N_HEADS, pos, pos, generator=gen)  # [layer, head, q_pos, k_pos]
     causal = torch.ones(pos, pos, dtype=torch.bool).tril()  # [q_pos, k_pos]
     patterns = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # [layer, head, q_pos, k_pos]
-    return {"tokens": tokens, "patterns": patterns, "n_tokens_total": pos, "text": "".join(tokens), "repeated": False}
+    return sample_result(tokens, patterns, n_tokens_total=pos, text="".join(tokens), repeated=False)
 
 
 RESULTS = {
@@ -254,7 +255,7 @@ def test_the_embedded_patterns_are_the_sample_to_one_step_in_255():
     data = json.loads(parse(inline.view(s).html()).scripts[0])
     raw = np.frombuffer(base64.b64decode(data["patterns_b64"]), dtype=np.uint8)
     shown = raw.reshape(N_LAYERS, N_HEADS, POS, POS) / 255  # [layer, head, q_pos, k_pos]
-    assert np.abs(shown - s["patterns"].numpy()).max() <= 0.5 / 255 + 1e-6
+    assert np.abs(shown - patterns_of(s).numpy()).max() <= 0.5 / 255 + 1e-6
 
 
 # Several viewers on one page

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlens.ablation.roles import resolve_heads
 from headlens.classify import ClassifyConfig, classify_heads
+from headlens.classify.roles import resolve_heads
 from headlens.heads import Head
 from headlens.probes.inputs import default_text, text_windows
 from headlens.scores.copy_suppression import (
@@ -120,7 +120,7 @@ def smollm2(real_model):
 
 @pytest.mark.slow
 @pytest.mark.real
-@pytest.mark.usefixtures("one_thread")  # own_ranks is ~3,000 small matmuls: 5 s on one thread, minutes on two
+@pytest.mark.usefixtures("one_thread")  # own_ranks is thousands of small matmuls, which a second thread slows
 def test_smollm2_own_ranks_match_a_hand_computed_ov_circuit(smollm2):
     windows = text_windows(smollm2.tokenizer, default_text(), 64, smollm2.bos_token_id, max_windows=2)
     tokens = torch.tensor(sorted({t for w in windows for t in w[1:]}))[:N_CHECK]

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from headlens.ablation.ablate import ablate_heads
-from headlens.ablation.roles import resolve_heads
 from headlens.circuits.selfrepair import self_repair
 from headlens.circuits.tasks import ioi_task
 from headlens.classify import ClassifyConfig, classify_heads
+from headlens.classify.roles import resolve_heads
 from headlens.errors import ConfigError
 from headlens.heads import Head
 from headlens.load.models import gpt2_tokenizer
@@ -136,7 +136,7 @@ def test_classify_labels_the_planted_name_mover_alone_and_reports_the_logit_diff
 
 @pytest.fixture(scope="module")
 def smollm2(real_model, one_thread):
-    """SmolLM2, its checks on one thread: name_mover_scores took 14 s on one, 36 s on two (loaded machine)."""
+    """SmolLM2, its checks on one thread: name_mover_scores is many small products, which a second thread slows."""
     return real_model("smollm2")
 
 

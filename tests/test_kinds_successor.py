@@ -96,8 +96,8 @@ def test_smollm2_scores_match_a_hand_computed_ov_circuit(smollm2):
 @pytest.mark.slow
 def test_classify_labels_the_planted_successor_head_and_ablate_selects_it(planted):
 
-    from headlens.ablation.roles import resolve_heads
     from headlens.classify import ClassifyConfig, classify_heads
+    from headlens.classify.roles import resolve_heads
     from headlens.heads import Head
 
     frame = classify_heads(planted.loaded, text=PLANTED_TEXT, config=ClassifyConfig(n_seq=4, seed=0)).frame

@@ -20,7 +20,7 @@ from headlens.load.models import build_model, gpt2_tokenizer, load_model, save_m
 HELLO_TEXT = "Hello world, the cat sat."
 HELLO_IDS = [15496, 995, 11, 262, 3797, 3332, 13]
 # Without HF_HUB_OFFLINE the hub attempt must give up quickly on a machine with no network
-# (import of torch + transformers takes ~5-10 s here; etag_timeout is 10 s).
+# (the limit covers importing torch and transformers and the hub's etag_timeout of 10 s, with room for a slow machine).
 HUB_FAIL_FAST_SECONDS = 60
 
 

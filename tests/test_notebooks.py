@@ -106,7 +106,8 @@ def test_the_viewer_caption_says_what_the_heads_do_on_the_sample_shown():
     assert "repeat=True" in call
     verse = re.search(r'^verse = "(.+)"$', call, re.M).group(1)
     sample = attention_sample(load_model("tiny"), verse, repeat=True)  # what show_attention displays
-    assert sample["sample"] == SAMPLE_RANDOM
+    assert sample.meta["sample"] == SAMPLE_RANDOM
+    ids = list(sample.frame["id"])
     for lang, words in RANDOM_SAMPLE_WORDS.items():
         nb = read(NOTEBOOKS / f"02_what_do_the_heads_do.{lang}.ipynb")
         caption = " ".join(c.source for c in nb.cells if c.cell_type == "markdown" and "repeat=True" in c.source)
@@ -115,9 +116,9 @@ def test_the_viewer_caption_says_what_the_heads_do_on_the_sample_shown():
     heads = re.search(r"^induction: (.+)$", card, re.M).group(1).split(",")
     model = AutoModelForCausalLM.from_pretrained(str(shipped_path("tiny")), attn_implementation="eager")
     with torch.no_grad():
-        attentions = model(torch.tensor([sample["ids"]]), output_attentions=True).attentions
+        attentions = model(torch.tensor([ids]), output_attentions=True).attentions
     for head in heads:
-        shown, uniform = induction_target_attention(attentions, sample["ids"], tuple(map(int, head.split("."))))
+        shown, uniform = induction_target_attention(attentions, ids, tuple(map(int, head.split("."))))
         assert shown > UNIFORM_FACTOR * uniform, (head, shown, uniform)
 
 

@@ -80,14 +80,20 @@ def test_the_training_note_says_the_last_icl_scores_sign_in_words():
 
     from headlens.reports import sections
 
-    log, heads = training_pair()
+    training = training_pair()
+
+    def with_icl(training, last):
+        """The training log with its last ICL score set to `last`."""
+        log = training.frame
+        return Result("training", log.assign(icl_score=[*log["icl_score"][:-1], last]), tables=training.tables)
+
     for last, words in (
         (-0.4, "-0.400 nats on the logged windows: late tokens are predicted better"),
         (0.136, "+0.136 nats on the logged windows: late tokens are not predicted better"),
     ):
-        html = sections.training_section((log.assign(icl_score=[*log["icl_score"][:-1], last]), heads))
+        html = sections.training_section(with_icl(training, last))
         assert words in html, html
-    spanish = sections.training_section((log.assign(icl_score=[*log["icl_score"][:-1], 0.136]), heads), lang="es")
+    spanish = sections.training_section(with_icl(training, 0.136), lang="es")
     assert "+0,136" in spanish
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from headlens.classify.samples import patterns_of, sample_result
 from headlens.errors import OutputPathError
 from headlens.reports import EmptyReportError, explain, figures, findings, i18n, render_report, sections, thumbnails
 from headlens.reports import render as render_module
@@ -135,17 +136,19 @@ def test_viewer_payload_quantises_patterns_to_bytes():
     payload = viewer_payload(viewer, heads_frame())
     raw = np.frombuffer(base64.b64decode(payload["patterns_b64"]), dtype=np.uint8)
     weights = raw.reshape(N_LAYERS, N_HEADS, POS, POS) / 255  # [layer, head, q, k]
-    assert np.abs(weights - viewer["patterns"]).max() <= 0.5 / 255 + 1e-9  # rounding to the nearest 1/255
+    assert np.abs(weights - patterns_of(viewer).numpy()).max() <= 0.5 / 255 + 1e-6  # rounding to the nearest 1/255
     assert payload["default_head"] == "0.1" and payload["labels"] == {"0.1": "previous_token"}
 
 
 def test_viewer_section_says_it_was_cut_and_rejects_mismatched_shapes():
     html = viewer_section(viewer_dict())
     assert "has 15 tokens; the viewer shows the first 5" in html
-    bad = viewer_dict()
-    bad["tokens"] = bad["tokens"][:3]
+    good = viewer_dict()
+    bad = Result("sample", good.frame.head(3), good.meta, tables=good.tables)  # 3 tokens, patterns of 5
     with pytest.raises(ValueError, match="do not match"):
         viewer_payload(bad)
+    with pytest.raises(ValueError, match="do not match"):
+        sample_result(["a", "b", "c"], patterns_of(good))
 
 
 def test_pattern_image_scales_per_head_and_draws_the_first_column_apart():
@@ -322,24 +325,24 @@ def test_validation_section_flags_failures():
 
 
 def test_phase_change_step_is_the_planted_jump():
-    log, heads = training_pair(jump_step=300)
-    assert figures.phase_change_step(log) == 300
-    html = sections.training_section((log, heads))
+    training = training_pair(jump_step=300)
+    assert figures.phase_change_step(training.frame) == 300
+    html = sections.training_section(training)
     assert img_count(html) == 1 and "step 300" in html
 
 
 def test_phase_change_found_in_a_ramp_over_several_checkpoints():
-    log, heads = training_pair()
+    log = training_pair().frame
     log["best_induction_score"] = [0.02, 0.05, 0.15, 0.3, 0.45, 0.55]  # no single jump of 0.5, one window
     log["step"] = [0, 1000, 2000, 2100, 2200, 2300]
     assert figures.phase_change_step(log) == 2300
 
 
 def test_no_phase_change_marked_on_a_flat_run():
-    log, heads = training_pair()
-    log["best_induction_score"] = 0.017 + 0.001 * np.arange(len(log))  # drifts, never jumps
-    assert figures.phase_change_step(log) is None
-    assert "no phase change is marked" in sections.training_section((log, heads))
+    training = training_pair()
+    training.frame["best_induction_score"] = 0.017 + 0.001 * np.arange(len(training.frame))  # drifts, never jumps
+    assert figures.phase_change_step(training.frame) is None
+    assert "no phase change is marked" in sections.training_section(training)
 
 
 # The whole page
@@ -461,13 +464,14 @@ def test_sample_patterns_match_hf_eager_attention(small_model):
     text = "The cat sat on the mat. The cat sat on the mat."
     sample = sample_patterns(small_model, text, max_tokens=8)
     ids = [small_model.bos_token_id] + small_model.tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert sample["n_tokens_total"] == len(ids) and len(sample["tokens"]) == 8
-    assert "".join(sample["tokens"][1:]) == small_model.tokenizer.decode(ids[1:8])
+    tokens = list(sample.frame["token"])
+    assert sample.kind == "sample" and sample.meta["n_tokens_total"] == len(ids) and len(tokens) == 8
+    assert "".join(tokens[1:]) == small_model.tokenizer.decode(ids[1:8]) and list(sample.frame["id"]) == ids[:8]
     with torch.no_grad():
         out = small_model.model(input_ids=torch.tensor([ids[:8]]), output_attentions=True)
     reference = torch.stack([layer[0] for layer in out.attentions])  # [layer, head, q, k]
-    assert sample["patterns"].shape == (2, 4, 8, 8)
-    assert torch.allclose(sample["patterns"], reference, atol=PATTERN_ATOL)
+    assert patterns_of(sample).shape == (2, 4, 8, 8)
+    assert torch.allclose(patterns_of(sample), reference, atol=PATTERN_ATOL)
 
 
 def test_repeated_sample_is_the_start_twice_when_the_model_copies_it(small_model, monkeypatch):
@@ -476,9 +480,9 @@ def test_repeated_sample_is_the_start_twice_when_the_model_copies_it(small_model
     # A random-weights model does not copy text: with the ratio raised past any loss, the text is taken.
     monkeypatch.setattr(samples, "COPY_LOSS_RATIO", float("inf"))
     sample = samples.sample_patterns(small_model, "one two three four five six seven eight nine ten", 9, repeat=True)
-    tokens = sample["tokens"]
-    assert len(tokens) == 9 and sample["repeated"] and sample["sample"] == samples.SAMPLE_TEXT
-    assert tokens[1:5] == tokens[5:9] and sample["ids"][1:5] == sample["ids"][5:9]
+    tokens, ids = list(sample.frame["token"]), list(sample.frame["id"])
+    assert len(tokens) == 9 and sample.meta["repeated"] and sample.meta["sample"] == samples.SAMPLE_TEXT
+    assert tokens[1:5] == tokens[5:9] and ids[1:5] == ids[5:9]
     assert "".join(tokens[1:5]) == "one two three four"
 
 
@@ -492,8 +496,8 @@ def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(
 
     text = "one two three four five six seven eight nine ten"
     sample = sample_patterns(small_model, text, 9, repeat=True)
-    ids = sample["ids"]
-    assert sample["sample"] == SAMPLE_RANDOM and len(ids) == 9 and ids[1:5] == ids[5:9]
+    ids = list(sample.frame["id"])
+    assert sample.meta["sample"] == SAMPLE_RANDOM and len(ids) == 9 and ids[1:5] == ids[5:9]
     low, high = random_token_range(small_model.spec.d_vocab)
     assert all(low <= i < high for i in ids[1:])
     body = small_model.tokenizer(text, add_special_tokens=False)["input_ids"][:4]
@@ -501,7 +505,7 @@ def test_repeated_sample_is_random_tokens_when_the_model_does_not_copy_the_text(
     with torch.no_grad():
         logits = small_model.model(repeated).logits[0, :-1]  # [8, d_vocab]
     losses = torch.nn.functional.cross_entropy(logits, repeated[0, 1:], reduction="none")  # [8]
-    first, second = sample["copy_loss"]
+    first, second = sample.meta["copy_loss"]
     assert first == pytest.approx(float(losses[1:4].mean()), rel=1e-5)  # tokens 2-4 of the first copy
     assert second == pytest.approx(float(losses[5:8].mean()), rel=1e-5)  # tokens 2-4 of the second copy
     assert second > 0.5 * first

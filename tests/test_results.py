@@ -23,7 +23,7 @@ TEXT = "The cat sat on the mat. The dog sat on the log. " * 8
 @pytest.fixture(scope="module")
 def two_classifications(small_model):
     """A classification, the same one again (classify_heads is deterministic under its seed,
-    tests/test_classify.py: a second run is not repeated here, a classification costs ~20 s under load), and
+    tests/test_classify.py: a second run is not repeated here, a classification is one of the slower fixtures), and
     one whose labels were given under another positional cut-off."""
     first = classify_heads(small_model, text=TEXT, config=FAST)
     again = Result("heads", first.frame.copy(), copy.deepcopy(first.meta))

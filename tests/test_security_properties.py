@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headlens.ablation import roles, store
+from headlens.ablation import store
 from headlens.circuits.backups import read_backups
 from headlens.circuits.graph import ModelGraph
 from headlens.circuits.interchange import read_graph
+from headlens.classify import roles
 from headlens.classify.cache import read_classification
 from headlens.errors import HeadlensError, InvalidHeadError
 from headlens.files import csv_text, parse_json, read_json

@@ -189,7 +189,7 @@ def test_labels_content(tmp_path, sentinel, records, said):
 
 def test_labels_layer_minus_one_never_picks_another_layer(tmp_path):
     """Library callers too: a head list with layer -1 is refused, never read as the last layer."""
-    from headlens.ablation.roles import resolve_heads
+    from headlens.classify.roles import resolve_heads
     from headlens.errors import InvalidHeadError
     from headlens.load.models import load_model
 
@@ -214,7 +214,7 @@ def test_labels_fifo_is_refused_without_opening_it(tmp_path, sentinel):
 
 
 def test_labels_over_the_cap(tmp_path, sentinel):
-    from headlens.ablation.roles import MAX_LABELS_BYTES
+    from headlens.classify.roles import MAX_LABELS_BYTES
 
     path = tmp_path / "heads.json"
     with open(path, "wb") as handle:

@@ -213,7 +213,8 @@ def test_ablating_the_induction_heads_raises_second_copy_loss(tiny, probe):
 
 
 def test_training_log_shows_the_phase_change():
-    log, heads = load_training_log(shipped_path("tiny"))
+    run = load_training_log(shipped_path("tiny"))
+    log, heads = run.frame, run.tables["heads"]
     total = int(log["step"].max())
     window = PHASE_WINDOW_SHARE * total
     found = []
@@ -230,7 +231,7 @@ def test_training_log_shows_the_phase_change():
 def test_final_log_row_matches_the_shipped_weights(tiny):
     """The log's last row was measured on these weights: re-measure with the logged probe."""
     config = recipe("gpt2")
-    log, _ = load_training_log(shipped_path("tiny"))
+    log = load_training_log(shipped_path("tiny")).frame
     ids = repeated_random_tokens(
         config.probe_seqs, config.probe_seq_len, 2, *PRINTABLE, tiny.bos_token_id, seed=config.probe_seed
     )

@@ -171,7 +171,9 @@ def test_micro_run_writes_model_checkpoints_and_log(micro_runs):
     from headlens.load.models import load_model
 
     folder = micro_runs["a"]
-    log, heads = load_training_log(folder)
+    run = load_training_log(folder)
+    log, heads = run.frame, run.tables["heads"]
+    assert run.kind == "training" and run.meta["folder"] == str(folder)
     assert list(log.columns[: len(CONTRACT_LOG_COLUMNS)]) == CONTRACT_LOG_COLUMNS
     assert list(log.columns) == LOG_COLUMNS and list(heads.columns) == HEAD_COLUMNS
     assert log["step"].tolist() == [0, 3, 6]
@@ -196,10 +198,9 @@ def test_micro_run_is_deterministic_under_seed(micro_runs):
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)  # same seed: bit-identical weights
     assert not all(torch.equal(a[k], c[k]) for k in a)  # another seed: other weights
-    log_a, heads_a = load_training_log(micro_runs["a"])
-    log_b, heads_b = load_training_log(micro_runs["b"])
-    pd.testing.assert_frame_equal(log_a.drop(columns="elapsed_s"), log_b.drop(columns="elapsed_s"))
-    pd.testing.assert_frame_equal(heads_a, heads_b)
+    run_a, run_b = load_training_log(micro_runs["a"]), load_training_log(micro_runs["b"])
+    pd.testing.assert_frame_equal(run_a.frame.drop(columns="elapsed_s"), run_b.frame.drop(columns="elapsed_s"))
+    pd.testing.assert_frame_equal(run_a.tables["heads"], run_b.tables["heads"])
 
 
 @pytest.mark.slow
@@ -209,7 +210,7 @@ def test_logged_scores_match_a_fresh_measurement(micro_runs):
     from headlens.probes.inputs import repeated_random_tokens
 
     loaded = load_model(str(micro_runs["a"]))
-    _, heads = load_training_log(micro_runs["a"])
+    heads = load_training_log(micro_runs["a"]).tables["heads"]
     ids = repeated_random_tokens(MICRO.probe_seqs, MICRO.probe_seq_len, 2, 32, 127, 256, seed=MICRO.probe_seed)
     reducer = second_copy_induction_reducer(2, 2, MICRO.probe_seq_len)
     run_capture(loaded.model, iter_batches(ids, 16), [reducer])
@@ -277,7 +278,7 @@ def test_cli_trains_the_default_recipe_for_two_steps(tmp_path, capfd):
     assert result.exit_code == 0, result.output
     assert "loss_type" not in result.output + capfd.readouterr().err  # transformers is told the loss, not left to warn
     assert "trained 2 steps" in result.stdout  # --steps is the total: one step in each of the two stages
-    log, _ = load_training_log(out)
+    log = load_training_log(out).frame
     assert log["step"].tolist() == [0, 1, 2]  # stage 2's log continues stage 1's
     assert log["lr"].iloc[-1] == pytest.approx(lr_at(0, recipe("gpt2", steps=1)))
     for folder in (out, out / "stage1"):
@@ -346,7 +347,8 @@ def test_llama_micro_run_is_grouped_and_deterministic(llama_runs):
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.num_attention_heads == 4 and model.config.num_key_value_heads == 2
     assert a["model.layers.0.self_attn.k_proj.weight"].shape == (2 * 8, 32)  # 2 key/value heads of d_head 8
-    log, heads = load_training_log(llama_runs[0])
+    run = load_training_log(llama_runs[0])
+    log, heads = run.frame, run.tables["heads"]
     assert log["step"].tolist() == [0, 3, 6] and len(heads) == 3 * 2 * 4
 
 

@@ -21,17 +21,18 @@ def test_text_set_aside_when_the_induction_heads_do_not_prefix_match_on_it(small
     monkeypatch.setattr(samples, "COPY_LOSS_RATIO", float("inf"))  # as if the model copied the text
     heads = all_heads(small_model.spec.n_layers, small_model.spec.n_heads)
     sample = samples.sample_patterns(small_model, TEXT, 17, repeat=True, induction_heads=heads)
-    assert sample["sample"] == samples.SAMPLE_RANDOM
+    facts, sample_ids = sample.meta, list(sample.frame["id"])
+    assert facts["sample"] == samples.SAMPLE_RANDOM
     body = small_model.tokenizer(TEXT, add_special_tokens=False)["input_ids"][:8]
     text_ids = [small_model.bos_token_id] + body * 2
-    for ids, key in [(text_ids, "text_prefix_matching"), (sample["ids"], "prefix_matching")]:
+    for ids, key in [(text_ids, "text_prefix_matching"), (sample_ids, "prefix_matching")]:
         with torch.no_grad():
             attentions = small_model.model(torch.tensor([ids]), output_attentions=True).attentions
         expected = induction_target_attention(attentions, ids, heads)["attention"]
         for head in heads:
-            assert sample[key][str(head)] == pytest.approx(expected[head], abs=1e-5), (key, head)
-    assert min(sample["text_prefix_matching"].values()) < samples.PREFIX_MATCHING_MIN
-    low_head = min(sample["text_prefix_matching"], key=sample["text_prefix_matching"].get)
+            assert facts[key][str(head)] == pytest.approx(expected[head], abs=1e-5), (key, head)
+    assert min(facts["text_prefix_matching"].values()) < samples.PREFIX_MATCHING_MIN
+    low_head = min(facts["text_prefix_matching"], key=facts["text_prefix_matching"].get)
     for lang in ("en", "es"):
         caption = repeated_caption(sample, 17, lang)
         assert low_head in caption and "0.4" in caption.replace(",", ".")
@@ -41,6 +42,7 @@ def test_text_kept_when_the_induction_heads_prefix_match_on_it(small_model, monk
     monkeypatch.setattr(samples, "COPY_LOSS_RATIO", float("inf"))
     monkeypatch.setattr(samples, "PREFIX_MATCHING_MIN", 0.0)  # every head reaches a threshold of 0
     sample = samples.sample_patterns(small_model, TEXT, 17, repeat=True, induction_heads=[Head(0, 1)])
-    assert sample["sample"] == samples.SAMPLE_TEXT and "text_prefix_matching" not in sample
-    assert list(sample["prefix_matching"]) == ["0.1"]
-    assert sample["ids"][1:9] == sample["ids"][9:17]
+    ids = list(sample.frame["id"])
+    assert sample.meta["sample"] == samples.SAMPLE_TEXT and "text_prefix_matching" not in sample.meta
+    assert list(sample.meta["prefix_matching"]) == ["0.1"]
+    assert ids[1:9] == ids[9:17]

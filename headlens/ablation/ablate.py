@@ -16,9 +16,9 @@ import torch
 from tqdm.auto import tqdm
 
 from headlens import distributed
-from headlens.ablation.roles import model_labels, resolve_heads, role_name
 from headlens.ablation.store import SweepInterrupted, SweepStore
 from headlens.classify.kinds import DEFAULT_TOKEN_BUDGET
+from headlens.classify.roles import model_labels, resolve_heads, role_name
 from headlens.errors import ConfigError, HeadlensError
 from headlens.heads import Head, all_heads
 from headlens.intervene.clean import clean_values, lookup, pass_count, run_sets
@@ -102,7 +102,7 @@ def ablate_heads(
     """Ablate a set of heads together; how does the metric change?
 
     heads: list of Head, a spec string ("3.4,5.1", "layer:3", `all` = every head together) or a
-    role (headlens.ablation.roles); `each` (every head alone) is `sweep_heads`.
+    role (headlens.classify.roles); `each` (every head alone) is `sweep_heads`.
     evaluation: the evaluation set (headlens.intervene.evalspec.EvalSpec: metric, text, prompts,
     reference, bos, context, token budget), or its fields as keywords; with neither, a role's own
     metric (evalspec.ROLE_METRICS) or `loss`, at the default budget of DEFAULT_TOKENS tokens.

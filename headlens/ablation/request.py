@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from headlens import distributed
 from headlens.ablation.ablate import ablate_heads, sweep_heads
-from headlens.ablation.roles import EACH, resolve_heads, role_name
 from headlens.bounds import MAX_HEADS, MAX_LAYERS
+from headlens.classify.roles import EACH, resolve_heads, role_name
 from headlens.errors import ConfigError
 from headlens.heads import Head, all_heads, parse_heads
 from headlens.intervene.evalspec import DEFAULT_TOKENS, IOI, SWEEP_TOKENS, EvalSpec
@@ -199,7 +199,7 @@ def run_pruning(
     `removal_by_role` (whether labelled heads are removed later, a permutation test seeded by `seed`; None
     without `roles`). `batch_size` as for run_ablation."""
     from headlens.ablation.prune import PRUNE_TOLERANCE, heads_within, prune_curve, removal_by_role  # gradients
-    from headlens.ablation.roles import model_labels
+    from headlens.classify.roles import model_labels
     from headlens.intervene.evalset import BATCH_SIZE
 
     labels = model_labels(loaded, labels) if roles else None

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from headlens.ablation.roles import resolve_heads
 from headlens.arch import adapter_for
 from headlens.arch.kernels import no_pattern_kernels
+from headlens.classify.roles import resolve_heads
 from headlens.errors import ConfigError
 from headlens.intervene.evalset import build_evalset
 from headlens.intervene.metrics import check_choice

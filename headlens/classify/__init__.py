@@ -1,7 +1,8 @@
 """Classify: every head's scores -> its labels, with the evidence behind each. `kinds` is the registry of head
 kinds (one entry per kind: its probe, score columns, rule and paper); `labels` holds the rules and their cut-offs
 (ClassifyConfig); `runs` streams each probe once over its input; `frame` turns the runs into the labelled
-DataFrame (`classify_heads`); `samples` picks the attention viewer's sample by the labelled heads.
+DataFrame (`classify_heads`); `samples` picks the attention viewer's sample by the labelled heads; `roles`
+reads a labels file or the classification into the heads of a role (ablation and circuits read it).
 
 The entry points are re-exported here, imported when first asked for (headlens.lazy.lazy_getattr, PEP 562): reading
 the registry (`from headlens.classify import kinds`) loads no scoring code.

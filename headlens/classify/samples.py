@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pandas as pd
 import torch
 
 from headlens.capture import Batch, Reducer, run_capture
@@ -30,6 +32,7 @@ from headlens.probes.inputs import (
     repeated_random_tokens,
 )
 from headlens.probes.tokenize import decode, decode_each, token_ids, token_pieces
+from headlens.results import Result
 from headlens.scores.induction import prefix_matching_targets
 
 if TYPE_CHECKING:
@@ -115,7 +118,7 @@ def random_repeat(loaded: LoadedModel, limit: int, seed: int) -> list[int]:
 
 def sample_patterns(
     loaded: LoadedModel, text: str, max_tokens: int = 64, *, repeat: bool = False, seed: int = 0, induction_heads=None
-) -> dict:
+) -> Result:
     """Tokenize `text` (BOS first), keep the first `max_tokens` tokens, capture every head's pattern.
 
     With `repeat=True` the sample is a segment of (max_tokens - 1) // 2 tokens, twice (choose_repeated):
@@ -124,10 +127,11 @@ def sample_patterns(
     On the second copy induction heads attend to the token after the earlier occurrence (Olsson et al. 2022's
     repeated-sequence probe), so their pattern shows in a thumbnail.
 
-    Returns a dict:
-    - `tokens`: list[str], each token decoded on its own (BOS included, as the model sees it);
-    - `ids`: list[int], the token ids the model read;
-    - `patterns`: float tensor [n_layers, n_heads, pos, pos] (post-softmax, rows sum to 1);
+    Returns a Result of kind "sample" (sample_result): `.frame` one row per position (`pos`; `token`, each
+    token decoded on its own, BOS included, as the model sees it; `id`, the token id the model read),
+    `.tables["patterns"]` every head's pattern (post-softmax, rows sum to 1; `patterns_of` gives it back as
+    [n_layers, n_heads, pos, pos]), and `.meta`:
+    - `n_layers`, `n_heads`: the patterns' shape;
     - `n_tokens_total`: tokens the whole text has (BOS included), so callers can say it was cut;
     - `text`: the text itself, or with a repeated text the repeated sample (the report quotes its start);
     - `repeated`: whether the sample is a repeated segment;
@@ -161,18 +165,40 @@ def sample_patterns(
             text_scores = chosen["prefix_matching"]
             chosen = {**chosen, "sample": SAMPLE_RANDOM, "text_prefix_matching": text_scores}
             chosen["prefix_matching"] = prefix_matching(patterns, kept, heads)
-    out = {
-        "tokens": decode_each(tokenizer, kept),
-        "ids": kept,
-        "patterns": patterns,
+    facts = {
         "n_tokens_total": total + 1,
         "text": decode(tokenizer, kept[1:]) if repeat and chosen["sample"] == SAMPLE_TEXT else text,
         "repeated": repeat,
         "sample": chosen["sample"],
     }
     if repeat:
-        out["copy_loss"] = chosen["copy_loss"]
+        facts["copy_loss"] = [float(loss) for loss in chosen["copy_loss"]]
     for key in ("prefix_matching", "text_prefix_matching"):
         if key in chosen:
-            out[key] = {str(head): score for head, score in chosen[key].items()}
-    return out
+            facts[key] = {str(head): score for head, score in chosen[key].items()}
+    return sample_result(decode_each(tokenizer, kept), patterns, ids=kept, **facts)
+
+
+def sample_result(tokens: list[str], patterns, ids: list[int] | None = None, **facts) -> Result:
+    """A viewer sample as a Result of kind "sample": `tokens` (one string per position), their `patterns`
+    [n_layers, n_heads, pos, pos] (a tensor or an array), the token `ids` when known, and `facts` for the meta
+    (sample_patterns lists them). `.tables["patterns"]` holds one row per layer, head, q_pos and k_pos, in that
+    order, with its `pattern` weight. ValueError when the patterns do not match the tokens."""
+    weights = torch.as_tensor(np.asarray(patterns), dtype=torch.float32)  # [layer, head, q_pos, k_pos]
+    if weights.dim() != 4 or weights.shape[2] != weights.shape[3] or weights.shape[3] != len(tokens):
+        raise ValueError(f"sample patterns {tuple(weights.shape)} do not match {len(tokens)} tokens")
+    grid = np.indices(tuple(weights.shape)).reshape(4, -1)  # [4, layer * head * q_pos * k_pos]
+    columns = {name: grid[i].astype(np.int32) for i, name in enumerate(("layer", "head", "q_pos", "k_pos"))}
+    table = pd.DataFrame({**columns, "pattern": weights.reshape(-1).numpy()})  # [layer * head * q_pos * k_pos]
+    frame = pd.DataFrame({"pos": range(len(tokens)), "token": [str(token) for token in tokens]})
+    if ids is not None:
+        frame["id"] = [int(i) for i in ids]
+    meta = {"n_layers": int(weights.shape[0]), "n_heads": int(weights.shape[1]), **facts}
+    return Result("sample", frame, meta, tables={"patterns": table})
+
+
+def patterns_of(sample: Result) -> torch.Tensor:
+    """A sample Result's patterns [n_layers, n_heads, pos, pos] float32 (sample_result's table, in its order)."""
+    n = len(sample.frame)
+    weights = sample.tables["patterns"]["pattern"].to_numpy(dtype=np.float32)  # [layer * head * q_pos * k_pos]
+    return torch.from_numpy(weights.copy()).reshape(sample.meta["n_layers"], sample.meta["n_heads"], n, n)

@@ -64,8 +64,9 @@ if TYPE_CHECKING:
 
 BATCH_SIZE = 4  # evaluation sequences per forward (and backward) pass, every ablation computation
 # Tokens an ablation's default batch may hold: BATCH_SIZE sequences of 256 tokens. Shorter sequences go more
-# per pass (the 16 repeated-token sequences of 51 tokens go in one): on 2 CPU cores a matrix product of ~200
-# rows runs at 2/3 the rate of one of ~800 (BENCHMARKS.md, "less work per classify and per ablated run").
+# per pass (the 16 repeated-token sequences of 51 tokens go in one): on CPU a matrix product of a few hundred
+# rows runs below the rate of one of several hundred more (BENCHMARKS.md, "less work per classify and per
+# ablated run", has the figures).
 BATCH_TOKENS = 1024
 # What one more forward pass costs beyond its tokens, in tokens: its fixed per-pass work (hooks, launches,
 # a matrix product of fewer rows running below the rate of a full one). packed_batches adds it per slice, so

@@ -24,7 +24,7 @@ from headlens.intervene.replace import Replacement, heads_by_layer, layer_replac
 from headlens.intervene.sums import resid_values
 
 # Sets stacked as batch copies per forward pass: the same FLOPs in fewer, larger calls. Four control
-# sets a pass gained 3.5% on a role experiment, inside the spread (BENCHMARKS.md), so one a pass; the
+# sets a pass gained no more than the spread on a role experiment (BENCHMARKS.md), so one a pass; the
 # single-head sweep stacks by its row budget (headlens.intervene.sums.stack_count).
 SETS_PER_PASS = 1
 

@@ -17,6 +17,7 @@ import torch
 
 from headlens.errors import ConfigError, OutputPathError
 from headlens.files import csv_text, write_atomic
+from headlens.results import Result
 from headlens.training.config import TrainConfig, stages
 from headlens.training.data import byte_tokenizer, load_corpus, lr_at, sample_batch
 from headlens.training.evaluate import build_probes, evaluate
@@ -216,8 +217,8 @@ class _TrainingRun:
         )
         self.log_rows, self.head_rows, self.pending = [], [], []
         if previous is not None:  # the earlier stages' rows, then this stage's from its first step on
-            log, heads = load_training_log(previous)
-            self.log_rows, self.head_rows = log.to_dict("records"), heads.to_dict("records")
+            run = load_training_log(previous)
+            self.log_rows, self.head_rows = run.frame.to_dict("records"), run.tables["heads"].to_dict("records")
         self.start = time.perf_counter()
 
     def run(self, progress: bool) -> None:
@@ -274,8 +275,10 @@ class _TrainingRun:
         _write_csv(pd.DataFrame(self.head_rows, columns=HEAD_COLUMNS), self.out_dir / "training_heads.csv")
 
 
-def load_training_log(folder):
-    """(log_df, heads_df) from a training run folder (or a shipped model's folder), sorted by step."""
+def load_training_log(folder) -> Result:
+    """A training run's log (a run folder written by `headlens train-tiny`, or a shipped model's folder): a Result
+    of kind "training", `.frame` one row per checkpoint (LOG_COLUMNS) sorted by step, `.tables["heads"]` one row
+    per head and checkpoint (HEAD_COLUMNS) sorted by step, layer and head, `.meta["folder"]` where it was read."""
     import pandas as pd
 
     folder = Path(folder)
@@ -285,4 +288,4 @@ def load_training_log(folder):
             raise OutputPathError(f"{path} not found: expected a folder written by `headlens train-tiny`")
     log = pd.read_csv(paths[0]).sort_values("step").reset_index(drop=True)
     heads = pd.read_csv(paths[1]).sort_values(["step", "layer", "head"]).reset_index(drop=True)
-    return log, heads
+    return Result("training", log, {"folder": str(folder)}, tables={"heads": heads})

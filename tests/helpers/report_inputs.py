@@ -8,6 +8,9 @@ import re
 import numpy as np
 import pandas as pd
 
+from headlens.classify.samples import sample_result
+from headlens.results import Result
+
 N_LAYERS, N_HEADS, POS = 2, 3, 5
 MODEL_INFO = {
     "name": "hand-made",
@@ -40,7 +43,7 @@ def heads_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def viewer_dict(tokens=None) -> dict:
+def viewer_dict(tokens=None) -> Result:
     tokens = tokens or ["<|endoftext|>", "The", " cat", " sat", "."]
     pos = len(tokens)
     causal = np.tril(np.ones((pos, pos)))  # [q_pos, k_pos]
@@ -48,7 +51,7 @@ def viewer_dict(tokens=None) -> dict:
     patterns = np.broadcast_to(uniform, (N_LAYERS, N_HEADS, pos, pos)).copy()  # [layer, head, q, k]
     patterns[0, 1] = np.eye(pos, k=-1)  # a perfect previous-token head
     patterns[0, 1, 0, 0] = 1.0
-    return {"tokens": tokens, "patterns": patterns, "n_tokens_total": pos + 10, "text": "The cat sat."}
+    return sample_result(tokens, patterns, n_tokens_total=pos + 10, text="The cat sat.")
 
 
 def sweep_frame() -> pd.DataFrame:
@@ -86,7 +89,7 @@ def validation_frame(fail_layer=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def training_pair(jump_step=300):
+def training_pair(jump_step=300) -> Result:
     steps = np.arange(0, 600, 100)
     log = pd.DataFrame(
         {
@@ -108,7 +111,7 @@ def training_pair(jump_step=300):
             for h in range(N_HEADS)
         ]
     )
-    return log, heads
+    return Result("training", log, {"folder": None}, tables={"heads": heads})
 
 
 def words(text: str) -> set[str]:

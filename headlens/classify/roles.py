@@ -1,11 +1,12 @@
-"""Which heads an ablation takes: explicit heads, every head at once, or the heads of a role.
+"""Which heads an ablation or a circuit takes: explicit heads, every head at once, or the heads of a role.
 
 A spec is "3.4,5.1", "layer:3", `all` (every head, ablated together) or a role (any label
 of the registry of head kinds, headlens.classify.kinds: `induction`, `retrieval`, `successor`, ..., also
 written `label:NAME`); `each` (every head alone) is the single-head sweep's, `sweep_heads`.
 A role resolves to the heads carrying that label, read from a `heads.json` written by
 `headlens classify --out` or found by classifying the model (headlens.classify.classify_heads,
-default probes; the classifier is imported only then).
+default probes; the classifier is imported only then). It sits in classify/ because both ablation/ and
+circuits/ read it, and neither may import the other (tests/test_imports.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The languages headlens writes prose in: HTML reports, inline views and the CLI's `--lang`.
 
-Kept apart from headlens.reports so that checking a `--lang` value loads no report code.
+A module of its own, which imports only the error classes, so that checking a `--lang` value (every command
+that writes a page) loads no report code: headlens.reports re-exports its names lazily.
 """
 
 from __future__ import annotations
