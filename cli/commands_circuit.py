@@ -150,13 +150,14 @@ def circuit_command(
         steps=steps,
         seed=seed,
     )
-    out_fmt = None if request.on_graph else opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work
+    out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)  # fail before the work
     opt.check_report(report_path, lang)
     loaded = load_model(model, **placement)
     result = run_circuit(loaded, request, progress, say=lambda line: click.echo(f"headlens: {line}", err=True))
     info = opt.model_info(loaded)
     document = circuit_document(result, info)
-    summary = _print_graph(document, fmt) if request.on_graph else _print_circuit(document, fmt, out, out_fmt)
+    printer = _print_graph if request.on_graph else _print_circuit
+    summary = printer(document, fmt, out, out_fmt)
     for page in opt.html_pages(report_path, out, out_fmt):
         from headlens.reports import render_report
 
@@ -168,26 +169,38 @@ def circuit_command(
 def _print_circuit(document: dict, fmt: str, out: str | None, out_fmt: str | None) -> str:
     """The circuit's document on stdout (JSON or the table), or written to `--out FILE.json`; its summary."""
     summary = f"task {document['task']['name']}: {len(document['heads'])} heads, {len(document['edges'])} edges"
-    if out_fmt == "json":
-        from headlens.files import write_out
-
-        write_out(out, document=document)
-        click.echo(f"{summary}; wrote {out}")
-    elif out_fmt is None and fmt == "json":
+    if _written(document, summary, out, out_fmt) or out_fmt is not None:
+        return summary
+    if fmt == "json":
         click.echo(json.dumps(document))
-    elif out_fmt is None:
+    else:
         _print_document(document)
     return summary
 
 
-def _print_graph(document: dict, fmt: str) -> str:
-    """A circuit found on the whole graph on stdout: JSON, or its lines and the backups' table; its summary."""
+def _print_graph(document: dict, fmt: str, out: str | None, out_fmt: str | None) -> str:
+    """A circuit found on the whole graph on stdout (JSON, or its lines and the backups' table), or written to
+    `--out FILE.json`; its summary."""
     from headlens.cli.circuit_graph import graph_lines
 
+    summary = f"task {document['task']}: {document['n_edges']} edges"
+    if _written(document, summary, out, out_fmt) or out_fmt is not None:
+        return summary
     click.echo(json.dumps(document) if fmt == "json" else "\n".join(graph_lines(document)))
     if "backups" in document and fmt != "json":
         _print_backups(document["backups"])
-    return f"task {document['task']}: {document['n_edges']} edges"
+    return summary
+
+
+def _written(document: dict, summary: str, out: str | None, out_fmt: str | None) -> bool:
+    """Write the document to `--out FILE.json` with the summary on stdout; False when --out names no JSON file."""
+    if out_fmt != "json":
+        return False
+    from headlens.files import write_out
+
+    write_out(out, document=document)
+    click.echo(f"{summary}; wrote {out}")
+    return True
 
 
 def _signed(value) -> str:

@@ -236,6 +236,18 @@ def test_cli_discover_writes_a_graph_that_circuit_reads_back(tmp_path, small_mod
     assert json.loads(again.stdout)["faithfulness"] == pytest.approx(doc["faithfulness"], abs=1e-9)
 
 
+def test_cli_discover_out_writes_the_document_stdout_would_have_printed(tmp_path, small_model_dir, labels_path):
+    args = ["circuit", str(small_model_dir), "--task", "induction", "--discover", "--edges", "12", "--no-stability"]
+    printed = _cli(*args, "--labels", labels_path, "--format", "json")
+    assert printed.exit_code == 0, printed.output
+    out = tmp_path / "circuit.json"
+    written = _cli(*args, "--labels", labels_path, "--out", str(out))
+    assert written.exit_code == 0, written.output
+    doc = json.loads(out.read_text())
+    assert doc == json.loads(printed.stdout)
+    assert written.stdout.strip() == f"task induction: {doc['n_edges']} edges; wrote {out}"
+
+
 def test_cli_names_the_malformed_line_of_a_task_file(tmp_path, small_model_dir):
     path = tmp_path / "task.jsonl"
     path.write_text('{"prompt": "a b", "answer": " c", "counterfactual": "d e", "wrong": " f"}\n[1, 2]\n')
