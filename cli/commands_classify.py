@@ -76,6 +76,13 @@ def _check_seq_len(ctx, param, value):
     help="tokens of the longest needle-in-a-haystack test, up to the model's context for long-context "
     "needles [default: the token budget]",
 )
+@click.option(
+    "--needle-depths",
+    type=click.IntRange(min=1),
+    default=None,
+    help="needle depths per test length (needle tests = depths x 3 lengths): more depths give retrieval labels "
+    "that move less with the seed and the precision, at the needle probe's cost growing in step [default: 5]",
+)
 @click.option("--no-needles", is_flag=True, help="skip the needle-in-a-haystack probe (no retrieval_score)")
 @click.option(
     "--syntax",
@@ -126,6 +133,7 @@ def classify_command(
     max_windows,
     token_budget,
     needle_budget,
+    needle_depths,
     no_needles,
     syntax_file,
     thresholds,
@@ -149,7 +157,8 @@ def classify_command(
     if compare_paths and not compare_texts:
         raise click.UsageError(f"unexpected argument {compare_paths[0]!r}: text paths follow --compare-texts")
     flags = {"seed": seed, "n_seq": n_seq, "seq_len": seq_len, "max_windows": max_windows}
-    flags.update(token_budget=token_budget, needle_budget=needle_budget, syntax=syntax_file, resamples=resamples)
+    flags.update(token_budget=token_budget, needle_budget=needle_budget, needle_depths=needle_depths)
+    flags.update(syntax=syntax_file, resamples=resamples)
     request = ClassifySpec.parse(
         text_path=None if compare_texts else text_path,
         thresholds=thresholds,

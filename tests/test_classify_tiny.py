@@ -67,6 +67,17 @@ def test_needle_probe_retrieves_the_tests_the_card_states(classified, name):
     assert (row["n_needle_retrieved"], row["n_needle_tests"]) == (int(retrieved), int(total)), row
 
 
+def test_needle_depths_sets_how_many_needle_tests_run(classified):
+    """`--needle-depths N` runs N depths per test length: twice the default's 5 depths is twice its tests."""
+    default = next(iter(classified("tiny").values()))["n_needle_tests"]
+    args = ["classify", "tiny", "--needle-depths", "10", "--n-seq", "2", "--format", "json", "--no-progress"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert {row["n_needle_tests"] for row in json.loads(result.stdout)} == {2 * default}
+    refused = CliRunner().invoke(cli, ["classify", "tiny", "--needle-depths", "0"])
+    assert refused.exit_code == 2 and "--needle-depths" in refused.output
+
+
 # Short texts on every shipped model --------------------------------------------------------------
 
 SHORT_SENTENCE = "The cat sat on the mat while the dog slept by the door."
