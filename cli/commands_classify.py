@@ -168,7 +168,7 @@ def classify_command(
         **flags,
     )
     if compare_texts:
-        click.echo(_compare(model, compare_paths, request.config, placement, progress))
+        click.echo(_compare(model, compare_paths, request.config, placement, progress, fmt))
         return
     out_fmt = opt.check_out(out, OUT_SUFFIXES, lang)
     out_folder = _check_out_dir(out_dir) if out_dir is not None else None
@@ -208,27 +208,25 @@ def classify_command(
     click.echo(_render(rank_heads(frame), fmt))
 
 
-def _compare(model, paths, config, placement, progress) -> str:
-    """--compare-texts: per role, the heads on each text, their Jaccard overlap and the flipping heads."""
+def _compare(model, paths, config, placement, progress, fmt: str) -> str:
+    """--compare-texts: per role, the heads on each text, their Jaccard overlap and the flipping heads, as
+    short lines (cli.compare_lines) or, with --format json / csv, the comparison's table."""
     from headlens.classify.compare import classify_texts, compare_labels, read_texts, shipped_documents
+    from headlens.cli.compare_lines import compare_lines
     from headlens.load.models import load_model
 
     texts = read_texts(paths) if paths else shipped_documents()  # a bad file fails here, before the model loads
     if len(texts) < 2:
         raise click.UsageError("--compare-texts needs at least two texts")
     table = compare_labels(classify_texts(load_model(model, **placement), texts, config, progress))
+    if fmt == "json":
+        return table.to_json(orient="records")
+    if fmt == "csv":
+        lists = [c for c in table.columns if c.startswith("heads_") or c in ("flips", "flip_scores")]
+        return table.assign(**{c: [", ".join(v) for v in table[c]] for c in lists}).to_csv(index=False).rstrip("\n")
     if table.empty:
         return "no head carries a role on any text"
-    for column in table.columns:
-        if column.startswith("heads_") or column in ("flips", "flip_scores"):
-            table[column] = [", ".join(v) or "-" for v in table[column]]
-    table["jaccard"] = [f"{v:.2f}" for v in table["jaccard"]]
-    table = table.drop(columns="flips")
-    return (
-        table.to_string(index=False, justify="left")
-        + "\nflip_scores: each flipping head's ranking score on "
-        + (", ".join(texts) + " in that order, beside its cut-off")
-    )
+    return "\n".join(compare_lines(table, list(texts)))
 
 
 def _notes(heads, text) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 
@@ -72,3 +73,34 @@ def test_compare_texts_needs_the_flag_and_two_texts(tmp_path):
     assert stray.returncode == 2 and "--compare-texts" in stray.stderr
     alone = subprocess.run([*run, "--compare-texts", str(one)], capture_output=True, text=True, timeout=300)
     assert alone.returncode == 2 and "at least two texts" in alone.stderr and "Traceback" not in alone.stderr
+
+
+def test_the_printed_comparison_fits_the_width_and_names_every_head():
+    """A role with 138 heads on one text (SmolLM2's first_token) prints in lines no wider than asked, and
+    every head of every text, every flip and every flip score is on the page."""
+    from headlens.cli.compare_lines import compare_lines
+
+    many = [f"{layer}.{head}" for layer in range(30) for head in range(9)][:138]
+    table = pd.DataFrame(
+        [
+            {
+                "role": "first_token",
+                "heads_english": many,
+                "heads_spanish": many[:-2],
+                "jaccard": 136 / 138,
+                "flips": many[-2:],
+                "flip_scores": [f"{h} 0.310/0.290 (cut-off 0.3)" for h in many[-2:]],
+            },
+            {"role": "induction", "heads_english": ["1.0"], "heads_spanish": ["1.0"], "jaccard": 1.0}
+            | {"flips": [], "flip_scores": []},
+        ]
+    )
+    for width in (60, 80, 120):
+        lines = compare_lines(table, ["english", "spanish"], width=width)
+        assert max(len(line) for block in lines for line in block.split("\n")) <= width
+        page = " ".join(lines)
+        words = {word.strip(",;") for word in page.split()}
+        assert set(many) <= words
+        assert all(score.split()[1] in page for score in table["flip_scores"][0])
+        assert "first_token: Jaccard 0.99; flips: " + ", ".join(many[-2:]) in page
+        assert "induction: Jaccard 1.00; flips: none" in page
