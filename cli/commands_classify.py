@@ -211,14 +211,14 @@ def classify_command(
 def _compare(model, paths, config, placement, progress, fmt: str) -> str:
     """--compare-texts: per role, the heads on each text, their Jaccard overlap and the flipping heads, as
     short lines (cli.compare_lines) or, with --format json / csv, the comparison's table."""
-    from headlens.classify.compare import classify_texts, compare_labels, read_texts, shipped_documents
+    from headlens.classify.compare import compare_texts, read_texts, shipped_documents
     from headlens.cli.compare_lines import compare_lines
     from headlens.load.models import load_model
 
     texts = read_texts(paths) if paths else shipped_documents()  # a bad file fails here, before the model loads
     if len(texts) < 2:
         raise click.UsageError("--compare-texts needs at least two texts")
-    table = compare_labels(classify_texts(load_model(model, **placement), texts, config, progress))
+    table = compare_texts(load_model(model, **placement), texts, config, progress).frame
     if fmt == "json":
         return table.to_json(orient="records")
     if fmt == "csv":

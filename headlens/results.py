@@ -5,7 +5,8 @@ Every stage function returns a `Result`: classify_heads (kind "heads"), sweep_he
 ("ablation"), prune_curve ("pruning"), validate_model ("validation"), the circuits' edge tables,
 composition_scores, path_patch and edge_attribution ("edges"), circuit ("circuit"), self_repair
 ("self_repair"), find_backups ("backups"), approx_sweep ("approx"), spot_check ("spot_check"),
-token_ablation ("tokens"), load_training_log ("training") and sample_patterns ("sample"); each function's
+token_ablation ("tokens"), load_training_log ("training"), sample_patterns ("sample") and compare_texts
+("agreement"); each function's
 docstring gives its frame's columns and its meta's keys. A result of several tables keeps its main one in
 `.frame` and the others by name in `.tables` (circuit: `tables["edges"]` and, with an ablation,
 `tables["compensation"]`; a training log: `tables["heads"]`); most results have none. The metadata lives
@@ -49,6 +50,7 @@ KINDS = (
     "tokens",
     "training",
     "sample",
+    "agreement",
 )
 
 

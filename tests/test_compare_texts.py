@@ -104,3 +104,17 @@ def test_the_printed_comparison_fits_the_width_and_names_every_head():
         assert all(score.split()[1] in page for score in table["flip_scores"][0])
         assert "first_token: Jaccard 0.99; flips: " + ", ".join(many[-2:]) in page
         assert "induction: Jaccard 1.00; flips: none" in page
+
+
+def test_compare_texts_is_one_result_of_the_comparison_and_each_texts_labels():
+    """compare_texts: the table compare_labels gives for the same runs, each text's classification kept."""
+    from headlens.classify import compare_texts
+
+    loaded = build_planted(0).loaded
+    texts = {"plain": PLANTED_TEXT, "gated": _gated_text()}
+    result = compare_texts(loaded, texts, CONFIG)
+    again = classify_texts(loaded, texts, CONFIG)
+    assert result.kind == "agreement" and result.meta["texts"] == ["plain", "gated"]
+    pd.testing.assert_frame_equal(result.frame, compare_labels(again))
+    for name in texts:
+        pd.testing.assert_frame_equal(result.tables[name], again[name].frame)

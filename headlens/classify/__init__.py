@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.l
         classify_heads,
         head_records,
     )
+    from headlens.classify.compare import compare_texts
     from headlens.classify.labels import ClassifyConfig
 
 LAZY = lazy_exports(__name__, __file__)  # the names the TYPE_CHECKING imports above name

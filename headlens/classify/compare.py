@@ -1,5 +1,6 @@
 """Do the labels hold on another text? Classify on several texts and compare the heads of each role.
 
+`compare_texts` is the one call: it classifies on each text and compares, as a Result of kind "agreement".
 `classify_texts` runs classify once per text; the probes that do not read the text (the repeated random
 tokens, the weights, the IOI templates: kinds.Probe.reads_text False) run once and are shared.
 `compare_labels` gives, per role, the heads labelled on each text, their Jaccard overlap (heads on every
@@ -21,6 +22,7 @@ from headlens.classify.frame import classify_run
 from headlens.classify.labels import ClassifyConfig, cut_offs, label_list
 from headlens.files import shipped_path
 from headlens.probes.inputs import DEFAULT_TEXT_NAME, read_text
+from headlens.results import Result
 
 if TYPE_CHECKING:
     from headlens.load.models import LoadedModel
@@ -50,6 +52,17 @@ def read_texts(paths) -> dict[str, str]:
             name = f"{path.stem}_{n}"
         texts[name] = read_text(path)
     return texts
+
+
+def compare_texts(
+    loaded: LoadedModel, texts: dict[str, str], config: ClassifyConfig | None = None, progress: bool = False
+) -> Result:
+    """Classify `loaded` on each of `texts` ({name: text}) and compare the labels: a Result of kind
+    "agreement" whose `.frame` is compare_labels' table (one row per role some text labels), `.meta["texts"]`
+    the texts' names in order, and `.tables[name]` each text's classification (classify_heads' frame)."""
+    results = classify_texts(loaded, texts, config, progress)
+    tables = {name: result.frame for name, result in results.items()}
+    return Result("agreement", compare_labels(results), {"texts": list(texts)}, tables=tables)
 
 
 def classify_texts(
