@@ -138,13 +138,37 @@ class GraphTask:
         return out
 
     def exact_edges(self, edges):
-        """Exact scores of the edges (sender, receiver) given, one patched pass each, lazily in order:
-        m(M minus e) - m(M)."""
-        base = self.ends()[0]
+        """Exact scores of the edges (sender, receiver) given, lazily in order: m(M minus e) - m(M).
+        An edge into the logits changes only the logits' input (the clean final residual minus the
+        sender's clean output plus its reference output), read from one clean run; any other edge
+        takes one patched pass."""
+        base, finals = self.ends()[0], None
         for s, r in edges:
-            keep = self.graph.real.clone()
-            keep[s, r] = False
-            yield self.metric(keep) - base
+            if r != self.graph.logits_receiver:
+                keep = self.graph.real.clone()
+                keep[s, r] = False
+                yield self.metric(keep) - base
+                continue
+            finals = finals if finals is not None else self._clean_finals()
+            total = 0.0
+            with torch.inference_mode():
+                for b, (final, diffs) in zip(self.batches, finals, strict=True):
+                    patched = final.clone()  # [batch, pos, d_model]
+                    patched[self.task.where[b.rows]] -= diffs[s]
+                    total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, patched))
+            yield total / self.n_read - base
+
+    def _clean_finals(self) -> list:
+        """Per batch: the clean run's final residual [batch, pos, d_model] and every sender's clean minus
+        reference output at the read positions [senders, reads, d_model]."""
+        out = []
+        with torch.inference_mode():
+            for b in self.batches:
+                final, record = run_graph(self.adapter, self.graph, b.ctx, self.graph.real)
+                where = self.task.where[b.rows]  # [batch, pos]
+                out.append((final, (record.outs[:, where] - b.ref.outs[:, where]).clone()))
+                del record
+        return out
 
     def _gradient_scores(self, steps: int, interpolate: bool) -> torch.Tensor:
         out = torch.zeros(self.graph.real.shape, dtype=torch.float64)
