@@ -262,13 +262,14 @@ def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
     assert got["resamples"] == 5 and got["k"] == 10
 
 
-def test_exact_scores_of_logit_edges_read_from_one_clean_run_equal_their_patched_passes(tiny):
-    # exact_edges reads an edge into the logits from one clean run; the patched pass of the whole graph
-    # less that edge is the definition
+def test_exact_edge_scores_from_the_clean_run_equal_their_whole_patched_passes(tiny):
+    # exact_edges reads an edge into the logits from one clean run and begins any other edge's pass at
+    # its receiver's layer from the clean run; the whole graph's patched pass less that edge is the definition
     gt = GraphTask(tiny, induction_task(tiny, n=4, seq_len=8))
     graph = gt.graph
     edges = [(s, graph.logits_receiver) for s in (0, graph.head_sender(0, 1), graph.mlp_sender(graph.n_layers - 1))]
-    edges.append((0, graph.head_receiver(1, 0, "k")))
+    edges += [(0, graph.head_receiver(1, 0, "k")), (graph.head_sender(0, 0), graph.mlp_receiver(1))]
+    edges.append((graph.mlp_sender(0), graph.head_receiver(1, 1, "v")))
     base = gt.metric(graph.real)
     for (s, r), score in zip(edges, gt.exact_edges(edges), strict=True):
         keep = graph.real.clone()

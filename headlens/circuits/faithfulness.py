@@ -144,31 +144,35 @@ class GraphTask:
         takes one patched pass."""
         base, finals = self.ends()[0], None
         for s, r in edges:
+            finals = finals if finals is not None else self._clean_runs()
             if r != self.graph.logits_receiver:
                 keep = self.graph.real.clone()
                 keep[s, r] = False
-                yield self.metric(keep) - base
+                yield self._metric_from(keep, r // (3 * self.graph.n_heads + 1), finals) - base
                 continue
-            finals = finals if finals is not None else self._clean_finals()
             total = 0.0
             with torch.inference_mode():
-                for b, (final, diffs) in zip(self.batches, finals, strict=True):
-                    patched = final.clone()  # [batch, pos, d_model]
-                    patched[self.task.where[b.rows]] -= diffs[s]
+                for b, clean in zip(self.batches, finals, strict=True):
+                    patched = clean.final.clone()  # [batch, pos, d_model]
+                    where = self.task.where[b.rows]  # [batch, pos]
+                    patched[where] -= clean.outs[s][where] - b.ref.outs[s][where]
                     total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, patched))
             yield total / self.n_read - base
 
-    def _clean_finals(self) -> list:
-        """Per batch: the clean run's final residual [batch, pos, d_model] and every sender's clean minus
-        reference output at the read positions [senders, reads, d_model]."""
-        out = []
+    def _clean_runs(self) -> list[Record]:
+        """Per batch, the plain model's pass with every sender's output and block input (a Record)."""
         with torch.inference_mode():
-            for b in self.batches:
-                final, record = run_graph(self.adapter, self.graph, b.ctx, self.graph.real)
-                where = self.task.where[b.rows]  # [batch, pos]
-                out.append((final, (record.outs[:, where] - b.ref.outs[:, where]).clone()))
-                del record
-        return out
+            return [run_graph(self.adapter, self.graph, b.ctx, self.graph.real)[1] for b in self.batches]
+
+    def _metric_from(self, keep: torch.Tensor, layer: int, cleans: list[Record]) -> float:
+        """`metric(keep)` for a circuit holding every edge into the receivers before `layer`: each pass
+        begins at that layer from the clean run (run_graph's `start`)."""
+        total = 0.0
+        with torch.inference_mode():
+            for b, clean in zip(self.batches, cleans, strict=True):
+                final, _ = run_graph(self.adapter, self.graph, b.ctx, keep, b.ref, record=False, start=(layer, clean))
+                total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, final))
+        return total / self.n_read
 
     def _gradient_scores(self, steps: int, interpolate: bool) -> torch.Tensor:
         out = torch.zeros(self.graph.real.shape, dtype=torch.float64)

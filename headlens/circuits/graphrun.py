@@ -211,7 +211,15 @@ def _last_resid_block(graph, keep: torch.Tensor) -> int:
 
 
 def run_graph(
-    adapter, graph, ctx, keep, ref: Record | None = None, probes: dict | None = None, embed=None, record: bool = True
+    adapter,
+    graph,
+    ctx,
+    keep,
+    ref: Record | None = None,
+    probes: dict | None = None,
+    embed=None,
+    record: bool = True,
+    start: tuple[int, Record] | None = None,
 ):
     """The final input of the logits [batch, pos, d_model] and the pass's Record, for circuit `keep`
     [senders, receivers] bool against reference `ref` (None: the plain model). `probes`, if given, gets
@@ -220,8 +228,14 @@ def run_graph(
     the embeddings; `record` False leaves the Record's outputs and inputs out (None). Without a
     Record, a block whose inputs are all the reference's (no edge in the circuit from a sender that
     differs from it) is not run: its outputs are the reference's, diffs 0, wherever no later input
-    is built from the running residual."""
-    resid = adapter.embed_tokens(ctx) if embed is None else embed  # [batch, pos, d_model]
+    is built from the running residual. `start` (layer, clean Record of the plain model's pass): the
+    pass begins at that layer from the clean run's residual and outputs, exact where every edge into
+    an earlier receiver is in `keep`."""
+    first_layer = 0 if start is None else start[0]
+    if first_layer:
+        resid = start[1].attn_in[first_layer]  # [batch, pos, d_model]
+    else:
+        resid = adapter.embed_tokens(ctx) if embed is None else embed  # [batch, pos, d_model]
     n_heads = adapter.n_heads
     shape = (graph.n_senders, *resid.shape)
     record = Record(torch.empty(shape, dtype=resid.dtype) if record else None)
@@ -256,9 +270,14 @@ def run_graph(
             probes[key].append(x)
         return x  # [receivers, batch, pos, d_model]
 
-    keep_out(0, resid)
-    moved[0] = True
-    for layer in range(adapter.n_layers):
+    if first_layer:
+        done = graph.head_sender(first_layer, 0)  # the senders before the layer: the clean run's outputs
+        keep_out(slice(0, done), start[1].outs[:done])
+        moved[:done] = True
+    else:
+        keep_out(0, resid)
+        moved[0] = True
+    for layer in range(first_layer, adapter.n_layers):
         if outs is not None:
             record.attn_in.append(resid)
         first = graph.head_receiver(layer, 0, "q")
