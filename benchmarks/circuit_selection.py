@@ -15,6 +15,7 @@ pruned to the nodes on a path from the input to the logits):
   pruned size of the circuit at high;
 - with --mib-grid, also f at MIB's grid (0.1% ... 20% of the edges; MIB-circuit-track
   evaluate_area_under_curve).
+--counterfactual s2-io-flip patches IOI from MIB's default counterfactual instead of the ABC run.
 With --signed, edges are ranked by their signed benefit (how much the edge's clean value moves the
 metric the task's good way: -score where higher is better, +score where lower is better) instead of
 |score|: MIB's and EAP-IG's `absolute=False` (EAP-IG's own IOI example grows its circuit greedily
@@ -33,6 +34,7 @@ import torch
 from headlens.circuits.discover import Curve, area, log_grid
 from headlens.circuits.faithfulness import GraphTask
 from headlens.circuits.moretasks import circuit_task
+from headlens.circuits.tasks import ioi_task
 from headlens.load.models import load_model
 
 MIB_SHARES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
@@ -49,6 +51,7 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--points", type=int, default=20)
     parser.add_argument("--tol", type=float, default=0.05, help="bisection's relative bracket width")
     parser.add_argument("--mib-grid", action="store_true")
+    parser.add_argument("--counterfactual", default="abc", help="IOI's counterfactual: abc or s2-io-flip (MIB's)")
     parser.add_argument("--signed", action="store_true", help="rank by signed benefit, not |score|")
     parser.add_argument("--scores", help="read the scores from this file instead of computing them")
     parser.add_argument("--save-scores", help="write the scores to this file (torch.save)")
@@ -91,7 +94,11 @@ def main(argv=None) -> None:
     loaded = load_model(args.model)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}", flush=True)
     start = time.process_time()
-    gt = GraphTask(loaded, circuit_task(loaded, args.task))
+    task = circuit_task(loaded, args.task)
+    if args.task == "ioi" and args.counterfactual != "abc":
+        task = ioi_task(loaded, counterfactual=args.counterfactual)
+    print(task.description)
+    gt = GraphTask(loaded, task)
     full, empty = gt.ends()
     print(f"{args.model} {args.task}: {gt.graph.n_edges} edges; m(model) {full:.4f}, m(empty) {empty:.4f}")
     print(f"reference run and ends: {cpu_since(start)}", flush=True)
