@@ -272,3 +272,19 @@ def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
     got = stability(tiny, small, "eap", "patching", 10, 1, 0, keep, pair)
     assert 0.0 <= got["jaccard_resamples"] <= 1.0 and 0.0 <= got["jaccard_templates"] <= 1.0
     assert got["resamples"] == 5 and got["k"] == 10
+
+
+def test_exact_edge_scores_from_the_clean_run_equal_their_whole_patched_passes(tiny):
+    # exact_edges reads an edge into the logits from one clean run and begins any other edge's pass at
+    # its receiver's layer from the clean run; the whole graph's patched pass less that edge is the definition
+    gt = GraphTask(tiny, induction_task(tiny, n=4, seq_len=8))
+    graph = gt.graph
+    edges = [(s, graph.logits_receiver) for s in (0, graph.head_sender(0, 1), graph.mlp_sender(graph.n_layers - 1))]
+    edges += [(0, graph.head_receiver(1, 0, "k")), (graph.head_sender(0, 0), graph.mlp_receiver(1))]
+    edges.append((graph.mlp_sender(0), graph.head_receiver(1, 1, "v")))
+    base = gt.metric(graph.real)
+    for (s, r), score in zip(edges, gt.exact_edges(edges), strict=True):
+        keep = graph.real.clone()
+        keep[s, r] = False
+        assert score == pytest.approx(gt.metric(keep) - base, abs=1e-5)
+    assert any(abs(score) > 1e-3 for score in gt.exact_edges(edges[:3]))  # not all zero by construction

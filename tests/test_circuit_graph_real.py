@@ -2,7 +2,9 @@
 inputs, every MLP and the logits): EAP scores, then the smallest top-k circuit whose faithfulness (MIB's,
 counterfactual patching outside the circuit) reaches 0.8. It must reach it with a small share of the
 graph's edges: the whole graph reaches f = 1 by construction, so the size bound is what makes the test
-able to fail."""
+able to fail. IOI is measured against two counterfactuals: Wang et al.'s ABC run (the task's default,
+strict xfail) and MIB's default IOI counterfactual, the subject's second mention replaced by the indirect
+object (hannamw/MIB-circuit-track's `s2_io_flip_counterfactual`), which must pass within the same bound."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 from headlens.circuits.discover import Curve, log_grid
 from headlens.circuits.faithfulness import GraphTask
 from headlens.circuits.moretasks import circuit_task
+from headlens.circuits.tasks import ioi_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -29,8 +32,15 @@ def smollm2(real_model):
 )
 @pytest.mark.parametrize("task_name", ["ioi", "induction"])
 def test_smollm2_circuit_reaches_faithfulness_08_with_few_edges(smollm2, task_name):
+    check_small_circuit(smollm2, circuit_task(smollm2, task_name))
+
+
+def test_smollm2_ioi_circuit_with_mibs_counterfactual_reaches_faithfulness_08_with_few_edges(smollm2):
+    check_small_circuit(smollm2, ioi_task(smollm2, counterfactual="s2-io-flip"))
+
+
+def check_small_circuit(smollm2, task):
     # discover's circuit for target 0.8 (method eap, 12 grid points), without the sizes at other targets
-    task = circuit_task(smollm2, task_name)
     gt = GraphTask(smollm2, task)
     curve = Curve(gt, gt.scores("eap"))
     k = curve.smallest(0.8, log_grid(gt.graph.n_edges, 12)) or gt.graph.n_edges  # as discover chooses it

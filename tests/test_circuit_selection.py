@@ -3,13 +3,16 @@ the definition: grown from the logits, each step the largest-|score| edge into a
 1. a hand-built 2-layer, 1-head graph where top-n and greedy differ, the order worked out by hand here;
 2. random scores on a 3 x 2 graph: the order is a permutation of the real edges and every prefix reaches
    only nodes already in it (each edge's receiver is the logits or a sender of an earlier edge).
+3. `Curve.bracket` on a faithfulness curve given here (a step at a known k, a dip after it): the bracket
+   holds the step, is as narrow as asked, tol 0 gives the step itself (`smallest`), and where f dips
+   back under the target bisection returns the crossing it found.
 """
 
 from __future__ import annotations
 
 import torch
 
-from headlens.circuits.discover import greedy_order, select
+from headlens.circuits.discover import Curve, greedy_order, select
 from headlens.circuits.graph import ModelGraph
 
 
@@ -37,3 +40,30 @@ def test_every_greedy_prefix_is_connected_to_the_logits():
     for s, r in order:
         assert int(graph.receiver_node[r]) in joined
         joined.add(s)
+
+
+class _StepCurve(Curve):
+    """A Curve whose f(k) is given: 0 below `step`, 1 from it on, except 0 again at k in `dips`."""
+
+    def __init__(self, step: int, dips=()):
+        self.step, self.dips, self.asked = step, set(dips), []
+
+    def circuit(self, k: int):
+        self.asked.append(k)
+        return None, float(k >= self.step and k not in self.dips)
+
+
+def test_bracket_holds_the_first_step_and_is_as_narrow_as_asked():
+    grid = [1, 10, 100, 1000]
+    assert _StepCurve(537).bracket(0.8, grid) == (536, 537)
+    assert _StepCurve(537).smallest(0.8, grid) == 537
+    for tol in (0.01, 0.05, 0.2):
+        curve = _StepCurve(537)
+        low, high = curve.bracket(0.8, grid, tol)
+        assert low < 537 <= high and high - low <= max(1, tol * high)
+        assert all(100 <= k <= 1000 for k in curve.asked[4:])  # bisection stays inside the grid interval
+    assert _StepCurve(5000).bracket(0.8, grid) is None  # never reached
+    # f not monotone: bisection's first probe (550) falls in a dip, so the bracket is the crossing above
+    # the dip (a k with f(low) < target <= f(high), not the first such k: "the smallest k found")
+    curve = _StepCurve(537, dips=range(540, 560))
+    assert curve.bracket(0.8, grid) == (559, 560) and 550 in curve.asked

@@ -30,6 +30,18 @@ def test_induction_task_reads_the_second_copy_after_its_first_token(small_model)
     assert float(task.logit_metric(logits)) == pytest.approx(float(centred.mean()), rel=1e-4, abs=1e-5)
 
 
+def test_ioi_s2_io_flip_counterfactual_names_the_indirect_object_twice(small_model):
+    # MIB's default IOI counterfactual: only S2 changes, to the indirect object's token, so in the
+    # counterfactual the subject (S) is the name mentioned once: the answer flips
+    task = ioi_task(small_model, n=6, seed=0, counterfactual="s2-io-flip")
+    for row, p in enumerate(task.prompts):
+        changed = (task.corrupted[row] != task.tokens[row]).nonzero().flatten().tolist()
+        assert changed == [p["s2_pos"]]
+        assert int(task.corrupted[row, p["s2_pos"]]) == int(task.tokens[row, p["io_pos"]])
+    with pytest.raises(ConfigError, match="counterfactual"):
+        ioi_task(small_model, n=2, counterfactual="abba")
+
+
 def test_ioi_task_reads_end_and_its_abc_run_replaces_the_three_names(small_model):
     task = ioi_task(small_model, n=6, seed=0)
     assert task.metric_name == "logit-diff" and task.higher_is_better

@@ -132,14 +132,21 @@ class Curve:
 
     def smallest(self, target: float, grid: list[int]) -> int | None:
         """The smallest k found with f >= target (None: not even the whole model)."""
+        found = self.bracket(target, grid)
+        return None if found is None else found[1]
+
+    def bracket(self, target: float, grid: list[int], rel_tol: float = 0.0) -> tuple[int, int] | None:
+        """(low, high): f(low) < target <= f(high), high the first grid point reaching target, then
+        bisected down towards the previous grid point until high - low <= max(1, rel_tol * high)
+        (rel_tol 0: high is the smallest such k found). None: not even the whole model."""
         previous = 0
         for k in grid:
             if self.circuit(k)[1] >= target:
                 low, high = previous, k  # f(low) < target <= f(high)
-                while high - low > 1:
+                while high - low > max(1, rel_tol * high):
                     mid = (low + high) // 2
                     low, high = (low, mid) if self.circuit(mid)[1] >= target else (mid, high)
-                return high
+                return low, high
             previous = k
         return None
 

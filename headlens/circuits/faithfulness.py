@@ -131,13 +131,48 @@ class GraphTask:
 
     def _exact_scores(self) -> torch.Tensor:
         real = self.graph.real
-        base = self.metric(real)
         out = torch.zeros(real.shape, dtype=torch.float64)
-        for s, r in real.nonzero().tolist():
-            keep = real.clone()
-            keep[s, r] = False
-            out[s, r] = self.metric(keep) - base
+        edges = real.nonzero().tolist()
+        for (s, r), score in zip(edges, self.exact_edges(edges), strict=True):
+            out[s, r] = score
         return out
+
+    def exact_edges(self, edges):
+        """Exact scores of the edges (sender, receiver) given, lazily in order: m(M minus e) - m(M).
+        An edge into the logits changes only the logits' input (the clean final residual minus the
+        sender's clean output plus its reference output), read from one clean run; any other edge
+        takes one patched pass."""
+        base, finals = self.ends()[0], None
+        for s, r in edges:
+            finals = finals if finals is not None else self._clean_runs()
+            if r != self.graph.logits_receiver:
+                keep = self.graph.real.clone()
+                keep[s, r] = False
+                yield self._metric_from(keep, r // (3 * self.graph.n_heads + 1), finals) - base
+                continue
+            total = 0.0
+            with torch.inference_mode():
+                for b, clean in zip(self.batches, finals, strict=True):
+                    patched = clean.final.clone()  # [batch, pos, d_model]
+                    where = self.task.where[b.rows]  # [batch, pos]
+                    patched[where] -= clean.outs[s][where] - b.ref.outs[s][where]
+                    total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, patched))
+            yield total / self.n_read - base
+
+    def _clean_runs(self) -> list[Record]:
+        """Per batch, the plain model's pass with every sender's output and block input (a Record)."""
+        with torch.inference_mode():
+            return [run_graph(self.adapter, self.graph, b.ctx, self.graph.real)[1] for b in self.batches]
+
+    def _metric_from(self, keep: torch.Tensor, layer: int, cleans: list[Record]) -> float:
+        """`metric(keep)` for a circuit holding every edge into the receivers before `layer`: each pass
+        begins at that layer from the clean run (run_graph's `start`)."""
+        total = 0.0
+        with torch.inference_mode():
+            for b, clean in zip(self.batches, cleans, strict=True):
+                final, _ = run_graph(self.adapter, self.graph, b.ctx, keep, b.ref, record=False, start=(layer, clean))
+                total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, final))
+        return total / self.n_read
 
     def _gradient_scores(self, steps: int, interpolate: bool) -> torch.Tensor:
         out = torch.zeros(self.graph.real.shape, dtype=torch.float64)

@@ -214,19 +214,33 @@ def _last_resid_block(graph, keep: torch.Tensor) -> int:
 
 
 def run_graph(
-    adapter, graph, ctx, keep, ref: Record | None = None, probes: dict | None = None, embed=None, record: bool = True
+    adapter,
+    graph,
+    ctx,
+    keep,
+    ref: Record | None = None,
+    probes: dict | None = None,
+    embed=None,
+    record: bool = True,
+    start: tuple[int, Record] | None = None,
 ):
     """The final input of the logits [batch, pos, d_model] and the pass's Record, for circuit `keep`
     [senders, receivers] bool against reference `ref` (None: the plain model). `probes`, if given (the
-    plain model's pass only: `keep` the whole graph, no `ref`), gets what each receiver block reads,
-    requiring grad: per layer the heads' q, k and v inputs after the layer's input norm ("attn"
+    plain model's pass only: `keep` the whole graph, no `ref`, no `start`), gets what each receiver block
+    reads, requiring grad: per layer the heads' q, k and v inputs after the layer's input norm ("attn"
     [layer], [3, head, batch, pos, d_model], every input the residual "attn_x" [layer] normed once),
     the MLP's input ("mlp" [layer]) and the logits' ("final"); `embed` replaces the embeddings;
     `record` False leaves the Record's outputs and inputs out (None). Without a Record, a block whose
     inputs are all the reference's (no edge in the circuit from a sender that differs from it) is not
     run: its outputs are the reference's, diffs 0, wherever no later input is built from the running
-    residual."""
-    resid = adapter.embed_tokens(ctx) if embed is None else embed  # [batch, pos, d_model]
+    residual. `start` (layer, clean Record of the plain model's pass): the pass begins at that layer
+    from the clean run's residual and outputs, exact where every edge into an earlier receiver is in
+    `keep`."""
+    first_layer = 0 if start is None else start[0]
+    if first_layer:
+        resid = start[1].attn_in[first_layer]  # [batch, pos, d_model]
+    else:
+        resid = adapter.embed_tokens(ctx) if embed is None else embed  # [batch, pos, d_model]
     if probes is not None:  # every later input depends on it, so each requires grad
         resid = resid.detach().requires_grad_(True)
     n_heads = adapter.n_heads
@@ -261,9 +275,14 @@ def run_graph(
             probes[key].append(x)
         return x  # [receivers, batch, pos, d_model]
 
-    keep_out(0, resid)
-    moved[0] = True
-    for layer in range(adapter.n_layers):
+    if first_layer:
+        done = graph.head_sender(first_layer, 0)  # the senders before the layer: the clean run's outputs
+        keep_out(slice(0, done), start[1].outs[:done])
+        moved[:done] = True
+    else:
+        keep_out(0, resid)
+        moved[0] = True
+    for layer in range(first_layer, adapter.n_layers):
         if outs is not None:
             record.attn_in.append(resid)
         first = graph.head_receiver(layer, 0, "q")

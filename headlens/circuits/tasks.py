@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 IOI_PROMPTS = N_PROMPTS  # template prompts of the ioi task by default (name_mover's probe runs as many)
 TASKS = ("induction", "ioi")
+IOI_COUNTERFACTUALS = ("abc", "s2-io-flip")
 
 
 @dataclass
@@ -179,10 +180,20 @@ def induction_task(
 
 
 def ioi_task(
-    loaded: LoadedModel, prompts: list[dict] | None = None, seed: int = 0, n: int = IOI_PROMPTS, templates=TEMPLATES
+    loaded: LoadedModel,
+    prompts: list[dict] | None = None,
+    seed: int = 0,
+    n: int = IOI_PROMPTS,
+    templates=TEMPLATES,
+    counterfactual: str = "abc",
 ) -> Task:
-    """IOI prompts: `n` from the templates (seeded; ABC corrupted run), or the user's `prompts` (dicts of
-    headlens.intervene.evalset.read_prompts, each scored at its last position; no corrupted run)."""
+    """IOI prompts: `n` from the templates (seeded), or the user's `prompts` (dicts of
+    headlens.intervene.evalset.read_prompts, each scored at its last position; no corrupted run). The
+    template prompts' corrupted run: "abc" (Wang et al.'s ABC run, `abc_tokens`) or "s2-io-flip" (MIB's
+    default IOI counterfactual: the subject's second mention replaced by the indirect object, so the
+    answer flips)."""
+    if counterfactual not in IOI_COUNTERFACTUALS:
+        raise ConfigError(f"unknown IOI counterfactual {counterfactual!r}: choose {', '.join(IOI_COUNTERFACTUALS)}")
     if prompts is not None:
         return _prompts_task(loaded, prompts)
     built = ioi_prompts(loaded.tokenizer, loaded.bos_token_id, n, seed, templates)
@@ -196,8 +207,15 @@ def ioi_task(
         end = len(p["ids"]) - 1
         tokens[row, : end + 1], mask[row, : end + 1] = torch.tensor(p["ids"]), True
         where[row, end], target[row, end], foil[row, end] = True, p["io"], p["s"]
-    corrupted = abc_tokens(loaded, built, tokens, seed)
-    description = f"{len(built)} IOI prompts from {len(templates)} templates (seed {seed}), half ABBA, half BABA"
+    if counterfactual == "abc":
+        corrupted = abc_tokens(loaded, built, tokens, seed)
+    else:
+        corrupted = tokens.clone()  # [n, pos]
+        for row, p in enumerate(built):
+            corrupted[row, p["s2_pos"]] = tokens[row, p["io_pos"]]
+    description = f"{len(built)} IOI prompts from {len(templates)} templates (seed {seed}), half ABBA, half BABA" + (
+        "" if counterfactual == "abc" else "; counterfactual: S2 replaced by IO"
+    )
     return Task("ioi", tokens, mask, where, target, foil, corrupted, "logit-diff", "logits", True, description, built)
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from headlens.lazy import lazy_exports, lazy_getattr
 
 if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.lazy_exports reads them)
+    from headlens.classify.compare import compare_texts
     from headlens.classify.frame import (
         SCORE_COLUMNS,
         SOURCE_COLUMNS,
@@ -22,7 +23,6 @@ if TYPE_CHECKING:  # the lazily re-exported names, written once (headlens.lazy.l
         classify_heads,
         head_records,
     )
-    from headlens.classify.compare import compare_texts
     from headlens.classify.labels import ClassifyConfig
 
 LAZY = lazy_exports(__name__, __file__)  # the names the TYPE_CHECKING imports above name
