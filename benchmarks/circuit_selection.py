@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from headlens.circuits.discover import Curve, area, log_grid
+from headlens.circuits.discover import Curve, area, log_grid, ranking
 from headlens.circuits.faithfulness import GraphTask
 from headlens.circuits.moretasks import circuit_task
 from headlens.circuits.tasks import ioi_task
@@ -111,9 +111,8 @@ def main(argv=None) -> None:
         print(f"{args.method} scores ({args.steps} steps if eap-ig): {cpu_since(start)}", flush=True)
     if args.save_scores:
         torch.save(scores, args.save_scores)
-    if args.signed:  # a positive ranking value whose order is the signed benefit's (selection ranks by |value|)
-        benefit = -scores if gt.task.higher_is_better else scores
-        scores = torch.where(gt.graph.real, benefit - benefit[gt.graph.real].min() + 1e-9, 0.0)
+    if args.signed:  # discover's "signed" ranking, then each selection over it
+        scores = ranking(gt, scores, "signed")
         print("ranked by signed benefit (absolute=False)")
     for selection in args.selections.split(","):
         one_selection(gt, scores, selection, args)

@@ -60,10 +60,11 @@ SHOWN_COMPENSATION = 8
 @click.option(
     "--select",
     "selection",
-    type=click.Choice(["top", "greedy"]),
+    type=click.Choice(["top", "greedy", "signed"]),
     default="top",
     show_default=True,
-    help="with --discover: the N largest |score| edges, or grown greedily from the logits (EAP-IG's apply_greedy)",
+    help="with --discover: the N largest |score| edges, grown greedily from the logits (EAP-IG's apply_greedy), "
+    "or the N edges whose scores say they help the task most (EAP-IG's absolute=False)",
 )
 @opt.prompts_option('with --task ioi: JSONL of {"prompt", "target", "foil"} [default: headlens\'s IOI templates]')
 @click.option("--ablate", "spec", default=None, help="heads (23.0,23.1) or a role: the self-repair table")

@@ -4,8 +4,10 @@
 (headlens.circuits.faithfulness), then:
 - the faithfulness curve f(k) over a log-spaced grid of k edges (each circuit pruned to the nodes
   on a path from `input` to `logits`, as EAP-IG's `Graph.prune`), the k edges chosen by `selection`:
-  "top", the k largest |score| (EAP-IG's `apply_topn`), or "greedy", grown from the logits one
-  edge at a time, each the largest |score| into a node already in the circuit (`apply_greedy`);
+  "top", the k largest |score| (EAP-IG's `apply_topn`), "greedy", grown from the logits one
+  edge at a time, each the largest |score| into a node already in the circuit (`apply_greedy`), or
+  "signed", the k edges whose scores say they help the task most (`absolute=False`: an edge whose
+  patching would raise the metric ranks last, however large its effect);
   CPR = area under f and CMD = area under |1 - f|, the x axis k / (all edges), trapezoids (MIB's `area_under_curve`,
   mech-interp-bench MIB-circuit-track scripts/print_results.py);
 - the smallest k with f >= 0.8 and with f >= 0.9 (first grid point that reaches it, then bisection
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 CURVE_POINTS = 20
 TARGETS = (0.8, 0.9)
 RESAMPLES = 5
-SELECTIONS = ("top", "greedy")
+SELECTIONS = ("top", "greedy", "signed")
 
 
 def log_grid(n_edges: int, points: int = CURVE_POINTS) -> list[int]:
@@ -99,11 +101,22 @@ def first_edges(graph, order: torch.Tensor, k: int) -> torch.Tensor:
     return keep
 
 
-def select(graph, scores: torch.Tensor, k: int, selection: str) -> torch.Tensor:
-    """k edges of `scores` by `selection` ("top" or "greedy"), before pruning: [senders, receivers] bool."""
+def select(gt: GraphTask, scores: torch.Tensor, k: int, selection: str) -> torch.Tensor:
+    """k edges of `scores` by `selection` (SELECTIONS), before pruning: [senders, receivers] bool."""
     if selection == "greedy":
-        return first_edges(graph, greedy_order(graph, scores), k)
-    return top_edges(graph, scores, k)
+        return first_edges(gt.graph, greedy_order(gt.graph, scores), k)
+    return top_edges(gt.graph, ranking(gt, scores, selection), k)
+
+
+def ranking(gt: GraphTask, scores: torch.Tensor, selection: str) -> torch.Tensor:
+    """What top_edges ranks by (the largest |value| first) for `selection`: `scores` itself, or for
+    "signed" each real edge's benefit to the task (minus its score where a higher metric is better: a
+    score is the metric's change when the edge is patched), shifted to be non-negative so that |value|
+    keeps its order [senders, receivers]."""
+    if selection != "signed":
+        return scores
+    benefit = -scores if gt.task.higher_is_better else scores  # [senders, receivers]
+    return torch.where(gt.graph.real, benefit - benefit[gt.graph.real].min(), 0.0)
 
 
 class Curve:
@@ -113,7 +126,7 @@ class Curve:
     def __init__(self, gt: GraphTask, scores: torch.Tensor, selection: str = "top"):
         if selection not in SELECTIONS:
             raise ConfigError(f"unknown selection {selection!r}: choose one of {', '.join(SELECTIONS)}")
-        self.gt, self.scores = gt, scores
+        self.gt, self.scores, self.ranked = gt, scores, ranking(gt, scores, selection)
         self.order = greedy_order(gt.graph, scores) if selection == "greedy" else None
         self.full, self.empty = gt.ends()
         self.seen: dict[int, tuple[torch.Tensor, float]] = {}
@@ -121,7 +134,7 @@ class Curve:
     def chosen(self, k: int) -> torch.Tensor:
         """The k edges selected, before pruning: [senders, receivers] bool."""
         if self.order is None:
-            return top_edges(self.gt.graph, self.scores, k)
+            return top_edges(self.gt.graph, self.ranked, k)
         return first_edges(self.gt.graph, self.order, k)
 
     def circuit(self, k: int) -> tuple[torch.Tensor, float]:
@@ -177,7 +190,7 @@ def stability(
 
 def _top(loaded: LoadedModel, task, method, ablation, k, steps, selection="top") -> torch.Tensor:
     gt = GraphTask(loaded, task, ablation)
-    return select(gt.graph, gt.scores(method, steps), k, selection)
+    return select(gt, gt.scores(method, steps), k, selection)
 
 
 def discover(
