@@ -148,7 +148,7 @@ class GraphTask:
             if r != self.graph.logits_receiver:
                 keep = self.graph.real.clone()
                 keep[s, r] = False
-                yield self._metric_from(keep, r // (3 * self.graph.n_heads + 1), finals) - base
+                yield self._metric_from(keep, self.graph.receiver_layer(r), finals) - base
                 continue
             total = 0.0
             with torch.inference_mode():

@@ -58,6 +58,18 @@ class ModelGraph:
     def logits_receiver(self) -> int:
         return self.n_receivers - 1
 
+    def receiver_layer(self, receiver: int) -> int:
+        """The layer whose block reads `receiver` (n_layers for the logits)."""
+        return receiver // (3 * self.n_heads + 1)
+
+    @cached_property
+    def receiver_block(self) -> torch.Tensor:
+        """[receivers] long: the block each receiver feeds, in forward order: layer L's attention 2L, its MLP
+        2L + 1, the logits 2 n_layers."""
+        index, width = torch.arange(self.n_receivers), 3 * self.n_heads + 1
+        layer, rest = index // width, index % width  # [receivers] each
+        return 2 * layer + (rest == 3 * self.n_heads).long()
+
     def upstream(self, receiver: int) -> int:
         """How many senders (a prefix in forward order) reach `receiver`."""
         if receiver == self.logits_receiver:

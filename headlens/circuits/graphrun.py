@@ -206,10 +206,7 @@ def _last_resid_block(graph, keep: torch.Tensor) -> int:
     with a receiver built from the running residual (more edges in the circuit than out); -1: none."""
     keep = keep & graph.real
     n_in, n_out = keep.sum(0), (graph.real & ~keep).sum(0)  # [receivers]
-    index, width = torch.arange(graph.n_receivers), 3 * graph.n_heads + 1
-    layer, rest = index // width, index % width  # [receivers] each
-    block = 2 * layer + (rest == 3 * graph.n_heads).long()  # [receivers]; the logits: 2 n_layers
-    used = block[n_out <= n_in]
+    used = graph.receiver_block[n_out <= n_in]
     return int(used.max()) if len(used) else -1
 
 

@@ -58,7 +58,7 @@ class CircuitSpec:
     ablation: str = "patching"  # with discover/graph: edges outside carry the counterfactual run or the mean
     graph_out: str | None = None  # with discover/graph: write the circuit as EAP-IG JSON here
     stability: bool = True  # with discover: the resampled circuits
-    selection: str = "top"  # with discover: top | greedy
+    selection: str = "top"  # with discover: one of headlens.circuits.discover.SELECTIONS
     heads: str | None = None  # the heads (or role) ablated for the self-repair table
     method: str = "zero"  # replacement (zero | mean | resample), or with discover/graph: exact | eap | eap-ig
     approx: str | None = None  # also score the edges by edge attribution (EAP_METHODS)
@@ -202,7 +202,7 @@ def write_result_graph(path, loaded: LoadedModel, result: Result) -> None:
 
 def circuit_document(result: Result, model: dict) -> dict:
     """The JSON document of `headlens circuit --format json` of a run_circuit Result; `model` describes the model
-    (headlens.reports.pipeline.model_info). A circuit: headlens.circuits.circuit.to_document, with `backups`
+    (headlens.reports.facts.model_info). A circuit: headlens.circuits.circuit.to_document, with `backups`
     attached (headlens.circuits.backups.attach). On the graph: `model` (its name), the meta, `nodes`, the
     circuit's `edges`, the faithfulness `curve`, and `backups` (headlens.circuits.backups.to_document)."""
     found = backups_of(result)

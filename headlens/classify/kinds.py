@@ -280,13 +280,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("anti_induction", _anti_induction, ("prefix_matching_score", "copying_score"), OLSSON, "#9467bd"),
     Kind("prefix_matching", _prefix_matching, ("prefix_matching_score", "copying_score"), OLSSON, "#ff7f0e"),
     # Retrieval's stability is the needle probe's sample size (ClassifyConfig.needle_depths: depths x 3 test lengths,
-    # one needle each). A small model retrieves only some of the tests, so at the default 5 depths a score near the
+    # one needle each). A small model retrieves only some of the tests, so at the default depths a score near the
     # cut-off rests on a handful of retrieved tests and moves with the needle seed and with bfloat16's greedy tokens;
     # more depths shrink its standard error as 1/sqrt(retrieved tests), and the heads that still flip score at the
-    # cut-off at every size and are marked borderline. BENCHMARKS.md ("Why SmolLM2's retrieval labels") gives the
-    # depths at which SmolLM2's seed and precision agreement reach 0.95, their time, and the retrieved tests a score
-    # needs to be known to +-0.02. The default stays at 5 depths: the depths that reach 0.95 there about double
-    # classify's time.
+    # cut-off at every size and are marked borderline. More depths cost classify time in step, so the default stays
+    # small and `--needle-depths` buys agreement; BENCHMARKS.md ("Why SmolLM2's retrieval labels") has the measurements.
     Kind(
         "retrieval",
         lambda s, c: s["retrieval_score"] > c.retrieval_min,
