@@ -33,9 +33,9 @@ def tiny64():
     return loaded
 
 
-def _run(loaded, task, ids) -> dict:
+def _run(loaded, task, ids, embed=None) -> dict:
     """The residual entering each block ("resid" [layer]), z at c_proj's input ("z" [layer]) and the
-    embeddings ("embed") of one run of `ids` [n, pos]."""
+    embeddings ("embed") of one run of `ids` [n, pos]; `embed` replaces the embeddings (wte + wpe)."""
     model = loaded.model
     seen: dict = {"resid": {}, "z": {}}
 
@@ -49,6 +49,8 @@ def _run(loaded, task, ids) -> dict:
     for layer, block in enumerate(model.transformer.h):
         handles.append(block.register_forward_pre_hook(keep("resid", layer), with_kwargs=True))
         handles.append(block.attn.c_proj.register_forward_pre_hook(keep("z", layer)))
+    if embed is not None:
+        handles.append(_embedded(model, embed))
     try:
         with torch.no_grad():
             model(input_ids=ids, attention_mask=task.mask.long())
@@ -76,9 +78,15 @@ def _sender_diff(loaded, runs, sender) -> torch.Tensor:
     return (runs["ref"]["z"][layer][..., cols] - runs["clean"]["z"][layer][..., cols]) @ w_o
 
 
-def _moved_metric(loaded, task, runs, receiver, shift: torch.Tensor) -> float:
+def _embedded(model, embed: torch.Tensor):
+    """A hook handle: the model's embeddings (wte + wpe, at the embedding dropout) replaced by `embed`."""
+    return model.transformer.drop.register_forward_hook(lambda module, args, out: embed)
+
+
+def _moved_metric(loaded, task, runs, receiver, shift: torch.Tensor, embed=None) -> float:
     """The metric when only `receiver` reads its input plus `shift`: ("q"|"k"|"v", layer, head),
-    ("mlp", layer) or ("logits",)."""
+    ("mlp", layer) or ("logits",); the run is runs["clean"]'s, its embeddings `embed` if given (then
+    runs["clean"] must be that run's _run)."""
     model = loaded.model
     d_model = model.config.n_embd
     d_head = d_model // model.config.n_head
@@ -98,11 +106,13 @@ def _moved_metric(loaded, task, runs, receiver, shift: torch.Tensor) -> float:
     else:
         norm = model.transformer.h[receiver[1]].ln_2 if receiver[0] == "mlp" else model.transformer.ln_f
         handle = norm.register_forward_pre_hook(lambda m, a: (a[0] + shift,))
+    handles = [handle] if embed is None else [handle, _embedded(model, embed)]
     try:
         with torch.no_grad():
             logits = model(input_ids=task.tokens, attention_mask=task.mask.long()).logits
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
     return _loss(task, logits)
 
 
@@ -127,6 +137,13 @@ EDGES = [
 ]
 
 
+def _index(graph, sender, receiver) -> tuple[int, int]:
+    s = 0 if sender == "input" else graph.head_sender(*sender)
+    if receiver[0] in "qkv":
+        return s, graph.head_receiver(receiver[1], receiver[2], receiver[0])
+    return s, graph.mlp_receiver(receiver[1]) if receiver[0] == "mlp" else graph.logits_receiver
+
+
 def test_eap_scores_are_the_metric_derivative_along_each_edge(tiny64):
     task = induction_task(tiny64, n=3, seq_len=6, seed=4)
     gt = GraphTask(tiny64, task, batch_tokens=26)  # two batches
@@ -134,14 +151,38 @@ def test_eap_scores_are_the_metric_derivative_along_each_edge(tiny64):
     runs = _runs(tiny64, task)
     graph = gt.graph
     for sender, receiver in EDGES:
-        s = 0 if sender == "input" else graph.head_sender(*sender)
-        if receiver[0] in "qkv":
-            r = graph.head_receiver(receiver[1], receiver[2], receiver[0])
-        else:
-            r = graph.mlp_receiver(receiver[1]) if receiver[0] == "mlp" else graph.logits_receiver
+        s, r = _index(graph, sender, receiver)
         diff = _sender_diff(tiny64, runs, sender)
         up = _moved_metric(tiny64, task, runs, receiver, EPS * diff)
         down = _moved_metric(tiny64, task, runs, receiver, -EPS * diff)
         derivative = (up - down) / (2 * EPS)
         assert float(scores[s, r]) == pytest.approx(derivative, abs=ATOL), (sender, receiver)
     assert float(scores.abs().max()) > 1e3 * ATOL  # the scores are not all ~0, so the checks can fail
+
+
+def test_eap_ig_scores_average_the_derivative_over_the_embedding_path(tiny64):
+    """EAP-IG "inputs" (Hanna et al. 2024): the same edge derivative, with the clean run's sender
+    difference (reference_s - out_s), taken in the runs whose embeddings are reference + k/n (clean -
+    reference), k = 1..n, and averaged: the right Riemann sum. hannamw/EAP-IG's current code takes
+    k = 0..n-1 (the left sum); the test checks the two differ on these edges, so it tells them apart."""
+    task = induction_task(tiny64, n=3, seq_len=6, seed=4)
+    gt = GraphTask(tiny64, task, batch_tokens=26)
+    steps = 3
+    scores = gt.scores("eap-ig", steps)
+    runs = _runs(tiny64, task)
+    ref_embed, clean_embed = runs["ref"]["embed"], runs["clean"]["embed"]
+    for sender, receiver in EDGES:
+        diff = _sender_diff(tiny64, runs, sender)
+        derivatives = []
+        for k in range(steps + 1):
+            embed = ref_embed + (k / steps) * (clean_embed - ref_embed)
+            at = {"clean": _run(tiny64, task, task.tokens, embed)}
+            up = _moved_metric(tiny64, task, at, receiver, EPS * diff, embed)
+            down = _moved_metric(tiny64, task, at, receiver, -EPS * diff, embed)
+            derivatives.append((up - down) / (2 * EPS))
+        right, left = sum(derivatives[1:]) / steps, sum(derivatives[:-1]) / steps
+        got = float(scores[_index(gt.graph, sender, receiver)])
+        # float32 readout rounding (~6e-8 relative) on each step's gradient: rel 1e-6 is far above it and
+        # far below the right and left sums' difference
+        assert got == pytest.approx(right, rel=1e-6, abs=ATOL), (sender, receiver)
+        assert abs(right - left) > 100 * ATOL, (sender, receiver)
