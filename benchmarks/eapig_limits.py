@@ -18,7 +18,8 @@ Analysis (--analyse): on the candidate set U of circuit_eap_vs_exact.py --subgra
 saved EAP and EAP-IG score files' top --subgraph edges), each rule against the exact scores of --cache
 (m(M minus e) - m(M)): Spearman (signed), top-20 recall, Pearson, and the faithfulness of the circuits
 of U's first k edges by each ranking against exact's (largest and mean gap over the grid). The saved
-files are first checked against the recomputed alpha-1 and 5-step rules (same task). Then, for the
+files are first checked against the recomputed alpha-1 and 5-step rules (same task), and each rule's top
+100 and 1,000 edges of the whole graph are compared with the converged rule's (--converged). Then, for the
 --along edges where the converged rule and exact disagree most, the exact single-edge path: m with
 only edge e moved t of the way to its reference, m_e(t) - m(M) at t = 1/2 (and 1: exact). Its slope
 at 0 is EAP's score and its value at 1 the exact one; the converged EAP-IG integrates the same edge
@@ -125,7 +126,9 @@ def analyse(args, loaded) -> None:
     exact = torch.tensor([cache[e] for e in edges], dtype=torch.float64)
     index = tuple(torch.tensor(edges).T)
     truth = frame(gt, edges, exact.tolist(), "effect")
-    ranked = {name: matrix[index] for name, matrix in rules(path).items()}
+    every = rules(path)
+    ranked = {name: matrix[index] for name, matrix in every.items()}
+    whole_graph(gt, every, args.converged)
     for name, values in ranked.items():
         agree = edge_agreement(truth, frame(gt, edges, values.tolist(), "attribution"), 20)
         print(
@@ -138,6 +141,19 @@ def analyse(args, loaded) -> None:
         curves(gt, index, exact, {name: ranked[name] for name in args.curves.split(";")})
     if args.along:
         along(gt, edges, exact, ranked, args)
+
+
+def whole_graph(gt, every: dict, converged: str) -> None:
+    """On every edge of the graph: each rule's top 100 and top 1,000 by |score| shared with the converged rule's."""
+    real = gt.graph.real
+
+    def top(matrix, n):
+        return set(matrix.abs().masked_fill(~real, -1.0).flatten().argsort(descending=True)[:n].tolist())
+
+    ref = {n: top(every[converged], n) for n in (100, 1000)}
+    for name, matrix in every.items():
+        shared = [len(top(matrix, n) & ref[n]) / n for n in (100, 1000)]
+        print(f"whole graph: {name}: top-100 shared with {converged} {shared[0]:.2f}, top-1000 {shared[1]:.2f}")
 
 
 def per_alpha(gt, edges, truth, path) -> None:
