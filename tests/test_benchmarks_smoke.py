@@ -70,6 +70,11 @@ CASES = [
     ),
     ("head_kinds.py", ["{small}"], rf"^- IOI ablation of .*: delta {NUMBER} .* 20 random sets: min {NUMBER}"),
     (
+        "eapig_limits.py",
+        ["tiny", "induction:4:12", "--points", "2", "--out", "{tmp}/path.pt"],
+        r"^3 points in .* holds 3$",
+    ),
+    (
         "bench_text_memory.py",
         ["--sizes", "0.2", "--dir", "{tmp}"],
         rf"^\| 0\.2 MB \| {NUMBER} MB \| {NUMBER} s \| 0 \|$",
