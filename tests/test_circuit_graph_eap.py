@@ -1,5 +1,5 @@
-"""EAP's edge scores on the whole graph (headlens.circuits.faithfulness.GraphTask.scores("eap")) against
-derivatives taken here without headlens's engine.
+"""EAP's and EAP-IG's edge scores on the whole graph (headlens.circuits.faithfulness.GraphTask.scores) against
+derivatives taken here without headlens's engine (EAP-IG's: the same derivative averaged over its path).
 
 An edge's EAP score is the metric's derivative along the edge: d/de m(x_r + e (reference_s - out_s)) at
 e = 0, where x_r is what receiver r reads (one head's query, key or value input, an MLP's input, the
@@ -171,12 +171,12 @@ def test_eap_ig_scores_average_the_derivative_over_the_embedding_path(tiny64):
     scores = gt.scores("eap-ig", steps)
     runs = _runs(tiny64, task)
     ref_embed, clean_embed = runs["ref"]["embed"], runs["clean"]["embed"]
+    embeds = [ref_embed + (k / steps) * (clean_embed - ref_embed) for k in range(steps + 1)]
+    path = [{"clean": _run(tiny64, task, task.tokens, embed)} for embed in embeds]  # each point's run
     for sender, receiver in EDGES:
         diff = _sender_diff(tiny64, runs, sender)
         derivatives = []
-        for k in range(steps + 1):
-            embed = ref_embed + (k / steps) * (clean_embed - ref_embed)
-            at = {"clean": _run(tiny64, task, task.tokens, embed)}
+        for embed, at in zip(embeds, path, strict=True):
             up = _moved_metric(tiny64, task, at, receiver, EPS * diff, embed)
             down = _moved_metric(tiny64, task, at, receiver, -EPS * diff, embed)
             derivatives.append((up - down) / (2 * EPS))
