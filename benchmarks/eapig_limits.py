@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/eapig_limits.py smollm2 ioi --points 20 --out path.pt
     .venv/bin/python benchmarks/eapig_limits.py smollm2 ioi --points 40 --odd --out path.pt
     .venv/bin/python benchmarks/eapig_limits.py smollm2 ioi --analyse path.pt --eap ioi_eap.pt \
-        --eap-ig ioi_ig.pt --cache ioi_exact.pt --along 12
+        --eap-ig ioi_ig.pt --cache ioi_exact.pt --curves "right Riemann 5 (headlens);trapezoid 20" --along 16
 
 Scoring (--points N): the path term of every edge at each point alpha = k / N, k = 0..N, of EAP-IG's
 path (input embeddings reference + alpha (clean - reference)): (reference_s - out_s) . dm/dx_r at that
@@ -18,13 +18,16 @@ Analysis (--analyse): on the candidate set U of circuit_eap_vs_exact.py --subgra
 saved EAP and EAP-IG score files' top --subgraph edges), each rule against the exact scores of --cache
 (m(M minus e) - m(M)): Spearman (signed), top-20 recall, Pearson, and the faithfulness of the circuits
 of U's first k edges by each ranking against exact's (largest and mean gap over the grid). The saved
-files are first checked against the recomputed alpha-1 and 5-step rules (same task), and each rule's top
-100 and 1,000 edges of the whole graph are compared with the converged rule's (--converged). Then, for the
---along edges where the converged rule and exact disagree most, the exact single-edge path: m with
-only edge e moved t of the way to its reference, m_e(t) - m(M) at t = 1/2 (and 1: exact). Its slope
-at 0 is EAP's score and its value at 1 the exact one; the converged EAP-IG integrates the same edge
-term along the path where every edge moves at once, so exact - IG(converged) is what the edge's
-effect owes to the other edges' state (interaction), and EAP - exact the single-edge path's curvature.
+files are first checked against the recomputed alpha-1 and 5-step rules (same task), and each rule's top 100
+and 1,000 edges of the whole graph are compared with the converged rule's (--converged); the faithfulness
+curves are measured for the rules named in --curves; each single point's term is set against exact too. Then
+the error over U split into discretisation (rms of 5 steps minus converged) and path (rms of converged minus
+exact), and, for the first --along edges in exactly one of exact's and the converged rule's top 20 (what
+top-20 recall counts), the exact single-edge path: m with only edge e moved half way to its reference,
+m_e(1/2) - m(M), doubled. Its slope at 0 is EAP's score and its value at 1 the exact one; the converged
+EAP-IG integrates the same edge term along the path where every edge moves at once. An edge whose doubled
+midpoint is near exact (a straight own path) but whose EAP-IG is not owes its effect to the other edges'
+state (interaction); one whose own path bends defeats EAP's slope.
 """
 
 from __future__ import annotations
