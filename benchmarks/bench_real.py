@@ -5,10 +5,14 @@ subprocess (peak memory is the child's own; VmHWM reset after set-up), its two s
 in that process, so a ratio compares runs under the same load. Wall and CPU seconds
 are both given: on a shared machine the CPU-time ratio is the steadier one.
 
-attribution  exact zero-ablation sweep of all heads vs `atp` and `atp*`
-             (headlens.ablation.approx's estimators; agreement = headlens.ablation.agreement),
-             and AtP*'s GradDrop score (unsigned) ranked against |exact delta|; a `why` line per
-             metric gives the measured sign flips and underestimates among the exact top 10,
+attribution  exact sweep of all heads vs `atp` and `atp*` under each of `--replacements`
+             (zero, mean, resample: headlens.intervene.replace; patch: each head's z from a
+             counterfactual run at the same positions, REPLACEMENT_DOC), the same replacement on
+             both sides (headlens.ablation.approx's estimators; agreement =
+             headlens.ablation.agreement), and AtP*'s GradDrop score (unsigned, unless
+             `--no-graddrop`) ranked against |exact delta|; a `why` line per
+             metric gives the measured sign flips and underestimates among the exact top 10
+             and where atp*'s error |exact - atp*| lies (its largest heads, its share by layer),
              loss metric on natural text (the shipped held-out text, `--text-windows` windows of
              `--text-tokens` tokens, BOS first) and repeat metric (`--repeat-seqs` sequences of
              `--repeat-len` random tokens repeated twice). Targets: Spearman >= 0.8, top-10
@@ -45,7 +49,13 @@ from tl_loop import zero_ablation_deltas
 MODELS = {  # --model: the name load_model takes -> what the header says it is
     "smollm2": "SmolLM2-135M-Instruct, Q4_1 dequantized to float32",
     "gemma3-270m": "Gemma 3 270M, 18 layers x 4 query heads = 72 heads, dequantized to float32",
+    "tiny": "the shipped tiny model, 2 layers x 4 heads = 8 heads",
 }
+REPLACEMENTS = ("zero", "mean", "resample", "patch")
+REPLACEMENT_DOC = (
+    "repeat: the same draw of random tokens with seed 1 (a random prompt pair); "
+    "loss: the next text window (the last one takes the first's), so it needs --text-windows >= 2"
+)
 THREADS = 1  # one thread: on a loaded 2-core machine two threads stall on OpenMP barriers
 SECTIONS = ("attribution", "classify", "sweep")
 DETECT = ("previous_token_head", "duplicate_token_head", "induction_head")
@@ -80,8 +90,9 @@ def evalsets(loaded, args) -> dict:
     }
 
 
-def exact_deltas(loaded, evalset) -> torch.Tensor:
-    """Every head zero-ablated alone, exactly (headlens's layer-by-layer sweep): [layer, head]."""
+def exact_deltas(loaded, evalset, reps=None) -> torch.Tensor:
+    """Every head ablated alone, exactly (headlens's layer-by-layer sweep), its z replaced by `reps`
+    (headlens.intervene.replace; default zero): [layer, head]."""
     from headlens.heads import all_heads
     from headlens.intervene.sums import base_sums, sweep_sums
 
@@ -91,7 +102,7 @@ def exact_deltas(loaded, evalset) -> torch.Tensor:
         loaded.model,
         evalset,
         all_heads(spec.n_layers, spec.n_heads),
-        [None] * spec.n_layers,
+        reps or [None] * spec.n_layers,
         lambda h, s: found.update({(h[0], h[1]): float((s - base).sum())}),
     )
     return torch.tensor(
@@ -110,19 +121,49 @@ def _frame(deltas: torch.Tensor, column: str) -> pd.DataFrame:
     )
 
 
+def counterfactual_ids(loaded, evalset, metric: str, args) -> torch.Tensor:
+    """The counterfactual run of `patch` (REPLACEMENT_DOC), in the evaluation set's layout: [n_seq, pos]."""
+    from headlens.intervene.evalset import repeat_evalset
+
+    if metric == "repeat":
+        return repeat_evalset(loaded, seed=1, n_seq=args.repeat_seqs, seq_len=args.repeat_len).input_ids
+    if evalset.input_ids.shape[0] < 2 or not bool(evalset.mask.all()):
+        sys.exit("patch on the loss metric needs --text-windows >= 2 full windows")
+    return evalset.input_ids.roll(-1, 0)  # [n_seq, pos] window i patched from window i + 1
+
+
+def replacement_z(loaded, evalset, metric: str, replacement: str, args) -> list:
+    """What each head's z becomes under `replacement`, per layer (headlens.intervene.replace's form)."""
+    from dataclasses import replace
+
+    from headlens.circuits.paths import counterfactual_replacements
+    from headlens.intervene.evalset import BATCH_SIZE
+    from headlens.intervene.replace import replacements
+
+    if replacement != "patch":
+        return replacements(loaded.model, evalset, replacement, seed=0, batch_size=BATCH_SIZE)
+    ids = counterfactual_ids(loaded, evalset, metric, args)
+    paired = replace(evalset, reference_ids=ids, reference_mask=evalset.mask.clone())
+    return counterfactual_replacements(loaded.model, paired)
+
+
 def run_attribution(args) -> dict:
     from headlens.ablation import agreement
     from headlens.ablation.approx import ESTIMATES
     from headlens.ablation.gradients import graddrop_scores
 
     loaded = _load(args)
-    out, zero = {}, [None] * loaded.spec.n_layers
+    out = {}
     for metric, evalset in evalsets(loaded, args).items():
         if metric not in args.metrics.split(","):
             continue
-        exact, wall, cpu = _timed(lambda evalset=evalset: exact_deltas(loaded, evalset))
-        rows = {
-            "exact": {
+        for replacement in args.replacements.split(","):
+            if replacement not in REPLACEMENTS:
+                sys.exit(f"unknown replacement {replacement!r}: choose among {', '.join(REPLACEMENTS)}")
+            reps, wall, cpu = _timed(lambda r=replacement, e=evalset, m=metric: replacement_z(loaded, e, m, r, args))
+            rows = {"replacement": {"wall_s": wall, "cpu_s": cpu}}
+            exact, wall, cpu = _timed(lambda evalset=evalset, reps=reps: exact_deltas(loaded, evalset, reps))
+            rows["exact"] = {
                 "wall_s": wall,
                 "cpu_s": cpu,
                 "n_tokens": int(evalset.n_tokens),
@@ -130,18 +171,17 @@ def run_attribution(args) -> dict:
                 "description": evalset.description,
                 "deltas": exact.tolist(),
             }
-        }
-        reference = _frame(exact, "delta")
-        for kind in ("atp", "atp*"):
-            estimate = ESTIMATES[kind]
-            deltas, wall, cpu = _timed(lambda fn=estimate, evalset=evalset: fn(loaded.model, evalset, zero))
-            found = agreement(reference, _frame(deltas, "delta_approx"))
-            rows[kind] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": deltas.tolist()}
-        # GradDrop is unsigned: it ranks heads by |effect|, so it is compared with |exact delta|.
-        dropped, wall, cpu = _timed(lambda evalset=evalset: graddrop_scores(loaded.model, evalset, zero))
-        found = agreement(_frame(exact.abs(), "delta"), _frame(dropped, "delta_approx"))
-        rows["graddrop"] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": dropped.tolist()}
-        out[metric] = rows
+            reference = _frame(exact, "delta")
+            for kind in ("atp", "atp*"):
+                estimate = ESTIMATES[kind]
+                deltas, wall, cpu = _timed(lambda fn=estimate, e=evalset, reps=reps: fn(loaded.model, e, reps))
+                found = agreement(reference, _frame(deltas, "delta_approx"))
+                rows[kind] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": deltas.tolist()}
+            if args.graddrop:  # GradDrop is unsigned: it ranks heads by |effect|, so it is compared with |exact delta|
+                dropped, wall, cpu = _timed(lambda e=evalset, reps=reps: graddrop_scores(loaded.model, e, reps))
+                found = agreement(_frame(exact.abs(), "delta"), _frame(dropped, "delta_approx"))
+                rows["graddrop"] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": dropped.tolist()}
+            out[metric if replacement == "zero" else f"{metric}, {replacement}"] = rows
     return out
 
 
@@ -299,25 +339,31 @@ def print_attribution(found: dict) -> None:
         "top-10 recall |\n|---|---|---|---|---|---|---|---|---|"
     )
     for metric, rows in found.items():
-        exact = rows["exact"]
+        exact, made = rows["exact"], rows["replacement"]
         data = f"{exact['shape'][0]} x {exact['shape'][1]} tokens, {exact['n_tokens']} scored"
-        print(f"| {metric} | {data} | exact sweep | {exact['wall_s']:.1f} | {exact['cpu_s']:.1f} | 1 | | | |")
+        print(
+            f"| {metric} | {data} | replacement z (both sides) | {made['wall_s']:.2f} | {made['cpu_s']:.2f} | | | | |"
+        )
+        print(f"| {metric} | {data} | exact sweep | {exact['wall_s']:.2f} | {exact['cpu_s']:.2f} | 1 | | | |")
         for kind in ("atp", "atp*", "graddrop"):
+            if kind not in rows:
+                continue
             r = rows[kind]
             label = "GradDrop (vs \\|delta\\|)" if kind == "graddrop" else kind
             print(
-                f"| {metric} | {data} | {label} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+                f"| {metric} | {data} | {label} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
                 f"{exact['wall_s'] / r['wall_s']:.1f}x, {exact['cpu_s'] / r['cpu_s']:.1f}x | "
                 f"{r['spearman']:.3f} | {r['pearson']:.3f} | {r['top10_overlap']:.1f} (k={r['top_k']}) |"
             )
     for metric, rows in found.items():
         star, speed = rows["atp*"], rows["exact"]["cpu_s"] / rows["atp*"]["cpu_s"]
         print(
-            f"{metric}: atp* Spearman {star['spearman']:.3f} (>= 0.8 {_verdict(star['spearman'] >= 0.8)}), "
+            f"{metric}: atp* Spearman {star['spearman']:.3f} (>= 0.9 {_verdict(star['spearman'] >= 0.9)}), "
             f"top-10 recall {star['top10_overlap']:.1f} (>= 0.8 {_verdict(star['top10_overlap'] >= 0.8)}), "
             f"{speed:.1f}x faster in CPU time (>= 20x {_verdict(speed >= 20)})"
         )
         print(f"  why: {_why(rows)}")
+        print(f"  error: {_error(rows)}")
 
 
 def _why(rows: dict) -> str:
@@ -326,10 +372,37 @@ def _why(rows: dict) -> str:
     exact = torch.tensor(rows["exact"]["deltas"])  # [layer, head]
     top = exact.abs().flatten().topk(k).indices  # the exact top k, flat head indices
     layers = sorted({int(i) // exact.shape[1] for i in top})
+    dropped = (
+        f"; GradDrop's |.| ranking recalls {rows['graddrop']['top10_overlap']:.1f} of them"
+        if "graddrop" in rows
+        else ""
+    )
     return (
         f"of the exact top {k} (layers {layers}), atp* gives {star['top_flipped']} the wrong sign and "
-        f"{star['top_under']} under half their size (atp: {plain['top_flipped']}, {plain['top_under']}); "
-        f"GradDrop's |.| ranking recalls {rows['graddrop']['top10_overlap']:.1f} of them"
+        f"{star['top_under']} under half their size (atp: {plain['top_flipped']}, {plain['top_under']}){dropped}"
+    )
+
+
+def _error(rows: dict) -> str:
+    """Where atp*'s error |exact - atp*| lies: its three largest heads, the fewest layers holding half
+    of it, and the sign agreement on the heads whose |exact| is above the median."""
+    exact = torch.tensor(rows["exact"]["deltas"])  # [layer, head]
+    star = torch.tensor(rows["atp*"]["deltas"])  # [layer, head]
+    error = (exact - star).abs()  # [layer, head]
+    n_heads = exact.shape[1]
+    worst = error.flatten().topk(min(3, error.numel())).indices.tolist()
+    heads = ", ".join(
+        f"{i // n_heads}.{i % n_heads} (exact {exact.flatten()[i]:+.3f}, atp* {star.flatten()[i]:+.3f})" for i in worst
+    )
+    by_layer = error.sum(1)  # [layer]
+    order = by_layer.argsort(descending=True)
+    half = int((by_layer[order].cumsum(0) < by_layer.sum() / 2).sum()) + 1
+    big = exact.abs() > exact.abs().median()  # [layer, head]
+    agree = int(((exact * star) > 0)[big].sum())
+    return (
+        f"largest |exact - atp*|: {heads}; layers {sorted(order[:half].tolist())} hold half of the total "
+        f"|exact - atp*| ({float(error.sum()):.3f}); sign right on {agree} of the {int(big.sum())} heads "
+        f"with |exact| above the median"
     )
 
 
@@ -394,6 +467,10 @@ def parse_args():
     parser.add_argument("--passage-chars", type=int, default=200, help="classify: characters per passage copy")
     parser.add_argument("--whole", action="store_true", help="classify: also time a whole `headlens classify`")
     parser.add_argument("--metrics", default="loss,repeat", help="attribution: metrics to compare")
+    parser.add_argument("--replacements", default="zero", help=f"attribution: among {', '.join(REPLACEMENTS)}")
+    parser.add_argument(
+        "--no-graddrop", dest="graddrop", action="store_false", help="attribution: skip the GradDrop score"
+    )
     parser.add_argument("--raw", default=None, help="append each child's JSON result to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args()
