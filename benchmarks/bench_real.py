@@ -148,10 +148,6 @@ def replacement_z(loaded, evalset, metric: str, replacement: str, args) -> list:
 
 
 def run_attribution(args) -> dict:
-    from headlens.ablation import agreement
-    from headlens.ablation.approx import ESTIMATES
-    from headlens.ablation.gradients import graddrop_scores
-
     loaded = _load(args)
     out = {}
     for metric, evalset in evalsets(loaded, args).items():
@@ -160,28 +156,67 @@ def run_attribution(args) -> dict:
         for replacement in args.replacements.split(","):
             if replacement not in REPLACEMENTS:
                 sys.exit(f"unknown replacement {replacement!r}: choose among {', '.join(REPLACEMENTS)}")
-            reps, wall, cpu = _timed(lambda r=replacement, e=evalset, m=metric: replacement_z(loaded, e, m, r, args))
-            rows = {"replacement": {"wall_s": wall, "cpu_s": cpu}}
-            exact, wall, cpu = _timed(lambda evalset=evalset, reps=reps: exact_deltas(loaded, evalset, reps))
-            rows["exact"] = {
-                "wall_s": wall,
-                "cpu_s": cpu,
-                "n_tokens": int(evalset.n_tokens),
-                "shape": list(evalset.input_ids.shape),
-                "description": evalset.description,
-                "deltas": exact.tolist(),
-            }
-            reference = _frame(exact, "delta")
-            for kind in ("atp", "atp*"):
-                estimate = ESTIMATES[kind]
-                deltas, wall, cpu = _timed(lambda fn=estimate, e=evalset, reps=reps: fn(loaded.model, e, reps))
-                found = agreement(reference, _frame(deltas, "delta_approx"))
-                rows[kind] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": deltas.tolist()}
-            if args.graddrop:  # GradDrop is unsigned: it ranks heads by |effect|, so it is compared with |exact delta|
-                dropped, wall, cpu = _timed(lambda e=evalset, reps=reps: graddrop_scores(loaded.model, e, reps))
-                found = agreement(_frame(exact.abs(), "delta"), _frame(dropped, "delta_approx"))
-                rows["graddrop"] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": dropped.tolist()}
+            rows = compare_estimates(loaded, evalset, metric, replacement, args)
             out[metric if replacement == "zero" else f"{metric}, {replacement}"] = rows
+    return out
+
+
+def compare_estimates(loaded, evalset, metric: str, replacement: str, args) -> dict:
+    """The exact sweep, atp, atp* (and GradDrop, and the first-order step) under one replacement."""
+    from headlens.ablation import agreement
+    from headlens.ablation.approx import ESTIMATES
+    from headlens.ablation.gradients import graddrop_scores
+
+    reps, wall, cpu = _timed(lambda: replacement_z(loaded, evalset, metric, replacement, args))
+    rows = {"replacement": {"wall_s": wall, "cpu_s": cpu}}
+    exact, wall, cpu = _timed(lambda: exact_deltas(loaded, evalset, reps))
+    rows["exact"] = {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "n_tokens": int(evalset.n_tokens),
+        "shape": list(evalset.input_ids.shape),
+        "description": evalset.description,
+        "deltas": exact.tolist(),
+    }
+    reference = _frame(exact, "delta")
+    for kind in ("atp", "atp*"):
+        deltas, wall, cpu = _timed(lambda fn=ESTIMATES[kind]: fn(loaded.model, evalset, reps))
+        found = agreement(reference, _frame(deltas, "delta_approx"))
+        rows[kind] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": deltas.tolist()}
+    if args.graddrop:  # GradDrop is unsigned: it ranks heads by |effect|, so it is compared with |exact delta|
+        dropped, wall, cpu = _timed(lambda: graddrop_scores(loaded.model, evalset, reps))
+        found = agreement(_frame(exact.abs(), "delta"), _frame(dropped, "delta_approx"))
+        rows["graddrop"] = {"wall_s": wall, "cpu_s": cpu, **found, "deltas": dropped.tolist()}
+    if args.step:
+        rows["step"] = first_order_step(loaded, evalset, reps, exact, args.step)
+    return rows
+
+
+def first_order_step(loaded, evalset, reps: list, exact: torch.Tensor, eps: float) -> dict:
+    """The same sweep and estimates with each z moved only `eps` of the way to its replacement,
+    z + eps (r - z): `ceiling`, the agreement of the exact small-step effect / eps (what any
+    first-order estimate aims at) with the full effect `exact`; `atp`, `atp*`, each estimate's
+    agreement with the exact small step (the estimate inside its linear regime)."""
+    from headlens.ablation import agreement
+    from headlens.ablation.approx import ESTIMATES
+    from headlens.intervene.evalset import BATCH_SIZE
+    from headlens.intervene.replace import capture_z, z_change
+
+    stepped: list = [None] * loaded.spec.n_layers
+
+    def keep(layer: int, rows: slice, z: torch.Tensor) -> None:
+        if stepped[layer] is None:
+            stepped[layer] = torch.zeros(*evalset.mask.shape, *z.shape[2:], dtype=z.dtype)
+        rep = reps[layer] if reps[layer] is None or reps[layer].shape[0] == 1 else reps[layer][rows, : z.shape[1]]
+        stepped[layer][rows, : z.shape[1]] = z + eps * z_change(z, rep)  # [batch, pos, head, d_head]
+
+    capture_z(loaded.model, evalset.input_ids, evalset.mask, BATCH_SIZE, keep)
+    small = exact_deltas(loaded, evalset, stepped)  # [layer, head]
+    out = {"eps": eps, "ceiling": agreement(_frame(exact, "delta"), _frame(small / eps, "delta_approx"))}
+    out["deltas"] = (small / eps).tolist()
+    for kind in ("atp", "atp*"):
+        deltas = ESTIMATES[kind](loaded.model, evalset, stepped)  # [layer, head]
+        out[kind] = agreement(_frame(small, "delta"), _frame(deltas, "delta_approx"))
     return out
 
 
@@ -364,6 +399,8 @@ def print_attribution(found: dict) -> None:
         )
         print(f"  why: {_why(rows)}")
         print(f"  error: {_error(rows)}")
+        if "step" in rows:
+            print(f"  first order: {_first_order(rows['step'])}")
 
 
 def _why(rows: dict) -> str:
@@ -380,6 +417,16 @@ def _why(rows: dict) -> str:
     return (
         f"of the exact top {k} (layers {layers}), atp* gives {star['top_flipped']} the wrong sign and "
         f"{star['top_under']} under half their size (atp: {plain['top_flipped']}, {plain['top_under']}){dropped}"
+    )
+
+
+def _first_order(step: dict) -> str:
+    ceiling = step["ceiling"]
+    return (
+        f"the exact effect of a step {step['eps']:g} towards the replacement, / {step['eps']:g}, ranks the full "
+        f"effect at Spearman {ceiling['spearman']:.3f}, top-10 recall {ceiling['top10_overlap']:.1f} "
+        f"(the ceiling of any first-order estimate); at that step atp / atp* agree with the exact sweep at Spearman "
+        f"{step['atp']['spearman']:.3f} / {step['atp*']['spearman']:.3f}"
     )
 
 
@@ -468,6 +515,7 @@ def parse_args():
     parser.add_argument("--whole", action="store_true", help="classify: also time a whole `headlens classify`")
     parser.add_argument("--metrics", default="loss,repeat", help="attribution: metrics to compare")
     parser.add_argument("--replacements", default="zero", help=f"attribution: among {', '.join(REPLACEMENTS)}")
+    parser.add_argument("--step", type=float, default=None, help="attribution: also sweep z + STEP (r - z)")
     parser.add_argument(
         "--no-graddrop", dest="graddrop", action="store_false", help="attribution: skip the GradDrop score"
     )
