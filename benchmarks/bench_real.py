@@ -1,9 +1,10 @@
 """Real weights: SmolLM2-135M-Instruct (30 layers x 9 query heads = 270 heads, dequantized from
 Q4_1; `headlens pull smollm2` first) or, with `--model gemma3-270m`, Gemma 3 270M (18 layers x 4
-query heads = 72 heads), float32, one thread per process. Each section runs in its own fresh
-subprocess (peak memory is the child's own; VmHWM reset after set-up), its two sides one after the other
-in that process, so a ratio compares runs under the same load. Wall and CPU seconds
-are both given: on a shared machine the CPU-time ratio is the steadier one.
+query heads = 72 heads; `--model tiny`: the shipped tiny model), float32, one thread per process.
+Each section runs in its own fresh subprocess (peak memory is the child's own; VmHWM reset after
+set-up), its two sides one after the other in that process, so a ratio compares runs under the
+same load. Wall and CPU seconds are both given: on a shared machine the CPU-time ratio is the
+steadier one.
 
 attribution  exact sweep of all heads vs `atp` and `atp*` under each of `--replacements`
              (zero, mean, resample: headlens.intervene.replace; patch: each head's z from a
@@ -12,11 +13,13 @@ attribution  exact sweep of all heads vs `atp` and `atp*` under each of `--repla
              headlens.ablation.agreement), and AtP*'s GradDrop score (unsigned, unless
              `--no-graddrop`) ranked against |exact delta|; a `why` line per
              metric gives the measured sign flips and underestimates among the exact top 10
-             and where atp*'s error |exact - atp*| lies (its largest heads, its share by layer),
+             and where atp*'s error |exact - atp*| lies (its largest heads, its share by layer);
+             `--step EPS` also sweeps and estimates z + EPS (r - z) and says how well that exact
+             small-step effect / EPS (the ceiling of any first-order estimate) ranks the full one;
              loss metric on natural text (the shipped held-out text, `--text-windows` windows of
              `--text-tokens` tokens, BOS first) and repeat metric (`--repeat-seqs` sequences of
              `--repeat-len` random tokens repeated twice). Targets: Spearman >= 0.8, top-10
-             recall >= 0.8, AtP* >= 20x faster than the exact sweep.
+             recall >= 0.8, AtP* >= 20x faster than the exact sweep (issue 47: Spearman >= 0.9).
 classify     headlens's streamed previous-token / duplicate-token / induction ("mul" form) scores
              vs TransformerLens `detect_head` through the bridge (headlens.load.models.boot_bridge), on
              the same token ids (`--prompts` passages of `--passage-chars` characters, each
@@ -29,7 +32,7 @@ sweep        the exact sweep (all heads) vs the TransformerLens `run_with_hooks`
              the best fp32 matmul rate measured in the same process). Targets: >= 1.5x the peer, <= 1.6x the floor.
 
     nice -n 10 .venv/bin/python benchmarks/bench_real.py [attribution classify sweep] [--whole]
-        [--model gemma3-270m]
+        [--model gemma3-270m] [--replacements zero,mean,resample,patch] [--step 0.01] [--no-graddrop]
 """
 
 from __future__ import annotations
