@@ -7,7 +7,6 @@ deselects the `bench_heavy` mark) and run with `make bench-smoke-all` (pytest's 
 Not run at all, each for a stated reason:
   peak_memory.py, tl_loop.py   helper modules imported by the other scripts, not runnable on their own
   bench_load.py                its names are restricted to the pulled real GGUF models (smollm2, gemma3-270m)
-  bench_real.py                measures only the real models (--model smollm2 | gemma3-270m)
   sweep_recipes.py             starts 17 concurrent training processes; an exploration tool for a GPU machine
 """
 
@@ -48,6 +47,12 @@ def assert_prints(stdout: str, pattern: str) -> re.Match:
 # 4-head random GPT-2 (the GPT-2 tokenizer: the IOI names are single tokens, which the byte-level tiny lacks).
 CASES = [
     ("bench_report.py", [], rf"^total {NUMBER} MB$"),
+    (
+        "bench_real.py",
+        ["attribution", "--model", "tiny", "--metrics", "repeat", "--repeat-seqs", "2", "--repeat-len", "6"]
+        + ["--replacements", "zero,patch", "--step", "0.01", "--no-graddrop"],
+        rf"^  first order: .* ranks the full effect at Spearman {NUMBER}, .* Spearman {NUMBER} / {NUMBER}$",
+    ),
     ("bench_train.py", ["--steps", "1"], rf"^\| tiny recipe \(gpt2\): training step, 1 thread\(s\).* {NUMBER} ms"),
     ("bench_ov_copying.py", ["tiny"], rf"^tiny: shared product taken True;.* max \|diff\| {NUMBER}$"),
     ("bench_cs_qk.py", ["tiny"], rf"^tiny: cs_qk_vocab {NUMBER} s wall, {NUMBER} CPU s; d_vocab \d+"),
