@@ -23,7 +23,8 @@ passes per run. Once every edge of U is scored: per-edge Spearman (signed) and t
 EAP-IG against exact on U, and the faithfulness of the circuits made of U's k edges ranked first by
 each (|exact|, |EAP|, |EAP-IG|; pruned; every edge outside the circuit patched, U's other edges and
 the rest of the graph alike), on a log grid of k up to |U|, with each approximation's largest and mean
-|f - f(exact's)|. Edges outside U are in no circuit of this comparison: it says how well EAP orders the
+|f - f(exact's)| (--sizes K,K,...: f of each ranking's circuit at these k too, outside the grid's
+figures). Edges outside U are in no circuit of this comparison: it says how well EAP orders the
 edges it (or EAP-IG) already ranks high, not whether it misses edges exact patching would rank high.
 """
 
@@ -169,6 +170,11 @@ def subgraph(loaded, spec: str, args) -> None:
             f"{spec} {name} vs exact within U: max |gap| {gap.max():.3f} at k {grid[int(gap.argmax())]}, "
             f"mean {gap.mean():.3f}"
         )
+    for k in (k for k in args.sizes if k <= len(edges)):
+        fs = "  ".join(
+            f"{name} {subgraph_f(gt, index, values, k, full, empty):+.3f}" for name, values in rankings.items()
+        )
+        print(f"{spec} within U at k {k}: {fs}", flush=True)
 
 
 def subgraph_f(gt, index, values: torch.Tensor, k: int, full: float, empty: float) -> float:
@@ -188,6 +194,9 @@ def main() -> None:
     parser.add_argument("--eap-ig", help="EAP-IG's scores")
     parser.add_argument("--cache", help="exact scores of the candidates, read and written")
     parser.add_argument("--budget", type=float, default=480.0, help="CPU seconds of exact passes per run")
+    parser.add_argument(
+        "--sizes", type=lambda v: [int(k) for k in v.split(",")], default=[], help="k,k,...: f at these sizes too"
+    )
     args = parser.parse_args()
     loaded = load_model(args.model)
     print(f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}", flush=True)

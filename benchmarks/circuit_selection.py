@@ -7,7 +7,8 @@
 Scores every edge of the model's graph once (exact, eap or eap-ig with --steps), or reads them back
 (--scores FILE, saved by --save-scores), then for each selection (--selections, default top and greedy:
 the n largest |score|, EAP-IG's `apply_topn`, or grown from the logits, `apply_greedy`; each circuit
-pruned to the nodes on a path from the input to the logits):
+pruned to the nodes on a path from the input to the logits; --selections "" measures none, e.g. to
+only save the scores):
 - the faithfulness curve over a --points log grid (default 20, as `headlens circuit --discover`),
   CPR (area under f) and CMD (area under |1 - f|), MIB's normalised areas;
 - for f >= 0.8 and 0.9: the first grid point reaching it, bisected down to a bracket (low, high] whose
@@ -114,7 +115,7 @@ def main(argv=None) -> None:
     if args.signed:  # discover's "signed" ranking, then each selection over it
         scores = ranking(gt, scores, "signed")
         print("ranked by signed benefit (absolute=False)")
-    for selection in args.selections.split(","):
+    for selection in filter(None, args.selections.split(",")):  # --selections "": the scores only
         one_selection(gt, scores, selection, args)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
