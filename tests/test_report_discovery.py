@@ -115,6 +115,7 @@ def test_discover_report_draws_the_circuit_its_curve_and_the_backups(small_model
     table = CliRunner().invoke(cli, _args(small_model_dir, labels_file))
     assert table.exit_code == 0, table.output
     assert "backups of induction (1.2 resample-ablated" in table.output and "backups: " in table.output
+    assert "circuit by eap-ig (5 steps, top edges): " in table.output  # no --method: the default, named
 
 
 def test_a_discovery_document_names_a_users_task_by_its_file():

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlens.circuits.faithfulness import GraphTask, faithfulness
+from headlens.circuits.faithfulness import DEFAULT_METHOD, DEFAULT_STEPS, GraphTask, faithfulness
 from headlens.circuits.graph import INPUT, LOGITS, nodes_in, prune, top_edges
 from headlens.circuits.tasks import take_rows
 from headlens.errors import ConfigError
@@ -196,11 +196,11 @@ def _top(loaded: LoadedModel, task, method, ablation, k, steps, selection="top")
 def discover(
     loaded: LoadedModel,
     task,
-    method: str = "eap",
+    method: str = DEFAULT_METHOD,
     edges: int | None = None,
     target: float | None = None,
     ablation: str = "patching",
-    steps: int = 5,
+    steps: int = DEFAULT_STEPS,
     points: int = CURVE_POINTS,
     labels: dict | None = None,
     variants=None,
