@@ -132,7 +132,7 @@ def _on_graph(loaded: LoadedModel, spec: CircuitSpec, say: Say) -> Result:
         gt = GraphTask(loaded, task, spec.ablation)
         keep, scores = read_graph(spec.graph, gt.graph)
         points, facts = CURVE_POINTS_FILE, {}
-        result = measure(gt, scores, "file", int(keep.sum()), None, points, facts, spec.seed, 0, False, loaded, None)
+        result = measure(gt, scores, "file", int(keep.sum()), None, points, facts, spec.seed, 0, None, None)
         result.meta.update(file_faithfulness(gt, keep))
     else:
         given = model_labels(loaded, spec.labels)
