@@ -205,6 +205,7 @@ def stability(gt: GraphTask, method, k, steps, keep, resampled, variants=None, s
 
 
 def _top(loaded: LoadedModel, task, method, ablation, k, steps, selection="top") -> torch.Tensor:
+    """The k edges `selection` takes from `task`'s scores (its reference runs freed on return)."""
     gt = GraphTask(loaded, task, ablation)
     return select(gt, gt.scores(method, steps), k, selection)
 
