@@ -17,7 +17,8 @@ def graph_lines(doc: dict) -> list[str]:
     """The table of a circuit found on the whole graph (headlens.circuits.request.circuit_document)."""
     size = f"{doc['n_edges']} edges, {doc['n_nodes']} nodes (of {doc['graph_edges']} edges)"
     ablation = "counterfactual patching" if doc["ablation"] == "patching" else "mean ablation"
-    chosen = f"{doc['method']} ({doc.get('selection', 'top')} edges)"
+    steps = f"{doc['steps']} steps, " if doc.get("steps") else ""
+    chosen = f"{doc['method']} ({steps}{doc.get('selection', 'top')} edges)"
     lines = [
         f"task {doc['task']}: {doc['description']}",
         f"circuit by {chosen}: {size}; faithfulness {doc['faithfulness']:.3f} ({ablation} outside it)",

@@ -12,6 +12,7 @@ import json
 
 import click
 
+from headlens.circuits.faithfulness import DEFAULT_METHOD, DEFAULT_STEPS
 from headlens.cli import options as opt
 
 FORMATS = ("table", "json")
@@ -72,10 +73,10 @@ SHOWN_COMPENSATION = 8
     "--method",
     default=None,
     metavar="zero|mean|resample / exact|eap|eap-ig",
-    help="what an ablated head's z becomes [zero]; with --discover, how edges are scored [eap]",
+    help=f"what an ablated head's z becomes [zero]; with --discover, how edges are scored [{DEFAULT_METHOD}]",
 )
 @click.option("--approx", default=None, metavar="eap|eap-ig|eap*", help="also score the edges by edge attribution")
-@click.option("--steps", default=5, show_default=True, type=int, help="integration steps of eap-ig")
+@click.option("--steps", default=DEFAULT_STEPS, show_default=True, type=int, help="integration steps of eap-ig")
 @opt.labels_option("heads.json from `headlens classify --out` [default: classify the model]")
 @click.option(
     "--backups",

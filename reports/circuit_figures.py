@@ -268,10 +268,11 @@ def backups_block(doc: dict, lang: str) -> str:
 
 def discovery_document(result, backups: dict | None = None) -> dict:
     """A circuit document of a discovery Result alone (headlens.circuits.discover): `task` (name,
-    description, method, ablation, the whole model's and the empty circuit's metric), `discovered`
-    (discovered_fields) and `backups` (headlens.circuits.backups.to_document, or None)."""
+    description, method and its steps, ablation, the whole model's and the empty circuit's metric),
+    `discovered` (discovered_fields) and `backups` (headlens.circuits.backups.to_document, or None)."""
     meta = result.meta
     task = {key: meta[key] for key in ("description", "method", "ablation", "metric_full", "metric_empty")}
+    task["steps"] = meta.get("steps")  # EAP-IG's integration steps (None for the other methods)
     return {"task": {"name": meta["task"], **task}, "discovered": discovered_fields(result), "backups": backups}
 
 
@@ -292,6 +293,12 @@ def task_title(name: str, lang: str) -> str:
     return t(key, lang) if has(key, lang) else name
 
 
+def method_words(task: dict, lang: str) -> str:
+    """How the edges were scored: the method, with EAP-IG's integration steps."""
+    steps = task.get("steps")
+    return t("circuits.method_steps", lang, method=task["method"], steps=steps) if steps else task["method"]
+
+
 def discovery_block(doc: dict, lang: str) -> str:
     """One discovery document's part of the section: the task, how the circuit was found and measured,
     the circuit drawn with its curve, and the backups listed."""
@@ -300,7 +307,7 @@ def discovery_block(doc: dict, lang: str) -> str:
         "circuits.discovered_how",
         lang,
         description=task["description"],
-        method=task["method"],
+        method=method_words(task, lang),
         ablation=t(f"circuits.ablation.{task['ablation']}", lang),
         full=number(task["metric_full"], lang),
         empty=number(task["metric_empty"], lang),

@@ -73,7 +73,8 @@ COMMANDS: dict[str, list[str]] = {
     "circuit_report": ["circuit", "tiny", "--report", f"{FILES}/circuit.html", *COMMON],
     "circuit_out_json": ["circuit", "tiny", "--out", f"{FILES}/circuit.json", *COMMON],
     "discover": ["circuit", "tiny", "--discover", "--edges", "30", "--format", "json", *COMMON],
-    "discover_table": ["circuit", "tiny", "--discover", "--no-stability", *COMMON],
+    "discover_table": ["circuit", "tiny", "--discover", "--no-stability", *COMMON],  # the default method, eap-ig
+    "discover_eap": ["circuit", "tiny", "--discover", "--method", "eap", "--no-stability", *COMMON],
     "discover_backups": [
         "circuit",
         "tiny",

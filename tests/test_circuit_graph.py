@@ -227,7 +227,8 @@ def test_cli_discover_writes_a_graph_that_circuit_reads_back(tmp_path, small_mod
     found = _cli(*args, "--no-stability", "--format", "json", "--graph-out", graph_file)
     assert found.exit_code == 0, found.output
     doc = json.loads(found.stdout)
-    assert doc["ablation"] == "patching" and doc["method"] == "eap" and doc["n_edges"] == len(doc["edges"]) <= 12
+    assert doc["ablation"] == "patching" and doc["n_edges"] == len(doc["edges"]) <= 12
+    assert (doc["method"], doc["steps"]) == ("eap-ig", 5)  # discovery's default: EAP-IG, 5 steps
     assert all(node["roles"] == ["induction"] for node in doc["nodes"] if node["kind"] == "head" and node["layer"] == 1)
     written = json.loads((tmp_path / "g.json").read_text())
     assert sum(e["in_graph"] for e in written["edges"].values()) == doc["n_edges"]
@@ -238,6 +239,7 @@ def test_cli_discover_writes_a_graph_that_circuit_reads_back(tmp_path, small_mod
 
 def test_cli_discover_out_writes_the_document_stdout_would_have_printed(tmp_path, small_model_dir, labels_path):
     args = ["circuit", str(small_model_dir), "--task", "induction", "--discover", "--edges", "12", "--no-stability"]
+    args += ["--method", "eap"]  # the document, whatever scored it: the cheaper method
     printed = _cli(*args, "--labels", labels_path, "--format", "json")
     assert printed.exit_code == 0, printed.output
     out = tmp_path / "circuit.json"
@@ -257,7 +259,7 @@ def test_cli_names_the_malformed_line_of_a_task_file(tmp_path, small_model_dir):
 
 
 def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
-    from headlens.circuits.discover import stability
+    from headlens.circuits.discover import scored, stability
     from headlens.circuits.tasks import take_rows
 
     task = greater_than_task(tiny, n=4, seed=1)
@@ -269,7 +271,7 @@ def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
     gt = GraphTask(tiny, small)
     keep = top_edges(gt.graph, gt.scores("eap"), 10)
     pair = [induction_task(tiny, n=3, seq_len=6, seed=s) for s in (5, 6)]
-    got = stability(tiny, small, "eap", "patching", 10, 1, 0, keep, pair)
+    got = stability(gt, "eap", 10, 1, keep, scored(gt, "eap", 1, seed=0)[1], pair)
     assert 0.0 <= got["jaccard_resamples"] <= 1.0 and 0.0 <= got["jaccard_templates"] <= 1.0
     assert got["resamples"] == 5 and got["k"] == 10
 

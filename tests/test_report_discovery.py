@@ -105,6 +105,7 @@ def test_discover_report_draws_the_circuit_its_curve_and_the_backups(small_model
     doc = json.loads(got.stdout)
     text = _text(page)
     check_page(text, "en")
+    assert t("circuits.method_steps", "en", method="eap-ig", steps=5) in text  # the default method, named
     assert text.count('<img src="data:image/png;base64,') >= 2  # the circuit and its curve
     found = doc["backups"]
     assert found["role"] == "induction" and found["ablated"] == ["1.2"] and found["method"] == "resample"
@@ -115,6 +116,7 @@ def test_discover_report_draws_the_circuit_its_curve_and_the_backups(small_model
     table = CliRunner().invoke(cli, _args(small_model_dir, labels_file))
     assert table.exit_code == 0, table.output
     assert "backups of induction (1.2 resample-ablated" in table.output and "backups: " in table.output
+    assert "circuit by eap-ig (5 steps, top edges): " in table.output  # no --method: the default, named
 
 
 def test_a_discovery_document_names_a_users_task_by_its_file():

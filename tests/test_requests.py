@@ -31,7 +31,9 @@ def test_circuit_spec_refuses_what_cannot_run(given, message):
 
 
 def test_circuit_spec_defaults_per_mode_and_reads_its_files(tmp_path):
-    assert CircuitSpec.parse().method == "zero" and CircuitSpec.parse(discover=True).method == "eap"
+    assert CircuitSpec.parse().method == "zero" and CircuitSpec.parse(discover=True).method == "eap-ig"
+    assert CircuitSpec.parse(graph="g.json").method == "eap-ig" and CircuitSpec.parse(discover=True).steps == 5
+    assert CircuitSpec.parse(discover=True, method="eap").method == "eap"  # EAP stays a choice
     assert CircuitSpec.parse(discover=True, control="many").backups is None  # --control unread without --backups
     assert CircuitSpec.parse(backups=True, control="random:7").backups == 7
     assert CircuitSpec.parse(graph="g.json").on_graph and not CircuitSpec.parse(heads="0.1").on_graph

@@ -15,7 +15,8 @@
 - the circuit: `edges` top edges, or the smallest k reaching `target`;
 - stability: Jaccard overlap of the top-k edge sets scored on 5 bootstrap resamples of the task's
   sequences (mean over pairs, with the full set's), and on two sets of templates (headlens.circuits.
-  variants), where the caller passes them.
+  variants), where the caller passes them. EAP and EAP-IG under patching score the resamples in the
+  task's own passes (each sequence's part of a score weighted by how often it is drawn).
 The Result (kind "circuit_graph"): frame = the circuit's nodes with their roles; tables "edges" (sender,
 receiver, via, score, in_graph: every edge of the graph) and "curve" (k, edges, nodes, faithfulness).
 """
@@ -30,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headlens.circuits.faithfulness import GraphTask, faithfulness
+from headlens.circuits.faithfulness import DEFAULT_METHOD, DEFAULT_STEPS, GraphTask, faithfulness
 from headlens.circuits.graph import INPUT, LOGITS, nodes_in, prune, top_edges
 from headlens.circuits.tasks import take_rows
 from headlens.errors import ConfigError
@@ -169,26 +170,42 @@ def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
     return int((a & b).sum()) / union if union else 1.0
 
 
-def stability(
-    loaded: LoadedModel, task, method, ablation, k, steps, seed, keep, variants=None, selection="top"
-) -> dict:
-    """Jaccard overlap of the top-k edges over RESAMPLES bootstrap resamples of the task's rows (mean
-    over all pairs of those and the full set's `keep`) and between the two task `variants` (or None)."""
+def resample_rows(n: int, seed: int) -> list[torch.Tensor]:
+    """The RESAMPLES bootstrap draws of a task's n sequences: each [n] row indices, repeats allowed."""
     gen = torch.Generator().manual_seed(seed + 7)
-    sets = [keep]
-    n = task.tokens.shape[0]
-    for _ in range(RESAMPLES):
-        rows = torch.randint(n, (n,), generator=gen)
-        sets.append(_top(loaded, take_rows(task, rows), method, ablation, k, steps, selection))
+    return [torch.randint(n, (n,), generator=gen) for _ in range(RESAMPLES)]
+
+
+def scored(gt: GraphTask, method: str, steps: int, seed: int | None = None):
+    """`gt`'s edge scores and, with a `seed`, each bootstrap resample's (resample_rows; None without): by
+    EAP and EAP-IG under patching from the same passes (GraphTask.scores' `draws`), otherwise each
+    resampled task scored anew."""
+    if seed is None:
+        return gt.scores(method, steps), None
+    n = gt.task.tokens.shape[0]
+    rows = resample_rows(n, seed)
+    if method == "exact" or gt.ablation != "patching":
+        again = [GraphTask(gt.loaded, take_rows(gt.task, r), gt.ablation).scores(method, steps) for r in rows]
+        return gt.scores(method, steps), again
+    draws = torch.stack([torch.ones(n, dtype=torch.long), *(torch.bincount(r, minlength=n) for r in rows)])  # [W, n]
+    every = gt.scores(method, steps, draws=draws)  # [W, senders, receivers]
+    return every[0], list(every[1:])
+
+
+def stability(gt: GraphTask, method, k, steps, keep, resampled, variants=None, selection="top") -> dict:
+    """Jaccard overlap of the top-k edges of the resamples' scores `resampled` (scored) (mean over all
+    pairs of those and the full set's `keep`) and between the two task `variants` (or None)."""
+    sets = [keep, *(select(gt, scores, k, selection) for scores in resampled)]
     pairs = [jaccard(a, b) for a, b in itertools.combinations(sets, 2)]
-    out = {"resamples": RESAMPLES, "k": k, "jaccard_resamples": float(np.mean(pairs)), "jaccard_templates": None}
+    out = {"resamples": len(resampled), "k": k, "jaccard_resamples": float(np.mean(pairs)), "jaccard_templates": None}
     if variants is not None:
-        first, second = (_top(loaded, v, method, ablation, k, steps, selection) for v in variants)
+        first, second = (_top(gt.loaded, v, method, gt.ablation, k, steps, selection) for v in variants)
         out["jaccard_templates"] = jaccard(first, second)
     return out
 
 
 def _top(loaded: LoadedModel, task, method, ablation, k, steps, selection="top") -> torch.Tensor:
+    """The k edges `selection` takes from `task`'s scores (its reference runs freed on return)."""
     gt = GraphTask(loaded, task, ablation)
     return select(gt, gt.scores(method, steps), k, selection)
 
@@ -196,11 +213,11 @@ def _top(loaded: LoadedModel, task, method, ablation, k, steps, selection="top")
 def discover(
     loaded: LoadedModel,
     task,
-    method: str = "eap",
+    method: str = DEFAULT_METHOD,
     edges: int | None = None,
     target: float | None = None,
     ablation: str = "patching",
-    steps: int = 5,
+    steps: int = DEFAULT_STEPS,
     points: int = CURVE_POINTS,
     labels: dict | None = None,
     variants=None,
@@ -214,10 +231,8 @@ def discover(
     if edges is not None and target is not None:
         raise ConfigError("give --edges or --target, not both")
     gt = GraphTask(loaded, task, ablation)
-    scores = gt.scores(method, steps)
-    return measure(
-        gt, scores, method, edges, target, points, labels, seed, steps, with_stability, loaded, variants, selection
-    )
+    scores, resampled = scored(gt, method, steps, seed if with_stability else None)
+    return measure(gt, scores, method, edges, target, points, labels, seed, steps, resampled, variants, selection)
 
 
 def measure(
@@ -230,12 +245,12 @@ def measure(
     labels,
     seed,
     steps,
-    with_stability,
-    loaded: LoadedModel,
+    resampled,
     variants,
     selection: str = "top",
 ):
-    """Curve, sizes, chosen circuit and stability of one score matrix: the Result of `discover`."""
+    """Curve, sizes, chosen circuit and stability of one score matrix: the Result of `discover`. Stability
+    from the resamples' scores `resampled` (scored), none when None."""
     graph = gt.graph
     if edges is not None and not 1 <= edges <= graph.n_edges:
         raise ConfigError(f"--edges {edges}: this model's graph has 1 to {graph.n_edges} edges")
@@ -271,10 +286,8 @@ def measure(
         "stability": None,
         "seed": seed,
     }
-    if with_stability:
-        meta["stability"] = stability(
-            loaded, gt.task, method, gt.ablation, edges, steps, seed, keep, variants, selection
-        )
+    if resampled is not None:
+        meta["stability"] = stability(gt, method, edges, steps, keep, resampled, variants, selection)
     tables = {"edges": edge_table(graph, scores, keep), "curve": pd.DataFrame(rows)}
     return Result("circuit_graph", node_frame(graph, keep, labels or {}), meta, tables=tables)
 

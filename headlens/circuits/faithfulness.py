@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 ABLATIONS = ("patching", "mean")
 METHODS = ("exact", "eap", "eap-ig")
+# discovery's method when none is named: MIB (Mueller et al. 2025) found EAP-IG the best approximate method, and
+# EAP's first-order scores miss a planted circuit that EAP-IG finds (tests/test_circuit_discovery_planted.py)
+DEFAULT_METHOD = "eap-ig"
+DEFAULT_STEPS = 5  # EAP-IG's integration steps when none are named
 BATCH_TOKENS = 192  # positions per batch: the q/k/v inputs of every head of a layer are [3 x head x tokens x d_model]
 
 
@@ -52,7 +56,7 @@ class GraphTask:
             raise ConfigError(f"unknown ablation {ablation!r}: choose one of {', '.join(ABLATIONS)}")
         if ablation == "patching" and task.corrupted is None:
             raise ConfigError(f"the {task.name} task has no counterfactual run: use --ablation mean")
-        self.model, self.task, self.ablation = loaded.model, task, ablation
+        self.loaded, self.model, self.task, self.ablation = loaded, loaded.model, task, ablation
         self.adapter = adapter_for(loaded.model)
         self.graph = graph_of(self.adapter)
         self.terms = task_terms(task)
@@ -121,13 +125,21 @@ class GraphTask:
             self._ends = self.metric(self.graph.real), self.metric(torch.zeros_like(self.graph.real))
         return self._ends
 
-    def scores(self, method: str, steps: int = 5) -> torch.Tensor:
-        """Every edge's score [senders, receivers] (0 off the graph's edges) by `method`."""
+    def scores(self, method: str, steps: int = DEFAULT_STEPS, draws: torch.Tensor | None = None) -> torch.Tensor:
+        """Every edge's score [senders, receivers] (0 off the graph's edges) by `method`. With `draws`
+        [W, n] (how many times each of the task's n sequences is drawn; eap and eap-ig under patching):
+        [W, senders, receivers], each draw's scores, the same as those of the task on its sequences
+        (take_rows), from one set of passes: a sequence's outputs, reference and gradients do not
+        depend on the sequences beside it, and its metric is a sum over its own read positions."""
         if method not in METHODS:
             raise ConfigError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        if draws is not None and (method == "exact" or self.ablation != "patching"):
+            raise ConfigError("drawn sequences are scored by eap or eap-ig under patching only")
         if method == "exact":
             return self._exact_scores()
-        return self._gradient_scores(1 if method == "eap" else steps, interpolate=method == "eap-ig")
+        weights = torch.ones(1, self.task.tokens.shape[0]) if draws is None else draws
+        out = self._gradient_scores(1 if method == "eap" else steps, method == "eap-ig", weights.double())
+        return out[0] if draws is None else out
 
     def _exact_scores(self) -> torch.Tensor:
         real = self.graph.real
@@ -174,8 +186,10 @@ class GraphTask:
                 total += float(batch_sum(self.adapter, self.terms, self.task.where, b.rows, final))
         return total / self.n_read
 
-    def _gradient_scores(self, steps: int, interpolate: bool) -> torch.Tensor:
-        out = torch.zeros(self.graph.real.shape, dtype=torch.float64)
+    def _gradient_scores(self, steps: int, interpolate: bool, weights: torch.Tensor) -> torch.Tensor:
+        """[W, senders, receivers]: per row of `weights` [W, n], each sequence's scores summed with its
+        weight, over the weighted count of read positions."""
+        out = torch.zeros((weights.shape[0], *self.graph.real.shape), dtype=torch.float64)
         with frozen_weights(self.model):
             for b in self.batches:
                 with torch.no_grad():
@@ -193,9 +207,10 @@ class GraphTask:
                         for total, part in zip(grads, got, strict=True):
                             total += part
                     del got, record  # the step's gradients are summed: free them before the next pass
-                diffs = (b.ref.outs - clean.outs).flatten(1)  # [senders, batch * pos * d_model]
-                self._add_scores(out, diffs, [g.div_(steps) for g in grads])
-        return out / self.n_read
+                diffs = (b.ref.outs - clean.outs).transpose(0, 1).flatten(2)  # [batch, senders, pos * d_model]
+                self._add_scores(out, diffs, [g.div_(steps) for g in grads], weights[:, b.rows])
+        reads = weights @ self.task.where.sum(1).double()  # [W]
+        return out / reads[:, None, None]
 
     def _input_grads(self, b: Batch, embed: torch.Tensor | None, with_record: bool = False):
         """dm/dx of every receiver block at one run: per layer the heads' [3 * head, batch, pos,
@@ -214,14 +229,15 @@ class GraphTask:
             grads[2 * layer] = head_input_grads(self.adapter, layer, x, grads[2 * layer])
         return (grads, record if with_record else None)
 
-    def _add_scores(self, out: torch.Tensor, diffs: torch.Tensor, grads: list[torch.Tensor]) -> None:
-        """out[s, r] += diffs[s] . grads[r] for every edge: one float32 product per receiver block
-        (each a sum over batch x pos x d_model terms), added to the float64 total."""
+    def _add_scores(self, out: torch.Tensor, diffs: torch.Tensor, grads: list[torch.Tensor], weights) -> None:
+        """out[w, s, r] += sum over the batch's sequences b of weights[w, b] * diffs[b, s] . grads[r][b] for
+        every edge: per receiver block one float32 product per sequence (a sum over pos x d_model terms),
+        weighted and added to the float64 totals."""
         graph, receiver = self.graph, 0
-        for grad in grads:
+        for grad in grads:  # [recv, batch, pos, d_model]
             n_up = graph.upstream(receiver)
-            got = diffs[:n_up] @ grad.flatten(1).T  # [n_up, recv]
-            out[:n_up, receiver : receiver + grad.shape[0]] += got.double()
+            got = torch.bmm(diffs[:, :n_up], grad.flatten(2).permute(1, 2, 0))  # [batch, n_up, recv]
+            out[:, :n_up, receiver : receiver + grad.shape[0]] += torch.einsum("wb,bsr->wsr", weights, got.double())
             receiver += grad.shape[0]
 
 

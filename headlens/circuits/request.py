@@ -24,8 +24,8 @@ from headlens.circuits.attribution import EAP_METHODS
 from headlens.circuits.backups import find_backups
 from headlens.circuits.circuit import circuit, to_document
 from headlens.circuits.discover import discover, measure
+from headlens.circuits.faithfulness import DEFAULT_METHOD, DEFAULT_STEPS, GraphTask, faithfulness
 from headlens.circuits.faithfulness import METHODS as GRAPH_METHODS
-from headlens.circuits.faithfulness import GraphTask, faithfulness
 from headlens.circuits.graph import graph_of, nodes_in
 from headlens.circuits.interchange import read_graph, write_graph
 from headlens.circuits.moretasks import circuit_task, variants
@@ -62,7 +62,7 @@ class CircuitSpec:
     heads: str | None = None  # the heads (or role) ablated for the self-repair table
     method: str = "zero"  # replacement (zero | mean | resample), or with discover/graph: exact | eap | eap-ig
     approx: str | None = None  # also score the edges by edge attribution (EAP_METHODS)
-    steps: int = 5  # integration steps of eap-ig
+    steps: int = DEFAULT_STEPS  # integration steps of eap-ig
     labels: dict | None = None  # Head -> labels from a labels file (None: classify the model)
     backups: int | None = None  # K random control sets of the backups search (None: no search)
     seed: int = 0  # the task's inputs and resampling
@@ -83,11 +83,11 @@ class CircuitSpec:
         control: str = "random:39",
         **given,
     ) -> CircuitSpec:
-        """A CircuitSpec from the command line's values: `method` None is the mode's default (zero; eap on the
-        graph), `control` "random:K" (checked on the graph only with `backups`), the prompts and labels read
-        from their files. ConfigError or InputTextError for a bad value."""
+        """A CircuitSpec from the command line's values: `method` None is the mode's default (zero; on the graph
+        DEFAULT_METHOD), `control` "random:K" (checked on the graph only with `backups`), the prompts and labels
+        read from their files. ConfigError or InputTextError for a bad value."""
         on_graph = given.get("discover") or given.get("graph") is not None
-        method = method or ("eap" if on_graph else "zero")
+        method = method or (DEFAULT_METHOD if on_graph else "zero")
         check_method(method, given.get("approx"), on_graph)
         controls = parse_control(control) if backups or not on_graph else None  # a malformed K fails before work
         prompts = read_prompts(prompts_path) if prompts_path else None
@@ -132,7 +132,7 @@ def _on_graph(loaded: LoadedModel, spec: CircuitSpec, say: Say) -> Result:
         gt = GraphTask(loaded, task, spec.ablation)
         keep, scores = read_graph(spec.graph, gt.graph)
         points, facts = CURVE_POINTS_FILE, {}
-        result = measure(gt, scores, "file", int(keep.sum()), None, points, facts, spec.seed, 0, False, loaded, None)
+        result = measure(gt, scores, "file", int(keep.sum()), None, points, facts, spec.seed, 0, None, None)
         result.meta.update(file_faithfulness(gt, keep))
     else:
         given = model_labels(loaded, spec.labels)
