@@ -66,12 +66,13 @@ def path_terms(gt: GraphTask, alphas: list[tuple[int, int]]) -> dict:
                 clean = run_graph(gt.adapter, gt.graph, b.ctx, gt.graph.real)[1]
             with torch.no_grad():
                 clean_embed = gt.adapter.embed_tokens(b.ctx)  # [batch, pos, d_model]
-            diffs = (b.ref.outs - clean.outs).flatten(1)  # [senders, batch * pos * d_model]
+            diffs = (b.ref.outs - clean.outs).transpose(0, 1).flatten(2)  # [batch, senders, pos * d_model]
+            ones = torch.ones(1, diffs.shape[0], dtype=torch.float64)  # [1, batch]: every sequence once
             for k, n in alphas:
                 ref_embed = b.ref.outs[0]  # [batch, pos, d_model]
                 embed = None if k == n else ref_embed + (k / n) * (clean_embed - ref_embed)
                 grads, _ = gt._input_grads(b, embed)
-                gt._add_scores(out[k, n], diffs, grads)
+                gt._add_scores(out[k, n].unsqueeze(0), diffs, grads, ones)
                 del grads
     return {a: m / gt.n_read for a, m in out.items()}
 
