@@ -192,22 +192,26 @@ def scored(gt: GraphTask, method: str, steps: int, seed: int | None = None):
     return every[0], list(every[1:])
 
 
-def stability(gt: GraphTask, method, k, steps, keep, resampled, variants=None, selection="top") -> dict:
+def stability(gt: GraphTask, method, k, steps, keep, resampled, templates=None, selection="top") -> dict:
     """Jaccard overlap of the top-k edges of the resamples' scores `resampled` (scored) (mean over all
-    pairs of those and the full set's `keep`) and between the two task `variants` (or None)."""
+    pairs of those and the full set's `keep`) and between the two template sets' scores `templates`
+    (template_scores; or None)."""
     sets = [keep, *(select(gt, scores, k, selection) for scores in resampled)]
     pairs = [jaccard(a, b) for a, b in itertools.combinations(sets, 2)]
     out = {"resamples": len(resampled), "k": k, "jaccard_resamples": float(np.mean(pairs)), "jaccard_templates": None}
-    if variants is not None:
-        first, second = (_top(gt.loaded, v, method, gt.ablation, k, steps, selection) for v in variants)
+    if templates is not None:
+        first, second = (select(gt, scores, k, selection) for scores in templates)
         out["jaccard_templates"] = jaccard(first, second)
     return out
 
 
-def _top(loaded: LoadedModel, task, method, ablation, k, steps, selection="top") -> torch.Tensor:
-    """The k edges `selection` takes from `task`'s scores (its reference runs freed on return)."""
-    gt = GraphTask(loaded, task, ablation)
-    return select(gt, gt.scores(method, steps), k, selection)
+def template_scores(loaded: LoadedModel, variants, method, ablation, steps) -> list[torch.Tensor] | None:
+    """Each task of `variants` (or None) scored on its own graph task, one at a time: [senders, receivers]
+    each. A variant's reference runs are freed before the next is built, and discover scores them before
+    the task's own, so no two tasks' reference runs are held at once."""
+    if variants is None:
+        return None
+    return [GraphTask(loaded, v, ablation).scores(method, steps) for v in variants]
 
 
 def discover(
@@ -230,9 +234,10 @@ def discover(
     "greedy": greedy_order). `labels`: head "L.H" -> its labels (roles)."""
     if edges is not None and target is not None:
         raise ConfigError("give --edges or --target, not both")
+    templates = template_scores(loaded, variants, method, ablation, steps) if with_stability else None
     gt = GraphTask(loaded, task, ablation)
     scores, resampled = scored(gt, method, steps, seed if with_stability else None)
-    return measure(gt, scores, method, edges, target, points, labels, seed, steps, resampled, variants, selection)
+    return measure(gt, scores, method, edges, target, points, labels, seed, steps, resampled, templates, selection)
 
 
 def measure(
@@ -246,11 +251,12 @@ def measure(
     seed,
     steps,
     resampled,
-    variants,
+    templates,
     selection: str = "top",
 ):
     """Curve, sizes, chosen circuit and stability of one score matrix: the Result of `discover`. Stability
-    from the resamples' scores `resampled` (scored), none when None."""
+    from the resamples' scores `resampled` (scored), none when None, and the template sets' `templates`
+    (template_scores)."""
     graph = gt.graph
     if edges is not None and not 1 <= edges <= graph.n_edges:
         raise ConfigError(f"--edges {edges}: this model's graph has 1 to {graph.n_edges} edges")
@@ -287,7 +293,7 @@ def measure(
         "seed": seed,
     }
     if resampled is not None:
-        meta["stability"] = stability(gt, method, edges, steps, keep, resampled, variants, selection)
+        meta["stability"] = stability(gt, method, edges, steps, keep, resampled, templates, selection)
     tables = {"edges": edge_table(graph, scores, keep), "curve": pd.DataFrame(rows)}
     return Result("circuit_graph", node_frame(graph, keep, labels or {}), meta, tables=tables)
 
