@@ -4,7 +4,7 @@
 
 One torch thread. For one task and METHOD (eap-ig by default, discover's default; or eap): the reference
 run (GraphTask); the task's edge scores alone (GraphTask.scores); the task's and its 5 bootstrap resamples'
-scores from the same passes (headlens.circuits.discover.scored, what discover does); and the first
+scores from the same passes (headlens.circuits.resampled.scored, what discover does); and the first
 resample made into a task of its own (take_rows) and scored anew, reference run included (what discover
 did for each of the 5). Prints each one's wall and CPU time, the largest difference between the first
 resample's two score matrices, and whether their top-k edge sets (k = 100, 1,000) agree.
@@ -17,9 +17,10 @@ import time
 
 import torch
 
-from headlens.circuits.discover import resample_rows, scored, select
+from headlens.circuits.discover import select
 from headlens.circuits.faithfulness import DEFAULT_METHOD, DEFAULT_STEPS, GraphTask
 from headlens.circuits.moretasks import circuit_task
+from headlens.circuits.resampled import resample_rows, scored
 from headlens.circuits.tasks import take_rows
 from headlens.load.models import load_model
 

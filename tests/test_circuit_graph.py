@@ -259,7 +259,8 @@ def test_cli_names_the_malformed_line_of_a_task_file(tmp_path, small_model_dir):
 
 
 def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
-    from headlens.circuits.discover import scored, stability, template_scores
+    from headlens.circuits.discover import stability
+    from headlens.circuits.resampled import scored, template_scores
     from headlens.circuits.tasks import take_rows
 
     task = greater_than_task(tiny, n=4, seed=1)
@@ -271,9 +272,7 @@ def test_a_permuted_subset_keeps_the_metric_and_stability_is_a_share(tiny):
     gt = GraphTask(tiny, small)
     keep = top_edges(gt.graph, gt.scores("eap"), 10)
     pair = [induction_task(tiny, n=3, seq_len=6, seed=s) for s in (5, 6)]
-    got = stability(
-        gt, "eap", 10, 1, keep, scored(gt, "eap", 1, seed=0)[1], template_scores(tiny, pair, "eap", "patching", 1)
-    )
+    got = stability(gt, 10, keep, scored(gt, "eap", 1, seed=0)[1], template_scores(tiny, pair, "eap", "patching", 1))
     assert 0.0 <= got["jaccard_resamples"] <= 1.0 and 0.0 <= got["jaccard_templates"] <= 1.0
     assert got["resamples"] == 5 and got["k"] == 10
 

@@ -1,4 +1,4 @@
-"""Discovery's stability resamples scored in the task's own passes (headlens.circuits.discover.scored,
+"""Discovery's stability resamples scored in the task's own passes (headlens.circuits.resampled.scored,
 GraphTask.scores' `draws`) against their definition: each bootstrap resample of the task's sequences made
 into a task of its own (take_rows) and scored anew, its own reference run and gradient passes included.
 
@@ -18,10 +18,11 @@ import json
 import pytest
 import torch
 
-from headlens.circuits.discover import discover, resample_rows, scored, select, stability
+from headlens.circuits.discover import discover, select, stability
 from headlens.circuits.faithfulness import GraphTask
 from headlens.circuits.graph import prune
 from headlens.circuits.moretasks import file_task
+from headlens.circuits.resampled import resample_rows, scored
 from headlens.circuits.tasks import induction_task, take_rows
 from headlens.errors import ConfigError
 
@@ -70,7 +71,7 @@ def test_resamples_scored_in_the_tasks_passes_equal_each_resample_scored_anew(ti
     differ = [float((want - scores).abs().max()) > 100 * ATOL for want in anew]
     assert sum(differ) >= 3, differ  # most resamples are not the task itself (a draw may be a permutation)
     keep = select(gt, scores, K, "top")
-    assert stability(gt, method, K, 3, keep, shared) == stability(gt, method, K, 3, keep, anew)
+    assert stability(gt, K, keep, shared) == stability(gt, K, keep, anew)
 
 
 def test_stability_figures_of_discover_are_those_of_the_resamples_scored_anew(tiny):
@@ -79,7 +80,7 @@ def test_stability_figures_of_discover_are_those_of_the_resamples_scored_anew(ti
     gt = GraphTask(tiny, task)
     keep = prune(gt.graph, select(gt, gt.scores("eap"), K, "top"))  # the circuit: pruned
     anew = [GraphTask(tiny, take_rows(task, r)).scores("eap") for r in resample_rows(task.tokens.shape[0], 0)]
-    want = stability(gt, "eap", K, 1, keep, anew)
+    want = stability(gt, K, keep, anew)
     assert result.meta["stability"] == want
     assert 0.0 < want["jaccard_resamples"] < 1.0  # the resampled circuits differ, and overlap
 

@@ -1,4 +1,4 @@
-"""Discovery holds one graph task's reference runs at a time (headlens.circuits.discover.template_scores):
+"""Discovery holds one graph task's reference runs at a time (headlens.circuits.resampled.template_scores):
 the two template sets of the stability figure are scored, each on its own GraphTask, before the task's own
 GraphTask is built, so no GraphTask is alive while another is built; the template Jaccard is still that of
 the top-k edges of each template set's scores, computed here on graph tasks built afresh."""
@@ -10,6 +10,7 @@ import weakref
 import pytest
 
 import headlens.circuits.discover as discover_module
+import headlens.circuits.resampled as resampled_module
 from headlens.circuits.discover import discover, jaccard, select
 from headlens.circuits.faithfulness import GraphTask
 from headlens.circuits.tasks import induction_task
@@ -32,7 +33,8 @@ def test_no_graph_task_is_built_while_another_is_alive_and_the_template_overlap_
             super().__init__(*args, **kwargs)
             live.add(self)
 
-    monkeypatch.setattr(discover_module, "GraphTask", Tracked)
+    for module in (discover_module, resampled_module):  # discover builds the task's, resampled the templates'
+        monkeypatch.setattr(module, "GraphTask", Tracked)
     task = induction_task(tiny, n=3, seq_len=6, seed=0)
     pair = [induction_task(tiny, n=3, seq_len=6, seed=s) for s in (5, 6)]
     result = discover(tiny, task, "eap-ig", edges=10, steps=2, variants=pair)

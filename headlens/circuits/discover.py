@@ -33,7 +33,7 @@ import torch
 
 from headlens.circuits.faithfulness import DEFAULT_METHOD, DEFAULT_STEPS, GraphTask, faithfulness
 from headlens.circuits.graph import INPUT, LOGITS, nodes_in, prune, top_edges
-from headlens.circuits.tasks import take_rows
+from headlens.circuits.resampled import scored, template_scores
 from headlens.errors import ConfigError
 from headlens.results import Result
 
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 CURVE_POINTS = 20
 TARGETS = (0.8, 0.9)
-RESAMPLES = 5
 SELECTIONS = ("top", "greedy", "signed")
 
 
@@ -170,32 +169,10 @@ def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
     return int((a & b).sum()) / union if union else 1.0
 
 
-def resample_rows(n: int, seed: int) -> list[torch.Tensor]:
-    """The RESAMPLES bootstrap draws of a task's n sequences: each [n] row indices, repeats allowed."""
-    gen = torch.Generator().manual_seed(seed + 7)
-    return [torch.randint(n, (n,), generator=gen) for _ in range(RESAMPLES)]
-
-
-def scored(gt: GraphTask, method: str, steps: int, seed: int | None = None):
-    """`gt`'s edge scores and, with a `seed`, each bootstrap resample's (resample_rows; None without): by
-    EAP and EAP-IG under patching from the same passes (GraphTask.scores' `draws`), otherwise each
-    resampled task scored anew."""
-    if seed is None:
-        return gt.scores(method, steps), None
-    n = gt.task.tokens.shape[0]
-    rows = resample_rows(n, seed)
-    if method == "exact" or gt.ablation != "patching":
-        again = [GraphTask(gt.loaded, take_rows(gt.task, r), gt.ablation).scores(method, steps) for r in rows]
-        return gt.scores(method, steps), again
-    draws = torch.stack([torch.ones(n, dtype=torch.long), *(torch.bincount(r, minlength=n) for r in rows)])  # [W, n]
-    every = gt.scores(method, steps, draws=draws)  # [W, senders, receivers]
-    return every[0], list(every[1:])
-
-
-def stability(gt: GraphTask, method, k, steps, keep, resampled, templates=None, selection="top") -> dict:
-    """Jaccard overlap of the top-k edges of the resamples' scores `resampled` (scored) (mean over all
+def stability(gt: GraphTask, k, keep, resampled, templates=None, selection="top") -> dict:
+    """Jaccard overlap of the top-k edges of the resamples' scores `resampled` (resampled.scored) (mean over all
     pairs of those and the full set's `keep`) and between the two template sets' scores `templates`
-    (template_scores; or None)."""
+    (resampled.template_scores; or None)."""
     sets = [keep, *(select(gt, scores, k, selection) for scores in resampled)]
     pairs = [jaccard(a, b) for a, b in itertools.combinations(sets, 2)]
     out = {"resamples": len(resampled), "k": k, "jaccard_resamples": float(np.mean(pairs)), "jaccard_templates": None}
@@ -203,15 +180,6 @@ def stability(gt: GraphTask, method, k, steps, keep, resampled, templates=None, 
         first, second = (select(gt, scores, k, selection) for scores in templates)
         out["jaccard_templates"] = jaccard(first, second)
     return out
-
-
-def template_scores(loaded: LoadedModel, variants, method, ablation, steps) -> list[torch.Tensor] | None:
-    """Each task of `variants` (or None) scored on its own graph task, one at a time: [senders, receivers]
-    each. A variant's reference runs are freed before the next is built, and discover scores them before
-    the task's own, so no two tasks' reference runs are held at once."""
-    if variants is None:
-        return None
-    return [GraphTask(loaded, v, ablation).scores(method, steps) for v in variants]
 
 
 def discover(
@@ -255,8 +223,8 @@ def measure(
     selection: str = "top",
 ):
     """Curve, sizes, chosen circuit and stability of one score matrix: the Result of `discover`. Stability
-    from the resamples' scores `resampled` (scored), none when None, and the template sets' `templates`
-    (template_scores)."""
+    from the resamples' scores `resampled` (resampled.scored), none when None, and the template sets' `templates`
+    (resampled.template_scores)."""
     graph = gt.graph
     if edges is not None and not 1 <= edges <= graph.n_edges:
         raise ConfigError(f"--edges {edges}: this model's graph has 1 to {graph.n_edges} edges")
@@ -293,7 +261,7 @@ def measure(
         "seed": seed,
     }
     if resampled is not None:
-        meta["stability"] = stability(gt, method, edges, steps, keep, resampled, templates, selection)
+        meta["stability"] = stability(gt, edges, keep, resampled, templates, selection)
     tables = {"edges": edge_table(graph, scores, keep), "curve": pd.DataFrame(rows)}
     return Result("circuit_graph", node_frame(graph, keep, labels or {}), meta, tables=tables)
 
