@@ -33,6 +33,8 @@ def graph_lines(doc: dict) -> list[str]:
             f"stability of the top {stab['k']} edges: Jaccard {stab['jaccard_resamples']:.2f} over "
             f"{stab['resamples']} resamples of the prompts, {templates} between two template sets"
         )
+    if doc.get("backups_not_searched"):
+        lines.append(f"backups: not searched ({doc['backups_not_searched']})")
     lines.append("\nnodes (roles)")
     for node in doc["nodes"]:
         lines.append(f"  {node['node']:>8}  {', '.join(node['roles']) or '-'}")

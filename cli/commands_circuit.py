@@ -79,10 +79,11 @@ SHOWN_COMPENSATION = 8
 @click.option("--steps", default=DEFAULT_STEPS, show_default=True, type=int, help="integration steps of eap-ig")
 @opt.labels_option("heads.json from `headlens classify --out` [default: classify the model]")
 @click.option(
-    "--backups",
+    "--backups/--no-backups",
     "backups",
-    is_flag=True,
-    help="also find the heads that make up for the task's role (name movers, induction heads) when it is ablated",
+    default=None,
+    help="also find the heads that make up for the task's role (name movers, induction heads) when it is ablated "
+    "[default: with --discover, where some head carries the task's role]",
 )
 @click.option(
     "--control",

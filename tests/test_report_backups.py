@@ -8,6 +8,7 @@ small synthetic one built in the test."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -153,6 +154,29 @@ def test_circuit_backups_json_table_and_report(small_model_dir, labels_file, tmp
     (tmp_path / "b.json").write_text(json.dumps(doc))
     bad = CliRunner().invoke(cli, [*base, "--control", "random:0"])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "random:K" in bad.output
+
+
+def test_discover_finds_backups_by_default_where_the_role_has_heads(small_model_dir, labels_file, tmp_path):
+    base = ["circuit", str(small_model_dir), "--discover", "--method", "eap", "--no-stability", "--edges", "10"]
+    found = CliRunner().invoke(cli, [*base, "--task", "induction", "--labels", labels_file, "--control", "random:3"])
+    assert found.exit_code == 0, found.output
+    assert "backups of induction (1.2 resample-ablated" in found.output
+    nobody = tmp_path / "nobody.json"
+    nobody.write_text(json.dumps([{**row, "labels": []} for row in json.loads(Path(labels_file).read_text())]))
+    for task, labels, why in [
+        ("induction", str(nobody), "no head is labelled induction"),
+        ("greater-than", labels_file, "the greater-than task has no role"),
+    ]:
+        skipped = CliRunner().invoke(cli, [*base, "--task", task, "--labels", labels, "--format", "json"])
+        assert skipped.exit_code == 0, skipped.output
+        doc = json.loads(skipped.output)
+        assert doc["backups_not_searched"] == why and "backups" not in doc
+        table = CliRunner().invoke(cli, [*base, "--task", task, "--labels", labels])
+        assert f"backups: not searched ({why})" in table.output
+    refused = CliRunner().invoke(cli, [*base, "--task", "induction", "--labels", str(nobody), "--backups"])
+    assert refused.exit_code == 2 and "no head is labelled 'induction'" in refused.output
+    off = CliRunner().invoke(cli, [*base, "--task", "induction", "--labels", labels_file, "--no-backups"])
+    assert off.exit_code == 0 and "backups" not in off.output
 
 
 def test_explore_shows_what_a_head_backs_up(tmp_path):

@@ -34,7 +34,12 @@ def test_circuit_spec_defaults_per_mode_and_reads_its_files(tmp_path):
     assert CircuitSpec.parse().method == "zero" and CircuitSpec.parse(discover=True).method == "eap-ig"
     assert CircuitSpec.parse(graph="g.json").method == "eap-ig" and CircuitSpec.parse(discover=True).steps == 5
     assert CircuitSpec.parse(discover=True, method="eap").method == "eap"  # EAP stays a choice
-    assert CircuitSpec.parse(discover=True, control="many").backups is None  # --control unread without --backups
+    assert CircuitSpec.parse(discover=True, backups=False, control="many").backups is None  # --control unread
+    found = CircuitSpec.parse(discover=True)  # discover searches for backups by default, where the role has heads
+    assert found.backups == 39 and found.backups_if_role
+    asked = CircuitSpec.parse(discover=True, backups=True)  # asked for: a role without heads is an error
+    assert asked.backups == 39 and not asked.backups_if_role
+    assert CircuitSpec.parse().backups is None and CircuitSpec.parse(graph="g.json").backups is None
     assert CircuitSpec.parse(backups=True, control="random:7").backups == 7
     assert CircuitSpec.parse(graph="g.json").on_graph and not CircuitSpec.parse(heads="0.1").on_graph
     prompts = tmp_path / "p.jsonl"

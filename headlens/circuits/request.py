@@ -21,7 +21,7 @@ import torch
 
 from headlens.circuits import backups as backup_docs
 from headlens.circuits.attribution import EAP_METHODS
-from headlens.circuits.backups import find_backups
+from headlens.circuits.backups import ROLE_OF_TASK, find_backups, role_heads
 from headlens.circuits.circuit import circuit, to_document
 from headlens.circuits.discover import discover, measure
 from headlens.circuits.faithfulness import DEFAULT_METHOD, DEFAULT_STEPS, GraphTask, faithfulness
@@ -65,6 +65,7 @@ class CircuitSpec:
     steps: int = DEFAULT_STEPS  # integration steps of eap-ig
     labels: dict | None = None  # Head -> labels from a labels file (None: classify the model)
     backups: int | None = None  # K random control sets of the backups search (None: no search)
+    backups_if_role: bool = False  # with backups: search only where the task has a role some head carries
     seed: int = 0  # the task's inputs and resampling
 
     @property
@@ -79,20 +80,24 @@ class CircuitSpec:
         method: str | None = None,
         prompts_path=None,
         labels_path=None,
-        backups: bool = False,
+        backups: bool | None = None,
         control: str = "random:39",
         **given,
     ) -> CircuitSpec:
         """A CircuitSpec from the command line's values: `method` None is the mode's default (zero; on the graph
-        DEFAULT_METHOD), `control` "random:K" (checked on the graph only with `backups`), the prompts and labels
-        read from their files. ConfigError or InputTextError for a bad value."""
+        DEFAULT_METHOD), `backups` None the mode's default (with discover: searched where the task's role has
+        heads; otherwise not), `control` "random:K" (checked on the graph only with backups), the prompts and
+        labels read from their files. ConfigError or InputTextError for a bad value."""
         on_graph = given.get("discover") or given.get("graph") is not None
+        if_role = backups is None and bool(given.get("discover"))
+        backups = if_role or bool(backups)
         method = method or (DEFAULT_METHOD if on_graph else "zero")
         check_method(method, given.get("approx"), on_graph)
         controls = parse_control(control) if backups or not on_graph else None  # a malformed K fails before work
         prompts = read_prompts(prompts_path) if prompts_path else None
         labels = read_labels(labels_path) if labels_path else None
-        return cls(method=method, prompts=prompts, labels=labels, backups=controls if backups else None, **given)
+        found = controls if backups else None
+        return cls(method=method, prompts=prompts, labels=labels, backups=found, backups_if_role=if_role, **given)
 
 
 def check_method(method: str, approx: str | None, on_graph: bool) -> None:
@@ -157,6 +162,10 @@ def _on_graph(loaded: LoadedModel, spec: CircuitSpec, say: Say) -> Result:
         say(f"wrote {spec.graph_out}")
     if spec.backups is None or spec.graph is not None:
         return result
+    role = ROLE_OF_TASK.get(task.name)
+    if spec.backups_if_role and not (role and role_heads(given, role)):
+        why = f"no head is labelled {role}" if role else f"the {task.name} task has no role"
+        return Result(result.kind, result.frame, {**result.meta, "backups_not_searched": why}, tables=result.tables)
     method = "resample" if spec.ablation == "patching" else "mean"
     found = find_backups(loaded, task, given, method=method, controls=spec.backups, seed=spec.seed)
     return with_backups(result, found)
